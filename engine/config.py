@@ -1,0 +1,51 @@
+"""Model facts: the shape of a decoder, read from a GGUF header or an HF config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a Llama-family decoder (Llama, Qwen2, Qwen3)."""
+
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float
+    rms_norm_eps: float
+    qk_norm: bool = False
+    attention_bias: bool = False
+    tie_embeddings: bool = True
+    max_position: int = 8192
+
+    @classmethod
+    def from_hf(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
+        """Read an HF `config.json` dictionary of a Llama, Qwen2 or Qwen3 model."""
+        arch = cfg["model_type"]
+        if arch not in ("llama", "qwen2", "qwen3"):
+            raise ValueError(f"unsupported model_type {arch!r} (llama, qwen2, qwen3)")
+        heads = cfg["num_attention_heads"]
+        rope = cfg.get("rope_parameters") or {}
+        return cls(
+            arch=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            intermediate_size=cfg["intermediate_size"],
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            qk_norm=arch == "qwen3",
+            attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_position=int(cfg.get("max_position_embeddings", 8192)),
+        )

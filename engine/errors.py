@@ -1,0 +1,33 @@
+"""The error hierarchy every room raises; the server maps each class to one Flight status."""
+
+
+class QuailError(Exception):
+    """Base of every error a user may see; the message is shown to the client as is."""
+
+
+class InvalidArgument(QuailError):
+    """The request is malformed: bad SQL, wrong arguments, a placeholder mismatch."""
+
+
+class NotFound(QuailError):
+    """A named object (table, prepared statement, query) does not exist."""
+
+
+class AlreadyExists(QuailError):
+    """A named object exists where the request asked to create it."""
+
+
+class ResourceExhausted(QuailError):
+    """A limit was reached: queue full, too many requests, memory."""
+
+
+class Cancelled(QuailError):
+    """The query was cancelled by the client."""
+
+
+class Unavailable(QuailError):
+    """The server cannot take the request now (shutting down, model missing)."""
+
+
+class Unimplemented(QuailError):
+    """The server does not implement the requested call or command."""

@@ -1,0 +1,70 @@
+"""The canonical prompt layout: chat template around [preamble][documents][question][answer cue].
+
+The rendered prompt depends on the query text and the row values only, never on
+the plan. Documents come first so that one document's KV serves every question
+asked of it. Placeholders `{i}` of the user's template become the label of the
+i-th document ("Text 1", "Text 2", ...).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PLACEHOLDER = re.compile(r"\{(\d+)\}")
+_SENTINEL = "\x00QUAIL_USER_CONTENT\x00"
+INSTRUCTION = "Read the texts below, then answer the question about them with Yes or No.\n\n"
+TRUE_SPELLINGS = ("Yes", " Yes", "yes", " yes")
+FALSE_SPELLINGS = ("No", " No", "no", " no")
+
+
+@dataclass(frozen=True)
+class ChatFrame:
+    """The model's chat template split around the user's message."""
+
+    head: str
+    tail: str
+
+    @classmethod
+    def from_template(cls, template: str | None) -> "ChatFrame":
+        """Render the template (Jinja, as HF does) around a sentinel user message."""
+        if not template:
+            return cls("", "\nAnswer:")
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        text = env.from_string(template).render(
+            messages=[{"role": "user", "content": _SENTINEL}], add_generation_prompt=True,
+            bos_token="", eos_token="",
+        )
+        head, tail = text.split(_SENTINEL)
+        return cls(head, tail)
+
+
+def label(index: int) -> str:
+    """The name the question uses for the document of placeholder {index}."""
+    return f"Text {index + 1}"
+
+
+def placeholders(template: str) -> list[int]:
+    """The placeholder indices a template uses, in order of appearance."""
+    return [int(m.group(1)) for m in PLACEHOLDER.finditer(template)]
+
+
+@dataclass(frozen=True)
+class FilterLayout:
+    """Texts of the segments of a yes/no question over one or more documents."""
+
+    frame: ChatFrame
+
+    def preamble(self) -> str:
+        return self.frame.head + INSTRUCTION
+
+    def document(self, index: int, text: str) -> str:
+        return f"{label(index)}:\n{text}\n\n"
+
+    def question(self, template: str) -> str:
+        return "Question: " + PLACEHOLDER.sub(lambda m: label(int(m.group(1))), template)
+
+    def answer_cue(self) -> str:
+        return self.frame.tail

@@ -1,0 +1,51 @@
+"""The runtime's request API: segments of token ids with content keys, label sets, requests."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of token ids; `key` names its content for one model, so equal segments share KV."""
+
+    ids: np.ndarray = field(repr=False)
+    key: bytes
+
+    @classmethod
+    def of(cls, ids: np.ndarray, model_id: str) -> "Segment":
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        digest = hashlib.blake2b(ids.tobytes(), digest_size=16, person=model_id.encode()[:16])
+        return cls(ids, digest.digest())
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(frozen=True)
+class LabelSet:
+    """The answers a decision chooses between, each spelled by one or more single tokens.
+
+    `token_ids[i]` belongs to answer `groups[i]`; the head is cut to `token_ids`.
+    """
+
+    names: tuple[str, ...]
+    token_ids: tuple[int, ...]
+    groups: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One model decision: the concatenated segments, scored over a label set."""
+
+    segments: tuple[Segment, ...]
+    labels: LabelSet
+
+    def ids(self) -> np.ndarray:
+        return np.concatenate([s.ids for s in self.segments])
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.segments)

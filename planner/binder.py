@@ -1,0 +1,64 @@
+"""Binding a syntax tree to the catalog (table names) and to parameter values."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import pyarrow as pa
+from sqlglot import exp
+
+from quail.engine.errors import InvalidArgument, NotFound
+
+from .dialects import position
+
+CATALOG_NAME = "quail"
+SCHEMA_NAME = "main"
+
+
+class Catalog(Protocol):
+    """What the planner needs to know of the stored tables."""
+
+    def has(self, name: str) -> bool: ...
+
+    def schema(self, name: str) -> pa.Schema: ...
+
+
+def bind_tables(tree: exp.Expression, catalog: Catalog) -> tuple[str, ...]:
+    """Check every table the statement reads exists; strip `quail.main.` qualifiers in place.
+
+    Returns the stored tables read, lower-cased, in first-use order. Names of
+    CTEs are not tables.
+    """
+    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    tables: list[str] = []
+    for table in tree.find_all(exp.Table):
+        if not isinstance(table.this, exp.Identifier):
+            raise InvalidArgument(f"table functions are not supported{position(table)}")
+        name = table.name
+        catalog_name, schema_name = table.catalog, table.db
+        if not catalog_name and not schema_name and name.lower() in ctes:
+            continue
+        if (catalog_name and catalog_name.lower() != CATALOG_NAME) or (schema_name and schema_name.lower() != SCHEMA_NAME):
+            raise NotFound(f"schema {'.'.join(p for p in (catalog_name, schema_name) if p)!r} does not exist{position(table)}")
+        if not catalog.has(name):
+            raise NotFound(f"table {name!r} does not exist{position(table)}")
+        table.set("catalog", None)
+        table.set("db", None)
+        if name.lower() not in tables:
+            tables.append(name.lower())
+    return tuple(tables)
+
+
+def placeholder_count(tree: exp.Expression) -> int:
+    return sum(1 for _ in tree.find_all(exp.Placeholder))
+
+
+def bind_parameters(tree: exp.Expression, values: Sequence[Any] | None) -> exp.Expression:
+    """Replace `?` placeholders, in order, by literals of the values (NULL when values is None)."""
+    holders = list(tree.find_all(exp.Placeholder))
+    holders.sort(key=lambda p: (p.meta.get("line", 0), p.meta.get("col", 0)))
+    if values is not None and len(values) != len(holders):
+        raise InvalidArgument(f"the statement has {len(holders)} parameter(s), {len(values)} value(s) were bound")
+    for i, holder in enumerate(holders):
+        holder.replace(exp.null() if values is None else exp.convert(values[i]))
+    return tree

@@ -1,0 +1,46 @@
+"""The `quail` command line: `quail serve` runs a Flight SQL server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from quail.engine.errors import QuailError
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from quail.server.app import ServerConfig, serve
+
+    serve(ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), model=args.model,
+                       dialect=args.dialect))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="quail", description="Quail: AI-SQL over Arrow Flight SQL")
+    commands = top.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run a Flight SQL server")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8815, help="port (default 8815; 0 picks a free one)")
+    serve.add_argument("--data-dir", default="data", help="directory holding the tables (default ./data)")
+    serve.add_argument("--model", default=None, help="model name or .gguf path (default: embedded SmolLM2-135M)")
+    serve.add_argument("--dialect", default="snowflake", help="SQL dialect: snowflake, bigquery or duckdb")
+    serve.set_defaults(run=_serve)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        return args.run(args)
+    except (QuailError, ValueError) as err:
+        print(f"quail: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The Flight SQL protocol: messages, sessions, catalog RPCs, statements, ingest and streaming."""

@@ -1,0 +1,91 @@
+"""The server process: data directory, warm model, gRPC endpoint, clean stop on SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from quail.engine.errors import Unavailable
+from quail.engine.models import load_runtime
+from quail.engine.storage import TableStore
+from quail.planner.dialects import DEFAULT_DIALECT, DIALECTS
+
+from .flight_sql import FlightSQLHandler
+from .grpc_service import FlightService
+
+log = logging.getLogger("quail.server")
+_UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where to listen, where the data lives, which model to serve."""
+
+    host: str = "127.0.0.1"
+    port: int = 8815
+    data_dir: Path = Path("data")
+    model: str | None = None
+    dialect: str = DEFAULT_DIALECT
+    workers: int = 16
+
+
+class QuailServer:
+    """Loads the tables and the model, then serves Flight SQL until stopped."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        if config.dialect not in DIALECTS:
+            raise ValueError(f"unknown dialect {config.dialect!r}; use one of {', '.join(DIALECTS)}")
+        self.config = config
+        self.store = TableStore(config.data_dir)
+        self.runtime = load_runtime(config.model)
+        handler = FlightSQLHandler(self.store, self.runtime, config.dialect)
+        self._grpc = grpc.server(ThreadPoolExecutor(max_workers=config.workers), options=_UNLIMITED)
+        self._grpc.add_generic_rpc_handlers((FlightService(handler).generic_handler(),))
+        address = f"{config.host}:{config.port}"
+        try:
+            self.port = self._grpc.add_insecure_port(address)
+        except RuntimeError:
+            self.port = 0
+        if not self.port:
+            raise Unavailable(f"cannot listen on {address} (in use, or not an address of this host)")
+
+    @property
+    def location(self) -> str:
+        return f"grpc://{self.config.host}:{self.port}"
+
+    def start(self) -> None:
+        self._grpc.start()
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting calls; running calls get `grace` seconds to finish."""
+        self._grpc.stop(grace).wait()
+
+    def wait(self) -> None:
+        self._grpc.wait_for_termination()
+
+
+def serve(config: ServerConfig) -> None:
+    """Run a server in the foreground until SIGTERM or SIGINT; prints one ready line to stdout."""
+    server = QuailServer(config)
+    stopping = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            log.info("signal %d: stopping", signum)
+            threading.Thread(target=server.stop, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
+    log.info("model %s, data %s, %d tables", server.runtime.model_id, config.data_dir.resolve(),
+             len(server.store.names()))
+    print(f"quail: serving {server.location}", flush=True)
+    server.wait()
+    log.info("stopped")

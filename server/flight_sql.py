@@ -1,0 +1,165 @@
+"""Flight SQL semantics over the Flight service: commands, tickets, prepared statements, ingest."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterable
+
+import pyarrow as pa
+from google.protobuf.message import Message
+
+from quail.engine.errors import InvalidArgument, NotFound, Unimplemented
+from quail.engine.executor import execute, result_schema
+from quail.engine.runtime import Runtime
+from quail.engine.storage import TableStore
+from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME, placeholder_count
+from quail.planner.dialects import parse_statement
+from quail.planner.planner import plan_sql
+
+from . import metadata
+from . import sql_messages as sql
+from .flight_messages import FLIGHT
+from .ipc import plain_schema, schema_bytes
+from .statements import Statements
+
+log = logging.getLogger("quail.server")
+BATCH_ROWS = 65536
+
+_IF_EXISTS = {sql.TABLE_EXISTS_UNSPECIFIED: "fail", sql.TABLE_EXISTS_FAIL: "fail",
+              sql.TABLE_EXISTS_APPEND: "append", sql.TABLE_EXISTS_REPLACE: "replace"}
+_IF_MISSING = {sql.TABLE_NOT_EXIST_UNSPECIFIED: "fail", sql.TABLE_NOT_EXIST_CREATE: "create",
+               sql.TABLE_NOT_EXIST_FAIL: "fail"}
+_ACTIONS = [
+    ("CreatePreparedStatement", "Prepare a SQL query; returns its handle and result schema"),
+    ("ClosePreparedStatement", "Release a prepared statement"),
+]
+
+
+class FlightSQLHandler:
+    """Answers Flight SQL commands against one table store and one model runtime."""
+
+    def __init__(self, store: TableStore, runtime: Runtime, dialect: str) -> None:
+        self.store = store
+        self.runtime = runtime
+        self.dialect = dialect
+        self.statements = Statements()
+
+    @staticmethod
+    def _command(data: bytes, where: str) -> tuple[str, Message]:
+        name, message = sql.unpack(data)
+        if message is None:
+            raise Unimplemented(f"{where}: unsupported command {name or '(not a Flight SQL command)'}")
+        return name, message
+
+    def _plan(self, query: str, params: list[Any] | None):
+        plan = plan_sql(query, self.store, self.dialect, params)
+        return plan, plain_schema(result_schema(plan, self.store))
+
+    @staticmethod
+    def _info(descriptor, schema: pa.Schema, ticket: bytes) -> Message:
+        endpoint = FLIGHT["FlightEndpoint"](ticket=FLIGHT["Ticket"](ticket=ticket))
+        return FLIGHT["FlightInfo"](schema=schema_bytes(schema), flight_descriptor=descriptor,
+                                    endpoint=[endpoint], total_records=-1, total_bytes=-1)
+
+    def _query_info(self, descriptor, query: str, params: list[Any] | None) -> Message:
+        plan, schema = self._plan(query, params)
+        handle = self.statements.add_pending(plan, schema)
+        return self._info(descriptor, schema, sql.pack(sql.new("TicketStatementQuery", statement_handle=handle)))
+
+    def get_flight_info(self, descriptor, context) -> Message:
+        name, cmd = self._command(descriptor.cmd, "GetFlightInfo")
+        if name == "CommandStatementQuery":
+            return self._query_info(descriptor, cmd.query, None)
+        if name == "CommandPreparedStatementQuery":
+            statement = self.statements.prepared(cmd.prepared_statement_handle)
+            return self._query_info(descriptor, statement.query, statement.params)
+        return self._info(descriptor, self._metadata(name, cmd).schema, descriptor.cmd)
+
+    def get_schema(self, descriptor, context) -> pa.Schema:
+        name, cmd = self._command(descriptor.cmd, "GetSchema")
+        if name == "CommandStatementQuery":
+            return self._plan(cmd.query, None)[1]
+        if name == "CommandPreparedStatementQuery":
+            statement = self.statements.prepared(cmd.prepared_statement_handle)
+            return self._plan(statement.query, statement.params)[1]
+        return self._metadata(name, cmd).schema
+
+    def do_get(self, ticket, context) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
+        name, cmd = self._command(ticket.ticket, "DoGet")
+        if name == "TicketStatementQuery":
+            plan, schema = self.statements.take_pending(cmd.statement_handle)
+            start = time.perf_counter()
+            table = execute(plan, self.store, self.runtime).cast(schema)
+            log.info("query done: %d rows in %.3fs", table.num_rows, time.perf_counter() - start)
+            return schema, table.to_batches(max_chunksize=BATCH_ROWS)
+        table = self._metadata(name, cmd)
+        return table.schema, table.to_batches()
+
+    def _metadata(self, name: str, cmd: Message) -> pa.Table:
+        if name == "CommandGetCatalogs":
+            return metadata.catalogs()
+        if name == "CommandGetDbSchemas":
+            return metadata.db_schemas(_optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern"))
+        if name == "CommandGetTables":
+            return metadata.tables(self.store, _optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern"),
+                                   _optional(cmd, "table_name_filter_pattern"), list(cmd.table_types),
+                                   cmd.include_schema)
+        if name == "CommandGetTableTypes":
+            return metadata.table_types()
+        if name == "CommandGetSqlInfo":
+            return metadata.sql_info(list(cmd.info))
+        raise Unimplemented(f"unsupported command {name}")
+
+    def do_put(self, descriptor, schema: pa.Schema, batches: list[pa.RecordBatch], context) -> Iterable[bytes]:
+        name, cmd = self._command(descriptor.cmd, "DoPut")
+        table = pa.Table.from_batches(batches, schema)
+        if name == "CommandStatementIngest":
+            rows = self._ingest(cmd, table)
+            return [sql.new("DoPutUpdateResult", record_count=rows).SerializeToString()]
+        if name == "CommandPreparedStatementQuery":
+            handle = cmd.prepared_statement_handle
+            self.statements.bind(handle, _one_row(table))
+            return [sql.new("DoPutPreparedStatementResult", prepared_statement_handle=handle).SerializeToString()]
+        raise Unimplemented(f"DoPut: unsupported command {name}")
+
+    def _ingest(self, cmd: Message, table: pa.Table) -> int:
+        if cmd.temporary:
+            raise InvalidArgument("temporary tables are not supported")
+        catalog, schema = _optional(cmd, "catalog"), _optional(cmd, "schema")
+        if catalog not in (None, "", CATALOG_NAME) or schema not in (None, "", SCHEMA_NAME):
+            raise NotFound(f"schema {catalog or CATALOG_NAME}.{schema or SCHEMA_NAME} does not exist")
+        options = cmd.table_definition_options
+        rows = self.store.write(cmd.table, table, if_exists=_IF_EXISTS.get(options.if_exists, "fail"),
+                                if_missing=_IF_MISSING.get(options.if_not_exist, "fail"))
+        log.info("ingest: %d rows into %s", rows, cmd.table)
+        return rows
+
+    def do_action(self, action, context) -> Iterable[bytes]:
+        if action.type == "CreatePreparedStatement":
+            _, request = self._command(action.body, "CreatePreparedStatement")
+            schema = self._plan(request.query, None)[1]
+            holes = placeholder_count(parse_statement(request.query, self.dialect))
+            parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(holes)])
+            result = sql.new("ActionCreatePreparedStatementResult",
+                             prepared_statement_handle=self.statements.prepare(request.query),
+                             dataset_schema=schema_bytes(schema), parameter_schema=schema_bytes(parameters))
+            return [sql.pack(result)]
+        if action.type == "ClosePreparedStatement":
+            _, request = self._command(action.body, "ClosePreparedStatement")
+            self.statements.close(request.prepared_statement_handle)
+            return []
+        raise Unimplemented(f"unsupported action {action.type!r}")
+
+    def list_actions(self) -> list[tuple[str, str]]:
+        return list(_ACTIONS)
+
+
+def _optional(message: Message, field: str) -> str | None:
+    return getattr(message, field) if message.HasField(field) else None
+
+
+def _one_row(table: pa.Table) -> list[Any]:
+    if table.num_rows != 1:
+        raise InvalidArgument(f"bind exactly one row of parameters to a query, not {table.num_rows}")
+    return [column[0].as_py() for column in table.columns]

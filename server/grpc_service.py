@@ -1,0 +1,144 @@
+"""The Arrow Flight gRPC service on grpcio: wire decoding, error mapping, and dispatch to a handler.
+
+Errors leave as a status code and a one-line message: Quail errors by their
+class (status.py), anything unexpected as INTERNAL with a reference to the
+server log, never with a stack trace.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Callable, Iterable, Iterator, Protocol
+
+import grpc
+import pyarrow as pa
+
+from quail.engine.errors import InvalidArgument, QuailError, Unimplemented
+
+from .flight_messages import FLIGHT, SERVICE
+from .ipc import decode, encode, schema_bytes
+from .status import status_of
+
+log = logging.getLogger("quail.server")
+
+
+class FlightHandler(Protocol):
+    """What the Flight SQL layer implements; messages are parsed Flight protobufs."""
+
+    def get_flight_info(self, descriptor, context: grpc.ServicerContext): ...
+
+    def get_schema(self, descriptor, context: grpc.ServicerContext) -> pa.Schema: ...
+
+    def do_get(self, ticket, context: grpc.ServicerContext) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]: ...
+
+    def do_put(self, descriptor, schema: pa.Schema, batches: list[pa.RecordBatch],
+               context: grpc.ServicerContext) -> Iterable[bytes]: ...
+
+    def do_action(self, action, context: grpc.ServicerContext) -> Iterable[bytes]: ...
+
+    def list_actions(self) -> list[tuple[str, str]]: ...
+
+
+def _abort(context: grpc.ServicerContext, exc: Exception) -> None:
+    if context.code() is not None:  # already aborted: let grpc finish the call
+        raise exc
+    if isinstance(exc, QuailError):
+        context.abort(status_of(exc), str(exc))
+    ref = uuid.uuid4().hex[:12]
+    log.error("internal error %s", ref, exc_info=exc)
+    context.abort(grpc.StatusCode.INTERNAL, f"internal error (server log reference {ref})")
+
+
+def _unary(fn: Callable) -> Callable:
+    def call(request, context):
+        try:
+            return fn(request, context)
+        except Exception as exc:  # noqa: BLE001 - every error leaves as a status
+            _abort(context, exc)
+    return call
+
+
+def _streaming(fn: Callable) -> Callable:
+    def call(request, context):
+        try:
+            yield from fn(request, context)
+        except Exception as exc:  # noqa: BLE001 - every error leaves as a status
+            _abort(context, exc)
+    return call
+
+
+def _parse(name: str) -> Callable[[bytes], object]:
+    def parse(data: bytes):
+        message = FLIGHT[name]()
+        message.ParseFromString(data)
+        return message
+    return parse
+
+
+class FlightService:
+    """Adapts a FlightHandler to the ten FlightService methods."""
+
+    def __init__(self, handler: FlightHandler) -> None:
+        self.handler = handler
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
+        identity = lambda b: b  # noqa: E731 - responses are serialized by the methods
+        unary = lambda fn, req: grpc.unary_unary_rpc_method_handler(  # noqa: E731
+            _unary(fn), request_deserializer=_parse(req), response_serializer=identity)
+        server_stream = lambda fn, req: grpc.unary_stream_rpc_method_handler(  # noqa: E731
+            _streaming(fn), request_deserializer=_parse(req), response_serializer=identity)
+        bidi = lambda fn, req: grpc.stream_stream_rpc_method_handler(  # noqa: E731
+            _streaming(fn), request_deserializer=_parse(req), response_serializer=identity)
+        return grpc.method_handlers_generic_handler(SERVICE, {
+            "Handshake": bidi(self.handshake, "HandshakeRequest"),
+            "ListFlights": server_stream(self.list_flights, "Criteria"),
+            "GetFlightInfo": unary(self.get_flight_info, "FlightDescriptor"),
+            "PollFlightInfo": unary(self.unimplemented, "FlightDescriptor"),
+            "GetSchema": unary(self.get_schema, "FlightDescriptor"),
+            "DoGet": server_stream(self.do_get, "Ticket"),
+            "DoPut": bidi(self.do_put, "FlightData"),
+            "DoExchange": bidi(self.unimplemented, "FlightData"),
+            "DoAction": server_stream(self.do_action, "Action"),
+            "ListActions": server_stream(self.list_actions, "Empty"),
+        })
+
+    def handshake(self, requests: Iterator, context) -> Iterator[bytes]:
+        for request in requests:
+            yield FLIGHT["HandshakeResponse"](protocol_version=request.protocol_version).SerializeToString()
+
+    def list_flights(self, criteria, context) -> Iterator[bytes]:
+        return iter(())
+
+    def get_flight_info(self, descriptor, context) -> bytes:
+        return self.handler.get_flight_info(descriptor, context).SerializeToString()
+
+    def get_schema(self, descriptor, context) -> bytes:
+        schema = self.handler.get_schema(descriptor, context)
+        return FLIGHT["SchemaResult"](schema=schema_bytes(schema)).SerializeToString()
+
+    def do_get(self, ticket, context) -> Iterator[bytes]:
+        schema, batches = self.handler.do_get(ticket, context)
+        yield from encode(schema, batches)
+
+    def do_put(self, messages: Iterator, context) -> Iterator[bytes]:
+        first = next(messages, None)
+        if first is None or not first.HasField("flight_descriptor"):
+            raise InvalidArgument("DoPut must start with a FlightData carrying a descriptor")
+        try:
+            schema, batches, _ = decode([first, *messages])
+        except (ValueError, pa.ArrowException) as err:
+            raise InvalidArgument(f"DoPut data is not a valid Arrow IPC stream: {err}") from None
+        for metadata in self.handler.do_put(first.flight_descriptor, schema, batches, context):
+            yield FLIGHT["PutResult"](app_metadata=metadata).SerializeToString()
+
+    def do_action(self, action, context) -> Iterator[bytes]:
+        for body in self.handler.do_action(action, context):
+            yield FLIGHT["Result"](body=body).SerializeToString()
+
+    def list_actions(self, empty, context) -> Iterator[bytes]:
+        for kind, description in self.handler.list_actions():
+            yield FLIGHT["ActionType"](type=kind, description=description).SerializeToString()
+
+    def unimplemented(self, request, context):
+        raise Unimplemented("not implemented by this server")

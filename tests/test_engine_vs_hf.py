@@ -1,0 +1,74 @@
+"""The engine's SmolLM2 (GGUF, our loader and decoder) against HF transformers on the same token ids."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from quail.engine.ai_ops import filter_requests
+from quail.engine.runner import ModelRunner
+
+TEXTS = [
+    "Great food.",
+    "The pasta was cold and the waiter was rude.",
+    "I loved it!!! 10/10 would come again :)",
+    "Meh.",
+    "The plot dragged in the middle, but the final twist made up for it: the detective was the narrator all along.",
+    "Shipping took 3 weeks (21 days!) and the package was damaged; customer support answered within 2 hours though.",
+    "Das Essen war ausgezeichnet, der Service leider langsam.",
+    "Numbers: 3.14159, 2.71828, 1.41421 and 1234567890.",
+    " ".join(["The room was clean and the staff were kind."] * 12),
+    "A review with\nseveral\nlines\n\nand blank ones.",
+    " ".join(f"Sentence {i} says something about the battery life of this phone." for i in range(30)),
+    "🎉 emoji, ünïcödé, and <|im_start|> inside user text.",
+]
+TEMPLATES = ["Is {0} a positive review?", "Does {0} mention food?"]
+
+
+def _hf_true_probability(hf_model, ids: np.ndarray, token_ids, groups) -> float:
+    with torch.inference_mode():
+        logits = hf_model(torch.from_numpy(ids.astype(np.int64))[None]).logits[0, -1]
+    logp = torch.log_softmax(logits[list(token_ids)].double(), dim=-1)
+    true = torch.tensor(groups) == 1
+    return float(torch.logsumexp(logp[true], dim=-1).exp())
+
+
+@pytest.fixture(scope="module")
+def requests(runtime):
+    reqs = [r for t in TEMPLATES for r in filter_requests(runtime, t, [[x] for x in TEXTS])]
+    assert len(reqs) >= 20
+    lengths = [len(r) for r in reqs]
+    assert max(lengths) > 4 * min(lengths), "prompts of mixed lengths"
+    return reqs
+
+
+def test_tokenizer_matches_hf(runtime, hf_tokenizer, requests):
+    samples = TEXTS + [runtime.layout.preamble(), runtime.layout.question(TEMPLATES[0]), runtime.layout.answer_cue()]
+    for text in samples:
+        assert runtime.tokenizer.encode(text).tolist() == hf_tokenizer(text, add_special_tokens=False).input_ids
+
+
+def test_weights_match_hf_dequantization(runtime, hf_model):
+    ours = runtime.runner.model.state_dict()
+    theirs = hf_model.model.state_dict()
+    assert set(ours) == set(theirs)
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name]), name
+
+
+@pytest.mark.parametrize("token_budget", [1, 4096], ids=["unbatched", "batched"])
+def test_true_probability_matches_hf(runtime, hf_model, requests, token_budget):
+    runner = ModelRunner(runtime.runner.model, token_budget=token_budget)
+    ours = np.exp(np.array([row[1] for row in runner.score(requests)]))
+    labels = runtime.yes_no
+    theirs = np.array([_hf_true_probability(hf_model, r.ids(), labels.token_ids, labels.groups) for r in requests])
+    assert np.abs(ours - theirs).max() <= 1e-4
+    assert ((ours > 0.5) == (theirs > 0.5)).all()
+
+
+def test_label_tokens_are_yes_and_no(runtime):
+    labels = runtime.yes_no
+    spelled = {runtime.tokenizer.decode([t]).strip().lower() for t in labels.token_ids}
+    assert spelled == {"yes", "no"}
+    assert len(labels.token_ids) == 8

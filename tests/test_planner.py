@@ -1,0 +1,75 @@
+"""Planning: relational predicates before the model, AI filters bound to templates, errors with positions."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from quail.engine.errors import InvalidArgument, NotFound
+from quail.engine.executor import result_schema
+from quail.engine.physical import AIFilterStep, SQLStep
+from quail.engine.storage import TableStore
+from quail.planner.planner import plan_sql
+
+
+@pytest.fixture()
+def store(tmp_path):
+    s = TableStore(tmp_path)
+    s.write("reviews", pa.table({"id": [1, 2], "body": ["good", "bad"], "stars": [5, 1]}))
+    return s
+
+
+def test_plain_query_is_one_duckdb_step(store):
+    plan = plan_sql("SELECT count(*) FROM quail.main.reviews", store)
+    assert plan.tables == ("reviews",)
+    assert [type(s) for s in plan.steps] == [SQLStep]
+    assert "quail" not in plan.steps[0].sql
+
+
+def test_relational_conjuncts_run_before_the_model(store):
+    plan = plan_sql("SELECT id FROM reviews r WHERE r.stars > 3 AND AI_FILTER(PROMPT('Is {0} kind?', r.body)) "
+                    "AND id < 10 ORDER BY id LIMIT 5", store)
+    first, ai, last = plan.steps
+    assert isinstance(first, SQLStep) and "stars > 3" in first.sql and "id < 10" in first.sql
+    assert isinstance(ai, AIFilterStep) and ai.template == "Is {0} kind?" and ai.input == first.output
+    assert "AI_FILTER" not in last.sql and "LIMIT 5" in last.sql and "WHERE" not in last.sql
+    assert result_schema(plan, store).names == ["id"]
+
+
+def test_chained_filters_and_bigquery_ai_if(store):
+    plan = plan_sql("SELECT * FROM reviews WHERE AI.IF(('Is ', body, ' about food?')) AND AI.IF('Is it true?')",
+                    store, dialect="bigquery")
+    ai = [s for s in plan.steps if isinstance(s, AIFilterStep)]
+    assert [s.template for s in ai] == ["Is {0} about food?", "Is it true?"]
+    assert ai[1].input == ai[0].output
+    assert result_schema(plan, store).names == ["id", "body", "stars"]
+
+
+def test_parameters_become_literals(store):
+    plan = plan_sql("SELECT * FROM reviews WHERE id = ? AND body <> ?", store, params=[2, "x"])
+    assert "id = 2" in plan.steps[0].sql and "'x'" in plan.steps[0].sql
+    with pytest.raises(InvalidArgument, match="2 parameter"):
+        plan_sql("SELECT * FROM reviews WHERE id = ? AND body <> ?", store, params=[2])
+
+
+@pytest.mark.parametrize("sql, error, message", [
+    ("SELECT * FROM reviews WHERE", InvalidArgument, "line 1, column"),
+    ("SELECT * FROM missing", NotFound, "'missing' does not exist at line 1, column 21"),
+    ("SELECT * FROM other.reviews", NotFound, "schema 'other'"),
+    ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0} and {1}', body))", InvalidArgument, "uses {1}"),
+    ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('no holes', body))", InvalidArgument, "argument 1 has no"),
+    ("SELECT * FROM reviews WHERE AI_FILTR(body)", InvalidArgument, "unknown AI function AI_FILTR"),
+    ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0}', body)) OR id = 1", InvalidArgument, "top-level AND"),
+    ("SELECT * FROM reviews WHERE AI_FILTER(body)", InvalidArgument, "expects PROMPT"),
+    ("DELETE FROM reviews", InvalidArgument, "only queries"),
+    ("SELECT 1; SELECT 2", InvalidArgument, "one SQL statement"),
+])
+def test_errors_name_the_problem(store, sql, error, message):
+    with pytest.raises(error, match=message.replace("{", r"\{").replace("}", r"\}")):
+        plan_sql(sql, store)
+
+
+def test_unknown_column_is_invalid_argument(store):
+    plan = plan_sql("SELECT nope FROM reviews", store)
+    with pytest.raises(InvalidArgument, match="nope"):
+        result_schema(plan, store)

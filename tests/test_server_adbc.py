@@ -1,0 +1,136 @@
+"""A real `quail serve` process driven through the real ADBC Flight SQL driver."""
+
+from __future__ import annotations
+
+import adbc_driver_flightsql.dbapi as flight_sql
+import adbc_driver_manager
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from quail.clients.server_process import ServerProcess
+from quail.engine.ai_ops import filter_requests
+
+REVIEWS = pa.table({
+    "id": [1, 2, 3, 4, 5, 6],
+    "body": [
+        "The pasta was cold and the waiter was rude.",
+        "Best tiramisu in town, lovely staff!",
+        "The ending of the film surprised everyone.",
+        "Delivery was late and the box was crushed.",
+        "Spotless room, quiet garden, great breakfast.",
+        None,
+    ],
+    "stars": [1, 5, 4, 1, 5, 3],
+})
+QUESTION = "Is {0} a positive review?"
+
+
+def connect(uri: str):
+    return flight_sql.connect(uri, autocommit=True)
+
+
+@pytest.fixture(scope="module")
+def conn(server):
+    with connect(server.uri) as c:
+        with c.cursor() as cur:
+            assert cur.adbc_ingest("reviews", REVIEWS, mode="create") == REVIEWS.num_rows
+        yield c
+
+
+def query(conn, sql: str, parameters=None) -> pa.Table:
+    with conn.cursor() as cur:
+        cur.execute(sql, parameters)
+        return cur.fetch_arrow_table()
+
+
+def test_get_objects_and_table_schema(conn):
+    objects = conn.adbc_get_objects().read_all().to_pylist()
+    assert [c["catalog_name"] for c in objects] == ["quail"]
+    schemas = objects[0]["catalog_db_schemas"]
+    assert [s["db_schema_name"] for s in schemas] == ["main"]
+    tables = {t["table_name"]: t for t in schemas[0]["db_schema_tables"]}
+    assert [c["column_name"] for c in tables["reviews"]["table_columns"]] == ["id", "body", "stars"]
+    assert conn.adbc_get_table_schema("reviews") == REVIEWS.schema
+    assert conn.adbc_get_table_types() == ["TABLE"]
+    info = conn.adbc_get_info()
+    assert info["vendor_name"] == "Quail" and info["vendor_version"]
+
+
+def test_plain_sql_runs_in_duckdb(conn):
+    table = query(conn, "SELECT stars, count(*) AS n FROM reviews GROUP BY stars ORDER BY stars DESC")
+    assert table.to_pylist() == [{"stars": 5, "n": 2}, {"stars": 4, "n": 1}, {"stars": 3, "n": 1},
+                                 {"stars": 1, "n": 2}]
+
+
+def test_prepared_query_with_a_parameter(conn):
+    assert query(conn, "SELECT id, body FROM reviews WHERE stars = ? ORDER BY id", (4,)).to_pylist() == [
+        {"id": 3, "body": "The ending of the film surprised everyone."}]
+    assert query(conn, "SELECT id FROM reviews WHERE stars = ? ORDER BY id", (5,))["id"].to_pylist() == [2, 5]
+
+
+def test_ai_filter_matches_hf_scoring_of_the_same_prompts(conn, runtime, hf_model):
+    got = query(conn, "SELECT id FROM reviews r WHERE r.stars >= 4 "
+                      f"AND AI_FILTER(PROMPT('{QUESTION}', r.body)) ORDER BY id")["id"].to_pylist()
+    candidates = [row for row in REVIEWS.to_pylist() if row["stars"] >= 4 and row["body"] is not None]
+    requests = filter_requests(runtime, QUESTION, [[row["body"]] for row in candidates])
+    labels = runtime.yes_no
+    expected = []
+    for row, request in zip(candidates, requests):
+        with torch.inference_mode():
+            logits = hf_model(torch.from_numpy(request.ids().astype(np.int64))[None]).logits[0, -1]
+        logp = torch.log_softmax(logits[list(labels.token_ids)].double(), dim=-1)
+        if float(torch.logsumexp(logp[torch.tensor(labels.groups) == 1], dim=-1).exp()) > 0.5:
+            expected.append(row["id"])
+    assert got == expected
+
+
+def test_bigquery_ai_if_and_full_sql_around_the_filter(server):
+    with ServerProcess(server.data_dir, "--dialect", "bigquery") as bq, connect(bq.uri) as c:
+        table = query(c, "SELECT count(*) AS n FROM reviews WHERE AI.IF(('Is this review positive? ', body))")
+        assert table.num_rows == 1 and 0 <= table["n"][0].as_py() <= 5
+
+
+@pytest.mark.parametrize("sql, status, fragment", [
+    ("SELECT * FRM reviews WHERE", "INVALID_ARGUMENT", "line 1, column"),
+    ("SELECT * FROM no_such_table", "NOT_FOUND", "no_such_table"),
+    ("SELECT no_such_column FROM reviews", "INVALID_ARGUMENT", "no_such_column"),
+    ("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('{0} vs {1}', body))", "INVALID_ARGUMENT", "{1}"),
+    ("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('plain', body))", "INVALID_ARGUMENT", "placeholder"),
+])
+def test_bad_input_gets_a_clear_status_and_the_server_keeps_answering(conn, sql, status, fragment):
+    with pytest.raises(adbc_driver_manager.Error) as err:
+        query(conn, sql)
+    message = str(err.value)
+    assert message.startswith(status), message
+    assert fragment in message and "Traceback" not in message
+    assert query(conn, "SELECT count(*) AS n FROM reviews")["n"].to_pylist() == [6]
+
+
+def test_ingest_modes(conn):
+    rows = pa.table({"k": [1, 2]})
+    with conn.cursor() as cur:
+        cur.adbc_ingest("modes", rows, mode="create")
+        with pytest.raises(adbc_driver_manager.Error, match="ALREADY_EXISTS"):
+            cur.adbc_ingest("modes", rows, mode="create")
+        cur.adbc_ingest("modes", rows, mode="append")
+        assert query(conn, "SELECT sum(k) AS s FROM modes")["s"].to_pylist() == [6]
+        cur.adbc_ingest("modes", pa.table({"k": [10]}), mode="replace")
+        assert query(conn, "SELECT sum(k) AS s FROM modes")["s"].to_pylist() == [10]
+        cur.adbc_ingest("modes", rows, mode="create_append")
+        assert query(conn, "SELECT count(*) AS n FROM modes")["n"].to_pylist() == [3]
+        with pytest.raises(adbc_driver_manager.Error, match="NOT_FOUND"):
+            cur.adbc_ingest("missing_table", rows, mode="append")
+
+
+def test_restart_serves_the_same_rows(tmp_path):
+    table = pa.table({"id": list(range(100)), "text": [f"row {i}" for i in range(100)]})
+    with ServerProcess(tmp_path) as first, connect(first.uri) as c, c.cursor() as cur:
+        cur.adbc_ingest("kept", table, mode="create")
+        cur.adbc_ingest("kept", table.slice(0, 10), mode="append")
+        before = query(c, "SELECT * FROM kept")
+    assert first.process.returncode == 0, "SIGTERM stops the server cleanly"
+    with ServerProcess(tmp_path) as second, connect(second.uri) as c:
+        assert query(c, "SELECT * FROM kept").equals(before)
+        assert before.num_rows == 110
