@@ -48,7 +48,7 @@ def _show(table: pa.Table) -> None:
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="quail-demo-") as data_dir:
         started = time.perf_counter()
-        with ServerProcess(data_dir) as server:
+        with ServerProcess(data_dir, "--log-level", "warning") as server:
             print(f"server ready at {server.uri} in {time.perf_counter() - started:.1f}s "
                   "(embedded SmolLM2-135M-Instruct on CPU)")
             with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:

@@ -26,11 +26,8 @@ class Runtime:
         self.yes_no = self._yes_no_labels()
         self._lock = threading.Lock()
 
-    def segment(self, text: str) -> Segment:
-        """Tokenize one segment on its own."""
-        return Segment.of(self.tokenizer.encode(text), self.model_id)
-
     def segments(self, texts: list[str]) -> list[Segment]:
+        """Tokenize each text as a segment of its own."""
         return [Segment.of(ids, self.model_id) for ids in self.tokenizer.encode_batch(texts)]
 
     def score(self, requests: Sequence[Request]) -> list[np.ndarray]:

@@ -1,8 +1,6 @@
-"""Text to token ids: HF `tokenizers` built from a GGUF vocabulary or a tokenizer.json."""
+"""Text to token ids: HF `tokenizers` built from a GGUF vocabulary."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
@@ -39,11 +37,6 @@ class Tokenizer:
         backend.add_special_tokens(specials)
         return cls(backend)
 
-    @classmethod
-    def from_file(cls, path: str | Path) -> "Tokenizer":
-        """A tokenizer.json file as HF saves it."""
-        return cls(HFTokenizer.from_file(str(path)))
-
     def encode(self, text: str) -> np.ndarray:
         """Token ids of text as int32."""
         return np.asarray(self._backend.encode(text, add_special_tokens=False).ids, dtype=np.int32)
@@ -55,7 +48,3 @@ class Tokenizer:
 
     def decode(self, ids) -> str:
         return self._backend.decode(list(map(int, ids)), skip_special_tokens=False)
-
-    def token_id(self, token: str) -> int | None:
-        """The id of one vocabulary entry, or None."""
-        return self._backend.token_to_id(token)

@@ -27,13 +27,15 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", default="data", help="directory holding the tables (default ./data)")
     serve.add_argument("--model", default=None, help="model name or .gguf path (default: embedded SmolLM2-135M)")
     serve.add_argument("--dialect", default="snowflake", help="SQL dialect: snowflake, bigquery or duckdb")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="server log level on stderr (default info)")
     serve.set_defaults(run=_serve)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    logging.basicConfig(level=getattr(args, "log_level", "info").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:
         return args.run(args)
