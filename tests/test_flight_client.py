@@ -1,4 +1,4 @@
-"""Catalog RPCs through a second client (pyarrow.flight): schemas equal the Flight SQL spec's, exactly."""
+"""A second client (pyarrow.flight): statements by CommandStatementQuery, catalog schemas exactly as the spec."""
 
 from __future__ import annotations
 
@@ -69,3 +69,26 @@ def test_unknown_command_is_unimplemented(client):
     with pytest.raises(pa.ArrowNotImplementedError) as err:
         client.get_flight_info(flight.FlightDescriptor.for_command(b"not a command"))
     assert "unsupported command" in str(err.value)
+
+
+def test_statement_query_and_get_schema(client):
+    descriptor = flight.FlightDescriptor.for_command(sql.pack(sql.new(
+        "CommandStatementQuery", query="SELECT x * 2 AS y FROM things ORDER BY y")))
+    assert client.get_schema(descriptor).schema == pa.schema([("y", pa.int32())])
+    info = client.get_flight_info(descriptor)
+    assert client.do_get(info.endpoints[0].ticket).read_all().to_pydict() == {"y": [2, 4]}
+    with pytest.raises(pa.ArrowKeyError, match="already redeemed"):
+        client.do_get(info.endpoints[0].ticket).read_all()
+
+
+def test_handshake_without_credentials(client):
+    class NoCredentials(flight.ClientAuthHandler):
+        def authenticate(self, outgoing, incoming):
+            outgoing.write(b"")
+            incoming.read()
+
+        def get_token(self):
+            return b""
+
+    client.authenticate(NoCredentials())
+    assert fetch(client, sql.new("CommandGetCatalogs"))[1].num_rows == 1
