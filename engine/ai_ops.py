@@ -8,6 +8,7 @@ import numpy as np
 
 from .requests import Request
 from .runtime import Runtime
+from .stats import Stats
 
 
 def filter_requests(runtime: Runtime, template: str, docs: Sequence[Sequence[str]]) -> list[Request]:
@@ -23,7 +24,8 @@ def filter_requests(runtime: Runtime, template: str, docs: Sequence[Sequence[str
     ]
 
 
-def filter_probabilities(runtime: Runtime, template: str, args: Sequence[Sequence[str | None]]) -> np.ndarray:
+def filter_probabilities(runtime: Runtime, template: str, args: Sequence[Sequence[str | None]],
+                         stats: Stats | None = None) -> np.ndarray:
     """P(true) per row; args holds one column (list of texts) per PROMPT argument.
 
     A row with a NULL argument gets NaN: SQL's unknown, which no filter keeps.
@@ -32,6 +34,6 @@ def filter_probabilities(runtime: Runtime, template: str, args: Sequence[Sequenc
     present = [i for i in range(rows) if all(col[i] is not None for col in args)]
     requests = filter_requests(runtime, template, [[col[i] for col in args] for i in present])
     probs = np.full(rows, np.nan)
-    for i, logp in zip(present, runtime.score(requests)):
+    for i, logp in zip(present, runtime.score(requests, stats)):
         probs[i] = float(np.exp(logp[1]))
     return probs

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -38,6 +40,31 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos[:, None] + rotated * sin[:, None]).to(x.dtype)
 
 
+@dataclass
+class Past:
+    """Resident KV that a batch attends to before its own tokens.
+
+    keys[l], values[l]: (batch or 1, kv_heads, c, head_dim) for layer l; row b
+    attends to its first lengths[b] entries (the rest is padding).
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    lengths: torch.Tensor
+
+
+def attention_mask(q: int, past: Past | None, batch: int) -> torch.Tensor | None:
+    """(batch, 1, q, c + q) booleans: each row's valid past, then causal over its own tokens."""
+    if past is None:
+        return None
+    device = past.lengths.device
+    c = past.keys[0].shape[2]
+    past_ok = torch.arange(c, device=device)[None, :] < past.lengths[:, None]
+    causal = torch.ones(q, q, dtype=torch.bool, device=device).tril()
+    mask = torch.cat([past_ok[:, None, :].expand(batch, q, c), causal.expand(batch, q, q)], dim=-1)
+    return mask[:, None]
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention, optionally with per-head q/k RMSNorm (Qwen3)."""
 
@@ -53,7 +80,9 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_k: torch.Tensor | None,
+                past_v: torch.Tensor | None, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Output, and this block's own keys and values (batch, kv_heads, seq, head_dim)."""
         b, s, _ = x.shape
         hd = self.cfg.head_dim
         q = self.q_proj(x).view(b, s, self.cfg.num_heads, hd)
@@ -63,8 +92,13 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)
         k = apply_rope(k.transpose(1, 2), cos, sin)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+        if past_k is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            keys = torch.cat([past_k.expand(b, -1, -1, -1), k], dim=2)
+            values = torch.cat([past_v.expand(b, -1, -1, -1), v], dim=2)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1)), k, v
 
 
 class MLP(nn.Module):
@@ -90,9 +124,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_k: torch.Tensor | None,
+                past_v: torch.Tensor | None, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attn, k, v = self.self_attn(self.input_layernorm(x), cos, sin, past_k, past_v, mask)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
 
 class Decoder(nn.Module):
@@ -115,21 +151,31 @@ class Decoder(nn.Module):
         """The output projection (vocab, hidden), tied to the embeddings where the model says so."""
         return self.embed_tokens.weight if self.config.tie_embeddings else self.lm_head.weight
 
-    def last_hidden(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Final-normed hidden state at position lengths-1 of each right-padded row.
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor, past: Past | None = None,
+                keep_kv: bool = False) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[torch.Tensor] | None]:
+        """Prefill right-padded rows, optionally after resident KV.
 
-        ids: (batch, seq) token ids, right-padded; causal attention keeps padding
-        invisible to every real position, so no mask is needed.
+        ids: (batch, q) new tokens, row b valid up to lengths[b]; causal attention
+        keeps padding invisible to every real position. Returns the final-normed
+        hidden state at each row's last valid position, and with keep_kv the new
+        tokens' keys and values per layer (batch, kv_heads, q, head_dim).
         """
-        positions = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
-        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        batch, q = ids.shape
+        offset = past.lengths[:, None] if past is not None else 0
+        positions = torch.arange(q, device=ids.device)[None, :] + offset
+        cos, sin = rope_tables(positions.expand(batch, q), self.config.head_dim, self.config.rope_theta)
+        mask = attention_mask(q, past, batch)
         x = self.embed_tokens(ids)
-        for layer in self.layers:
-            x = layer(x, cos.to(x.dtype), sin.to(x.dtype))
-        last = x[torch.arange(ids.shape[0], device=ids.device), lengths - 1]
-        return self.norm(last)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        keys, values = [], []
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer(x, cos, sin, past.keys[i] if past else None, past.values[i] if past else None, mask)
+            if keep_kv:
+                keys.append(k)
+                values.append(v)
+        last = x[torch.arange(batch, device=ids.device), lengths - 1]
+        return self.norm(last), (keys if keep_kv else None), (values if keep_kv else None)
 
-    def label_logits(self, ids: torch.Tensor, lengths: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
-        """Logits over label_ids only, at each row's last position: (batch, n_labels)."""
-        hidden = self.last_hidden(ids, lengths)
+    def label_logits(self, hidden: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
+        """The head cut to label_ids, applied to final hidden states: (batch, n_labels) in fp32."""
         return hidden.float() @ self.head_weight()[label_ids].float().T

@@ -47,5 +47,5 @@ def load_runtime(name: str | None = None, device: str = "cpu") -> Runtime:
     with torch.device("meta"):
         model = Decoder(gguf.config)
     model.load_state_dict(gguf.state_dict, strict=True, assign=True)
-    model = model.to(device=device, dtype=torch.float32).eval()
+    model = model.to(device=device, dtype=torch.float32).eval().requires_grad_(False)
     return Runtime(model_id, model, Tokenizer.from_gguf_vocab(gguf.vocab), ChatFrame.from_template(gguf.chat_template))

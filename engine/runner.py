@@ -1,65 +1,106 @@
-"""The model runner: packs requests into padded batches under a token budget and scores them."""
+"""The model runner: right-padded prefill batches, each row after its own resident KV."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from .model import Decoder
-from .requests import LabelSet, Request
+from .kv import KV
+from .model import Decoder, Past
+from .requests import LabelSet
+from .stats import Stats, causal_pairs
+
+
+@dataclass
+class Row:
+    """New tokens to compute after `past` (None: from position 0); keep_kv returns their KV."""
+
+    ids: np.ndarray
+    past: KV | None = None
+    keep_kv: bool = False
+
+
+def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Consecutive index runs whose padded size (rows × longest row) fits the budget (one row at least)."""
+    batches: list[list[int]] = []
+    width = 0
+    for i, length in enumerate(lengths):
+        width_if_added = max(width, length)
+        if batches and (len(batches[-1]) + 1) * width_if_added <= budget:
+            batches[-1].append(i)
+            width = width_if_added
+        else:
+            batches.append([i])
+            width = length
+    return batches
 
 
 class ModelRunner:
-    """Runs prefill-only forward passes and returns per-answer log-probabilities.
-
-    Requests are sorted by length and cut into batches whose padded size stays
-    within `token_budget`; sorting bounds padding waste to the length spread
-    inside one batch.
-    """
+    """Runs forward passes of a decoder and the head cut to label tokens."""
 
     def __init__(self, model: Decoder, token_budget: int = 4096) -> None:
         self.model = model
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
 
-    def score(self, requests: Sequence[Request]) -> list[np.ndarray]:
-        """Log-probabilities of each request's answers, renormalised over its label tokens."""
-        out: list[np.ndarray] = [np.empty(0)] * len(requests)
-        by_labels: dict[LabelSet, list[int]] = {}
-        for i, request in enumerate(requests):
-            by_labels.setdefault(request.labels, []).append(i)
-        for labels, members in by_labels.items():
-            for batch in self._batches(members, [len(requests[i]) for i in members]):
-                for i, row in zip(batch, self._score_batch([requests[i] for i in batch], labels)):
-                    out[i] = row
-        return out
-
-    def _batches(self, members: list[int], lengths: list[int]) -> list[list[int]]:
-        """Longest first; a batch grows while its padded size fits the token budget."""
-        batches: list[list[int]] = []
-        width = 0
-        for length, i in sorted(zip(lengths, members), reverse=True):
-            if batches and (len(batches[-1]) + 1) * width <= self.token_budget:
-                batches[-1].append(i)
-            else:
-                batches.append([i])
-                width = length
-        return batches
+    def _past(self, rows: list[Row]) -> Past | None:
+        pasts = [r.past for r in rows]
+        if all(p is None for p in pasts):
+            return None
+        lengths = torch.tensor([len(p) if p is not None else 0 for p in pasts], device=self.device)
+        first = pasts[0]
+        if all(p is first for p in pasts):
+            return Past([k[None] for k in first.keys], [v[None] for v in first.values], lengths)
+        width = int(lengths.max())
+        template = next(p for p in pasts if p is not None)
+        keys, values = [], []
+        for layer in range(len(template.keys)):
+            heads, _, dim = template.keys[layer].shape
+            k = template.keys[layer].new_zeros(len(rows), heads, width, dim)
+            v = template.values[layer].new_zeros(len(rows), heads, width, dim)
+            for b, p in enumerate(pasts):
+                if p is not None:
+                    k[b, :, : len(p)] = p.keys[layer]
+                    v[b, :, : len(p)] = p.values[layer]
+            keys.append(k)
+            values.append(v)
+        return Past(keys, values, lengths)
 
     @torch.inference_mode()
-    def _score_batch(self, requests: list[Request], labels: LabelSet) -> np.ndarray:
-        seqs = [r.ids() for r in requests]
-        lengths = torch.tensor([len(s) for s in seqs], device=self.device)
-        ids = torch.zeros((len(seqs), int(lengths.max())), dtype=torch.long)
-        for row, seq in enumerate(seqs):
-            ids[row, : len(seq)] = torch.from_numpy(seq.astype(np.int64))
-        label_ids = torch.tensor(labels.token_ids, device=self.device)
-        logits = self.model.label_logits(ids.to(self.device), lengths, label_ids)
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        groups = torch.tensor(labels.groups, device=self.device)
-        answers = torch.stack(
-            [torch.logsumexp(logp[:, groups == g], dim=-1) for g in range(len(labels.names))], dim=-1
-        )
-        return answers.cpu().numpy()
+    def forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:
+        """Last hidden state of each row, and the KV of rows that asked to keep it."""
+        lengths = [len(r.ids) for r in rows]
+        width = max(lengths)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, row in enumerate(rows):
+            ids[b, : lengths[b]] = torch.from_numpy(row.ids.astype(np.int64))
+        keep = any(r.keep_kv for r in rows)
+        past = self._past(rows)
+        hidden, keys, values = self.model(ids.to(self.device), torch.tensor(lengths, device=self.device), past, keep)
+        kept: list[KV | None] = []
+        for b, row in enumerate(rows):
+            if row.keep_kv:
+                kept.append(KV([k[b, :, : lengths[b]].clone() for k in keys],
+                               [v[b, :, : lengths[b]].clone() for v in values]))
+            else:
+                kept.append(None)
+        resident = [len(r.past) if r.past is not None else 0 for r in rows]
+        stats.forward_passes += 1
+        stats.fresh_tokens += sum(lengths)
+        stats.padded_tokens += len(rows) * width - sum(lengths)
+        stats.attention_pairs += sum(causal_pairs(q, c) for q, c in zip(lengths, resident))
+        stats.kv_read += sum(resident)
+        stats.kv_written += sum(q for q, r in zip(lengths, rows) if r.keep_kv)
+        return hidden, kept
+
+    @torch.inference_mode()
+    def answer_logprobs(self, hidden: torch.Tensor, labels: LabelSet) -> np.ndarray:
+        """(rows, answers) log-probabilities, renormalised over the label tokens."""
+        logits = self.model.label_logits(hidden, torch.tensor(labels.token_ids, device=hidden.device))
+        logp = torch.log_softmax(logits, dim=-1)
+        groups = torch.tensor(labels.groups, device=hidden.device)
+        answers = [torch.logsumexp(logp[:, groups == g], dim=-1) for g in range(len(labels.names))]
+        return torch.stack(answers, dim=-1).cpu().numpy()

@@ -6,36 +6,64 @@ import threading
 from typing import Sequence
 
 import numpy as np
+import torch
 
 from .model import Decoder
 from .prompt import FALSE_SPELLINGS, TRUE_SPELLINGS, ChatFrame, FilterLayout
 from .requests import LabelSet, Request, Segment
 from .runner import ModelRunner
+from .stats import Stats
+from .strategies import STRATEGIES
 from .tokenizer import Tokenizer
 
 
 class Runtime:
-    """One per device: forward passes run one at a time, whichever query asks."""
+    """One per device: forward passes run one at a time, whichever query asks.
 
-    def __init__(self, model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame) -> None:
+    `strategy` names how requests become forward passes (strategies.py): "quail"
+    shares every common prefix; "naive" and "prefix" are the baselines.
+    """
+
+    def __init__(self, model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame,
+                 strategy: str = "quail", token_budget: int = 4096) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
         self.model_id = model_id
         self.config = model.config
         self.tokenizer = tokenizer
         self.layout = FilterLayout(frame)
-        self.runner = ModelRunner(model)
+        self.runner = ModelRunner(model, token_budget)
+        self.strategy = strategy
         self.yes_no = self._yes_no_labels()
         self._lock = threading.Lock()
+
+    def variant(self, strategy: str, token_budget: int | None = None) -> "Runtime":
+        """Another runtime over the same weights and tokenizer, scoring by another strategy."""
+        return Runtime(self.model_id, self.runner.model, self.tokenizer, self.layout.frame, strategy,
+                       token_budget or self.runner.token_budget)
 
     def segments(self, texts: list[str]) -> list[Segment]:
         """Tokenize each text as a segment of its own."""
         return [Segment.of(ids, self.model_id) for ids in self.tokenizer.encode_batch(texts)]
 
-    def score(self, requests: Sequence[Request]) -> list[np.ndarray]:
+    def score(self, requests: Sequence[Request], stats: Stats | None = None) -> list[np.ndarray]:
         """Per-answer log-probabilities of each request (answer order = its label set's names)."""
         if not requests:
             return []
+        stats = stats if stats is not None else Stats()
+        stats.requests += len(requests)
+        stats.logical_tokens += sum(len(r) for r in requests)
         with self._lock:
-            return self.runner.score(requests)
+            hidden = STRATEGIES[self.strategy](self.runner, requests, stats)
+            out: list[np.ndarray] = [np.empty(0)] * len(requests)
+            by_labels: dict[LabelSet, list[int]] = {}
+            for i, request in enumerate(requests):
+                by_labels.setdefault(request.labels, []).append(i)
+            for labels, members in by_labels.items():
+                stacked = torch.stack([hidden[i] for i in members])
+                for i, row in zip(members, self.runner.answer_logprobs(stacked, labels)):
+                    out[i] = row
+        return out
 
     def _single_token(self, spellings: tuple[str, ...]) -> list[int]:
         ids = [self.tokenizer.encode(s) for s in spellings]

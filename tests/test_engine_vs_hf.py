@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from quail.engine.ai_ops import filter_requests
-from quail.engine.runner import ModelRunner
+from quail.engine.requests import Request
+from quail.engine.stats import Stats
 
 TEXTS = [
     "Great food.",
@@ -23,27 +24,32 @@ TEXTS = [
     " ".join(f"Sentence {i} says something about the battery life of this phone." for i in range(30)),
     "🎉 emoji, ünïcödé, and <|im_start|> inside user text.",
 ]
-TEMPLATES = ["Is {0} a positive review?", "Does {0} mention food?"]
+TEMPLATES = ["Is {0} a positive review?", "Does {0} mention food?", "Is {0} written in English?"]
 
 
-def _hf_true_probability(hf_model, ids: np.ndarray, token_ids, groups) -> float:
+def hf_true_probability(hf_model, request: Request) -> float:
     with torch.inference_mode():
-        logits = hf_model(torch.from_numpy(ids.astype(np.int64))[None]).logits[0, -1]
-    logp = torch.log_softmax(logits[list(token_ids)].double(), dim=-1)
-    true = torch.tensor(groups) == 1
-    return float(torch.logsumexp(logp[true], dim=-1).exp())
+        logits = hf_model(torch.from_numpy(request.ids().astype(np.int64))[None]).logits[0, -1]
+    labels = request.labels
+    logp = torch.log_softmax(logits[list(labels.token_ids)].double(), dim=-1)
+    return float(torch.logsumexp(logp[torch.tensor(labels.groups) == 1], dim=-1).exp())
 
 
 @pytest.fixture(scope="module")
 def requests(runtime):
+    """Three questions per text: several suffixes share each [preamble][document] anchor."""
     reqs = [r for t in TEMPLATES for r in filter_requests(runtime, t, [[x] for x in TEXTS])]
-    assert len(reqs) >= 20
     lengths = [len(r) for r in reqs]
-    assert max(lengths) > 4 * min(lengths), "prompts of mixed lengths"
+    assert len(reqs) >= 20 and max(lengths) > 4 * min(lengths), "≥ 20 prompts of mixed lengths"
     return reqs
 
 
-def test_tokenizer_matches_hf(runtime, hf_tokenizer, requests):
+@pytest.fixture(scope="module")
+def hf_probabilities(hf_model, requests):
+    return np.array([hf_true_probability(hf_model, r) for r in requests])
+
+
+def test_tokenizer_matches_hf(runtime, hf_tokenizer):
     samples = TEXTS + [runtime.layout.preamble(), runtime.layout.question(TEMPLATES[0]), runtime.layout.answer_cue()]
     for text in samples:
         assert runtime.tokenizer.encode(text).tolist() == hf_tokenizer(text, add_special_tokens=False).input_ids
@@ -57,14 +63,16 @@ def test_weights_match_hf_dequantization(runtime, hf_model):
         assert torch.equal(tensor, theirs[name]), name
 
 
-@pytest.mark.parametrize("token_budget", [1, 4096], ids=["unbatched", "batched"])
-def test_true_probability_matches_hf(runtime, hf_model, requests, token_budget):
-    runner = ModelRunner(runtime.runner.model, token_budget=token_budget)
-    ours = np.exp(np.array([row[1] for row in runner.score(requests)]))
-    labels = runtime.yes_no
-    theirs = np.array([_hf_true_probability(hf_model, r.ids(), labels.token_ids, labels.groups) for r in requests])
-    assert np.abs(ours - theirs).max() <= 1e-4
-    assert ((ours > 0.5) == (theirs > 0.5)).all()
+@pytest.mark.parametrize("strategy, token_budget", [
+    ("naive", 1), ("naive", 4096), ("quail", 1), ("quail", 4096), ("prefix", 4096),
+], ids=["naive-unbatched", "naive-batched", "shared-prefix-unbatched", "shared-prefix-batched", "block-prefix"])
+def test_true_probability_matches_hf(runtime, requests, hf_probabilities, strategy, token_budget):
+    stats = Stats()
+    ours = np.exp(np.array([row[1] for row in runtime.variant(strategy, token_budget).score(requests, stats)]))
+    assert np.abs(ours - hf_probabilities).max() <= 1e-4
+    assert ((ours > 0.5) == (hf_probabilities > 0.5)).all()
+    if strategy == "quail":
+        assert stats.cached_tokens > 0 and stats.fresh_tokens < stats.logical_tokens, "shared anchors computed once"
 
 
 def test_label_tokens_are_yes_and_no(runtime):

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from quail.engine.config import ModelConfig
 from quail.engine.model import Decoder
+from quail.engine.runner import ModelRunner, Row
+from quail.engine.stats import Stats
+
+LABELS = torch.tensor([3, 99, 200, 511])
 
 
-def test_qwen3_label_logits_match_hf():
+@pytest.fixture(scope="module")
+def models():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     hf_config = transformers.Qwen3Config(
@@ -20,13 +26,35 @@ def test_qwen3_label_logits_match_hf():
     config = ModelConfig.from_hf(hf_config.to_dict())
     assert config.qk_norm and not config.tie_embeddings
     ours = Decoder(config).eval()
-    state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
-    ours.load_state_dict(state, strict=True)
+    ours.load_state_dict({k.removeprefix("model."): v for k, v in hf.state_dict().items()}, strict=True)
+    return ours, hf
 
+
+def hf_label_logits(hf, ids: np.ndarray) -> torch.Tensor:
+    with torch.inference_mode():
+        return hf(torch.from_numpy(ids.astype(np.int64))[None]).logits[0, -1, LABELS]
+
+
+def test_padded_batch_matches_hf(models):
+    ours, hf = models
     lengths = torch.tensor([17, 5, 40])
     ids = torch.randint(0, 512, (3, 40))
-    labels = torch.tensor([3, 99, 200, 511])
     with torch.inference_mode():
-        got = ours.label_logits(ids, lengths, labels)
-        want = torch.stack([hf(ids[i : i + 1, : int(n)]).logits[0, -1, labels] for i, n in enumerate(lengths)])
+        hidden, _, _ = ours(ids, lengths)
+        got = ours.label_logits(hidden, LABELS)
+    want = torch.stack([hf_label_logits(hf, ids[i, : int(n)].numpy()) for i, n in enumerate(lengths)])
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_suffixes_after_a_shared_anchor_match_hf(models):
+    ours, hf = models
+    runner = ModelRunner(ours)
+    rng = np.random.default_rng(0)
+    anchor = rng.integers(0, 512, 33).astype(np.int32)
+    suffixes = [rng.integers(0, 512, n).astype(np.int32) for n in (1, 4, 9, 20)]
+    _, (kv,) = runner.forward([Row(anchor, keep_kv=True)], Stats())
+    hidden, _ = runner.forward([Row(s, kv) for s in suffixes], Stats())
+    with torch.inference_mode():
+        got = ours.label_logits(hidden, LABELS)
+    want = torch.stack([hf_label_logits(hf, np.concatenate([anchor, s])) for s in suffixes])
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,47 @@
+"""Work counters of scoring: what a query asked for and what the runtime computed."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Stats:
+    """Counts accumulated over one query (or one benchmark run).
+
+    logical_tokens: every request's full prompt length, as a naive engine sees it.
+    fresh_tokens: real tokens computed; padded_tokens: padding computed beside them.
+    attention_pairs: (query, key) pairs scored; kv_written: KV rows kept for later
+    requests; kv_read: resident KV rows read by later computation.
+    """
+
+    requests: int = 0
+    logical_tokens: int = 0
+    fresh_tokens: int = 0
+    padded_tokens: int = 0
+    attention_pairs: int = 0
+    kv_written: int = 0
+    kv_read: int = 0
+    forward_passes: int = 0
+
+    @property
+    def physical_tokens(self) -> int:
+        """Tokens through the linear layers, padding included."""
+        return self.fresh_tokens + self.padded_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        """Logical tokens not computed: served from resident KV or identical requests."""
+        return self.logical_tokens - self.fresh_tokens
+
+    def add(self, other: "Stats") -> None:
+        for name, value in asdict(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+    def as_dict(self) -> dict[str, int]:
+        return {**asdict(self), "physical_tokens": self.physical_tokens, "cached_tokens": self.cached_tokens}
+
+
+def causal_pairs(q: int, c: int = 0) -> int:
+    """Attention pairs of q new tokens over c resident ones: q·c + q(q+1)/2."""
+    return q * c + q * (q + 1) // 2

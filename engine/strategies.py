@@ -1,0 +1,135 @@
+"""How a set of requests becomes forward passes.
+
+- `tree` (Quail): a radix tree over the prompts; every shared prefix is computed
+  once, its KV kept exactly until the requests below it are done, and rows that
+  continue the same prefix are batched together.
+- `independent` (the naive baseline): every request a full prompt of its own.
+- `block_prefix` (the prefix-caching baseline, as vLLM's automatic prefix
+  caching): requests in arrival order; full 16-token blocks are cached by a
+  hash of the prefix they end and reused by later batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from .kv import KV
+from .radix import RadixNode, build
+from .requests import Request
+from .runner import ModelRunner, Row, pack
+from .stats import Stats
+
+Strategy = Callable[[ModelRunner, Sequence[Request], Stats], list[torch.Tensor]]
+
+
+def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
+    """Last hidden state per request, each distinct prefix computed once."""
+    seqs = [r.ids() for r in requests]
+    hidden: list[torch.Tensor | None] = [None] * len(requests)
+
+    def visit(parents: list[tuple[RadixNode, KV | None]]) -> None:
+        work = [(child, kv, p) for p, (node, kv) in enumerate(parents) for child in node.children]
+        work.sort(key=lambda w: (w[2], -len(w[0])))
+        for batch in pack([len(child) for child, _, _ in work], runner.token_budget):
+            items = [work[i] for i in batch]
+            rows = [Row(seqs[c.rep][c.start : c.end], kv, keep_kv=bool(c.children)) for c, kv, _ in items]
+            last, kept = runner.forward(rows, stats)
+            inner = []
+            for (child, kv, _), h, new in zip(items, last, kept):
+                for i in child.ends:
+                    hidden[i] = h
+                if child.children:
+                    inner.append((child, new if kv is None else KV.cat([kv, new])))
+            if inner:
+                visit(inner)
+
+    visit([(build(seqs), None)])
+    return hidden
+
+
+def independent(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
+    """Last hidden state per request, each prompt computed in full; batches packed by length."""
+    order = sorted(range(len(requests)), key=lambda i: -len(requests[i]))
+    hidden: list[torch.Tensor | None] = [None] * len(requests)
+    for batch in pack([len(requests[i]) for i in order], runner.token_budget):
+        members = [order[i] for i in batch]
+        last, _ = runner.forward([Row(requests[i].ids()) for i in members], stats)
+        for i, h in zip(members, last):
+            hidden[i] = h
+    return hidden
+
+
+class BlockPrefixCache:
+    """KV of full token blocks keyed by a hash of everything up to the block's end (LRU-bounded)."""
+
+    def __init__(self, block_size: int = 16, max_blocks: int = 1 << 16) -> None:
+        self.block_size = block_size
+        self.max_blocks = max_blocks
+        self._blocks: OrderedDict[bytes, KV] = OrderedDict()
+
+    def keys(self, ids: np.ndarray) -> list[bytes]:
+        """Chained hashes of the full blocks of ids."""
+        out, parent = [], b""
+        for start in range(0, len(ids) - self.block_size + 1, self.block_size):
+            parent = hashlib.blake2b(parent + ids[start : start + self.block_size].tobytes(), digest_size=16).digest()
+            out.append(parent)
+        return out
+
+    def lookup(self, keys: list[bytes], limit: int) -> list[KV]:
+        """KV of the longest run of cached leading blocks, at most `limit` blocks."""
+        found = []
+        for key in keys[:limit]:
+            block = self._blocks.get(key)
+            if block is None:
+                break
+            self._blocks.move_to_end(key)
+            found.append(block)
+        return found
+
+    def store(self, key: bytes, kv: KV) -> None:
+        self._blocks[key] = kv
+        self._blocks.move_to_end(key)
+        while len(self._blocks) > self.max_blocks:
+            self._blocks.popitem(last=False)
+
+
+def block_prefix(runner: ModelRunner, requests: Sequence[Request], stats: Stats,
+                 cache: BlockPrefixCache | None = None) -> list[torch.Tensor]:
+    """Last hidden state per request; arrival order, reusing cached blocks from earlier batches.
+
+    A batch takes requests in order while its padded new tokens fit the budget;
+    lookups see the cache as it was before the batch, as a real server's do.
+    """
+    cache = cache or BlockPrefixCache()
+    hidden: list[torch.Tensor | None] = [None] * len(requests)
+    size = cache.block_size
+    pending: list[tuple[int, list[bytes], int, Row]] = []
+
+    def flush() -> None:
+        last, kept = runner.forward([row for *_, row in pending], stats)
+        for (i, keys, hits, _), h, new in zip(pending, last, kept):
+            hidden[i] = h
+            for b in range(hits, len(keys)):
+                cache.store(keys[b], new.slice((b - hits) * size, (b - hits + 1) * size))
+        pending.clear()
+
+    for i, request in enumerate(requests):
+        ids = request.ids()
+        keys = cache.keys(ids)
+        hit = cache.lookup(keys, (len(ids) - 1) // size)
+        row = Row(ids[len(hit) * size :], KV.cat(hit) if hit else None, keep_kv=True)
+        width = max([len(row.ids)] + [len(r.ids) for *_, r in pending])
+        if pending and (len(pending) + 1) * width > runner.token_budget:
+            flush()
+        pending.append((i, keys, len(hit), row))
+    if pending:
+        flush()
+    return hidden
+
+
+STRATEGIES: dict[str, Strategy] = {"quail": tree, "naive": independent, "prefix": block_prefix}

@@ -1,0 +1,91 @@
+"""The radix plan and the scoring strategies' bookkeeping, on small token sequences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from quail.engine.ai_ops import filter_requests
+from quail.engine.radix import build, ideal_stats, nodes
+from quail.engine.requests import Request, Segment
+from quail.engine.stats import Stats
+
+
+def seqs_of(*lists):
+    return [np.array(x, dtype=np.int32) for x in lists]
+
+
+def distinct_prefixes(seqs) -> int:
+    return len({tuple(s[:k]) for s in seqs for k in range(1, len(s) + 1)})
+
+
+def test_tree_edges_spell_every_sequence_once():
+    rng = np.random.default_rng(1)
+    base = rng.integers(0, 5, 12)
+    seqs = [np.concatenate([base[: rng.integers(0, 12)], rng.integers(0, 5, rng.integers(1, 6))]).astype(np.int32)
+            for _ in range(40)]
+    seqs += [seqs[0].copy(), seqs[3][:2].copy()]
+    root = build(seqs)
+    found = {}
+
+    def walk(node, prefix):
+        if node.rep >= 0:
+            assert np.array_equal(seqs[node.rep][: node.start], prefix)
+            prefix = np.concatenate([prefix, seqs[node.rep][node.start : node.end]])
+        for i in node.ends:
+            found[i] = prefix
+        for child in node.children:
+            walk(child, prefix)
+
+    walk(root, np.array([], dtype=np.int32))
+    assert sorted(found) == list(range(len(seqs)))
+    assert all(np.array_equal(found[i], s) for i, s in enumerate(seqs))
+    assert sum(len(n) for n, _ in nodes(root)) == distinct_prefixes(seqs)
+
+
+def test_ideal_stats_by_hand():
+    stats = ideal_stats(seqs_of([1, 2, 3, 4], [1, 2, 3, 5], [1, 2], [1, 2, 3, 4], [9], [1, 2, 7, 7, 7]))
+    assert (stats.logical_tokens, stats.fresh_tokens, stats.attention_pairs) == (20, 9, 27)
+    assert (stats.kv_written, stats.kv_read) == (3, 10)
+
+
+@pytest.fixture(scope="module")
+def shared_requests(runtime):
+    """Four documents, three questions each, asked in question-major (arrival) order."""
+    docs = [f"Document number {i} talks about topic {i * 7} at some length." for i in range(4)]
+    questions = ["Is {0} about sports?", "Is {0} short?", "Does {0} name a number?"]
+    return [r for q in questions for r in filter_requests(runtime, q, [[d] for d in docs])]
+
+
+def test_strategies_count_their_work(runtime, shared_requests):
+    seqs = [r.ids() for r in shared_requests]
+    ideal = ideal_stats(seqs)
+    counts = {}
+    for name in ("quail", "naive", "prefix"):
+        stats = Stats()
+        runtime.variant(name, token_budget=256).score(shared_requests, stats)
+        counts[name] = stats
+        assert stats.logical_tokens == ideal.logical_tokens
+    assert counts["naive"].fresh_tokens == ideal.logical_tokens
+    assert counts["quail"].fresh_tokens == ideal.fresh_tokens, "the radix plan computes each prefix once"
+    assert counts["quail"].attention_pairs == ideal.attention_pairs
+    assert ideal.fresh_tokens < counts["prefix"].fresh_tokens < counts["naive"].fresh_tokens
+
+
+def test_identical_requests_are_computed_once(runtime):
+    segment = Segment.of(np.arange(10, 30, dtype=np.int32), runtime.model_id)
+    requests = [Request((segment,), runtime.yes_no)] * 3
+    stats = Stats()
+    out = runtime.score(requests, stats)
+    assert stats.fresh_tokens == 20 and stats.cached_tokens == 40
+    assert all(np.array_equal(out[0], o) for o in out)
+
+
+def test_pairs_formula_matches_brute_force():
+    seqs = seqs_of([1, 2, 3], [1, 2, 4, 5], [6])
+    ideal = ideal_stats(seqs)
+    pairs = 0
+    for prefix in {tuple(s[:k]) for s in seqs for k in range(1, len(s) + 1)}:
+        pairs += len(prefix)  # a fresh token at position p attends to p + 1 keys
+    assert ideal.attention_pairs == pairs
+    assert ideal.fresh_tokens == distinct_prefixes(seqs)
