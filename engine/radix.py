@@ -1,7 +1,12 @@
-"""A radix tree over token sequences: each shared prefix once, the plan for computing it once.
+"""A radix tree over request prompts: each shared token prefix once, the plan for computing it once.
 
-Built from the sequences sorted so that every shared prefix is contiguous, and
-the longest common prefix (LCP) of neighbours: the classic stack construction.
+Built from the requests sorted so that shared prefixes are contiguous, and the
+longest common prefix (LCP) of neighbours: the classic stack construction.
+Prompts are never concatenated: requests are sorted by their segments' bytes and
+compared segment by segment, equal segments (by content key) skipped whole.
+That order keeps every shared prefix contiguous when requests sharing material
+are cut into segments alike (one prompt layout does so); otherwise some sharing
+across differently cut requests is missed. Answers never depend on the order.
 """
 
 from __future__ import annotations
@@ -11,12 +16,13 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .requests import Request
 from .stats import Stats, causal_pairs
 
 
 @dataclass(eq=False)
 class RadixNode:
-    """An edge of tokens [start, end) of sequence `rep`, below its parent's edge."""
+    """An edge of tokens [start, end) of request `rep`'s prompt, below its parent's edge."""
 
     start: int
     end: int
@@ -28,22 +34,42 @@ class RadixNode:
         return self.end - self.start
 
 
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two token arrays."""
+def _token_lcp(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     diff = np.flatnonzero(a[:n] != b[:n])
     return int(diff[0]) if len(diff) else n
 
 
-def build(seqs: Sequence[np.ndarray]) -> RadixNode:
-    """The compressed trie of the sequences; `ends` lists the sequences ending at each node."""
+def common_prefix(a: Request, b: Request) -> int:
+    """Length of the longest common token prefix of two prompts."""
+    shared = 0
+    for sa, sb in zip(a.segments, b.segments):
+        if sa.key == sb.key:
+            shared += len(sa)
+            continue
+        step = _token_lcp(sa.ids, sb.ids)
+        shared += step
+        if step == len(sa) or step == len(sb):  # one segment is a prefix of the other: compare on by token
+            rest = _token_lcp(a.tokens(shared, len(a)), b.tokens(shared, len(b)))
+            shared += rest
+        return shared
+    return shared
+
+
+def _sort_key(request: Request) -> tuple[bytes, ...]:
+    return tuple(s.ids.tobytes() for s in request.segments)
+
+
+def build(requests: Sequence[Request]) -> RadixNode:
+    """The compressed trie of the prompts; `ends` lists the requests ending at each node."""
     root = RadixNode(0, 0, -1)
-    order = sorted(range(len(seqs)), key=lambda i: seqs[i].tobytes())
+    order = sorted(range(len(requests)), key=lambda i: _sort_key(requests[i]))
     stack = [root]
-    previous: np.ndarray | None = None
+    previous: Request | None = None
     for i in order:
-        seq = seqs[i]
-        shared = common_prefix(previous, seq) if previous is not None else 0
+        request = requests[i]
+        length = len(request)
+        shared = common_prefix(previous, request) if previous is not None else 0
         popped = None
         while stack[-1].end > shared:
             popped = stack.pop()
@@ -54,36 +80,36 @@ def build(seqs: Sequence[np.ndarray]) -> RadixNode:
             top.children[top.children.index(popped)] = middle
             stack.append(middle)
             top = middle
-        if len(seq) > shared:
-            leaf = RadixNode(shared, len(seq), i, ends=[i])
+        if length > shared:
+            leaf = RadixNode(shared, length, i, ends=[i])
             top.children.append(leaf)
             stack.append(leaf)
         else:
             top.ends.append(i)
-        previous = seq
+        previous = request
     return root
 
 
-def nodes(root: RadixNode) -> Iterator[tuple[RadixNode, int]]:
-    """Every node below the root with the depth its edge starts at."""
-    todo = [(child, 0) for child in root.children]
+def nodes(root: RadixNode) -> Iterator[RadixNode]:
+    """Every node below the root."""
+    todo = list(root.children)
     while todo:
-        node, _ = todo.pop()
-        yield node, node.start
-        todo.extend((child, node.end) for child in node.children)
+        node = todo.pop()
+        yield node
+        todo.extend(node.children)
 
 
-def ideal_stats(seqs: Sequence[np.ndarray]) -> Stats:
-    """The least work that answers every sequence with unlimited KV: each prefix computed once.
+def ideal_stats(requests: Sequence[Request]) -> Stats:
+    """The least work that answers every request with unlimited KV: each prefix computed once.
 
     fresh = Σ edge lengths; pairs = Σ q·c + T(q) per edge of q tokens over c
     resident; kv_written = tokens of edges others continue from; kv_read = Σ c.
     """
-    stats = Stats(requests=len(seqs), logical_tokens=int(sum(len(s) for s in seqs)))
-    for node, depth in nodes(build(seqs)):
+    stats = Stats(requests=len(requests), logical_tokens=sum(len(r) for r in requests))
+    for node in nodes(build(requests)):
         q = len(node)
         stats.fresh_tokens += q
-        stats.attention_pairs += causal_pairs(q, depth)
+        stats.attention_pairs += causal_pairs(q, node.start)
         stats.kv_written += q if node.children else 0
-        stats.kv_read += depth
+        stats.kv_read += node.start
     return stats

@@ -47,5 +47,19 @@ class Request:
     def ids(self) -> np.ndarray:
         return np.concatenate([s.ids for s in self.segments])
 
+    def tokens(self, start: int, end: int) -> np.ndarray:
+        """ids()[start:end] without concatenating the whole prompt."""
+        parts, offset = [], 0
+        for segment in self.segments:
+            lo, hi = max(start - offset, 0), min(end - offset, len(segment))
+            if lo < hi:
+                parts.append(segment.ids[lo:hi])
+            offset += len(segment)
+            if offset >= end:
+                break
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
+
     def __len__(self) -> int:
         return sum(len(s) for s in self.segments)

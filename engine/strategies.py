@@ -29,7 +29,6 @@ Strategy = Callable[[ModelRunner, Sequence[Request], Stats], list[torch.Tensor]]
 
 def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
     """Last hidden state per request, each distinct prefix computed once."""
-    seqs = [r.ids() for r in requests]
     hidden: list[torch.Tensor | None] = [None] * len(requests)
 
     def visit(parents: list[tuple[RadixNode, KV | None]]) -> None:
@@ -37,7 +36,7 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
         work.sort(key=lambda w: (w[2], -len(w[0])))
         for batch in pack([len(child) for child, _, _ in work], runner.token_budget):
             items = [work[i] for i in batch]
-            rows = [Row(seqs[c.rep][c.start : c.end], kv, keep_kv=bool(c.children)) for c, kv, _ in items]
+            rows = [Row(requests[c.rep].tokens(c.start, c.end), kv, keep_kv=bool(c.children)) for c, kv, _ in items]
             last, kept = runner.forward(rows, stats)
             inner = []
             for (child, kv, _), h, new in zip(items, last, kept):
@@ -48,7 +47,7 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
             if inner:
                 visit(inner)
 
-    visit([(build(seqs), None)])
+    visit([(build(requests), None)])
     return hidden
 
 

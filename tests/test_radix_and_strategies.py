@@ -6,32 +6,47 @@ import numpy as np
 import pytest
 
 from quail.engine.ai_ops import filter_requests
-from quail.engine.radix import build, ideal_stats, nodes
-from quail.engine.requests import Request, Segment
+from quail.engine.radix import build, common_prefix, ideal_stats, nodes
+from quail.engine.requests import LabelSet, Request, Segment
 from quail.engine.stats import Stats
+
+LABELS = LabelSet(("false", "true"), (0, 1), (0, 1))
+
+
+def request(*segments) -> Request:
+    return Request(tuple(Segment.of(np.array(s, dtype=np.int32), "test") for s in segments), LABELS)
 
 
 def seqs_of(*lists):
-    return [np.array(x, dtype=np.int32) for x in lists]
+    return [request(x) for x in lists]
 
 
-def distinct_prefixes(seqs) -> int:
-    return len({tuple(s[:k]) for s in seqs for k in range(1, len(s) + 1)})
+def distinct_prefixes(requests) -> int:
+    return len({tuple(r.ids()[:k]) for r in requests for k in range(1, len(r) + 1)})
 
 
-def test_tree_edges_spell_every_sequence_once():
+def _random_requests(aligned: bool) -> list[Request]:
+    """Prompts sharing prefixes of a base; aligned: all cut into segments at the same place."""
     rng = np.random.default_rng(1)
     base = rng.integers(0, 5, 12)
-    seqs = [np.concatenate([base[: rng.integers(0, 12)], rng.integers(0, 5, rng.integers(1, 6))]).astype(np.int32)
-            for _ in range(40)]
-    seqs += [seqs[0].copy(), seqs[3][:2].copy()]
+    out = []
+    for _ in range(40):
+        ids = np.concatenate([base[: rng.integers(0, 12)], rng.integers(0, 5, rng.integers(1, 6))])
+        cut = 3 if aligned else int(rng.integers(0, len(ids)))
+        out.append(request(ids[:cut], ids[cut:]))
+    return out + [request(out[0].ids()[:3], out[0].ids()[3:]), request(out[3].ids()[:2])]
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned-segments", "mixed-segments"])
+def test_tree_edges_spell_every_sequence_once(aligned):
+    seqs = _random_requests(aligned)
     root = build(seqs)
     found = {}
 
     def walk(node, prefix):
         if node.rep >= 0:
-            assert np.array_equal(seqs[node.rep][: node.start], prefix)
-            prefix = np.concatenate([prefix, seqs[node.rep][node.start : node.end]])
+            assert np.array_equal(seqs[node.rep].ids()[: node.start], prefix)
+            prefix = np.concatenate([prefix, seqs[node.rep].tokens(node.start, node.end)])
         for i in node.ends:
             found[i] = prefix
         for child in node.children:
@@ -39,8 +54,19 @@ def test_tree_edges_spell_every_sequence_once():
 
     walk(root, np.array([], dtype=np.int32))
     assert sorted(found) == list(range(len(seqs)))
-    assert all(np.array_equal(found[i], s) for i, s in enumerate(seqs))
-    assert sum(len(n) for n, _ in nodes(root)) == distinct_prefixes(seqs)
+    assert all(np.array_equal(found[i], s.ids()) for i, s in enumerate(seqs))
+    computed = sum(len(n) for n in nodes(root))
+    if aligned:
+        assert computed == distinct_prefixes(seqs), "each distinct prefix exactly once"
+    else:
+        assert distinct_prefixes(seqs) <= computed < sum(len(r) for r in seqs)
+
+
+def test_common_prefix_across_segment_boundaries():
+    assert common_prefix(request([1, 2], [3, 4]), request([1, 2, 3], [4, 5])) == 4
+    assert common_prefix(request([1, 2], [3]), request([1, 2], [3])) == 3
+    assert common_prefix(request([7], [1, 2, 9]), request([7], [1, 2, 8])) == 3
+    assert common_prefix(request([1, 2]), request([5])) == 0
 
 
 def test_ideal_stats_by_hand():
@@ -58,8 +84,7 @@ def shared_requests(runtime):
 
 
 def test_strategies_count_their_work(runtime, shared_requests):
-    seqs = [r.ids() for r in shared_requests]
-    ideal = ideal_stats(seqs)
+    ideal = ideal_stats(shared_requests)
     counts = {}
     for name in ("quail", "naive", "prefix"):
         stats = Stats()
@@ -85,7 +110,7 @@ def test_pairs_formula_matches_brute_force():
     seqs = seqs_of([1, 2, 3], [1, 2, 4, 5], [6])
     ideal = ideal_stats(seqs)
     pairs = 0
-    for prefix in {tuple(s[:k]) for s in seqs for k in range(1, len(s) + 1)}:
+    for prefix in {tuple(r.ids()[:k]) for r in seqs for k in range(1, len(r) + 1)}:
         pairs += len(prefix)  # a fresh token at position p attends to p + 1 keys
     assert ideal.attention_pairs == pairs
     assert ideal.fresh_tokens == distinct_prefixes(seqs)
