@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Sequence
 
 import numpy as np
 
 from .requests import Request
 from .runtime import Runtime
-from .stats import Stats
+from .work import QueryWork
 
 
 def filter_requests(runtime: Runtime, template: str, docs: Sequence[Sequence[str]]) -> list[Request]:
@@ -24,16 +25,24 @@ def filter_requests(runtime: Runtime, template: str, docs: Sequence[Sequence[str
     ]
 
 
+def hash_decision(request: Request, selectivity: float) -> float:
+    """1.0 for a `selectivity` fraction of prompts, by content hash: decisions for random weights."""
+    digest = hashlib.blake2b(b"".join(s.key for s in request.segments), digest_size=8).digest()
+    return 1.0 if int.from_bytes(digest, "little") < selectivity * 2**64 else 0.0
+
+
 def filter_probabilities(runtime: Runtime, template: str, args: Sequence[Sequence[str | None]],
-                         stats: Stats | None = None) -> np.ndarray:
+                         work: QueryWork | None = None, selectivity: float = 0.2) -> np.ndarray:
     """P(true) per row; args holds one column (list of texts) per PROMPT argument.
 
     A row with a NULL argument gets NaN: SQL's unknown, which no filter keeps.
+    When the runtime decides by hash (random weights), the forward pass still
+    runs in full and the answer is `hash_decision` at the stated selectivity.
     """
     rows = len(args[0]) if args else 0
     present = [i for i in range(rows) if all(col[i] is not None for col in args)]
     requests = filter_requests(runtime, template, [[col[i] for col in args] for i in present])
     probs = np.full(rows, np.nan)
-    for i, logp in zip(present, runtime.score(requests, stats)):
-        probs[i] = float(np.exp(logp[1]))
+    for i, request, logp in zip(present, requests, runtime.score(requests, work)):
+        probs[i] = hash_decision(request, selectivity) if runtime.decisions == "hash" else float(np.exp(logp[1]))
     return probs

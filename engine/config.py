@@ -1,4 +1,4 @@
-"""Model facts: the shape of a decoder, read from a GGUF header or an HF config."""
+"""Configuration: the shape of a decoder (model facts) and how an engine runs it."""
 
 from __future__ import annotations
 
@@ -49,3 +49,28 @@ class ModelConfig:
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             max_position=int(cfg.get("max_position_embeddings", 8192)),
         )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Which model runs where, and how.
+
+    model: a model name or path (None: the embedded SmolLM2-135M; "dummy:<shape>":
+    random weights of a named shape); device: "cpu" or "cuda"; precision: "fp32"
+    or "bf16"; strategy: "quail" (share every common prefix) or the baselines
+    "naive" and "prefix"; token_budget: padded tokens per forward pass;
+    decisions: "model", or "hash" for random weights; tokenizer: an HF tokenizer
+    directory (tokenizer.json, chat_template.jinja) for dummy weights (None: the
+    embedded model's); sol_device: the device constants the speed of light uses
+    ("cpu", "h100-sxm", "h200"; None: "cpu" on the CPU, else none).
+    """
+
+    model: str | None = None
+    device: str = "cpu"
+    gpus: int = 1
+    precision: str = "fp32"
+    strategy: str = "quail"
+    token_budget: int = 4096
+    decisions: str = "model"
+    tokenizer: str | None = None
+    sol_device: str | None = None

@@ -103,6 +103,25 @@ def unpermute_rotary(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _vocab(reader) -> GGUFVocab:
+    return GGUFVocab(
+        tokens=list(_field(reader, "tokenizer.ggml.tokens")),
+        merges=list(_field(reader, "tokenizer.ggml.merges", [])),
+        token_types=[int(t) for t in _field(reader, "tokenizer.ggml.token_type")],
+        pre=str(_field(reader, "tokenizer.ggml.pre", "default")),
+        bos_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+    )
+
+
+def read_vocab(path: str | Path) -> tuple[GGUFVocab, str | None]:
+    """The tokenizer vocabulary and chat template of a GGUF file, without touching its tensors."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    return _vocab(reader), _field(reader, "tokenizer.chat_template")
+
+
 def load_gguf(path: str | Path) -> GGUFModel:
     """Read a GGUF file, dequantizing every tensor to fp32."""
     import gguf
@@ -118,12 +137,4 @@ def load_gguf(path: str | Path) -> GGUFModel:
             heads = config.num_heads if "q_proj" in name else config.num_kv_heads
             weight = unpermute_rotary(weight, heads)
         state[name] = torch.tensor(weight)
-    vocab = GGUFVocab(
-        tokens=list(_field(reader, "tokenizer.ggml.tokens")),
-        merges=list(_field(reader, "tokenizer.ggml.merges", [])),
-        token_types=[int(t) for t in _field(reader, "tokenizer.ggml.token_type")],
-        pre=str(_field(reader, "tokenizer.ggml.pre", "default")),
-        bos_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-    )
-    return GGUFModel(config, state, vocab, _field(reader, "tokenizer.chat_template"))
+    return GGUFModel(config, state, _vocab(reader), _field(reader, "tokenizer.chat_template"))

@@ -20,12 +20,14 @@ class AIFilterStep:
 
     `arg_columns` hold the PROMPT arguments as text, in placeholder order; they
     are dropped from the output, which otherwise has the input's columns.
+    `selectivity` is the expected fraction kept (a hint, or the default).
     """
 
     input: str
     output: str
     template: str
     arg_columns: tuple[str, ...]
+    selectivity: float = 0.2
 
 
 Step = Union[SQLStep, AIFilterStep]

@@ -12,22 +12,28 @@ from .model import Decoder
 from .prompt import FALSE_SPELLINGS, TRUE_SPELLINGS, ChatFrame, FilterLayout
 from .requests import LabelSet, Request, Segment
 from .runner import ModelRunner
-from .stats import Stats
-from .strategies import STRATEGIES
+from .work import QueryWork
+from .strategies import STRATEGIES, Strategy
 from .tokenizer import Tokenizer
 
 
 class Runtime:
     """One per device: forward passes run one at a time, whichever query asks.
 
-    `strategy` names how requests become forward passes (strategies.py): "quail"
-    shares every common prefix; "naive" and "prefix" are the baselines.
+    `strategy` is how requests become forward passes: a name from strategies.py
+    ("quail" shares every common prefix; "naive" and "prefix" are the baselines)
+    or a Strategy function (a benchmark baseline).
+    `decisions` is "model" (answers from the model) or "hash" (random weights:
+    answers by content hash, forward passes still run in full).
     """
 
     def __init__(self, model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame,
-                 strategy: str = "quail", token_budget: int = 4096) -> None:
-        if strategy not in STRATEGIES:
+                 strategy: str | Strategy = "quail", token_budget: int = 4096, decisions: str = "model") -> None:
+        if isinstance(strategy, str) and strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
+        if decisions not in ("model", "hash"):
+            raise ValueError(f"decisions must be 'model' or 'hash', not {decisions!r}")
+        self.decisions = decisions
         self.model_id = model_id
         self.config = model.config
         self.tokenizer = tokenizer
@@ -37,24 +43,29 @@ class Runtime:
         self.yes_no = self._yes_no_labels()
         self._lock = threading.Lock()
 
-    def variant(self, strategy: str, token_budget: int | None = None) -> "Runtime":
+    def variant(self, strategy: str | Strategy, token_budget: int | None = None) -> "Runtime":
         """Another runtime over the same weights and tokenizer, scoring by another strategy."""
         return Runtime(self.model_id, self.runner.model, self.tokenizer, self.layout.frame, strategy,
-                       token_budget or self.runner.token_budget)
+                       token_budget or self.runner.token_budget, self.decisions)
 
     def segments(self, texts: list[str]) -> list[Segment]:
         """Tokenize each text as a segment of its own."""
         return [Segment.of(ids, self.model_id) for ids in self.tokenizer.encode_batch(texts)]
 
-    def score(self, requests: Sequence[Request], stats: Stats | None = None) -> list[np.ndarray]:
-        """Per-answer log-probabilities of each request (answer order = its label set's names)."""
+    def score(self, requests: Sequence[Request], work: QueryWork | None = None) -> list[np.ndarray]:
+        """Per-answer log-probabilities of each request (answer order = its label set's names).
+
+        The requests and the work done for them are added to `work`.
+        """
         if not requests:
             return []
-        stats = stats if stats is not None else Stats()
-        stats.requests += len(requests)
-        stats.logical_tokens += sum(len(r) for r in requests)
+        work = work if work is not None else QueryWork()
+        work.requests.extend(requests)
+        work.stats.requests += len(requests)
+        work.stats.logical_tokens += sum(len(r) for r in requests)
         with self._lock:
-            hidden = STRATEGIES[self.strategy](self.runner, requests, stats)
+            strategy = STRATEGIES[self.strategy] if isinstance(self.strategy, str) else self.strategy
+            hidden = strategy(self.runner, requests, work.stats)
             out: list[np.ndarray] = [np.empty(0)] * len(requests)
             by_labels: dict[LabelSet, list[int]] = {}
             for i, request in enumerate(requests):

@@ -1,6 +1,8 @@
-"""Text to token ids: HF `tokenizers` built from a GGUF vocabulary."""
+"""Text to token ids: HF `tokenizers` built from a GGUF vocabulary or read from a tokenizer.json."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
@@ -36,6 +38,14 @@ class Tokenizer:
         specials = [tok for tok, kind in zip(vocab.tokens, vocab.token_types) if kind == _CONTROL]
         backend.add_special_tokens(specials)
         return cls(backend)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Tokenizer":
+        """A tokenizer.json as HF saves it."""
+        return cls(HFTokenizer.from_file(str(path)))
+
+    def save(self, path: str | Path) -> None:
+        self._backend.save(str(path))
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of text as int32."""

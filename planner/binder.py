@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
-import pyarrow as pa
 from sqlglot import exp
 
+from quail.engine.catalog import Catalog
 from quail.engine.errors import InvalidArgument, NotFound
 
 from .dialects import position
 
 CATALOG_NAME = "quail"
 SCHEMA_NAME = "main"
-
-
-class Catalog(Protocol):
-    """What the planner needs to know of the stored tables."""
-
-    def has(self, name: str) -> bool: ...
-
-    def schema(self, name: str) -> pa.Schema: ...
 
 
 def bind_tables(tree: exp.Expression, catalog: Catalog) -> tuple[str, ...]:

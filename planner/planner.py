@@ -10,11 +10,12 @@ from typing import Any, Sequence
 
 from sqlglot import exp
 
+from quail.engine.catalog import Catalog
 from quail.engine.errors import InvalidArgument
 from quail.engine.physical import AIFilterStep, PhysicalPlan, SQLStep
 
 from .ai_functions import AIPredicate, ai_calls, bind_filter, contains_ai
-from .binder import Catalog, bind_parameters, bind_tables
+from .binder import bind_parameters, bind_tables
 from .dialects import DEFAULT_DIALECT, parse_statement, position
 
 RESULT = "__quail_result"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 
+from quail.engine.config import EngineConfig
 from quail.engine.errors import Unavailable
 from quail.engine.models import load_runtime
 from quail.engine.storage import TableStore
@@ -43,7 +44,7 @@ class QuailServer:
             raise ValueError(f"unknown dialect {config.dialect!r}; use one of {', '.join(DIALECTS)}")
         self.config = config
         self.store = TableStore(config.data_dir)
-        self.runtime = load_runtime(config.model)
+        self.runtime = load_runtime(EngineConfig(model=config.model))
         handler = FlightSQLHandler(self.store, self.runtime, config.dialect)
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=config.workers), options=_UNLIMITED)
         self._grpc.add_generic_rpc_handlers((FlightService(handler).generic_handler(),))

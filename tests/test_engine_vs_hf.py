@@ -8,7 +8,7 @@ import torch
 
 from quail.engine.ai_ops import filter_requests
 from quail.engine.requests import Request
-from quail.engine.stats import Stats
+from quail.engine.work import QueryWork
 
 TEXTS = [
     "Great food.",
@@ -67,8 +67,9 @@ def test_weights_match_hf_dequantization(runtime, hf_model):
     ("naive", 1), ("naive", 4096), ("quail", 1), ("quail", 4096), ("prefix", 4096),
 ], ids=["naive-unbatched", "naive-batched", "shared-prefix-unbatched", "shared-prefix-batched", "block-prefix"])
 def test_true_probability_matches_hf(runtime, requests, hf_probabilities, strategy, token_budget):
-    stats = Stats()
-    ours = np.exp(np.array([row[1] for row in runtime.variant(strategy, token_budget).score(requests, stats)]))
+    work = QueryWork()
+    stats = work.stats
+    ours = np.exp(np.array([row[1] for row in runtime.variant(strategy, token_budget).score(requests, work)]))
     assert np.abs(ours - hf_probabilities).max() <= 1e-4
     assert ((ours > 0.5) == (hf_probabilities > 0.5)).all()
     if strategy == "quail":

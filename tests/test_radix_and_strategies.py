@@ -8,7 +8,7 @@ import pytest
 from quail.engine.ai_ops import filter_requests
 from quail.engine.radix import build, common_prefix, ideal_stats, nodes
 from quail.engine.requests import LabelSet, Request, Segment
-from quail.engine.stats import Stats
+from quail.engine.work import QueryWork
 
 LABELS = LabelSet(("false", "true"), (0, 1), (0, 1))
 
@@ -87,8 +87,9 @@ def test_strategies_count_their_work(runtime, shared_requests):
     ideal = ideal_stats(shared_requests)
     counts = {}
     for name in ("quail", "naive", "prefix"):
-        stats = Stats()
-        runtime.variant(name, token_budget=256).score(shared_requests, stats)
+        work = QueryWork()
+        stats = work.stats
+        runtime.variant(name, token_budget=256).score(shared_requests, work)
         counts[name] = stats
         assert stats.logical_tokens == ideal.logical_tokens
     assert counts["naive"].fresh_tokens == ideal.logical_tokens
@@ -100,8 +101,9 @@ def test_strategies_count_their_work(runtime, shared_requests):
 def test_identical_requests_are_computed_once(runtime):
     segment = Segment.of(np.arange(10, 30, dtype=np.int32), runtime.model_id)
     requests = [Request((segment,), runtime.yes_no)] * 3
-    stats = Stats()
-    out = runtime.score(requests, stats)
+    work = QueryWork()
+    stats = work.stats
+    out = runtime.score(requests, work)
     assert stats.fresh_tokens == 20 and stats.cached_tokens == 40
     assert all(np.array_equal(out[0], o) for o in out)
 

@@ -1,0 +1,1 @@
+"""Benchmarks: workload generator, query files, baselines, the harness and its report."""

