@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 import quail
+from quail.engine.ai_ops import Question, yes_probabilities
 from quail.engine.errors import QuailError
 from quail.engine.runtime import Runtime
 from quail.planner.cost import DEVICES
@@ -102,9 +103,7 @@ def figures(rows: list[tuple], report: quail.Report, usd_per_hour: float) -> dic
 
 def warm_up(runtime: Runtime) -> None:
     """One small forward pass, so no engine pays for first-call setup."""
-    from quail.engine.ai_ops import filter_probabilities
-
-    filter_probabilities(runtime, "Is {0} short?", [["warm-up text"]])
+    yes_probabilities(runtime, Question("Is {0} short?"), [["warm-up text"]])
 
 
 def git_commit() -> str:

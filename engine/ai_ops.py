@@ -1,48 +1,110 @@
-"""AI operators: turn rows into model requests through the prompt layout, and answers into rows."""
+"""AI operators: rows become model requests through the prompt layout, answers become values."""
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from .requests import Request
+from .errors import InvalidArgument
+from .prompt import LAYOUTS, LETTERS
+from .requests import LabelSet, Request, Segment
 from .runtime import Runtime
 from .work import QueryWork
 
 
-def filter_requests(runtime: Runtime, template: str, docs: Sequence[Sequence[str]]) -> list[Request]:
-    """One yes/no request per row; docs[i] holds that row's PROMPT arguments as text."""
+@dataclass(frozen=True)
+class Question:
+    """What each row is asked: a template over its documents, a layout, and yes/no or category answers."""
+
+    template: str
+    layout: str = "filter"
+    labels: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown prompt layout {self.layout!r}")
+        if len(self.labels) > len(LETTERS) or len(set(self.labels)) != len(self.labels):
+            raise InvalidArgument(f"categories must be distinct and at most {len(LETTERS)}")
+
+
+def _documents(runtime: Runtime, docs: Sequence[Sequence[str]]) -> list[list[Segment]]:
+    """Each row's document segments; every distinct (position, text) is tokenized once."""
+    distinct = list(dict.fromkeys((k, text) for row in docs for k, text in enumerate(row)))
+    segments = dict(zip(distinct, runtime.segments([runtime.layout.document(k, t) for k, t in distinct])))
+    return [[segments[(k, text)] for k, text in enumerate(row)] for row in docs]
+
+
+def _labels(runtime: Runtime, question: Question) -> LabelSet:
+    if not question.labels:
+        return runtime.yes_no
+    return runtime.letters(len(question.labels), question.labels)
+
+
+def build_requests(runtime: Runtime, question: Question, docs: Sequence[Sequence[str]]) -> list[Request]:
+    """One request per row; docs[i] holds that row's PROMPT arguments as text."""
     layout = runtime.layout
-    preamble, question, cue = runtime.segments([layout.preamble(), layout.question(template), layout.answer_cue()])
-    width = len(docs[0]) if docs else 0
-    texts = [layout.document(k, row[k]) for row in docs for k in range(width)]
-    doc_segments = runtime.segments(texts)
-    return [
-        Request((preamble, *doc_segments[i * width : (i + 1) * width], question, cue), runtime.yes_no)
-        for i in range(len(docs))
-    ]
+    preamble, asked, cue = runtime.segments([
+        layout.preamble(),
+        layout.question(question.template, question.labels) + ("\n\n" if question.layout == "join" else ""),
+        layout.answer_cue(),
+    ])
+    labels = _labels(runtime, question)
+    requests = []
+    for row in _documents(runtime, docs):
+        if question.layout == "join":
+            segments = (preamble, row[0], asked, *row[1:], cue)
+        else:
+            segments = (preamble, *row, asked, cue)
+        requests.append(Request(segments, labels))
+    return requests
 
 
-def hash_decision(request: Request, selectivity: float) -> float:
-    """1.0 for a `selectivity` fraction of prompts, by content hash: decisions for random weights."""
+def content_hash(request: Request) -> float:
+    """A uniform number in [0, 1) fixed by the prompt's content: decisions for random weights."""
     digest = hashlib.blake2b(b"".join(s.key for s in request.segments), digest_size=8).digest()
-    return 1.0 if int.from_bytes(digest, "little") < selectivity * 2**64 else 0.0
+    return int.from_bytes(digest, "little") / 2**64
 
 
-def filter_probabilities(runtime: Runtime, template: str, args: Sequence[Sequence[str | None]],
-                         work: QueryWork | None = None, selectivity: float = 0.2) -> np.ndarray:
-    """P(true) per row; args holds one column (list of texts) per PROMPT argument.
-
-    A row with a NULL argument gets NaN: SQL's unknown, which no filter keeps.
-    When the runtime decides by hash (random weights), the forward pass still
-    runs in full and the answer is `hash_decision` at the stated selectivity.
-    """
+def _ask(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
+         work: QueryWork | None) -> tuple[list[int], list[Request], list[np.ndarray]]:
     rows = len(args[0]) if args else 0
     present = [i for i in range(rows) if all(col[i] is not None for col in args)]
-    requests = filter_requests(runtime, template, [[col[i] for col in args] for i in present])
-    probs = np.full(rows, np.nan)
-    for i, request, logp in zip(present, requests, runtime.score(requests, work)):
-        probs[i] = hash_decision(request, selectivity) if runtime.decisions == "hash" else float(np.exp(logp[1]))
+    requests = build_requests(runtime, question, [[col[i] for col in args] for i in present])
+    return present, requests, runtime.score(requests, work)
+
+
+def yes_probabilities(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
+                      work: QueryWork | None = None, selectivity: float = 0.2, decide: bool = True) -> np.ndarray:
+    """P(yes) per row; args holds one column (list of texts) per PROMPT argument.
+
+    A row with a NULL argument gets NaN: SQL's unknown. When the runtime decides
+    by hash (random weights), the forward pass still runs in full; a decision
+    (`decide`) is then yes for a `selectivity` fraction of prompts, and a score
+    the prompt's uniform content hash.
+    """
+    present, requests, answers = _ask(runtime, question, args, work)
+    probs = np.full(len(args[0]) if args else 0, np.nan)
+    for i, request, logp in zip(present, requests, answers):
+        if runtime.decisions == "hash":
+            u = content_hash(request)
+            probs[i] = float(u < selectivity) if decide else u
+        else:
+            probs[i] = float(np.exp(logp[1]))
     return probs
+
+
+def classify(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
+             work: QueryWork | None = None) -> list[str | None]:
+    """The most probable category per row (None where an argument is NULL)."""
+    present, requests, answers = _ask(runtime, question, args, work)
+    out: list[str | None] = [None] * (len(args[0]) if args else 0)
+    for i, request, logp in zip(present, requests, answers):
+        if runtime.decisions == "hash":
+            index = int(content_hash(request) * len(question.labels))
+        else:
+            index = int(np.argmax(logp))
+        out[i] = question.labels[index]
+    return out

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from .ai_ops import filter_probabilities
+from .ai_ops import Question, classify, yes_probabilities
 from .catalog import Catalog
-from .physical import AIFilterStep, PhysicalPlan, SQLStep
+from .physical import AIStep, PhysicalPlan, SQLStep
 from .relational import run_sql
 from .runtime import Runtime
 from .work import QueryWork
+
+_TYPES = {"bool": pa.bool_(), "score": pa.float64(), "classify": pa.string()}
 
 
 def execute(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work: QueryWork | None = None) -> pa.Table:
@@ -31,22 +34,39 @@ def _run(plan: PhysicalPlan, relations: dict[str, pa.Table], runtime: Runtime | 
         if isinstance(step, SQLStep):
             relations[step.output] = run_sql(step.sql, relations)
         else:
-            relations[step.output] = _ai_filter(step, relations[step.input], runtime, work)
+            relations[step.output] = _ai_step(step, relations[step.input], runtime, work)
     return relations[plan.result]
 
 
-def _ai_filter(step: AIFilterStep, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
-    kept = rows.drop_columns(list(step.arg_columns))
-    if rows.num_rows == 0:
-        return kept
-    if runtime is None:
-        raise RuntimeError("an AI step over rows needs a runtime")
+def _answers(step: AIStep, rows: pa.Table, runtime: Runtime, work: QueryWork | None) -> pa.Array:
+    question = Question(step.template, step.layout, step.labels)
     args = [rows.column(c).to_pylist() for c in step.arg_columns]
-    probs = filter_probabilities(runtime, step.template, args, work, step.selectivity)
-    out = kept.filter(pa.array(np.nan_to_num(probs, nan=0.0) > 0.5))
-    if work is not None:
-        work.stages.append({"operator": "ai_filter", "output": step.output, "template": step.template,
-                            "rows_in": rows.num_rows, "rows_out": out.num_rows,
-                            "selectivity_provided": step.selectivity,
-                            "selectivity_observed": out.num_rows / rows.num_rows})
+    if step.kind == "classify":
+        return pa.array(classify(runtime, question, args, work), pa.string())
+    probs = yes_probabilities(runtime, question, args, work, step.selectivity, decide=step.kind != "score")
+    if step.kind == "score":
+        return pa.array(probs, pa.float64(), from_pandas=True)
+    return pa.array(np.where(np.isnan(probs), None, probs > 0.5).tolist(), pa.bool_())
+
+
+def _ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
+    base = rows.drop_columns(list(step.arg_columns))
+    if rows.num_rows == 0:
+        answers = pa.array([], _TYPES.get(step.kind, pa.bool_()))
+    elif runtime is None:
+        raise RuntimeError("an AI step over rows needs a runtime")
+    else:
+        answers = _answers(step, rows, runtime, work)
+    if step.kind == "filter":
+        out = base.filter(pc.fill_null(answers, False)) if rows.num_rows else base
+    else:
+        out = base.append_column(step.column, answers)
+    if work is not None and rows.num_rows:
+        stage = {"operator": f"ai_{step.kind}", "output": step.output, "template": step.template,
+                 "rows_in": rows.num_rows}
+        if step.kind in ("filter", "bool"):
+            yes = int(pc.sum(pc.fill_null(answers, False).cast(pa.int64())).as_py() or 0)
+            stage.update(rows_out=out.num_rows, selectivity_provided=step.selectivity,
+                         selectivity_observed=yes / rows.num_rows)
+        work.stages.append(stage)
     return out

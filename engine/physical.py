@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+AI_KINDS = ("filter", "bool", "score", "classify")
+
 
 @dataclass(frozen=True)
 class SQLStep:
@@ -15,22 +17,30 @@ class SQLStep:
 
 
 @dataclass(frozen=True)
-class AIFilterStep:
-    """Keep the rows of `input` for which the model answers yes.
+class AIStep:
+    """Ask the model a question about each row of `input`.
 
-    `arg_columns` hold the PROMPT arguments as text, in placeholder order; they
-    are dropped from the output, which otherwise has the input's columns.
-    `selectivity` is the expected fraction kept (a hint, or the default).
+    kind "filter" keeps the rows answered yes; "bool" (yes/no), "score" (P(yes))
+    and "classify" (the chosen category) add the answer as `column`. The
+    `arg_columns` hold the PROMPT arguments as text, in placeholder order, and
+    are dropped from the output. `layout` is "filter" (documents, then the
+    question) or "join" ({0}, the question, then the other documents);
+    `labels` are the categories of a classify question; `selectivity` is the
+    expected fraction answered yes (a hint, or the default).
     """
 
     input: str
     output: str
+    kind: str
     template: str
     arg_columns: tuple[str, ...]
+    layout: str = "filter"
+    labels: tuple[str, ...] = ()
+    column: str = ""
     selectivity: float = 0.2
 
 
-Step = Union[SQLStep, AIFilterStep]
+Step = Union[SQLStep, AIStep]
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,14 @@
-"""The canonical prompt layout: chat template around [preamble][documents][question][answer cue].
+"""The canonical prompt layout: the model's chat template around preamble, documents, question, cue.
+
+- filter (a question over one row): [preamble][document 1]...[document n][question][answer cue]
+- join (a question relating rows of several tables): [preamble][document 1][question][document 2]...[answer cue]
 
 The rendered prompt depends on the query text and the row values only, never on
 the plan. Documents come first so that one document's KV serves every question
-asked of it. Placeholders `{i}` of the user's template become the label of the
-i-th document ("Text 1", "Text 2", ...).
+asked of it, and its role as a join anchor ({0} anchors a join). Placeholders
+`{i}` of the user's template become the label of the i-th document ("Text 1",
+"Text 2", ...). Yes/no questions are answered by the tokens Yes/No; classify
+questions list the categories as letters A), B), ... and are answered by a letter.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ from dataclasses import dataclass
 
 PLACEHOLDER = re.compile(r"\{(\d+)\}")
 _SENTINEL = "\x00QUAIL_USER_CONTENT\x00"
-INSTRUCTION = "Read the texts below, then answer the question about them with Yes or No.\n\n"
+INSTRUCTION = "Read the texts below, then answer the question about them.\n\n"
 TRUE_SPELLINGS = ("Yes", " Yes", "yes", " yes")
 FALSE_SPELLINGS = ("No", " No", "no", " no")
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+LAYOUTS = ("filter", "join")
 
 
 @dataclass(frozen=True)
@@ -52,8 +59,8 @@ def placeholders(template: str) -> list[int]:
 
 
 @dataclass(frozen=True)
-class FilterLayout:
-    """Texts of the segments of a yes/no question over one or more documents."""
+class PromptLayout:
+    """Texts of the segments of a question over one or more documents."""
 
     frame: ChatFrame
 
@@ -63,8 +70,13 @@ class FilterLayout:
     def document(self, index: int, text: str) -> str:
         return f"{label(index)}:\n{text}\n\n"
 
-    def question(self, template: str) -> str:
-        return "Question: " + PLACEHOLDER.sub(lambda m: label(int(m.group(1))), template)
+    def question(self, template: str, labels: tuple[str, ...] = ()) -> str:
+        """The question; yes/no unless labels are given (then the categories, lettered)."""
+        asked = "Question: " + PLACEHOLDER.sub(lambda m: label(int(m.group(1))), template)
+        if not labels:
+            return asked + "\nAnswer Yes or No."
+        options = "".join(f"\n{LETTERS[i]}) {name}" for i, name in enumerate(labels))
+        return f"{asked}\nCategories:{options}\nAnswer with the letter of the best category."
 
     def answer_cue(self) -> str:
         return self.frame.tail

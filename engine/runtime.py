@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .model import Decoder
-from .prompt import FALSE_SPELLINGS, TRUE_SPELLINGS, ChatFrame, FilterLayout
+from .prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
 from .requests import LabelSet, Request, Segment
 from .runner import ModelRunner
 from .work import QueryWork
@@ -37,7 +37,7 @@ class Runtime:
         self.model_id = model_id
         self.config = model.config
         self.tokenizer = tokenizer
-        self.layout = FilterLayout(frame)
+        self.layout = PromptLayout(frame)
         self.runner = ModelRunner(model, token_budget)
         self.strategy = strategy
         self.yes_no = self._yes_no_labels()
@@ -75,6 +75,14 @@ class Runtime:
                 for i, row in zip(members, self.runner.answer_logprobs(stacked, labels)):
                     out[i] = row
         return out
+
+    def letters(self, count: int, names: tuple[str, ...]) -> LabelSet:
+        """Answers A, B, ... (one per category name), each spelled by its single-token letter."""
+        ids = [self._single_token((LETTERS[i], " " + LETTERS[i])) for i in range(count)]
+        if not all(ids):
+            raise ValueError("the tokenizer does not spell every category letter as a single token")
+        return LabelSet(names, tuple(t for spelled in ids for t in spelled),
+                        tuple(i for i, spelled in enumerate(ids) for _ in spelled))
 
     def _single_token(self, spellings: tuple[str, ...]) -> list[int]:
         ids = [self.tokenizer.encode(s) for s in spellings]

@@ -1,4 +1,11 @@
-"""Binding AI function calls in a syntax tree to the prompt template and argument expressions."""
+"""Binding AI function calls in a syntax tree: what is asked, of which expressions, answered how.
+
+Snowflake spellings: AI_FILTER(PROMPT('... {0} ...', a, ...) [, {'selectivity': s}]),
+AI_CLASSIFY(input, ['label', ...]) → OBJECT {"labels": [...]}, AI_SCORE(PROMPT(...)).
+BigQuery spellings: AI.IF(('text ', col, ' text')), AI.CLASSIFY(input, ['label', ...]) → STRING,
+AI.SCORE(prompt). A prompt is PROMPT('template', args...), a tuple of parts (string
+literals are text, other parts documents) or a string literal.
+"""
 
 from __future__ import annotations
 
@@ -11,30 +18,60 @@ from quail.engine.prompt import placeholders
 
 from .dialects import position
 
-# Every AI function name Quail knows (snowflake / bigquery spellings), and those it runs today.
-KNOWN = {"AI_FILTER", "AI.IF", "AI_CLASSIFY", "AI.CLASSIFY", "AI_SCORE", "AI.SCORE", "AI_COMPLETE", "AI_AGG",
-         "AI_SIMILARITY", "AI.GENERATE"}
 FILTERS = {"AI_FILTER", "AI.IF"}
-_IGNORED_KWARGS = {"connection_id", "endpoint", "model_params"}
+CLASSIFIERS = {"AI_CLASSIFY", "AI.CLASSIFY"}
+SCORES = {"AI_SCORE", "AI.SCORE"}
+NOT_YET = {"AI_COMPLETE", "AI_AGG", "AI_SIMILARITY", "AI.GENERATE", "AI_SUMMARIZE_AGG"}
+KNOWN = FILTERS | CLASSIFIERS | SCORES | NOT_YET
+_IGNORED_KWARGS = {"connection_id", "endpoint", "model_params", "model"}
+CLASSIFY_TEMPLATE = "Which category does {0} belong to?"
 
 
 @dataclass(frozen=True)
-class AIPredicate:
-    """A yes/no question over a row: template with {i} placeholders and one expression per placeholder."""
+class AICall:
+    """One AI function call, bound: kind ("filter", "score", "classify"), template and documents."""
 
+    name: str
+    kind: str
     template: str
     args: tuple[exp.Expression, ...]
+    labels: tuple[str, ...] = ()
+    selectivity: float | None = None
+
+
+def _function_name(func: exp.Func) -> str:
+    return (func.name if isinstance(func, exp.Anonymous) else func.sql_name()).upper()
 
 
 def ai_name(node: exp.Expression) -> str | None:
     """'AI_FILTER', 'AI.IF', ... when node calls an AI function (known or not), else None."""
-    if isinstance(node, exp.Anonymous) and node.name.upper().startswith("AI_"):
-        if not isinstance(node.parent, exp.Dot):
-            return node.name.upper()
     if isinstance(node, exp.Dot) and node.this.name.upper() == "AI" and isinstance(node.expression, exp.Func):
-        inner = node.expression
-        return "AI." + (inner.name if isinstance(inner, exp.Anonymous) else inner.sql_name()).upper()
+        return "AI." + _function_name(node.expression).removeprefix("AI_")
+    if isinstance(node, exp.Func) and not isinstance(node.parent, exp.Dot):
+        name = _function_name(node)
+        if name.startswith("AI_"):
+            return name
     return None
+
+
+def ancestors(node: exp.Expression):
+    """The node's parents, innermost first."""
+    parent = node.parent
+    while parent is not None:
+        yield parent
+        parent = parent.parent
+
+
+def _raw_arguments(func: exp.Func) -> list[exp.Expression]:
+    """A call's arguments in order, for anonymous and typed (sqlglot-known) functions alike."""
+    if isinstance(func, exp.Anonymous):
+        return list(func.expressions)
+    out: list[exp.Expression] = []
+    for key in func.arg_types:
+        value = func.args.get(key)
+        if value is not None:
+            out.extend(value if isinstance(value, list) else [value])
+    return out
 
 
 def ai_calls(tree: exp.Expression) -> list[exp.Expression]:
@@ -50,32 +87,79 @@ def contains_ai(node: exp.Expression) -> bool:
     return any(ai_name(n) for n in node.walk())
 
 
-def _call_args(call: exp.Expression) -> list[exp.Expression]:
+def _arguments(name: str, call: exp.Expression) -> tuple[list[exp.Expression], dict[str, exp.Expression]]:
     inner = call.expression if isinstance(call, exp.Dot) else call
-    return list(inner.expressions)
-
-
-def bind_filter(call: exp.Expression) -> AIPredicate:
-    """AI_FILTER(PROMPT('...{0}...', a, ...)) / AI_FILTER('text') / AI.IF((parts...)) → AIPredicate."""
-    name = ai_name(call)
-    if name not in FILTERS:
-        raise InvalidArgument(f"{name} is not supported here yet{position(call)}")
-    args = []
-    for arg in _call_args(call):
-        if isinstance(arg, exp.Kwarg):
+    positional, named = [], {}
+    for arg in _raw_arguments(inner):
+        if isinstance(arg, (exp.Kwarg, exp.PropertyEQ)):
             key = arg.this.name.lower()
-            if key == "prompt":
-                args.append(arg.expression)
-            elif key not in _IGNORED_KWARGS:
-                raise InvalidArgument(f"{name} has no argument named {key!r}{position(call)}")
+            if key not in _IGNORED_KWARGS:
+                named[key] = arg.expression
         else:
-            args.append(arg)
-    if len(args) != 1:
-        raise InvalidArgument(f"{name} takes one prompt argument, got {len(args)}{position(call)}")
-    return _bind_prompt(name, args[0], call)
+            positional.append(arg)
+    return positional, named
 
 
-def _bind_prompt(name: str, prompt: exp.Expression, call: exp.Expression) -> AIPredicate:
+def bind(call: exp.Expression) -> AICall:
+    """The bound form of an AI call; InvalidArgument names what is wrong and where."""
+    name = ai_name(call)
+    if name in NOT_YET:
+        raise InvalidArgument(f"{name} is not supported yet{position(call)}")
+    positional, named = _arguments(name, call)
+    if "prompt" in named:
+        positional.insert(0, named.pop("prompt"))
+    if name in CLASSIFIERS:
+        if "categories" in named:
+            positional.insert(1, named.pop("categories"))
+        return _bind_classify(name, call, positional, named)
+    if named:
+        raise InvalidArgument(f"{name} has no argument named {next(iter(named))!r}{position(call)}")
+    if not 1 <= len(positional) <= 2:
+        raise InvalidArgument(f"{name} takes a prompt and optional options, got {len(positional)} argument(s)"
+                              f"{position(call)}")
+    template, args = _bind_prompt(name, positional[0], call)
+    selectivity = _options(name, positional[1], call) if len(positional) == 2 else None
+    return AICall(name, "filter" if name in FILTERS else "score", template, args, selectivity=selectivity)
+
+
+def _bind_classify(name: str, call: exp.Expression, positional: list[exp.Expression],
+                   named: dict[str, exp.Expression]) -> AICall:
+    if named:
+        raise InvalidArgument(f"{name} has no argument named {next(iter(named))!r}{position(call)}")
+    if len(positional) not in (2, 3):
+        raise InvalidArgument(f"{name} takes an input and a list of categories{position(call)}")
+    source, categories = positional[0], positional[1]
+    if not isinstance(categories, exp.Array) or not categories.expressions or not all(
+            isinstance(c, exp.Literal) and c.is_string for c in categories.expressions):
+        raise InvalidArgument(f"{name}'s categories must be a non-empty list of string literals{position(call)}")
+    labels = tuple(c.this for c in categories.expressions)
+    if len(set(labels)) != len(labels) or len(labels) > 26:
+        raise InvalidArgument(f"{name}'s categories must be distinct, at most 26{position(call)}")
+    if isinstance(source, exp.Anonymous) and source.name.upper() == "PROMPT":
+        template, args = _bind_template(source)
+    elif isinstance(source, exp.Tuple):
+        template, args = _bind_parts(source.expressions)
+    else:
+        template, args = CLASSIFY_TEMPLATE, (source,)
+    return AICall(name, "classify", template, args, labels)
+
+
+def _options(name: str, options: exp.Expression, call: exp.Expression) -> float:
+    """{'selectivity': s}: the expected fraction answered yes, 0 < s ≤ 1."""
+    pairs = options.expressions if isinstance(options, exp.Struct) else None
+    values = {}
+    for pair in pairs or []:
+        if isinstance(pair, exp.PropertyEQ) and isinstance(pair.expression, exp.Literal):
+            values[pair.this.name.lower()] = pair.expression
+    if pairs is None or set(values) != {"selectivity"} or values["selectivity"].is_string:
+        raise InvalidArgument(f"{name}'s options must be {{'selectivity': <number>}}{position(call)}")
+    selectivity = float(values["selectivity"].this)
+    if not 0 < selectivity <= 1:
+        raise InvalidArgument(f"selectivity must be in (0, 1], not {selectivity}{position(call)}")
+    return selectivity
+
+
+def _bind_prompt(name: str, prompt: exp.Expression, call: exp.Expression) -> tuple[str, tuple[exp.Expression, ...]]:
     if isinstance(prompt, exp.Anonymous) and prompt.name.upper() == "PROMPT":
         return _bind_template(prompt)
     if isinstance(prompt, exp.Tuple):
@@ -87,7 +171,7 @@ def _bind_prompt(name: str, prompt: exp.Expression, call: exp.Expression) -> AIP
     )
 
 
-def _bind_template(prompt: exp.Anonymous) -> AIPredicate:
+def _bind_template(prompt: exp.Anonymous) -> tuple[str, tuple[exp.Expression, ...]]:
     if not prompt.expressions or not (isinstance(prompt.expressions[0], exp.Literal) and prompt.expressions[0].is_string):
         raise InvalidArgument(f"PROMPT's first argument must be a string literal template{position(prompt)}")
     template, args = prompt.expressions[0].this, tuple(prompt.expressions[1:])
@@ -102,10 +186,10 @@ def _bind_template(prompt: exp.Anonymous) -> AIPredicate:
         raise InvalidArgument(
             f"PROMPT argument {unused[0] + 1} has no placeholder {{{unused[0]}}} in the template{position(prompt)}"
         )
-    return AIPredicate(template, args)
+    return template, args
 
 
-def _bind_parts(parts: list[exp.Expression]) -> AIPredicate:
+def _bind_parts(parts: list[exp.Expression]) -> tuple[str, tuple[exp.Expression, ...]]:
     """BigQuery's prompt tuple: string literals are text, every other part is a document."""
     template, args = [], []
     for part in parts:
@@ -114,4 +198,4 @@ def _bind_parts(parts: list[exp.Expression]) -> AIPredicate:
         else:
             template.append(f"{{{len(args)}}}")
             args.append(part)
-    return AIPredicate("".join(template), tuple(args))
+    return "".join(template), tuple(args)

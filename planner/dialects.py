@@ -55,6 +55,20 @@ def parse_statement(sql: str, dialect: str = DEFAULT_DIALECT) -> exp.Expression:
     return trees[0]
 
 
+def normalize(tree: exp.Expression) -> exp.Expression:
+    """Rewrites that keep meaning when DuckDB runs the tree.
+
+    Snowflake's `variant:path::string` is the path's scalar text; a plain cast of
+    DuckDB's JSON extraction would keep the JSON quotes, so it becomes `->>`.
+    """
+    for cast in list(tree.find_all(exp.Cast)):
+        inner = cast.this
+        if isinstance(inner, exp.JSONExtract) and inner.args.get("variant_extract") and cast.to.is_type(
+                exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
+            cast.replace(exp.JSONExtractScalar(this=inner.this, expression=inner.expression))
+    return tree
+
+
 def position(node: exp.Expression) -> str:
     """' at line L, column C' for a node that knows where it came from, else ''."""
     meta = node.meta

@@ -1,25 +1,42 @@
 """From SQL text to a physical plan: parse, bind, push relational work below AI work, emit steps.
 
-The AI core of a query runs in the engine; everything around it (projection,
-grouping, ordering, limits) runs in DuckDB over the core's Arrow output.
+Queries without AI functions run in DuckDB as they are. A SELECT with AI
+functions is planned around its AI core:
+
+1. each table of the FROM clause (inner joins only) becomes a *core*: its rows
+   that pass the conditions on that table alone, relational ones first (they
+   are ~free), then AI filters, then AI values (classify, score, yes/no used
+   anywhere), then conditions on those values; every core row gets a row id;
+2. tables join left to right as a relation of row-id tuples; each condition
+   on several tables applies as soon as its tables are joined, an AI condition
+   asked once per distinct combination of rows it names;
+3. the rest of the query (projection, grouping, ordering, limits) runs in
+   DuckDB over the surviving tuples joined back to the cores.
+
+The prompt of every request depends only on the query text and the row values:
+an AI condition naming one table is asked in the filter layout, one naming
+several in the join layout with {0} as the anchor.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from sqlglot import exp
 
 from quail.engine.catalog import Catalog
 from quail.engine.errors import InvalidArgument
-from quail.engine.physical import AIFilterStep, PhysicalPlan, SQLStep
+from quail.engine.physical import AIStep, PhysicalPlan, SQLStep, Step
 
-from .ai_functions import AIPredicate, ai_calls, bind_filter, contains_ai
+from .ai_functions import AICall, ai_calls, ai_name, ancestors, bind, contains_ai
 from .binder import bind_parameters, bind_tables
-from .dialects import DEFAULT_DIALECT, parse_statement, position
+from .dialects import DEFAULT_DIALECT, normalize, parse_statement, position
 
 RESULT = "__quail_result"
-ROWS = "__quail_rows"
+ROW_ID = "__quail_rid"
+TUPLES = "__quail_t"
+DEFAULT_SELECTIVITY = 0.2
 
 
 def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
@@ -30,9 +47,10 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
         raise InvalidArgument(f"only queries are supported here, not {tree.key.upper()} statements")
     tables = bind_tables(tree, catalog)
     bind_parameters(tree, params)
+    normalize(tree)
     if not ai_calls(tree):
         return PhysicalPlan((SQLStep(tree.sql("duckdb"), RESULT),), tables, RESULT)
-    return plan_ai_filters(tree, tables)
+    return AICorePlanner(tree, catalog, tables, dialect).plan()
 
 
 def conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:
@@ -46,58 +64,306 @@ def conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:
     return [condition]
 
 
-def _unsupported(node: exp.Expression) -> InvalidArgument:
-    return InvalidArgument(
-        "AI_FILTER is supported as a top-level AND condition of the WHERE clause of a "
-        f"single-table SELECT{position(node)}"
-    )
+def _ident(name: str) -> exp.Identifier:
+    return exp.to_identifier(name, quoted=True)
 
 
-def plan_ai_filters(select: exp.Query, tables: tuple[str, ...]) -> PhysicalPlan:
-    """SELECT ... FROM t WHERE <relational> AND AI_FILTER(...) ...: relational filter, AI filters, rest."""
-    first_call = ai_calls(select)[0]
-    source = select.args.get("from_")
-    if not isinstance(select, exp.Select) or select.args.get("joins") or source is None \
-            or not isinstance(source.this, exp.Table) or select.args.get("with_"):
-        raise _unsupported(first_call)
-    where = select.args.get("where")
-    terms = conjuncts(where.this if where else None)
-    ai_terms = [t for t in terms if contains_ai(t)]
-    for term in ai_terms:
-        if ai_calls(term)[0] is not term:
-            raise _unsupported(term)
-    if len(ai_terms) != len(ai_calls(select)):
-        raise _unsupported(next(c for c in ai_calls(select) if c not in ai_terms))
-    predicates = [bind_filter(t) for t in ai_terms]
-    relational = [t for t in terms if not contains_ai(t)]
-    table = source.this
-    alias = table.alias_or_name
-    steps: list = [SQLStep(_candidate_rows(table, alias, relational, predicates), ROWS)]
-    current = ROWS
-    for k, predicate in enumerate(predicates):
-        output = f"__quail_ai_{k}"
-        steps.append(AIFilterStep(current, output, predicate.template, _arg_names(k, predicate)))
-        current = output
-    final = select.copy()
-    final.set("where", None)
-    final.set("from_", exp.From(this=exp.Table(this=exp.to_identifier(current),
-                                               alias=exp.TableAlias(this=exp.to_identifier(alias)))))
-    steps.append(SQLStep(final.sql("duckdb"), RESULT))
-    return PhysicalPlan(tuple(steps), tables, RESULT)
+def _col(table: str, column: str) -> exp.Column:
+    return exp.Column(this=_ident(column), table=_ident(table))
 
 
-def _arg_names(k: int, predicate: AIPredicate) -> tuple[str, ...]:
-    return tuple(f"__quail_arg_{k}_{j}" for j in range(len(predicate.args)))
+def _table(name: str, alias: str) -> exp.Table:
+    return exp.Table(this=_ident(name), alias=exp.TableAlias(this=_ident(alias)))
 
 
-def _candidate_rows(table: exp.Table, alias: str, relational: list[exp.Expression],
-                    predicates: list[AIPredicate]) -> str:
-    """Rows that pass every relational condition, with each AI argument cast to text."""
-    columns: list[exp.Expression] = [exp.Column(this=exp.Star(), table=exp.to_identifier(alias))]
-    for k, predicate in enumerate(predicates):
-        for name, arg in zip(_arg_names(k, predicate), predicate.args):
-            columns.append(exp.alias_(exp.cast(arg.copy(), exp.DataType.build("VARCHAR")), name))
-    query = exp.select(*columns).from_(table.copy())
-    if relational:
-        query = query.where(exp.and_(*(t.copy() for t in relational)))
-    return query.sql("duckdb")
+def _and(terms: list[exp.Expression]) -> exp.Expression | None:
+    return exp.and_(*(t.copy() for t in terms)) if terms else None
+
+
+@dataclass
+class Relation:
+    """One table of the FROM clause, and the plan of its core."""
+
+    alias: str
+    table: exp.Table
+    columns: set[str]
+    core: str = ""
+    ai_columns: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Condition:
+    """A conjunct of WHERE / ON: the relations it names, and its AI call if it is one."""
+
+    node: exp.Expression
+    refs: frozenset[str]
+    call: AICall | None = None
+
+
+class AICorePlanner:
+    """Plans one SELECT with AI functions (see the module docstring)."""
+
+    def __init__(self, select: exp.Query, catalog: Catalog, tables: tuple[str, ...], dialect: str) -> None:
+        self.select = select
+        self.catalog = catalog
+        self.tables = tables
+        self.dialect = dialect
+        self.steps: list[Step] = []
+        self.names = 0
+
+    def _name(self, stem: str) -> str:
+        self.names += 1
+        return f"__quail_{stem}_{self.names}"
+
+    def _unsupported(self, node: exp.Expression, what: str) -> InvalidArgument:
+        return InvalidArgument(f"{what} is not supported yet{position(node)}")
+
+    # -- binding ---------------------------------------------------------------------------
+
+    def _relations(self) -> list[Relation]:
+        select = self.select
+        first_call = ai_calls(select)[0]
+        if not isinstance(select, exp.Select) or select.args.get("from_") is None:
+            raise self._unsupported(first_call, "an AI function outside a SELECT ... FROM")
+        for call in ai_calls(select):
+            scope = call.parent
+            while scope is not select:
+                if isinstance(scope, (exp.Subquery, exp.Select, exp.CTE, exp.Union)):
+                    raise self._unsupported(call, "an AI function inside a subquery or CTE")
+                scope = scope.parent
+        sources = [select.args["from_"].this] + [j.this for j in select.args.get("joins") or []]
+        for join in select.args.get("joins") or []:
+            if join.side or join.args.get("using") or join.kind not in ("", "INNER", "CROSS"):
+                raise self._unsupported(join, "an outer, USING or special join in a query with AI functions")
+        relations = []
+        for source in sources:
+            if not isinstance(source, exp.Table) or not self.catalog.has(source.name):
+                raise self._unsupported(source, "a derived table or CTE in a query with AI functions")
+            alias = source.alias_or_name
+            columns = {n.lower() for n in self.catalog.schema(source.name).names}
+            relations.append(Relation(alias, source, columns))
+        if len({r.alias.lower() for r in relations}) != len(relations):
+            raise InvalidArgument("each table of a query with AI functions needs its own alias")
+        return relations
+
+    def _refs(self, node: exp.Expression, relations: list[Relation]) -> frozenset[str]:
+        """Aliases of the relations whose columns the node reads (outside nested subqueries)."""
+        by_alias = {r.alias.lower(): r.alias for r in relations}
+        refs = set()
+        for column in node.find_all(exp.Column):
+            if self._inside_subquery(column, node):
+                continue
+            if isinstance(column.this, exp.Star):
+                continue
+            if column.table:
+                alias = by_alias.get(column.table.lower())
+                if alias is None:
+                    raise InvalidArgument(f"unknown table or alias {column.table!r}{position(column)}")
+                refs.add(alias)
+                continue
+            owners = [r.alias for r in relations if column.name.lower() in r.columns]
+            if not owners:
+                raise InvalidArgument(f"column {column.name!r} not found{position(column)}")
+            if len(owners) > 1:
+                raise InvalidArgument(f"column {column.name!r} is ambiguous ({', '.join(owners)}){position(column)}")
+            refs.add(owners[0])
+        return frozenset(refs)
+
+    @staticmethod
+    def _inside_subquery(column: exp.Expression, node: exp.Expression) -> bool:
+        for parent in ancestors(column):
+            if parent is node:
+                return False
+            if isinstance(parent, exp.Subquery):
+                return True
+        return False
+
+    def _conditions(self, relations: list[Relation]) -> list[Condition]:
+        where = self.select.args.get("where")
+        terms = conjuncts(where.this if where else None)
+        for join in self.select.args.get("joins") or []:
+            terms += conjuncts(join.args.get("on"))
+        out = []
+        for term in terms:
+            call = bind(term) if ai_name(term) else None
+            if call is not None and call.kind != "filter":
+                call = None
+            out.append(Condition(term, self._refs(term, relations), call))
+        return out
+
+    # -- planning --------------------------------------------------------------------------
+
+    def plan(self) -> PhysicalPlan:
+        relations = self._relations()
+        conditions = self._conditions(relations)
+        values = self._ai_values(relations, conditions)
+        for relation in relations:
+            self._core(relation, relations, conditions, values)
+        pending = [c for c in conditions if len(c.refs) > 1]
+        if len(relations) == 1:
+            source = exp.From(this=_table(relations[0].core, relations[0].alias))
+            joins = []
+        else:
+            tuples = self._join(relations, pending)
+            source = exp.From(this=_table(tuples, TUPLES))
+            joins = [exp.Join(this=_table(r.core, r.alias),
+                              on=exp.EQ(this=_col(r.alias, ROW_ID), expression=_col(TUPLES, self._slot(i))))
+                     for i, r in enumerate(relations)]
+        final = self.select.copy()
+        final.set("from_", source)
+        final.set("joins", joins or None)
+        final.set("where", None)
+        self._hide_internal_columns(final, relations)
+        self.steps.append(SQLStep(final.sql("duckdb"), RESULT))
+        return PhysicalPlan(tuple(self.steps), self.tables, RESULT)
+
+    def _ai_values(self, relations: list[Relation], conditions: list[Condition]) -> dict[int, tuple[str, AICall]]:
+        """AI calls that are values (not top-level filter conditions), replaced in the tree by columns.
+
+        Returns id(call node) → (relation alias, bound call); each is computed on its table's core.
+        """
+        filters = {id(c.node) for c in conditions if c.call is not None}
+        values: dict[int, tuple[str, AICall]] = {}
+        for node in ai_calls(self.select):
+            if id(node) in filters or any(id(a) in filters for a in ancestors(node)):
+                continue
+            if any(ai_name(a) for a in ancestors(node)):
+                raise InvalidArgument(f"AI functions cannot be nested{position(node)}")
+            call = bind(node)
+            refs = self._refs(node, relations) or frozenset({relations[0].alias})
+            if len(refs) > 1:
+                raise self._unsupported(node, "an AI value over several tables (use it as a join condition)")
+            values[id(node)] = (next(iter(refs)), call)
+        return values
+
+    def _slot(self, index: int) -> str:
+        return f"{TUPLES}_{index}"
+
+    def _core(self, relation: Relation, relations: list[Relation], conditions: list[Condition],
+              values: dict[int, tuple[str, AICall]]) -> None:
+        """Steps computing this table's rows that pass every condition on it alone."""
+        alias = relation.alias
+        local = [c for c in conditions if c.refs <= {alias} and (c.refs or relation is relations[0])]
+        for condition in local:
+            conditions.remove(condition)
+        deferred = [c.node for c in local if c.call is None and contains_ai(c.node)]
+        plain = [c.node for c in local if c.call is None and not contains_ai(c.node)]
+        asks = [(c.call, "filter", "") for c in local if c.call is not None]
+        for node in list(ai_calls(self.select)):
+            if id(node) in values and values[id(node)][0] == alias:
+                column = self._name("ai")
+                call = values[id(node)][1]
+                asks.append((call, "bool" if call.kind == "filter" else call.kind, column))
+                node.replace(self._value_ref(alias, column, call))
+                relation.ai_columns.append(column)
+
+        args: list[tuple[str, ...]] = []
+        projection: list[exp.Expression] = [exp.Column(this=exp.Star(), table=_ident(alias)),
+                                             exp.alias_(exp.Window(this=exp.RowNumber()), ROW_ID, quoted=True)]
+        for k, (call, _, _) in enumerate(asks):
+            names = tuple(f"__quail_arg_{self.names}_{k}_{j}" for j in range(len(call.args)))
+            args.append(names)
+            projection += [exp.alias_(exp.cast(a.copy(), exp.DataType.build("VARCHAR")), n, quoted=True)
+                           for a, n in zip(call.args, names)]
+        current = self._name(f"rows_{alias}")
+        query = exp.select(*projection).from_(relation.table.copy())
+        if plain:
+            query = query.where(_and(plain))
+        self.steps.append(SQLStep(query.sql("duckdb"), current))
+        for (call, kind, column), names in zip(asks, args):
+            output = self._name("ai")
+            self.steps.append(AIStep(current, output, kind, call.template, names, "filter", call.labels,
+                                     column, call.selectivity or DEFAULT_SELECTIVITY))
+            current = output
+        if deferred:
+            output = self._name(f"core_{alias}")
+            query = exp.select(exp.Star()).from_(_table(current, alias)).where(_and(deferred))
+            self.steps.append(SQLStep(query.sql("duckdb"), output))
+            current = output
+        relation.core = current
+
+    def _value_ref(self, alias: str, column: str, call: AICall) -> exp.Expression:
+        ref = _col(alias, column)
+        if call.name == "AI_CLASSIFY":
+            label_list = exp.Array(expressions=[ref])
+            obj = exp.Struct(expressions=[exp.PropertyEQ(this=exp.to_identifier("labels"), expression=label_list)])
+            return exp.Cast(this=exp.Anonymous(this="TO_JSON", expressions=[obj]), to=exp.DataType.build("JSON"))
+        return ref
+
+    def _join(self, relations: list[Relation], pending: list[Condition]) -> str:
+        """Row-id tuples of the inner join, each condition applied once its tables are joined."""
+        current = self._name("tuples")
+        self.steps.append(SQLStep(
+            exp.select(exp.alias_(_col(relations[0].alias, ROW_ID), self._slot(0), quoted=True))
+            .from_(_table(relations[0].core, relations[0].alias)).sql("duckdb"), current))
+        for i in range(1, len(relations)):
+            bound = {r.alias for r in relations[: i + 1]}
+            ready = [c for c in pending if c.refs <= bound]
+            for c in ready:
+                pending.remove(c)
+            plain = [c for c in ready if c.call is None]
+            current = self._extend(current, relations, i, plain)
+            for condition in (c for c in ready if c.call is not None):
+                current = self._ai_join(current, relations, condition)
+        if pending:
+            raise InvalidArgument("a condition names tables the query does not join")
+        return current
+
+    def _joined_to(self, query: exp.Select, relations: list[Relation], aliases, upto: int) -> exp.Select:
+        for i, r in enumerate(relations[:upto]):
+            if r.alias in aliases:
+                query = query.join(_table(r.core, r.alias),
+                                   on=exp.EQ(this=_col(r.alias, ROW_ID), expression=_col(TUPLES, self._slot(i))))
+        return query
+
+    def _extend(self, tuples: str, relations: list[Relation], i: int, plain: list[Condition]) -> str:
+        new = relations[i]
+        names = set().union(*(c.refs for c in plain)) if plain else set()
+        query = exp.select(exp.Column(this=exp.Star(), table=_ident(TUPLES)),
+                           exp.alias_(_col(new.alias, ROW_ID), self._slot(i), quoted=True)) \
+            .from_(_table(tuples, TUPLES)).join(_table(new.core, new.alias), join_type="CROSS")
+        query = self._joined_to(query, relations, names - {new.alias}, i)
+        if plain:
+            query = query.where(_and([c.node for c in plain]))
+        output = self._name("tuples")
+        self.steps.append(SQLStep(query.sql("duckdb"), output))
+        return output
+
+    def _ai_join(self, tuples: str, relations: list[Relation], condition: Condition) -> str:
+        """Ask an AI condition once per distinct row combination it names; keep the tuples answered yes."""
+        call = condition.call
+        index = {r.alias: i for i, r in enumerate(relations)}
+        slots = [self._slot(index[a]) for a in sorted(condition.refs, key=index.get)]
+        names = tuple(f"__quail_arg_{self.names}_{j}" for j in range(len(call.args)))
+        query = exp.select(*(_col(TUPLES, s) for s in slots),
+                           *(exp.alias_(exp.cast(a.copy(), exp.DataType.build("VARCHAR")), n, quoted=True)
+                             for a, n in zip(call.args, names))).distinct().from_(_table(tuples, TUPLES))
+        query = self._joined_to(query, relations, condition.refs, len(relations))
+        combos, kept = self._name("combos"), self._name("kept")
+        self.steps.append(SQLStep(query.sql("duckdb"), combos))
+        self.steps.append(AIStep(combos, kept, "filter", call.template, names, "join", (), "",
+                                 call.selectivity or DEFAULT_SELECTIVITY))
+        on = exp.and_(*(exp.EQ(this=_col("__quail_k", s), expression=_col(TUPLES, s)) for s in slots))
+        output = self._name("tuples")
+        self.steps.append(SQLStep(
+            exp.select(exp.Column(this=exp.Star(), table=_ident(TUPLES))).from_(_table(tuples, TUPLES))
+            .join(_table(kept, "__quail_k"), on=on).sql("duckdb"), output))
+        return output
+
+    def _hide_internal_columns(self, final: exp.Select, relations: list[Relation]) -> None:
+        """Stars of the final projection leave out row ids, tuple slots and AI value columns."""
+        every = [ROW_ID] + [c for r in relations for c in r.ai_columns]
+        if len(relations) > 1:
+            every += [self._slot(i) for i in range(len(relations))]
+        by_alias = {r.alias.lower(): r for r in relations}
+        for item in final.expressions:
+            star = item if isinstance(item, exp.Star) else item.this if (
+                isinstance(item, exp.Column) and isinstance(item.this, exp.Star)) else None
+            if star is None:
+                continue
+            if isinstance(item, exp.Column):
+                relation = by_alias.get(item.table.lower())
+                hidden = [ROW_ID] + (relation.ai_columns if relation else [])
+            else:
+                hidden = every
+            star.set("except_", [exp.column(_ident(h)) for h in hidden])

@@ -25,7 +25,7 @@ from quail.engine.config import EngineConfig
 from quail.engine.errors import InvalidArgument
 from quail.engine.executor import execute, result_schema
 from quail.engine.models import load_runtime
-from quail.engine.physical import AIFilterStep, PhysicalPlan
+from quail.engine.physical import AIStep, PhysicalPlan
 from quail.engine.runtime import Runtime
 from quail.engine.work import QueryWork
 from quail.planner.cost import DEVICES, sol_seconds
@@ -114,8 +114,9 @@ class Query:
     def explain(self) -> str:
         lines = [f"result {self.plan.result}: {', '.join(self.schema.names)}"]
         for step in self.plan.steps:
-            if isinstance(step, AIFilterStep):
-                lines.append(f"AI filter {step.input} -> {step.output}: {step.template!r} over {list(step.arg_columns)}")
+            if isinstance(step, AIStep):
+                lines.append(f"AI {step.kind} ({step.layout} layout) {step.input} -> {step.output}: "
+                             f"{step.template!r} over {list(step.arg_columns)}")
             else:
                 lines.append(f"DuckDB -> {step.output}: {step.sql}")
         return "\n".join(lines)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from quail.engine.ai_ops import filter_requests
+from quail.engine.ai_ops import Question, build_requests
 from quail.engine.requests import Request
 from quail.engine.work import QueryWork
 
@@ -38,7 +38,7 @@ def hf_true_probability(hf_model, request: Request) -> float:
 @pytest.fixture(scope="module")
 def requests(runtime):
     """Three questions per text: several suffixes share each [preamble][document] anchor."""
-    reqs = [r for t in TEMPLATES for r in filter_requests(runtime, t, [[x] for x in TEXTS])]
+    reqs = [r for t in TEMPLATES for r in build_requests(runtime, Question(t), [[x] for x in TEXTS])]
     lengths = [len(r) for r in reqs]
     assert len(reqs) >= 20 and max(lengths) > 4 * min(lengths), "≥ 20 prompts of mixed lengths"
     return reqs

@@ -7,7 +7,7 @@ import pytest
 
 from quail.engine.errors import InvalidArgument, NotFound
 from quail.engine.executor import result_schema
-from quail.engine.physical import AIFilterStep, SQLStep
+from quail.engine.physical import AIStep, SQLStep
 from quail.engine.storage import TableStore
 from quail.planner.planner import plan_sql
 
@@ -31,15 +31,34 @@ def test_relational_conjuncts_run_before_the_model(store):
                     "AND id < 10 ORDER BY id LIMIT 5", store)
     first, ai, last = plan.steps
     assert isinstance(first, SQLStep) and "stars > 3" in first.sql and "id < 10" in first.sql
-    assert isinstance(ai, AIFilterStep) and ai.template == "Is {0} kind?" and ai.input == first.output
+    assert isinstance(ai, AIStep) and ai.kind == "filter" and ai.template == "Is {0} kind?"
+    assert ai.input == first.output and ai.layout == "filter"
     assert "AI_FILTER" not in last.sql and "LIMIT 5" in last.sql and "WHERE" not in last.sql
     assert result_schema(plan, store).names == ["id"]
+
+
+def test_join_condition_is_asked_per_distinct_pair_in_the_join_layout(store):
+    plan = plan_sql("SELECT a.id, b.id FROM reviews a JOIN reviews b ON a.stars > b.stars "
+                    "AND AI_FILTER(PROMPT('Is {0} kinder than {1}?', a.body, b.body))", store)
+    (ai,) = [s for s in plan.steps if isinstance(s, AIStep)]
+    assert ai.layout == "join" and ai.kind == "filter"
+    combos = next(s for s in plan.steps if s.output == ai.input)
+    assert "DISTINCT" in combos.sql
+    assert result_schema(plan, store).names == ["id", "id"]
+
+
+def test_ai_values_become_columns_of_their_table(store):
+    plan = plan_sql("SELECT *, AI_SCORE(PROMPT('Is {0} kind?', body)) AS s FROM reviews "
+                    "WHERE AI_CLASSIFY(body, ['a', 'b']):labels[0]::string = 'a' ORDER BY s DESC LIMIT 1", store)
+    kinds = [s.kind for s in plan.steps if isinstance(s, AIStep)]
+    assert sorted(kinds) == ["classify", "score"]
+    assert result_schema(plan, store).names == ["id", "body", "stars", "s"]
 
 
 def test_chained_filters_and_bigquery_ai_if(store):
     plan = plan_sql("SELECT * FROM reviews WHERE AI.IF(('Is ', body, ' about food?')) AND AI.IF('Is it true?')",
                     store, dialect="bigquery")
-    ai = [s for s in plan.steps if isinstance(s, AIFilterStep)]
+    ai = [s for s in plan.steps if isinstance(s, AIStep)]
     assert [s.template for s in ai] == ["Is {0} about food?", "Is it true?"]
     assert ai[1].input == ai[0].output
     assert result_schema(plan, store).names == ["id", "body", "stars"]
@@ -59,7 +78,12 @@ def test_parameters_become_literals(store):
     ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0} and {1}', body))", InvalidArgument, "uses {1}"),
     ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('no holes', body))", InvalidArgument, "argument 1 has no"),
     ("SELECT * FROM reviews WHERE AI_FILTR(body)", InvalidArgument, "unknown AI function AI_FILTR"),
-    ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0}', body)) OR id = 1", InvalidArgument, "top-level AND"),
+    ("WITH x AS (SELECT * FROM reviews WHERE AI_FILTER('Is it?')) SELECT * FROM x", InvalidArgument,
+     "inside a subquery or CTE is not supported yet"),
+    ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0}', body), {'selectivity': 2})", InvalidArgument,
+     "selectivity must be in"),
+    ("SELECT AI_CLASSIFY(body, 'a') FROM reviews", InvalidArgument, "list of string literals"),
+    ("SELECT AI_COMPLETE('m', body) FROM reviews", InvalidArgument, "not supported yet"),
     ("SELECT * FROM reviews WHERE AI_FILTER(body)", InvalidArgument, "expects PROMPT"),
     ("DELETE FROM reviews", InvalidArgument, "only queries"),
     ("SELECT 1; SELECT 2", InvalidArgument, "one SQL statement"),

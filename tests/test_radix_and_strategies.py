@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from quail.engine.ai_ops import filter_requests
+from quail.engine.ai_ops import Question, build_requests
 from quail.engine.radix import build, common_prefix, ideal_stats, nodes
 from quail.engine.requests import LabelSet, Request, Segment
 from quail.engine.work import QueryWork
@@ -80,7 +80,7 @@ def shared_requests(runtime):
     """Four documents, three questions each, asked in question-major (arrival) order."""
     docs = [f"Document number {i} talks about topic {i * 7} at some length." for i in range(4)]
     questions = ["Is {0} about sports?", "Is {0} short?", "Does {0} name a number?"]
-    return [r for q in questions for r in filter_requests(runtime, q, [[d] for d in docs])]
+    return [r for q in questions for r in build_requests(runtime, Question(q), [[d] for d in docs])]
 
 
 def test_strategies_count_their_work(runtime, shared_requests):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from quail.clients.server_process import ServerProcess
-from quail.engine.ai_ops import filter_requests
+from quail.engine.ai_ops import Question, build_requests
 
 REVIEWS = pa.table({
     "id": [1, 2, 3, 4, 5, 6],
@@ -74,7 +74,7 @@ def test_ai_filter_matches_hf_scoring_of_the_same_prompts(conn, runtime, hf_mode
     got = query(conn, "SELECT id FROM reviews r WHERE r.stars >= 4 "
                       f"AND AI_FILTER(PROMPT('{QUESTION}', r.body)) ORDER BY id")["id"].to_pylist()
     candidates = [row for row in REVIEWS.to_pylist() if row["stars"] >= 4 and row["body"] is not None]
-    requests = filter_requests(runtime, QUESTION, [[row["body"]] for row in candidates])
+    requests = build_requests(runtime, Question(QUESTION), [[row["body"]] for row in candidates])
     labels = runtime.yes_no
     expected = []
     for row, request in zip(candidates, requests):
