@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch where no NVIDIA GPU is present; the default (CUDA) build otherwise.
 TORCH ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: demo test serve clean
+.PHONY: demo test serve clean gpu-carry
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,16 @@ test: $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/quail serve
+
+# What a GPU run carries (ignored by git): wheels of this tree and of what the GPU image lacks, and
+# the embedded model's tokenizer for dummy weights. Then: device run, carry [".whl", ".carry"].
+gpu-carry: $(STAMP)
+	rm -rf .whl/quail_server-*.whl
+	$(BIN)/python -m pip wheel --quiet --no-deps -w .whl .
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+		-d .whl duckdb==2.0.1 sqlglot==30.30.0
+	$(BIN)/python -c "from quail.engine.models import export_embedded_tokenizer; export_embedded_tokenizer('.carry/tokenizer')"
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -68,6 +68,12 @@ def save_tokenizer(directory: str | Path, tokenizer: Tokenizer, chat_template: s
     (directory / TEMPLATE_FILE).write_text(chat_template or "")
 
 
+def export_embedded_tokenizer(directory: str | Path) -> None:
+    """The embedded model's tokenizer and chat template as an HF tokenizer directory (for dummy weights)."""
+    vocab, template = read_vocab(embedded_gguf())
+    save_tokenizer(directory, Tokenizer.from_gguf_vocab(vocab), template)
+
+
 def _tokenizer_and_frame(directory: str | None) -> tuple[Tokenizer, ChatFrame]:
     if directory is None:
         vocab, template = read_vocab(embedded_gguf())

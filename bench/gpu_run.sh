@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (see README, "Benchmarks"): installs the carried wheels, then the
+# given module (bench.run or bench.gpu_check) with its arguments; results go to $OUT.
+set -euo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+module=$1
+shift
+python3 -m "$module" --out "${OUT:-.}" "$@"
