@@ -6,4 +6,5 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 module=$1
 shift
-python3 -m "$module" --out "${OUT:-.}" "$@"
+# -P: the source tree's quail/ folder must not shadow the installed package (its rooms map to quail.*)
+python3 -P -m "$module" --out "${OUT:-.}" "$@"
