@@ -41,8 +41,9 @@ def _run(runtime, requests, strategy):
     return stacked, np.exp(logp[:, 1])
 
 
-def check(model: str, device: str) -> dict:
-    reference = quail.Session(quail.EngineConfig(model=model, device=device, precision="fp32")).runtime
+def check(model: str, device: str, tokenizer: str | None) -> dict:
+    config = quail.EngineConfig(model=model, device=device, precision="fp32", tokenizer=tokenizer)
+    reference = quail.Session(config).runtime
     requests = _requests(reference)
     ref_hidden, ref_p = _run(reference, requests, "naive")
     out = {"model": model, "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else device,
@@ -64,9 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="dummy:qwen3-0.6b")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--tokenizer", default=None, help="HF tokenizer directory (default: the embedded model's)")
     p.add_argument("--out", default=".")
     args = p.parse_args(argv)
-    result = check(args.model, args.device)
+    result = check(args.model, args.device, args.tokenizer)
     path = Path(args.out) / f"check-{args.model.removeprefix('dummy:')}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

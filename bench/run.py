@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> Path:
                   f"sol={out['sol_fraction']} ({time.perf_counter() - started:.1f}s)", file=sys.stderr)
         results[query] = entry
     now = dt.datetime.now(dt.timezone.utc)
-    commit = git_commit()
+    commit = args.git_commit or git_commit()
     short_device = args.sol_device or ("cpu" if args.device == "cpu" else "gpu")
     model_name = (args.model or "smollm2-135m").removeprefix("dummy:").replace("/", "_")
     document = {
@@ -204,6 +204,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--usd-per-gpu-hour", type=float, default=3.95)
     p.add_argument("--queries", type=lambda s: s.split(","), default=ALL_QUERIES)
     p.add_argument("--engines", type=lambda s: s.split(","), default=["quail", "naive", "prefix", "hf"])
+    p.add_argument("--git-commit", default=None, help="the commit measured (default: git rev-parse HEAD)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     return p
 
