@@ -90,6 +90,38 @@ def build(requests: Sequence[Request]) -> RadixNode:
     return root
 
 
+def worth_keeping(path: int, children: list[RadixNode]) -> bool:
+    """Whether children should continue from a prefix's resident KV rather than recompute it.
+
+    Attending to resident KV costs the children a slower attention path, so a
+    prefix is kept only when it is at least as long as the mean new tokens of
+    its children (an anchor document before short questions, a long shared
+    history), not when it is a short preamble before long documents.
+    """
+    return path * len(children) >= sum(len(c) for c in children)
+
+
+def collapse(root: RadixNode) -> RadixNode:
+    """The tree with every prefix not worth keeping folded into its children's edges (in place)."""
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        kept, queue = [], list(node.children)
+        while queue:
+            child = queue.pop()
+            if child.children and not worth_keeping(child.end, child.children):
+                if child.ends:
+                    kept.append(RadixNode(child.start, child.end, child.ends[0], ends=list(child.ends)))
+                for grandchild in child.children:
+                    grandchild.start = child.start
+                queue.extend(child.children)
+            else:
+                kept.append(child)
+        node.children = kept
+        todo.extend(kept)
+    return root
+
+
 def nodes(root: RadixNode) -> Iterator[RadixNode]:
     """Every node below the root."""
     todo = list(root.children)

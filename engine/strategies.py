@@ -1,8 +1,9 @@
 """How a set of requests becomes forward passes.
 
-- `tree` (Quail): a radix tree over the prompts; every shared prefix is computed
-  once, its KV kept exactly until the requests below it are done, and rows that
-  continue the same prefix are batched together.
+- `tree` (Quail): a radix tree over the prompts; every shared prefix worth
+  keeping (radix.worth_keeping) is computed once, its KV kept exactly until the
+  requests below it are done, and rows that continue the same prefix are
+  batched together.
 - `independent` (the naive baseline): every request a full prompt of its own.
 - `block_prefix` (the prefix-caching baseline, as vLLM's automatic prefix
   caching): requests in arrival order; full 16-token blocks are cached by a
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 
 from .kv import KV
-from .radix import RadixNode, build
+from .radix import RadixNode, build, collapse
 from .requests import Request
 from .runner import ModelRunner, Row, pack
 from .stats import Stats
@@ -47,7 +48,7 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
             if inner:
                 visit(inner)
 
-    visit([(build(requests), None)])
+    visit([(collapse(build(requests)), None)])
     return hidden
 
 

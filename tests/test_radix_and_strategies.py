@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from quail.engine.ai_ops import Question, build_requests
-from quail.engine.radix import build, common_prefix, ideal_stats, nodes
+from quail.engine.radix import build, collapse, common_prefix, ideal_stats, nodes
 from quail.engine.requests import LabelSet, Request, Segment
 from quail.engine.work import QueryWork
 
@@ -116,3 +116,15 @@ def test_pairs_formula_matches_brute_force():
         pairs += len(prefix)  # a fresh token at position p attends to p + 1 keys
     assert ideal.attention_pairs == pairs
     assert ideal.fresh_tokens == distinct_prefixes(seqs)
+
+
+def test_short_prefixes_fold_into_long_children_and_answers_stay():
+    preamble = list(range(100, 104))
+    long_docs = [request(preamble + list(range(200 + 50 * i, 240 + 50 * i))) for i in range(3)]
+    root = collapse(build(long_docs))
+    assert [len(c) for c in root.children] == [44, 44, 44], "a 4-token preamble is not kept before 40-token docs"
+    anchor = list(range(300, 340))
+    short_questions = [request(anchor + [7, i]) for i in range(3)]
+    root = collapse(build(short_questions))
+    (kept,) = root.children
+    assert len(kept) == 41 and [len(c) for c in kept.children] == [1, 1, 1]
