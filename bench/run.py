@@ -82,8 +82,8 @@ def engine_runtimes(base: Runtime, engines: list[str]) -> dict[str, Runtime]:
 
 def run_query(session: quail.Session, sql: str) -> tuple[list[tuple], quail.Report]:
     result = session.sql(sql).run()
-    rows = [tuple(r.values()) for r in result.to_rows()]
-    return rows, result.report
+    table = result.collect()
+    return list(zip(*(column.to_pylist() for column in table.columns))), result.report
 
 
 def figures(rows: list[tuple], report: quail.Report, usd_per_hour: float) -> dict[str, Any]:

@@ -1,0 +1,145 @@
+"""AI-SQL constructs through the Python API, each against an independent evaluation.
+
+The independent side builds each prompt with the documented layout, scores it
+on its own (or takes its content-hash decision), and does the relational part
+in plain Python; rows must be equal. Hash decisions (the forward pass still
+runs) make the row sets non-trivial at a stated selectivity with a tiny model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import quail
+from quail.engine.ai_ops import Question, build_requests, content_hash
+
+REVIEWS = pa.table({
+    "id": list(range(8)),
+    "body": ["Great pasta and friendly staff.", "Cold soup, rude waiter.", "Far too expensive for the portions.",
+             "Lovely garden terrace.", "Booking online was a nightmare.", "Best espresso in town.",
+             "Noisy room, thin walls.", None],
+    "stars": [5, 1, 2, 4, 1, 5, 2, 3],
+})
+ASPECTS = pa.table({"id": [0, 1, 2], "aspect": ["the food", "the price", "the service"]})
+SELECTIVITY = 0.5
+
+
+@pytest.fixture(scope="module")
+def session(runtime):
+    s = quail.Session(runtime=runtime.variant("quail"))
+    s.runtime.decisions = "hash"
+    s.register("reviews", REVIEWS)
+    s.register("aspects", ASPECTS)
+    return s
+
+
+def decide(runtime, template: str, layout: str, docs: list[str]) -> bool:
+    (request,) = build_requests(runtime, Question(template, layout), [docs])
+    runtime.score([request])
+    return content_hash(request) < SELECTIVITY
+
+
+def rows(session, sql: str) -> list[tuple]:
+    table = session.sql(sql).run().collect()
+    return list(zip(*(column.to_pylist() for column in table.columns)))
+
+
+FILTER = "Is {0} a complaint?"
+JOIN = "Does {0} discuss {1}?"
+OPTS = f"{{'selectivity': {SELECTIVITY}}}"
+
+
+def test_filter_with_relational_conditions(session):
+    got = rows(session, f"SELECT id FROM reviews WHERE stars < 5 AND AI_FILTER(PROMPT('{FILTER}', body), {OPTS}) "
+                        "ORDER BY id")
+    want = [(r["id"],) for r in REVIEWS.to_pylist()
+            if r["stars"] < 5 and r["body"] is not None and decide(session.runtime, FILTER, "filter", [r["body"]])]
+    assert got == want and want
+
+
+def test_join_on_ai_condition(session):
+    got = rows(session, f"SELECT r.id, a.id FROM reviews r JOIN aspects a "
+                        f"ON AI_FILTER(PROMPT('{JOIN}', r.body, a.aspect), {OPTS}) ORDER BY 1, 2")
+    want = sorted((r["id"], a["id"]) for r in REVIEWS.to_pylist() for a in ASPECTS.to_pylist()
+                  if r["body"] is not None and decide(session.runtime, JOIN, "join", [r["body"], a["aspect"]]))
+    assert got == want and want
+
+
+def test_join_with_equality_and_two_ai_joins_on_aliases(session):
+    got = rows(session, f"SELECT r.id, a.id, b.id FROM reviews r "
+                        f"JOIN aspects a ON AI_FILTER(PROMPT('{JOIN}', r.body, a.aspect), {OPTS}) "
+                        f"JOIN aspects b ON a.id < b.id AND AI_FILTER(PROMPT('{JOIN}', r.body, b.aspect), {OPTS}) "
+                        "ORDER BY 1, 2, 3")
+    hits = {(r["id"], a["id"]) for r in REVIEWS.to_pylist() for a in ASPECTS.to_pylist()
+            if r["body"] is not None and decide(session.runtime, JOIN, "join", [r["body"], a["aspect"]])}
+    want = sorted((r, a, b) for (r, a) in hits for (r2, b) in hits if r == r2 and a < b)
+    assert got == want and want
+
+
+@pytest.mark.parametrize("variant", [
+    "SELECT r.id, a.id FROM aspects a JOIN reviews r ON AI_FILTER(PROMPT('{J}', r.body, a.aspect), {O}) ORDER BY 1, 2",
+    "SELECT r.id, a.id FROM reviews r, aspects a WHERE AI_FILTER(PROMPT('{J}', r.body, a.aspect), {O}) ORDER BY 1, 2",
+    "SELECT r.id, a.id FROM reviews r JOIN aspects a ON r.stars > 0 "
+    "WHERE AI_FILTER(PROMPT('{J}', r.body, a.aspect), {O}) ORDER BY 1, 2",
+], ids=["swapped-sides", "where-instead-of-on", "moved-between-on-and-where"])
+def test_metamorphic_join_forms_keep_rows(session, variant):
+    reference = rows(session, f"SELECT r.id, a.id FROM reviews r JOIN aspects a "
+                              f"ON AI_FILTER(PROMPT('{JOIN}', r.body, a.aspect), {OPTS}) ORDER BY 1, 2")
+    assert rows(session, variant.format(J=JOIN, O=OPTS)) == reference
+
+
+def test_reordered_conjuncts_keep_rows(session):
+    a = rows(session, f"SELECT id FROM reviews WHERE AI_FILTER(PROMPT('{FILTER}', body), {OPTS}) AND stars > 1 "
+                      f"AND AI_FILTER(PROMPT('Is {{0}} short?', body), {OPTS}) ORDER BY id")
+    b = rows(session, f"SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Is {{0}} short?', body), {OPTS}) "
+                      f"AND stars > 1 AND AI_FILTER(PROMPT('{FILTER}', body), {OPTS}) ORDER BY id")
+    assert a == b
+
+
+def test_classify_in_list_and_group_by(session):
+    labels = ["food", "price", "service"]
+    question = Question("Which category does {0} belong to?", labels=tuple(labels))
+
+    def label(body):
+        (request,) = build_requests(session.runtime, question, [[body]])
+        return labels[int(content_hash(request) * 3)]
+
+    got = rows(session, "SELECT AI_CLASSIFY(body, ['food', 'price', 'service']):labels[0]::string AS l, count(*) "
+                        "FROM reviews WHERE body IS NOT NULL GROUP BY l ORDER BY l")
+    counts: dict[str, int] = {}
+    for body in REVIEWS["body"].to_pylist():
+        if body is not None:
+            counts[label(body)] = counts.get(label(body), 0) + 1
+    assert got == sorted(counts.items())
+    kept = rows(session, "SELECT id FROM reviews WHERE AI_CLASSIFY(body, ['food', 'price', 'service'])"
+                         ":labels[0]::string IN ('food', 'service') ORDER BY id")
+    assert kept == [(r["id"],) for r in REVIEWS.to_pylist() if r["body"] and label(r["body"]) in ("food", "service")]
+
+
+def test_bigquery_classify_returns_a_string(session):
+    result = session.sql("SELECT AI.CLASSIFY(body, ['food', 'price']) AS l FROM reviews WHERE id = 0",
+                         dialect="bigquery").run()
+    assert result.schema.field("l").type == pa.string() and result.to_rows()[0]["l"] in ("food", "price")
+
+
+def test_case_with_an_ai_condition(session):
+    got = rows(session, f"SELECT id, CASE WHEN AI_FILTER(PROMPT('{FILTER}', body), {OPTS}) THEN 'bad' ELSE 'ok' END "
+                        "FROM reviews WHERE body IS NOT NULL ORDER BY id")
+    want = [(r["id"], "bad" if decide(session.runtime, FILTER, "filter", [r["body"]]) else "ok")
+            for r in REVIEWS.to_pylist() if r["body"] is not None]
+    assert got == want
+
+
+def test_score_orders_by_the_models_probability(runtime):
+    session = quail.Session(runtime=runtime)
+    session.register("reviews", REVIEWS)
+    got = rows(session, "SELECT id, AI_SCORE(PROMPT('Is {0} positive?', body)) AS p FROM reviews "
+                        "WHERE body IS NOT NULL ORDER BY p DESC LIMIT 3")
+    bodies = {r["id"]: r["body"] for r in REVIEWS.to_pylist() if r["body"] is not None}
+    requests = build_requests(runtime, Question("Is {0} positive?"), [[b] for b in bodies.values()])
+    scores = {i: float(np.exp(runtime.variant("naive").score([r])[0][1])) for i, r in zip(bodies, requests)}
+    want = sorted(scores.items(), key=lambda kv: -kv[1])[:3]
+    assert [g[0] for g in got] == [w[0] for w in want]
+    assert np.allclose([g[1] for g in got], [w[1] for w in want], atol=1e-4)
