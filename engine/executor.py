@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 
 from .ai_ops import Question, classify, yes_probabilities
 from .catalog import Catalog
-from .physical import AIStep, PhysicalPlan, SQLStep
+from .physical import AIFilterChain, AIStep, PhysicalPlan, SQLStep
 from .relational import run_sql
 from .runtime import Runtime
 from .work import QueryWork
@@ -33,6 +33,8 @@ def _run(plan: PhysicalPlan, relations: dict[str, pa.Table], runtime: Runtime | 
     for step in plan.steps:
         if isinstance(step, SQLStep):
             relations[step.output] = run_sql(step.sql, relations)
+        elif isinstance(step, AIFilterChain):
+            relations[step.output] = _ai_chain(step, relations[step.input], runtime, work)
         else:
             relations[step.output] = _ai_step(step, relations[step.input], runtime, work)
     return relations[plan.result]
@@ -70,3 +72,23 @@ def _ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryW
                          selectivity_observed=yes / rows.num_rows)
         work.stages.append(stage)
     return out
+
+
+def _ai_chain(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
+    """Filter chunks of rows through every filter until `limit` rows have passed."""
+    expected = float(np.prod([f.selectivity for f in chain.filters]))
+    size = max(chain.limit, int(np.ceil(1.5 * chain.limit / expected)))
+    kept: list[pa.Table] = []
+    start, passed = 0, 0
+    while True:
+        chunk = rows.slice(start, size)
+        for step in chain.filters:
+            chunk = _ai_step(step, chunk, runtime, work)
+        kept.append(chunk)
+        passed += chunk.num_rows
+        start += size
+        if passed >= chain.limit or start >= rows.num_rows:
+            break
+        size *= 2
+    out = pa.concat_tables(kept) if len(kept) > 1 else kept[0]
+    return out.slice(0, chain.limit)

@@ -40,7 +40,22 @@ class AIStep:
     selectivity: float = 0.2
 
 
-Step = Union[SQLStep, AIStep]
+@dataclass(frozen=True)
+class AIFilterChain:
+    """AI filters over `input` that stop once `limit` rows pass them all (a LIMIT reaching the model).
+
+    Rows are taken in input order, in growing chunks; the output is the first
+    `limit` rows of the input, in order, that every filter keeps: the same rows
+    whatever the chunk sizes.
+    """
+
+    input: str
+    output: str
+    filters: tuple[AIStep, ...]
+    limit: int
+
+
+Step = Union[SQLStep, AIStep, AIFilterChain]
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from sqlglot import exp
 
 from quail.engine.catalog import Catalog
 from quail.engine.errors import InvalidArgument
-from quail.engine.physical import AIStep, PhysicalPlan, SQLStep, Step
+from quail.engine.physical import AIFilterChain, AIStep, PhysicalPlan, SQLStep, Step
 
 from .ai_functions import AICall, ai_calls, ai_name, ancestors, bind, contains_ai
 from .binder import bind_parameters, bind_tables
@@ -197,8 +197,9 @@ class AICorePlanner:
         relations = self._relations()
         conditions = self._conditions(relations)
         values = self._ai_values(relations, conditions)
+        limit = self._model_limit() if len(relations) == 1 else None
         for relation in relations:
-            self._core(relation, relations, conditions, values)
+            self._core(relation, relations, conditions, values, limit)
         pending = [c for c in conditions if len(c.refs) > 1]
         if len(relations) == 1:
             source = exp.From(this=_table(relations[0].core, relations[0].alias))
@@ -239,8 +240,26 @@ class AICorePlanner:
     def _slot(self, index: int) -> str:
         return f"{TUPLES}_{index}"
 
+    def _model_limit(self) -> int | None:
+        """LIMIT n [OFFSET m] as n + m when the first rows passing the filters are the answer.
+
+        That holds for a plain projection of one table: no ordering, grouping,
+        DISTINCT, aggregates or window functions. The model then sees rows only
+        until that many have passed (in table order).
+        """
+        select = self.select
+        limit, offset = select.args.get("limit"), select.args.get("offset")
+        if limit is None or any(select.args.get(k) for k in ("order", "group", "having", "distinct", "qualify")):
+            return None
+        if any(isinstance(n, (exp.AggFunc, exp.Window)) for item in select.expressions for n in item.walk()):
+            return None
+        count, skip = limit.expression, offset.expression if offset is not None else exp.Literal.number(0)
+        if not (isinstance(count, exp.Literal) and isinstance(skip, exp.Literal)) or count.is_string or skip.is_string:
+            return None
+        return int(count.this) + int(skip.this)
+
     def _core(self, relation: Relation, relations: list[Relation], conditions: list[Condition],
-              values: dict[int, tuple[str, AICall]]) -> None:
+              values: dict[int, tuple[str, AICall]], limit: int | None) -> None:
         """Steps computing this table's rows that pass every condition on it alone."""
         alias = relation.alias
         local = [c for c in conditions if c.refs <= {alias} and (c.refs or relation is relations[0])]
@@ -270,11 +289,17 @@ class AICorePlanner:
         if plain:
             query = query.where(_and(plain))
         self.steps.append(SQLStep(query.sql("duckdb"), current))
+        steps = []
         for (call, kind, column), names in zip(asks, args):
             output = self._name("ai")
-            self.steps.append(AIStep(current, output, kind, call.template, names, "filter", call.labels,
-                                     column, call.selectivity or DEFAULT_SELECTIVITY))
+            steps.append(AIStep(current, output, kind, call.template, names, "filter", call.labels,
+                                column, call.selectivity or DEFAULT_SELECTIVITY))
             current = output
+        filters = [s for s in steps if s.kind == "filter"]
+        if limit is not None and filters and not deferred:
+            chain = AIFilterChain(filters[0].input, filters[-1].output, tuple(filters), limit)
+            steps = [chain] + steps[len(filters):]
+        self.steps.extend(steps)
         if deferred:
             output = self._name(f"core_{alias}")
             query = exp.select(exp.Star()).from_(_table(current, alias)).where(_and(deferred))

@@ -14,6 +14,7 @@ import pytest
 
 import quail
 from quail.engine.ai_ops import Question, build_requests, content_hash
+from quail.engine.physical import AIFilterChain
 
 REVIEWS = pa.table({
     "id": list(range(8)),
@@ -143,3 +144,18 @@ def test_score_orders_by_the_models_probability(runtime):
     want = sorted(scores.items(), key=lambda kv: -kv[1])[:3]
     assert [g[0] for g in got] == [w[0] for w in want]
     assert np.allclose([g[1] for g in got], [w[1] for w in want], atol=1e-4)
+
+
+def test_limit_reaches_the_model(runtime):
+    session = quail.Session(runtime=runtime.variant("quail"))
+    session.runtime.decisions = "hash"
+    bodies = [f"Review number {i} of a small cafe." for i in range(500)]
+    session.register("many", pa.table({"id": list(range(500)), "body": bodies}))
+    sql = f"SELECT id FROM many WHERE AI_FILTER(PROMPT('{FILTER}', body), {OPTS}) LIMIT 10"
+    result = session.sql(sql).run()
+    assert result.report.requests < 100, "scoring stops once 10 rows have passed"
+    passing = [i for i, b in enumerate(bodies) if decide(session.runtime, FILTER, "filter", [b])]
+    assert [r["id"] for r in result.to_rows()] == passing[:10], "the first passing rows, in table order"
+    ordered = session.sql(f"SELECT id FROM many WHERE AI_FILTER(PROMPT('{FILTER}', body), {OPTS}) "
+                          "ORDER BY id DESC LIMIT 10")
+    assert not any(isinstance(s, AIFilterChain) for s in ordered.plan.steps), "ORDER BY needs every row scored"
