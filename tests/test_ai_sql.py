@@ -37,8 +37,8 @@ def session(runtime):
 
 
 def decide(runtime, template: str, layout: str, docs: list[str]) -> bool:
+    """The hash decision of the prompt the layout renders for these documents."""
     (request,) = build_requests(runtime, Question(template, layout), [docs])
-    runtime.score([request])
     return content_hash(request) < SELECTIVITY
 
 
