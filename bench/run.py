@@ -25,7 +25,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 
 import quail
 from quail.engine.ai_ops import Question, yes_probabilities
