@@ -50,7 +50,7 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
     normalize(tree)
     if not ai_calls(tree):
         return PhysicalPlan((SQLStep(tree.sql("duckdb"), RESULT),), tables, RESULT)
-    return AICorePlanner(tree, catalog, tables, dialect).plan()
+    return AICorePlanner(tree, catalog, tables).plan()
 
 
 def conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:
@@ -103,11 +103,10 @@ class Condition:
 class AICorePlanner:
     """Plans one SELECT with AI functions (see the module docstring)."""
 
-    def __init__(self, select: exp.Query, catalog: Catalog, tables: tuple[str, ...], dialect: str) -> None:
+    def __init__(self, select: exp.Query, catalog: Catalog, tables: tuple[str, ...]) -> None:
         self.select = select
         self.catalog = catalog
         self.tables = tables
-        self.dialect = dialect
         self.steps: list[Step] = []
         self.names = 0
 
@@ -226,10 +225,10 @@ class AICorePlanner:
         filters = {id(c.node) for c in conditions if c.call is not None}
         values: dict[int, tuple[str, AICall]] = {}
         for node in ai_calls(self.select):
-            if id(node) in filters or any(id(a) in filters for a in ancestors(node)):
-                continue
             if any(ai_name(a) for a in ancestors(node)):
                 raise InvalidArgument(f"AI functions cannot be nested{position(node)}")
+            if id(node) in filters:
+                continue
             call = bind(node)
             refs = self._refs(node, relations) or frozenset({relations[0].alias})
             if len(refs) > 1:

@@ -84,6 +84,8 @@ def test_parameters_become_literals(store):
      "selectivity must be in"),
     ("SELECT AI_CLASSIFY(body, 'a') FROM reviews", InvalidArgument, "list of string literals"),
     ("SELECT AI_COMPLETE('m', body) FROM reviews", InvalidArgument, "not supported yet"),
+    ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0}', AI_CLASSIFY(body, ['a'])))", InvalidArgument,
+     "cannot be nested"),
     ("SELECT * FROM reviews WHERE AI_FILTER(body)", InvalidArgument, "expects PROMPT"),
     ("DELETE FROM reviews", InvalidArgument, "only queries"),
     ("SELECT 1; SELECT 2", InvalidArgument, "one SQL statement"),
