@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .kv import KV
 
 
 class RMSNorm(nn.Module):
@@ -44,13 +45,33 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Past:
     """Resident KV that a batch attends to before its own tokens.
 
-    keys[l], values[l]: (batch or 1, kv_heads, c, head_dim) for layer l; row b
-    attends to its first lengths[b] entries (the rest is padding).
+    Row b attends to the first lengths[b] entries of its run; `runs` holds one
+    KV per row (None: no past), or a single KV shared by every row. A layer's
+    keys and values are padded into one tensor only when that layer runs, so
+    the padding never exists for all layers at once.
     """
 
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    runs: list[KV | None]
     lengths: torch.Tensor
+
+    @property
+    def width(self) -> int:
+        return int(self.lengths.max())
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys, values) of one layer: (1 or batch, kv_heads, width, head_dim)."""
+        first = self.runs[0]
+        if len(self.runs) == 1:
+            return first.keys[index][None], first.values[index][None]
+        template = next(r for r in self.runs if r is not None)
+        heads, _, dim = template.keys[index].shape
+        keys = template.keys[index].new_zeros(len(self.runs), heads, self.width, dim)
+        values = torch.zeros_like(keys)
+        for b, run in enumerate(self.runs):
+            if run is not None:
+                keys[b, :, : len(run)] = run.keys[index]
+                values[b, :, : len(run)] = run.values[index]
+        return keys, values
 
 
 def attention_mask(q: int, past: Past | None, batch: int) -> torch.Tensor | None:
@@ -58,7 +79,7 @@ def attention_mask(q: int, past: Past | None, batch: int) -> torch.Tensor | None
     if past is None:
         return None
     device = past.lengths.device
-    c = past.keys[0].shape[2]
+    c = past.width
     past_ok = torch.arange(c, device=device)[None, :] < past.lengths[:, None]
     causal = torch.ones(q, q, dtype=torch.bool, device=device).tril()
     mask = torch.cat([past_ok[:, None, :].expand(batch, q, c), causal.expand(batch, q, q)], dim=-1)
@@ -169,7 +190,8 @@ class Decoder(nn.Module):
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         keys, values = [], []
         for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, cos, sin, past.keys[i] if past else None, past.values[i] if past else None, mask)
+            past_k, past_v = past.layer(i) if past is not None else (None, None)
+            x, k, v = layer(x, cos, sin, past_k, past_v, mask)
             if keep_kv:
                 keys.append(k)
                 values.append(v)

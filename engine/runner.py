@@ -23,18 +23,28 @@ class Row:
     keep_kv: bool = False
 
 
-def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Consecutive index runs whose padded size (rows × longest row) fits the budget (one row at least)."""
+KEYS_PER_TOKEN = 32  # attention keys a batch may materialize per layer, per token of budget
+
+
+def pack(lengths: Sequence[int], budget: int, resident: Sequence[int] | None = None) -> list[list[int]]:
+    """Consecutive index runs that fit the budget (one row at least).
+
+    Padded new tokens (rows × longest row) stay within `budget`; with resident
+    KV lengths given, the keys one layer materializes (rows × (longest past +
+    longest row)) stay within KEYS_PER_TOKEN × budget.
+    """
+    resident = resident or [0] * len(lengths)
     batches: list[list[int]] = []
-    width = 0
-    for i, length in enumerate(lengths):
-        width_if_added = max(width, length)
-        if batches and (len(batches[-1]) + 1) * width_if_added <= budget:
+    width = past = 0
+    for i, (length, behind) in enumerate(zip(lengths, resident)):
+        grown_width, grown_past = max(width, length), max(past, behind)
+        rows = len(batches[-1]) + 1 if batches else 1
+        if batches and rows * grown_width <= budget and rows * (grown_past + grown_width) <= KEYS_PER_TOKEN * budget:
             batches[-1].append(i)
-            width = width_if_added
+            width, past = grown_width, grown_past
         else:
             batches.append([i])
-            width = length
+            width, past = length, behind
     return batches
 
 
@@ -51,23 +61,8 @@ class ModelRunner:
         if all(p is None for p in pasts):
             return None
         lengths = torch.tensor([len(p) if p is not None else 0 for p in pasts], device=self.device)
-        first = pasts[0]
-        if all(p is first for p in pasts):
-            return Past([k[None] for k in first.keys], [v[None] for v in first.values], lengths)
-        width = int(lengths.max())
-        template = next(p for p in pasts if p is not None)
-        keys, values = [], []
-        for layer in range(len(template.keys)):
-            heads, _, dim = template.keys[layer].shape
-            k = template.keys[layer].new_zeros(len(rows), heads, width, dim)
-            v = template.values[layer].new_zeros(len(rows), heads, width, dim)
-            for b, p in enumerate(pasts):
-                if p is not None:
-                    k[b, :, : len(p)] = p.keys[layer]
-                    v[b, :, : len(p)] = p.values[layer]
-            keys.append(k)
-            values.append(v)
-        return Past(keys, values, lengths)
+        shared = all(p is pasts[0] for p in pasts)
+        return Past([pasts[0]] if shared else pasts, lengths)
 
     @torch.inference_mode()
     def forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:

@@ -35,7 +35,8 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
     def visit(parents: list[tuple[RadixNode, KV | None]]) -> None:
         work = [(child, kv, p) for p, (node, kv) in enumerate(parents) for child in node.children]
         work.sort(key=lambda w: (w[2], -len(w[0])))
-        for batch in pack([len(child) for child, _, _ in work], runner.token_budget):
+        resident = [len(kv) if kv is not None else 0 for _, kv, _ in work]
+        for batch in pack([len(child) for child, _, _ in work], runner.token_budget, resident):
             items = [work[i] for i in batch]
             rows = [Row(requests[c.rep].tokens(c.start, c.end), kv, keep_kv=bool(c.children)) for c, kv, _ in items]
             last, kept = runner.forward(rows, stats)
@@ -67,7 +68,7 @@ def independent(runner: ModelRunner, requests: Sequence[Request], stats: Stats) 
 class BlockPrefixCache:
     """KV of full token blocks keyed by a hash of everything up to the block's end (LRU-bounded)."""
 
-    def __init__(self, block_size: int = 16, max_blocks: int = 1 << 16) -> None:
+    def __init__(self, block_size: int = 16, max_blocks: int = 1 << 14) -> None:
         self.block_size = block_size
         self.max_blocks = max_blocks
         self._blocks: OrderedDict[bytes, KV] = OrderedDict()
