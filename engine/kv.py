@@ -17,9 +17,6 @@ class KV:
     def __len__(self) -> int:
         return self.keys[0].shape[1]
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
-
     def slice(self, start: int, end: int) -> "KV":
         return KV([k[:, start:end] for k in self.keys], [v[:, start:end] for v in self.values])
 

@@ -34,10 +34,6 @@ class Stats:
         """Logical tokens not computed: served from resident KV or identical requests."""
         return self.logical_tokens - self.fresh_tokens
 
-    def add(self, other: "Stats") -> None:
-        for name, value in asdict(other).items():
-            setattr(self, name, getattr(self, name) + value)
-
     def as_dict(self) -> dict[str, int]:
         return {**asdict(self), "physical_tokens": self.physical_tokens, "cached_tokens": self.cached_tokens}
 

@@ -24,7 +24,3 @@ class QueryWork:
     def ideal(self) -> Stats:
         """Each distinct prefix of all the query's prompts computed once (unlimited KV)."""
         return ideal_stats(self.requests)
-
-    def kv_regret(self) -> int:
-        """Tokens computed that the ideal plan would not have."""
-        return self.stats.fresh_tokens - self.ideal().fresh_tokens
