@@ -9,6 +9,7 @@ import torch
 
 from quail.engine.config import ModelConfig
 from quail.engine.model import Decoder
+from quail.engine.models import building_on
 from quail.engine.requests import Request
 from quail.engine.runner import ModelRunner, pack
 from quail.engine.stats import Stats, causal_pairs
@@ -33,13 +34,8 @@ def hf_model(model: Decoder):
     else:
         config, cls = transformers.LlamaConfig(attention_bias=cfg.attention_bias, **common), transformers.LlamaForCausalLM
     weight = model.embed_tokens.weight
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(weight.dtype)
-    try:
-        with torch.device(weight.device):
-            hf = cls(config)
-    finally:
-        torch.set_default_dtype(default)
+    with building_on(weight.device, weight.dtype):
+        hf = cls(config)
     state = {f"model.{k}": v for k, v in model.state_dict().items() if not k.startswith("lm_head")}
     state["lm_head.weight"] = model.head_weight()
     hf.load_state_dict(state, strict=True, assign=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -84,18 +86,25 @@ def _tokenizer_and_frame(directory: str | None) -> tuple[Tokenizer, ChatFrame]:
             ChatFrame.from_template(template.read_text() if template.exists() else None))
 
 
+@contextlib.contextmanager
+def building_on(device: str | torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Modules constructed inside get their parameters on `device` in `dtype` (no copy afterwards)."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(default)
+
+
 def _dummy(shape: str, config: EngineConfig) -> Runtime:
     if shape not in DUMMY_SHAPES:
         raise NotFound(f"unknown dummy shape {shape!r}; use one of {', '.join(DUMMY_SHAPES)}")
     tokenizer, frame = _tokenizer_and_frame(config.tokenizer)
     torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(DTYPES[config.precision])
-    try:
-        with torch.device(config.device):
-            model = Decoder(DUMMY_SHAPES[shape])
-    finally:
-        torch.set_default_dtype(default)
+    with building_on(config.device, DTYPES[config.precision]):
+        model = Decoder(DUMMY_SHAPES[shape])
     return _runtime(f"dummy-{shape}", model.eval().requires_grad_(False), tokenizer, frame, config)
 
 
