@@ -60,8 +60,12 @@ Step = Union[SQLStep, AIStep, AIFilterChain]
 
 @dataclass(frozen=True)
 class PhysicalPlan:
-    """Steps in execution order; `tables` are the stored tables they read, `result` the final relation."""
+    """Steps in execution order; `tables` are the stored tables they read, `result` the final relation.
+
+    `parameters` is how many `?` placeholders the query text had (bound before planning).
+    """
 
     steps: tuple[Step, ...]
     tables: tuple[str, ...]
     result: str
+    parameters: int = 0

@@ -41,16 +41,15 @@ def bind_tables(tree: exp.Expression, catalog: Catalog) -> tuple[str, ...]:
     return tuple(tables)
 
 
-def placeholder_count(tree: exp.Expression) -> int:
-    return sum(1 for _ in tree.find_all(exp.Placeholder))
+def bind_parameters(tree: exp.Expression, values: Sequence[Any] | None) -> int:
+    """Replace `?` placeholders, in order, by literals of the values (NULL when values is None).
 
-
-def bind_parameters(tree: exp.Expression, values: Sequence[Any] | None) -> exp.Expression:
-    """Replace `?` placeholders, in order, by literals of the values (NULL when values is None)."""
+    Returns how many placeholders the statement had.
+    """
     holders = list(tree.find_all(exp.Placeholder))
     holders.sort(key=lambda p: (p.meta.get("line", 0), p.meta.get("col", 0)))
     if values is not None and len(values) != len(holders):
         raise InvalidArgument(f"the statement has {len(holders)} parameter(s), {len(values)} value(s) were bound")
     for i, holder in enumerate(holders):
         holder.replace(exp.null() if values is None else exp.convert(values[i]))
-    return tree
+    return len(holders)

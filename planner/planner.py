@@ -20,7 +20,7 @@ several in the join layout with {0} as the anchor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from sqlglot import exp
@@ -46,11 +46,11 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
     if not isinstance(tree, exp.Query):
         raise InvalidArgument(f"only queries are supported here, not {tree.key.upper()} statements")
     tables = bind_tables(tree, catalog)
-    bind_parameters(tree, params)
+    parameters = bind_parameters(tree, params)
     normalize(tree)
     if not ai_calls(tree):
-        return PhysicalPlan((SQLStep(tree.sql("duckdb"), RESULT),), tables, RESULT)
-    return AICorePlanner(tree, catalog, tables).plan()
+        return PhysicalPlan((SQLStep(tree.sql("duckdb"), RESULT),), tables, RESULT, parameters)
+    return replace(AICorePlanner(tree, catalog, tables).plan(), parameters=parameters)
 
 
 def conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:

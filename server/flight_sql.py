@@ -13,8 +13,7 @@ from quail.engine.errors import InvalidArgument, NotFound, Unimplemented
 from quail.engine.executor import execute, result_schema
 from quail.engine.runtime import Runtime
 from quail.engine.storage import TableStore
-from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME, placeholder_count
-from quail.planner.dialects import parse_statement
+from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
 from quail.planner.planner import plan_sql
 
 from . import metadata
@@ -138,9 +137,8 @@ class FlightSQLHandler:
     def do_action(self, action, context) -> Iterable[bytes]:
         if action.type == "CreatePreparedStatement":
             _, request = self._command(action.body, "CreatePreparedStatement")
-            schema = self._plan(request.query, None)[1]
-            holes = placeholder_count(parse_statement(request.query, self.dialect))
-            parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(holes)])
+            plan, schema = self._plan(request.query, None)
+            parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(plan.parameters)])
             result = sql.new("ActionCreatePreparedStatementResult",
                              prepared_statement_handle=self.statements.prepare(request.query),
                              dataset_schema=schema_bytes(schema), parameter_schema=schema_bytes(parameters))
