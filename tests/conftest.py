@@ -28,6 +28,21 @@ def hf_model():
 
 
 @pytest.fixture(scope="session")
+def hf_p_yes(hf_model):
+    """P(yes) of a request as HF transformers computes it on the request's token ids."""
+    torch = pytest.importorskip("torch")
+
+    def p_yes(request) -> float:
+        with torch.inference_mode():
+            logits = hf_model(torch.from_numpy(request.ids().astype("int64"))[None]).logits[0, -1]
+        labels = request.labels
+        logp = torch.log_softmax(logits[list(labels.token_ids)].double(), dim=-1)
+        return float(torch.logsumexp(logp[torch.tensor(labels.groups) == 1], dim=-1).exp())
+
+    return p_yes
+
+
+@pytest.fixture(scope="session")
 def hf_tokenizer():
     transformers = pytest.importorskip("transformers")
     path = embedded_gguf()

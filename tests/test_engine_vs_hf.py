@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from quail.engine.ai_ops import Question, build_requests
-from quail.engine.requests import Request
 from quail.engine.work import QueryWork
 
 TEXTS = [
@@ -27,14 +26,6 @@ TEXTS = [
 TEMPLATES = ["Is {0} a positive review?", "Does {0} mention food?", "Is {0} written in English?"]
 
 
-def hf_true_probability(hf_model, request: Request) -> float:
-    with torch.inference_mode():
-        logits = hf_model(torch.from_numpy(request.ids().astype(np.int64))[None]).logits[0, -1]
-    labels = request.labels
-    logp = torch.log_softmax(logits[list(labels.token_ids)].double(), dim=-1)
-    return float(torch.logsumexp(logp[torch.tensor(labels.groups) == 1], dim=-1).exp())
-
-
 @pytest.fixture(scope="module")
 def requests(runtime):
     """Three questions per text: several suffixes share each [preamble][document] anchor."""
@@ -45,8 +36,8 @@ def requests(runtime):
 
 
 @pytest.fixture(scope="module")
-def hf_probabilities(hf_model, requests):
-    return np.array([hf_true_probability(hf_model, r) for r in requests])
+def hf_probabilities(hf_p_yes, requests):
+    return np.array([hf_p_yes(r) for r in requests])
 
 
 def test_tokenizer_matches_hf(runtime, hf_tokenizer):
