@@ -1,18 +1,21 @@
-"""Numerical check of the runtime's paths against the fp32 torch reference (run on the GPU).
+"""Numerical check of the runtime's paths and kernels against the fp32 torch reference (run on the GPU).
 
-    python -m bench.gpu_check --model dummy:qwen3-0.6b --device cuda --out DIR
+    python -m bench.gpu_check --model dummy:qwen3-4b --device cuda --tokenizer DIR --out DIR
 
-For dummy weights of a named shape: the plain path (every prompt in full) in
-fp32 is the reference; the shared-prefix path (radix plan, suffixes after
-resident KV) in fp32 must match it to float round-off, and both paths in
-bf16 within bf16's error (relative error of the final hidden state, absolute
-error of P(yes) over the label tokens, and how many yes/no decisions agree).
-Writes check-<model>.json.
+Reference: the plain path (every prompt in full), fp32, eager, the attention in
+plain torch. Against it, for dummy weights of a named shape: fp32 through the
+shared-prefix and block-prefix paths (must match to float round-off); bf16 eager
+and compiled, and fp8 compiled, through all three paths. Per path: relative
+error of the final hidden state, absolute error of the yes/no log-probabilities
+and of P(yes), and how many decisions agree. The kernels on their own: cuDNN
+attention with its log-sum-exp and the LSE merge against the fp32 reference, and
+each compiled layer part against its eager self. Writes check-<model>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 from pathlib import Path
 
@@ -22,9 +25,15 @@ import torch
 import quail
 from quail.engine import strategies
 from quail.engine.ai_ops import Question, build_requests
+from quail.engine.attention import Rows, attend, attention
+from quail.engine.kv import KV
+from quail.engine.models import load_runtime
 from quail.engine.stats import Stats
 
 from .datagen import Workload, generate
+
+VARIANTS = [("fp32", False), ("bf16", False), ("bf16", True), ("fp8", True)]
+PATHS = {"naive": "plain", "quail": "shared-prefix", "prefix": "block-prefix"}
 
 
 def _requests(runtime):
@@ -35,30 +44,94 @@ def _requests(runtime):
 
 
 def _run(runtime, requests, strategy):
-    hidden = strategies.STRATEGIES[strategy](runtime.runner, requests, Stats())
-    stacked = torch.stack(hidden).float()
-    logp = runtime.runner.answer_logprobs(torch.stack(hidden), runtime.yes_no)
-    return stacked, np.exp(logp[:, 1])
+    hidden = torch.stack(strategies.STRATEGIES[strategy](runtime.runner, requests, Stats()))
+    return hidden.float(), runtime.runner.answer_logprobs(hidden, runtime.yes_no)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def kernels(device: str) -> dict:
+    """cuDNN attention + LSE and the merged shared-prefix attention against the fp32 reference."""
+    torch.manual_seed(1)
+    h, hkv, d = 32, 8, 128
+    out = {}
+    for causal, n, m in [(True, 300, 300), (False, 700, 2500)]:
+        q = torch.randn(2, h, n, d, device=device, dtype=torch.bfloat16)
+        k = torch.randn(2, hkv, m, d, device=device, dtype=torch.bfloat16)
+        v = torch.randn(2, hkv, m, d, device=device, dtype=torch.bfloat16)
+        o, lse = attend(q, k, v, causal)
+        ro, rlse = attend(q.float(), k.float(), v.float(), causal)
+        out[f"attend-{'causal' if causal else 'past'}"] = {"out_rel_err": _rel(o, ro), "lse_rel_err": _rel(lse, rlse)}
+    lengths = [37, 300, 5, 120, 64]
+    runs = [KV([torch.randn(hkv, c, d, device=device, dtype=torch.bfloat16)], [torch.randn(hkv, c, d, device=device,
+                                                                                          dtype=torch.bfloat16)])
+            for c in (2500, 40)]
+    pasts = [runs[0], runs[0], None, runs[1], runs[1]]
+    t = sum(lengths)
+    q = torch.randn(t, h, d, device=device, dtype=torch.bfloat16)
+    k = torch.randn(t, hkv, d, device=device, dtype=torch.bfloat16)
+    v = torch.randn(t, hkv, d, device=device, dtype=torch.bfloat16)
+    got = attention(q, k, v, Rows.build(lengths, pasts, torch.device(device)), 0)
+    runs32 = [KV([r.keys[0].float()], [r.values[0].float()]) for r in runs]
+    want = attention(q.float(), k.float(), v.float(),
+                     Rows.build(lengths, [None if p is None else runs32[runs.index(p)] for p in pasts],
+                                torch.device(device)), 0)
+    out["shared-prefix-attention"] = {"out_rel_err": _rel(got, want)}
+    return out
+
+
+def compiled_parts(runtime) -> dict:
+    """Each compiled layer part against the same part run eagerly, on the same inputs."""
+    from quail.engine.model import DecoderLayer, rope_tables
+
+    model = runtime.runner.model
+    layer = model.layers[0]
+    torch.manual_seed(2)
+    t = 1234
+    x = torch.randn(t, model.config.hidden_size, device=model.embed_tokens.weight.device, dtype=torch.bfloat16)
+    cos, sin = (c.to(x.dtype) for c in rope_tables(torch.arange(t, device=x.device), model.config.head_dim,
+                                                   model.config.rope_theta))
+    with torch.inference_mode():
+        eager = DecoderLayer.qkv(layer, x, cos, sin)
+        fused = model._qkv(layer, x, cos, sin)
+        attn = torch.randn_like(eager[0])
+        out = {f"qkv-{name}": _rel(f, e) for name, f, e in zip("qkv", fused, eager)}
+        out["finish"] = _rel(model._finish(layer, x, attn), DecoderLayer.finish(layer, x, attn))
+    return out
 
 
 def check(model: str, device: str, tokenizer: str | None) -> dict:
-    config = quail.EngineConfig(model=model, device=device, precision="fp32", tokenizer=tokenizer)
-    reference = quail.Session(config).runtime
-    requests = _requests(reference)
-    ref_hidden, ref_p = _run(reference, requests, "naive")
-    out = {"model": model, "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else device,
-           "requests": len(requests), "tokens": int(sum(len(r) for r in requests)), "paths": {}}
-    for precision, strategy in [("fp32", "quail"), ("bf16", "naive"), ("bf16", "quail")]:
-        if precision == "bf16":
-            reference.runner.model.to(torch.bfloat16)  # in place: the fp32 paths ran first
-        hidden, p = _run(reference, requests, strategy)
-        rel = ((hidden - ref_hidden).norm(dim=-1) / ref_hidden.norm(dim=-1)).cpu().numpy()
-        out["paths"][f"{precision}-{'shared-prefix' if strategy == 'quail' else 'plain'}"] = {
-            "hidden_rel_err_max": float(rel.max()), "hidden_rel_err_mean": float(rel.mean()),
-            "p_yes_abs_err_max": float(np.abs(p - ref_p).max()),
-            "decisions_agree": float(((p > 0.5) == (ref_p > 0.5)).mean()),
-        }
-    return out
+    result: dict = {"model": model, "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else device,
+                    "kernels": kernels(device) if device.startswith("cuda") else {}, "paths": {}}
+    reference = None
+    for precision, compiled in VARIANTS:
+        config = quail.EngineConfig(model=model, device=device, precision=precision, tokenizer=tokenizer,
+                                    compile=compiled)
+        runtime = load_runtime(config)
+        if reference is None:
+            requests = _requests(runtime)
+            result.update(requests=len(requests), tokens=int(sum(len(r) for r in requests)))
+            reference = _run(runtime, requests, "naive")
+        if compiled and precision == "bf16":
+            result["compiled_parts"] = compiled_parts(runtime)
+        ref_hidden, ref_logp = reference
+        for strategy, path in PATHS.items():
+            hidden, logp = _run(runtime, requests, strategy)
+            rel = ((hidden - ref_hidden).norm(dim=-1) / ref_hidden.norm(dim=-1)).cpu().numpy()
+            p, ref_p = np.exp(logp[:, 1]), np.exp(ref_logp[:, 1])
+            result["paths"][f"{precision}{'-compiled' if compiled else ''}-{path}"] = {
+                "hidden_rel_err_max": float(rel.max()), "hidden_rel_err_mean": float(rel.mean()),
+                "logprob_abs_err_max": float(np.abs(logp - ref_logp).max()),
+                "p_yes_abs_err_max": float(np.abs(p - ref_p).max()),
+                "decisions_agree": float(((p > 0.5) == (ref_p > 0.5)).mean()),
+            }
+        del runtime
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -136,9 +136,11 @@ def run(args: argparse.Namespace) -> Path:
     tables = generate(workload, corpora_for(args.queries))
     config = quail.EngineConfig(model=args.model, device=args.device, precision=args.precision,
                                 token_budget=args.token_budget, decisions=args.decisions,
-                                tokenizer=args.tokenizer, sol_device=args.sol_device)
+                                tokenizer=args.tokenizer, sol_device=args.sol_device,
+                                compile={"auto": None, "on": True, "off": False}[args.compile])
     base = quail.Session(config).runtime
-    runtimes = engine_runtimes(base, args.engines)
+    # HF transformers has no fp8 path of ours: the hf baseline runs only in fp32 and bf16.
+    runtimes = engine_runtimes(base, [e for e in args.engines if not (e == "hf" and args.precision == "fp8")])
     sessions = {}
     for engine, runtime in runtimes.items():
         warm_up(runtime)
@@ -176,6 +178,7 @@ def run(args: argparse.Namespace) -> Path:
         "decisions": args.decisions, "scale": args.scale, "length_scale": args.length_scale, "seed": args.seed,
         "git_commit": commit, "date": now.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
         "versions": versions(), "usd_per_gpu_hour": args.usd_per_gpu_hour, "token_budget": args.token_budget,
+        "compiled": config.compiled,
         "sol_device": args.sol_device or ("cpu" if args.device == "cpu" else None),
         "table_rows": {name: t.num_rows for name, t in tables.items()},
         "engines_absent": [e for e in args.engines if e not in sessions],
@@ -183,7 +186,8 @@ def run(args: argparse.Namespace) -> Path:
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{now:%Y-%m-%d}-{short_device}-{model_name}-{args.precision}-{commit[:7]}.json"
+    tag = f"-{args.tag}" if args.tag else ""
+    path = out_dir / f"{now:%Y-%m-%d}-{short_device}-{model_name}-{args.precision}-{commit[:7]}{tag}.json"
     path.write_text(json.dumps(document, indent=1, default=float) + "\n")
     return path
 
@@ -196,7 +200,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="model name (default: embedded SmolLM2) or dummy:<shape>")
     p.add_argument("--tokenizer", default=None, help="HF tokenizer directory for dummy weights")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--precision", default="fp32")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp8"])
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                   help="compile the layers' token-wise parts (auto: on CUDA)")
     p.add_argument("--decisions", default="model", choices=["model", "hash"])
     p.add_argument("--token-budget", type=int, default=4096)
     p.add_argument("--sol-device", default=None, choices=sorted(DEVICES))
@@ -205,6 +211,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--engines", type=lambda s: s.split(","), default=["quail", "naive", "prefix", "hf"])
     p.add_argument("--git-commit", default=None, help="the commit measured (default: git rev-parse HEAD)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--tag", default="", help="appended to the result file's name (a variant of one commit)")
     return p
 
 

@@ -56,9 +56,11 @@ class EngineConfig:
     """Which model runs where, and how.
 
     model: a model name or path (None: the embedded SmolLM2-135M; "dummy:<shape>":
-    random weights of a named shape); device: "cpu" or "cuda"; precision: "fp32"
-    or "bf16"; strategy: "quail" (share every common prefix) or the baselines
-    "naive" and "prefix"; token_budget: padded tokens per forward pass;
+    random weights of a named shape; an HF directory, a .gguf file, or an HF repo
+    id in the local cache); device: "cpu" or "cuda"; precision: "fp32", "bf16" or
+    "fp8" (e4m3 linear layers, bf16 elsewhere); compile: compile the layers'
+    token-wise parts (None: on CUDA only); strategy: "quail" (share every common prefix) or the baselines
+    "naive" and "prefix"; token_budget: new tokens per forward pass;
     decisions: "model", or "hash" for random weights; tokenizer: an HF tokenizer
     directory (tokenizer.json, chat_template.jinja) for dummy weights (None: the
     embedded model's); sol_device: the device constants the speed of light uses
@@ -74,3 +76,8 @@ class EngineConfig:
     decisions: str = "model"
     tokenizer: str | None = None
     sol_device: str | None = None
+    compile: bool | None = None
+
+    @property
+    def compiled(self) -> bool:
+        return self.compile if self.compile is not None else self.device.startswith("cuda")

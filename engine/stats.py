@@ -10,7 +10,8 @@ class Stats:
     """Counts accumulated over one query (or one benchmark run).
 
     logical_tokens: every request's full prompt length, as a naive engine sees it.
-    fresh_tokens: real tokens computed; padded_tokens: padding computed beside them.
+    fresh_tokens: real tokens computed; padded_tokens: padding computed through the
+    linear layers beside them (padded baselines only: the runner packs its rows).
     attention_pairs: (query, key) pairs scored; kv_written: KV rows kept for later
     requests; kv_read: resident KV rows read by later computation.
     """

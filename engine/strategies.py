@@ -22,7 +22,7 @@ import torch
 from .kv import KV
 from .radix import RadixNode, build, collapse
 from .requests import Request
-from .runner import ModelRunner, Row, pack
+from .runner import ModelRunner, Row, fits, pack
 from .stats import Stats
 
 Strategy = Callable[[ModelRunner, Sequence[Request], Stats], list[torch.Tensor]]
@@ -35,8 +35,7 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
     def visit(parents: list[tuple[RadixNode, KV | None]]) -> None:
         work = [(child, kv, p) for p, (node, kv) in enumerate(parents) for child in node.children]
         work.sort(key=lambda w: (w[2], -len(w[0])))
-        resident = [len(kv) if kv is not None else 0 for _, kv, _ in work]
-        for batch in pack([len(child) for child, _, _ in work], runner.token_budget, resident):
+        for batch in pack([len(child) for child, _, _ in work], runner.token_budget):
             items = [work[i] for i in batch]
             rows = [Row(requests[c.rep].tokens(c.start, c.end), kv, keep_kv=bool(c.children)) for c, kv, _ in items]
             last, kept = runner.forward(rows, stats)
@@ -103,7 +102,7 @@ def block_prefix(runner: ModelRunner, requests: Sequence[Request], stats: Stats,
                  cache: BlockPrefixCache | None = None) -> list[torch.Tensor]:
     """Last hidden state per request; arrival order, reusing cached blocks from earlier batches.
 
-    A batch takes requests in order while its padded new tokens fit the budget;
+    A batch takes requests in order while its new tokens fit the budget;
     lookups see the cache as it was before the batch, as a real server's do.
     """
     cache = cache or BlockPrefixCache()
@@ -124,8 +123,8 @@ def block_prefix(runner: ModelRunner, requests: Sequence[Request], stats: Stats,
         keys = cache.keys(ids)
         hit = cache.lookup(keys, (len(ids) - 1) // size)
         row = Row(ids[len(hit) * size :], KV.cat(hit) if hit else None, keep_kv=True)
-        width = max([len(row.ids)] + [len(r.ids) for *_, r in pending])
-        if pending and (len(pending) + 1) * width > runner.token_budget:
+        lengths = [len(row.ids)] + [len(r.ids) for *_, r in pending]
+        if pending and not fits(sum(lengths), len(lengths), max(lengths), runner.token_budget):
             flush()
         pending.append((i, keys, len(hit), row))
     if pending:

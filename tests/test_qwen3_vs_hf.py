@@ -35,14 +35,14 @@ def hf_label_logits(hf, ids: np.ndarray) -> torch.Tensor:
         return hf(torch.from_numpy(ids.astype(np.int64))[None]).logits[0, -1, LABELS]
 
 
-def test_padded_batch_matches_hf(models):
+def test_packed_batch_matches_hf(models):
     ours, hf = models
-    lengths = torch.tensor([17, 5, 40])
-    ids = torch.randint(0, 512, (3, 40))
+    rng = np.random.default_rng(1)
+    rows = [rng.integers(0, 512, n).astype(np.int32) for n in (17, 5, 40)]
+    hidden, _ = ModelRunner(ours).forward([Row(ids) for ids in rows], Stats())
     with torch.inference_mode():
-        hidden, _, _ = ours(ids, lengths)
         got = ours.label_logits(hidden, LABELS)
-    want = torch.stack([hf_label_logits(hf, ids[i, : int(n)].numpy()) for i, n in enumerate(lengths)])
+    want = torch.stack([hf_label_logits(hf, ids) for ids in rows])
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
