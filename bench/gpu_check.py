@@ -65,20 +65,19 @@ def kernels(device: str) -> dict:
         ro, rlse = attend(q.float(), k.float(), v.float(), causal)
         out[f"attend-{'causal' if causal else 'past'}"] = {"out_rel_err": _rel(o, ro), "lse_rel_err": _rel(lse, rlse)}
     lengths = [37, 300, 5, 120, 64]
-    runs = [KV([torch.randn(hkv, c, d, device=device, dtype=torch.bfloat16)], [torch.randn(hkv, c, d, device=device,
-                                                                                          dtype=torch.bfloat16)])
-            for c in (2500, 40)]
-    pasts = [runs[0], runs[0], None, runs[1], runs[1]]
+    runs = [KV([torch.randn(c, hkv, d, device=device, dtype=torch.bfloat16)],
+               [torch.randn(c, hkv, d, device=device, dtype=torch.bfloat16)]) for c in (2500, 40, 700)]
+    pasts = [runs[0], runs[0], None, runs[1], runs[2]]
     t = sum(lengths)
     q = torch.randn(t, h, d, device=device, dtype=torch.bfloat16)
     k = torch.randn(t, hkv, d, device=device, dtype=torch.bfloat16)
     v = torch.randn(t, hkv, d, device=device, dtype=torch.bfloat16)
-    got = attention(q, k, v, Rows.build(lengths, pasts, torch.device(device)), 0)
-    runs32 = [KV([r.keys[0].float()], [r.values[0].float()]) for r in runs]
-    want = attention(q.float(), k.float(), v.float(),
-                     Rows.build(lengths, [None if p is None else runs32[runs.index(p)] for p in pasts],
-                                torch.device(device)), 0)
-    out["shared-prefix-attention"] = {"out_rel_err": _rel(got, want)}
+    as_fp32 = {id(r): KV([r.keys[0].float()], [r.values[0].float()]) for r in runs}
+    for name, chosen in [("one-run", [runs[0], runs[0], None, None, None]), ("several-runs", pasts)]:
+        got = attention(q, k, v, Rows.build(lengths, chosen, torch.device(device)), 0)
+        want = attention(q.float(), k.float(), v.float(),
+                         Rows.build(lengths, [None if p is None else as_fp32[id(p)] for p in chosen], torch.device(device)), 0)
+        out[f"shared-prefix-attention-{name}"] = {"out_rel_err": _rel(got, want)}
     return out
 
 

@@ -29,7 +29,8 @@ class Rows:
     starts: (rows + 1) offsets into the packed tokens; pad_index: (tokens,) the
     flat position of each packed token in a (rows × width) padded layout;
     runs: (first token, end token, KV) for each stretch of consecutive rows that
-    continue one resident KV run.
+    continue one resident KV run; past_index: the packed tokens that continue a
+    run, in run order (None when no row does).
     """
 
     lengths: list[int]
@@ -37,6 +38,7 @@ class Rows:
     width: int
     pad_index: torch.Tensor
     runs: list[tuple[int, int, KV]]
+    past_index: torch.Tensor | None = None
 
     @classmethod
     def build(cls, lengths: list[int], pasts: list[KV | None], device: torch.device) -> "Rows":
@@ -53,7 +55,8 @@ class Rows:
                 runs[-1] = (runs[-1][0], starts[b + 1], past)
             else:
                 runs.append((starts[b], starts[b + 1], past))
-        return cls(lengths, starts, width, pad_index, runs)
+        past_index = torch.cat([torch.arange(a, e) for a, e, _ in runs]).to(device) if runs else None
+        return cls(lengths, starts, width, pad_index, runs, past_index)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """(tokens, heads, d) packed → (rows, heads, width, d) right-padded with zeros."""
@@ -92,6 +95,34 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> t
     return out, lse.view(q.shape[:3])
 
 
+def over_runs(q: torch.Tensor, rows: Rows, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of the tokens in rows.past_index to their runs' keys (non-causal): (n, h, d), (n, h).
+
+    One run: one cuDNN call. Several: one flash varlen call over the runs' keys
+    laid end to end. fp32: the reference, run by run.
+    """
+    def packed(t: torch.Tensor) -> torch.Tensor:  # (n, h, d) → (1, h, n, d) view
+        return t.transpose(0, 1)[None]
+
+    if len(rows.runs) == 1 or not _fused(q):
+        outs, lses = [], []
+        for first, end, run in rows.runs:
+            out, lse = attend(packed(q[first:end]), packed(run.keys[layer]), packed(run.values[layer]), causal=False)
+            outs.append(out[0].transpose(0, 1))
+            lses.append(lse[0].transpose(0, 1))
+        return torch.cat(outs), torch.cat(lses)
+    keys = torch.cat([run.keys[layer] for *_, run in rows.runs])
+    values = torch.cat([run.values[layer] for *_, run in rows.runs])
+    q_lengths = [end - first for first, end, _ in rows.runs]
+    k_lengths = [len(run) for *_, run in rows.runs]
+    cu_q = torch.tensor([0, *q_lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(q.device, non_blocking=True)
+    cu_k = torch.tensor([0, *k_lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(q.device, non_blocking=True)
+    out, lse = torch.ops.aten._flash_attention_forward(
+        q[rows.past_index], keys, values, cu_q, cu_k, max(q_lengths), max(k_lengths), 0.0, False, False,
+        scale=q.shape[-1] ** -0.5)[:2]
+    return out, lse.transpose(0, 1)
+
+
 def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
     """Two partial attentions over disjoint key sets as one: o (n, h, d), lse (n, h)."""
     lse = torch.logaddexp(lse1, lse2)
@@ -110,8 +141,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
         return rows.unpad(F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True))
     own, own_lse = attend(qp, kp, vp, causal=True)
     out, lse = rows.unpad(own), rows.unpad(own_lse[..., None])[..., 0]
-    for first, end, run in rows.runs:
-        past, past_lse = attend(q[first:end].transpose(0, 1)[None], run.keys[layer][None], run.values[layer][None],
-                                causal=False)
-        out[first:end] = merge(out[first:end], lse[first:end], past[0].transpose(0, 1), past_lse[0].transpose(0, 1))
+    past, past_lse = over_runs(q, rows, layer)
+    index = rows.past_index
+    out[index] = merge(out[index], lse[index], past, past_lse)
     return out

@@ -82,8 +82,7 @@ class ModelRunner:
         kept: list[KV | None] = []
         for b, row in enumerate(rows):
             a, e = layout.starts[b], layout.starts[b + 1]
-            kept.append(KV([k[a:e].transpose(0, 1).contiguous() for k in keys],
-                           [v[a:e].transpose(0, 1).contiguous() for v in values]) if row.keep_kv else None)
+            kept.append(KV([k[a:e].clone() for k in keys], [v[a:e].clone() for v in values]) if row.keep_kv else None)
         resident = [len(r.past) if r.past is not None else 0 for r in rows]
         stats.forward_passes += 1
         stats.fresh_tokens += sum(lengths)
