@@ -57,13 +57,13 @@ def kernels(device: str) -> dict:
     torch.manual_seed(1)
     h, hkv, d = 32, 8, 128
     out = {}
-    for causal, n, m in [(True, 300, 300), (False, 700, 2500)]:
+    for causal, n, m in [(True, 300, 300), (False, 700, 2500), (True, 15, 15), (False, 12, 40)]:
         q = torch.randn(2, h, n, d, device=device, dtype=torch.bfloat16)
         k = torch.randn(2, hkv, m, d, device=device, dtype=torch.bfloat16)
         v = torch.randn(2, hkv, m, d, device=device, dtype=torch.bfloat16)
         o, lse = attend(q, k, v, causal)
         ro, rlse = attend(q.float(), k.float(), v.float(), causal)
-        out[f"attend-{'causal' if causal else 'past'}"] = {"out_rel_err": _rel(o, ro), "lse_rel_err": _rel(lse, rlse)}
+        out[f"attend-{'causal' if causal else 'past'}-{n}x{m}"] = {"out_rel_err": _rel(o, ro), "lse_rel_err": _rel(lse, rlse)}
     lengths = [37, 300, 5, 120, 64]
     runs = [KV([torch.randn(c, hkv, d, device=device, dtype=torch.bfloat16)],
                [torch.randn(c, hkv, d, device=device, dtype=torch.bfloat16)]) for c in (2500, 40, 700)]

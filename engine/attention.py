@@ -15,6 +15,7 @@ algorithm in plain torch, exact to float round-off.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -61,35 +62,49 @@ class Rows:
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """(tokens, heads, d) packed → (rows, heads, width, d) right-padded with zeros."""
         out = x.new_zeros(len(self.lengths) * self.width, *x.shape[1:])
-        out[self.pad_index] = x
+        out.index_copy_(0, self.pad_index, x)
         return out.view(len(self.lengths), self.width, *x.shape[1:]).transpose(1, 2)
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """(rows, heads, width, ...) → (tokens, heads, ...)."""
         x = x.transpose(1, 2)
-        return x.reshape(-1, *x.shape[2:])[self.pad_index]
+        return x.reshape(-1, *x.shape[2:]).index_select(0, self.pad_index)
+
+
+SMALL = 64  # rows and runs at most this long: attention by two matmuls (kernels tile 64+ queries per row)
 
 
 def _fused(q: torch.Tensor) -> bool:
     return q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
 
 
-def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention in fp32 with its log-sum-exp: q (b, h, n, d), k/v (b, h_kv, m, d)."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1).float(), v.repeat_interleave(group, 1).float()
-    scores = (q.float() @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+def _matmuls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention as two matmuls in the inputs' dtype, softmax and log-sum-exp in fp32.
+
+    q (b, h, n, d), k/v (b, h_kv, m, d): the q heads of one kv head are stacked
+    (h = h_kv · group, head i reads kv head i // group), so k and v are never
+    repeated. Causal: bottom-right aligned (query i sees keys up to m − n + i).
+    """
+    b, h, n, d = q.shape
+    kv_heads, m = k.shape[1], k.shape[2]
+    group = h // kv_heads
+    scores = (q.reshape(b, kv_heads, group * n, d) @ k.transpose(-1, -2)).float() * d ** -0.5
     if causal:
-        n, m = scores.shape[-2:]
-        scores = scores.masked_fill(~torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n), float("-inf"))
-    lse = torch.logsumexp(scores, -1)
-    return (torch.softmax(scores, -1) @ v).to(q.dtype), lse
+        allowed = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n).repeat(group, 1)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(scores, -1, keepdim=True)
+    out = torch.exp(scores - lse).to(v.dtype) @ v
+    return out.view(b, h, n, d), lse.view(b, h, n)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention output (b, h, n, d) and log-sum-exp (b, h, n) in fp32; k/v may have fewer heads (GQA)."""
-    if not _fused(q):
-        return _reference(q, k, v, causal)
+    """Attention output (b, h, n, d) and log-sum-exp (b, h, n) in fp32; k/v may have fewer heads (GQA).
+
+    cuDNN for bf16/fp16 on CUDA, unless every row is short; else two matmuls
+    (fp32: the reference, exact to round-off).
+    """
+    if not _fused(q) or max(q.shape[2], k.shape[2]) <= SMALL:
+        return _matmuls(q, k, v, causal)
     out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
         q, k, v, None, True, 0.0, causal, False, scale=q.shape[-1] ** -0.5)[:2]
     return out, lse.view(q.shape[:3])
@@ -118,7 +133,7 @@ def over_runs(q: torch.Tensor, rows: Rows, layer: int) -> tuple[torch.Tensor, to
     cu_q = torch.tensor([0, *q_lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(q.device, non_blocking=True)
     cu_k = torch.tensor([0, *k_lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(q.device, non_blocking=True)
     out, lse = torch.ops.aten._flash_attention_forward(
-        q[rows.past_index], keys, values, cu_q, cu_k, max(q_lengths), max(k_lengths), 0.0, False, False,
+        q.index_select(0, rows.past_index), keys, values, cu_q, cu_k, max(q_lengths), max(k_lengths), 0.0, False, False,
         scale=q.shape[-1] ** -0.5)[:2]
     return out, lse.transpose(0, 1)
 
@@ -130,18 +145,22 @@ def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Te
             .to(o1.dtype))
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, layer: int) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, layer: int,
+              merger: Callable[..., torch.Tensor] = merge) -> torch.Tensor:
     """Packed q (tokens, heads, d) and k/v (tokens, kv_heads, d) → output (tokens, heads, d).
 
     Each row attends causally to its own tokens and, where it continues a
-    resident run, to all of that run's keys in `layer`.
+    resident run, to all of that run's keys in `layer`; `merger` is `merge` or
+    a compiled (fused) version of it.
     """
     qp, kp, vp = rows.pad(q), rows.pad(k), rows.pad(v)
-    if not rows.runs:
+    if not rows.runs and (not _fused(q) or rows.width > SMALL):
         return rows.unpad(F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True))
     own, own_lse = attend(qp, kp, vp, causal=True)
-    out, lse = rows.unpad(own), rows.unpad(own_lse[..., None])[..., 0]
-    past, past_lse = over_runs(q, rows, layer)
+    out = rows.unpad(own)
+    if not rows.runs:
+        return out
     index = rows.past_index
-    out[index] = merge(out[index], lse[index], past, past_lse)
-    return out
+    lse = rows.unpad(own_lse[..., None])[..., 0].index_select(0, index)
+    past, past_lse = over_runs(q, rows, layer)
+    return out.index_copy_(0, index, merger(out.index_select(0, index), lse, past, past_lse))

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import Rows, attention
+from .attention import Rows, attention, merge
 from .config import ModelConfig
 
 
@@ -113,16 +113,18 @@ class Decoder(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.tie_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self._qkv, self._finish = DecoderLayer.qkv, DecoderLayer.finish
+        self._qkv, self._finish, self._merge = DecoderLayer.qkv, DecoderLayer.finish, merge
 
     def compile_layers(self) -> None:
         """Compile the token-wise parts of a layer (one graph for every layer, any token count).
 
         Inductor fuses the norms, rotary embedding, residual adds, SiLU·mul and
-        (fp8) the activation quantization into Triton kernels around the GEMMs.
+        (fp8) the activation quantization into Triton kernels around the GEMMs,
+        and the log-sum-exp merge of shared-prefix attention into one kernel.
         """
         self._qkv = torch.compile(DecoderLayer.qkv, dynamic=True)
         self._finish = torch.compile(DecoderLayer.finish, dynamic=True)
+        self._merge = torch.compile(merge, dynamic=True)
 
     def head_weight(self) -> torch.Tensor:
         """The output projection (vocab, hidden), tied to the embeddings where the model says so."""
@@ -142,7 +144,7 @@ class Decoder(nn.Module):
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
-            x = self._finish(layer, x, attention(q, k, v, rows, i))
+            x = self._finish(layer, x, attention(q, k, v, rows, i, self._merge))
             if keep_kv:
                 keys.append(k)
                 values.append(v)
