@@ -148,26 +148,6 @@ def run(args: argparse.Namespace) -> Path:
         for name, table in tables.items():
             sessions[engine].register(name, table)
     results: dict[str, Any] = {}
-    for query in args.queries:
-        sql = query_text(query)
-        entry: dict[str, Any] = {"sql": sql, "engines": {}}
-        try:
-            reference, _ = run_query(sessions["quail"], sql) if "quail" in sessions else (None, None)
-        except QuailError as err:
-            entry["error"] = str(err)
-            results[query] = entry
-            print(f"{query}: not run: {err}", file=sys.stderr)
-            continue
-        for engine, session in sessions.items():
-            started = time.perf_counter()
-            rows, report = run_query(session, sql)
-            out = figures(rows, report, args.usd_per_gpu_hour)
-            out["agree"] = agreement(rows, reference) if reference is not None else None
-            entry["engines"][engine] = out
-            print(f"{query} {engine}: {out['wall_s']:.2f}s rows={out['rows']} agree={out['agree']} "
-                  f"logical={out['logical_tokens']} fresh={out['fresh_tokens']} "
-                  f"sol={out['sol_fraction']} ({time.perf_counter() - started:.1f}s)", file=sys.stderr)
-        results[query] = entry
     now = dt.datetime.now(dt.timezone.utc)
     commit = args.git_commit or git_commit()
     short_device = args.sol_device or ("cpu" if args.device == "cpu" else "gpu")
@@ -188,7 +168,28 @@ def run(args: argparse.Namespace) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = f"-{args.tag}" if args.tag else ""
     path = out_dir / f"{now:%Y-%m-%d}-{short_device}-{model_name}-{args.precision}-{commit[:7]}{tag}.json"
-    path.write_text(json.dumps(document, indent=1, default=float) + "\n")
+    for query in args.queries:
+        sql = query_text(query)
+        entry: dict[str, Any] = {"sql": sql, "engines": {}}
+        try:
+            reference, _ = run_query(sessions["quail"], sql) if "quail" in sessions else (None, None)
+        except QuailError as err:
+            entry["error"] = str(err)
+            results[query] = entry
+            path.write_text(json.dumps(document, indent=1, default=float) + "\n")
+            print(f"{query}: not run: {err}", file=sys.stderr)
+            continue
+        for engine, session in sessions.items():
+            started = time.perf_counter()
+            rows, report = run_query(session, sql)
+            out = figures(rows, report, args.usd_per_gpu_hour)
+            out["agree"] = agreement(rows, reference) if reference is not None else None
+            entry["engines"][engine] = out
+            print(f"{query} {engine}: {out['wall_s']:.2f}s rows={out['rows']} agree={out['agree']} "
+                  f"logical={out['logical_tokens']} fresh={out['fresh_tokens']} "
+                  f"sol={out['sol_fraction']} ({time.perf_counter() - started:.1f}s)", file=sys.stderr)
+        results[query] = entry
+        path.write_text(json.dumps(document, indent=1, default=float) + "\n")  # after each query: a cut run keeps its part
     return path
 
 

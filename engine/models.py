@@ -108,7 +108,11 @@ def _dummy(shape: str) -> Decoder:
     if shape not in DUMMY_SHAPES:
         raise NotFound(f"unknown dummy shape {shape!r}; use one of {', '.join(DUMMY_SHAPES)}")
     torch.manual_seed(0)
-    return Decoder(DUMMY_SHAPES[shape])
+    model = Decoder(DUMMY_SHAPES[shape])
+    for name, param in model.named_parameters():  # as HF initializes: normal(0, 0.02), norms at one
+        if not name.endswith("norm.weight"):
+            param.data.normal_(0.0, 0.02)
+    return model
 
 
 def _loaded(config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> Decoder:
@@ -135,7 +139,8 @@ def load_runtime(config: EngineConfig | None = None) -> Runtime:
         raise InvalidArgument(f"precision {config.precision!r} is not available; use one of {', '.join(DTYPES)}")
     if config.model and config.model.startswith("dummy:"):
         shape = config.model.removeprefix("dummy:")
-        with building_on(config.device, DTYPES[config.precision]):
+        # Drawn in fp32 whatever the precision, so every precision rounds the same weights.
+        with building_on(config.device, torch.float32):
             model = _dummy(shape)
         tokenizer, frame = _tokenizer_and_frame(config.tokenizer)
         return _runtime(f"dummy-{shape}", prepare(model, config), tokenizer, frame, config)
