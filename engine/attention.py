@@ -122,12 +122,14 @@ def over_runs(q: torch.Tensor, rows: Rows, layer: int) -> tuple[torch.Tensor, to
     if len(rows.runs) == 1 or not _fused(q):
         outs, lses = [], []
         for first, end, run in rows.runs:
-            out, lse = attend(packed(q[first:end]), packed(run.keys[layer]), packed(run.values[layer]), causal=False)
+            keys, values = run.layer(layer)
+            out, lse = attend(packed(q[first:end]), packed(keys), packed(values), causal=False)
             outs.append(out[0].transpose(0, 1))
             lses.append(lse[0].transpose(0, 1))
         return torch.cat(outs), torch.cat(lses)
-    keys = torch.cat([run.keys[layer] for *_, run in rows.runs])
-    values = torch.cat([run.values[layer] for *_, run in rows.runs])
+    pieces = [piece for *_, run in rows.runs for piece in run.chunks()]
+    keys = torch.cat([piece.keys[layer] for piece in pieces])
+    values = torch.cat([piece.values[layer] for piece in pieces])
     q_lengths = [end - first for first, end, _ in rows.runs]
     k_lengths = [len(run) for *_, run in rows.runs]
     cu_q = torch.tensor([0, *q_lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(q.device, non_blocking=True)

@@ -9,21 +9,38 @@ import torch
 
 @dataclass(eq=False)
 class KV:
-    """Keys and values per layer, each (tokens, kv_heads, head_dim): the packed layout of a forward pass."""
+    """Keys and values per layer, each (tokens, kv_heads, head_dim), continuing the run `before`.
+
+    A longer prefix refers to its shorter prefix's KV instead of copying it, so
+    every sibling below a radix node shares the node's KV by reference.
+    """
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    before: "KV | None" = None
 
     def __len__(self) -> int:
-        return self.keys[0].shape[0]
+        return self.keys[0].shape[0] + (len(self.before) if self.before is not None else 0)
+
+    def chunks(self) -> list["KV"]:
+        """The run's pieces, first to last."""
+        out, node = [], self
+        while node is not None:
+            out.append(node)
+            node = node.before
+        return out[::-1]
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys, values) of the whole run in one layer: (tokens, kv_heads, head_dim) each."""
+        if self.before is None:
+            return self.keys[index], self.values[index]
+        parts = self.chunks()
+        return torch.cat([p.keys[index] for p in parts]), torch.cat([p.values[index] for p in parts])
+
+    def then(self, after: "KV") -> "KV":
+        """This run followed by `after` (a run of its own), sharing this run's tensors."""
+        return KV(after.keys, after.values, self)
 
     def slice(self, start: int, end: int) -> "KV":
+        """Tokens [start, end) of a single-piece run."""
         return KV([k[start:end] for k in self.keys], [v[start:end] for v in self.values])
-
-    @staticmethod
-    def cat(parts: list["KV"]) -> "KV":
-        """One run from consecutive runs (copies)."""
-        if len(parts) == 1:
-            return parts[0]
-        return KV([torch.cat(ks) for ks in zip(*(p.keys for p in parts))],
-                  [torch.cat(vs) for vs in zip(*(p.values for p in parts))])

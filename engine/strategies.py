@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import OrderedDict
 from typing import Callable, Sequence
@@ -44,7 +45,7 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
                 for i in child.ends:
                     hidden[i] = h
                 if child.children:
-                    inner.append((child, new if kv is None else KV.cat([kv, new])))
+                    inner.append((child, new if kv is None else kv.then(new)))
             if inner:
                 visit(inner)
 
@@ -122,7 +123,7 @@ def block_prefix(runner: ModelRunner, requests: Sequence[Request], stats: Stats,
         ids = request.ids()
         keys = cache.keys(ids)
         hit = cache.lookup(keys, (len(ids) - 1) // size)
-        row = Row(ids[len(hit) * size :], KV.cat(hit) if hit else None, keep_kv=True)
+        row = Row(ids[len(hit) * size :], functools.reduce(KV.then, hit) if hit else None, keep_kv=True)
         lengths = [len(row.ids)] + [len(r.ids) for *_, r in pending]
         if pending and not fits(sum(lengths), len(lengths), max(lengths), runner.token_budget):
             flush()
