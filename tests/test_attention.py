@@ -1,0 +1,54 @@
+"""Packed attention with resident runs (shared by reference, chained) against dense attention row by row."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from quail.engine.attention import Rows, attend, attention
+from quail.engine.kv import KV
+
+H, HKV, D = 4, 2, 16
+
+
+def _kv(n: int) -> KV:
+    return KV([torch.randn(n, HKV, D)], [torch.randn(n, HKV, D)])
+
+
+def _dense(q, k, v, past: KV | None) -> torch.Tensor:
+    """One row: causal over its own tokens after every key of its past, by SDPA with an explicit mask."""
+    if past is not None:
+        pk, pv = past.layer(0)
+        k, v = torch.cat([pk, k]), torch.cat([pv, v])
+    n, m = q.shape[0], k.shape[0]
+    mask = torch.ones(n, m, dtype=torch.bool).tril(m - n)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                         attn_mask=mask, enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+def test_rows_after_shared_and_chained_runs_match_dense_attention():
+    torch.manual_seed(0)
+    anchor = _kv(11)
+    chained = anchor.then(_kv(6))  # a longer prefix that refers to the anchor instead of copying it
+    assert len(chained) == 17 and chained.chunks()[0] is anchor
+    lengths = [5, 9, 3, 7, 1, 4]
+    pasts = [chained, chained, None, anchor, _kv(2), chained]
+    q = torch.randn(sum(lengths), H, D)
+    k, v = torch.randn(sum(lengths), HKV, D), torch.randn(sum(lengths), HKV, D)
+    got = attention(q, k, v, Rows.build(lengths, pasts, torch.device("cpu")), 0)
+    start = 0
+    for n, past in zip(lengths, pasts):
+        rows = slice(start, start + n)
+        torch.testing.assert_close(got[rows], _dense(q[rows], k[rows], v[rows], past), atol=1e-5, rtol=1e-5)
+        start += n
+
+
+def test_attend_returns_the_log_sum_exp():
+    torch.manual_seed(1)
+    q, k, v = torch.randn(2, H, 6, D), torch.randn(2, HKV, 9, D), torch.randn(2, HKV, 9, D)
+    out, lse = attend(q, k, v, causal=True)
+    scores = q @ k.repeat_interleave(H // HKV, 1).transpose(-1, -2) / D ** 0.5
+    scores = scores.masked_fill(~torch.ones(6, 9, dtype=torch.bool).tril(3), float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(scores, -1))
+    torch.testing.assert_close(out, torch.softmax(scores, -1) @ v.repeat_interleave(H // HKV, 1))
