@@ -1,7 +1,9 @@
 """From SQL text to a physical plan: parse, bind, push relational work below AI work, emit steps.
 
-Queries without AI functions run in DuckDB as they are. A SELECT with AI
-functions is planned around its AI core:
+Queries without AI functions run in DuckDB as they are. AI functions inside
+CTEs, derived tables and subqueries are planned first, innermost out, each
+SELECT materialized (subqueries.py). A SELECT with AI functions is planned
+around its AI core:
 
 1. each table of the FROM clause (inner joins only) becomes a *core*: its rows
    that pass the conditions on that table alone, relational ones first (they
@@ -20,7 +22,7 @@ several in the join layout with {0} as the anchor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from sqlglot import exp
@@ -32,6 +34,7 @@ from quail.engine.physical import AIFilterChain, AIStep, PhysicalPlan, SQLStep, 
 from .ai_functions import AICall, ai_calls, ai_name, ancestors, bind, contains_ai
 from .binder import bind_parameters, bind_tables
 from .dialects import DEFAULT_DIALECT, normalize, parse_statement, position
+from .subqueries import Names, Scope, ctes_of, innermost_ai_select, output_columns, reading
 
 RESULT = "__quail_result"
 ROW_ID = "__quail_rid"
@@ -48,9 +51,47 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
     tables = bind_tables(tree, catalog)
     parameters = bind_parameters(tree, params)
     normalize(tree)
-    if not ai_calls(tree):
-        return PhysicalPlan((SQLStep(tree.sql("duckdb"), RESULT),), tables, RESULT, parameters)
-    return replace(AICorePlanner(tree, catalog, tables).plan(), parameters=parameters)
+    names, scope, steps = Names(), Scope(catalog), []
+    while (inner := innermost_ai_select(tree)) is not None:
+        name = names.fresh("sub")
+        steps += _plan_select(inner, tree, scope, names, name)
+        inner.replace(reading(name))
+    if ai_calls(tree):
+        steps += _plan_select(tree, tree, scope, names, RESULT)
+    else:
+        steps.append(SQLStep(tree.sql("duckdb"), RESULT))
+    return PhysicalPlan(tuple(steps), tables, RESULT, parameters)
+
+
+def _plan_select(select: exp.Query, root: exp.Query, scope: Scope, names: Names, result: str) -> list[Step]:
+    """Steps computing one SELECT with AI calls into `result`; its columns join the scope."""
+    if not isinstance(select, exp.Select) or select.args.get("from_") is None:
+        raise InvalidArgument(f"an AI function outside a SELECT ... FROM is not supported yet"
+                              f"{position(ai_calls(select)[0])}")
+    steps = _materialize_sources(select, root, scope, names)
+    scope.add(result, output_columns(select, scope))
+    return steps + AICorePlanner(select, scope, names, result).plan()
+
+
+def _materialize_sources(select: exp.Select, root: exp.Query, scope: Scope, names: Names) -> list[Step]:
+    """Derived tables and CTE references in a SELECT's FROM become materialized relations."""
+    ctes = ctes_of(root)
+    steps: list[Step] = []
+    sources = [select.args["from_"].this] + [j.this for j in select.args.get("joins") or []]
+    for source in sources:
+        if isinstance(source, exp.Subquery):
+            query = source.this
+        elif isinstance(source, exp.Table) and source.name.lower() in ctes and not source.db:
+            query = exp.select(exp.Star()).from_(exp.Table(this=exp.to_identifier(source.name)))
+            query.set("with_", root.args["with_"].copy())
+        else:
+            continue
+        name = names.fresh("from")
+        steps.append(SQLStep(query.sql("duckdb"), name))
+        scope.add(name, output_columns(query, scope) if isinstance(source, exp.Subquery)
+                  else output_columns(ctes[source.name.lower()].this, scope))
+        source.replace(_table(name, source.alias_or_name))
+    return steps
 
 
 def conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:
@@ -103,16 +144,15 @@ class Condition:
 class AICorePlanner:
     """Plans one SELECT with AI functions (see the module docstring)."""
 
-    def __init__(self, select: exp.Query, catalog: Catalog, tables: tuple[str, ...]) -> None:
+    def __init__(self, select: exp.Select, catalog: Catalog | Scope, names: Names, result: str) -> None:
         self.select = select
         self.catalog = catalog
-        self.tables = tables
+        self.names = names
+        self.result = result
         self.steps: list[Step] = []
-        self.names = 0
 
     def _name(self, stem: str) -> str:
-        self.names += 1
-        return f"__quail_{stem}_{self.names}"
+        return self.names.fresh(stem)
 
     def _unsupported(self, node: exp.Expression, what: str) -> InvalidArgument:
         return InvalidArgument(f"{what} is not supported yet{position(node)}")
@@ -121,15 +161,6 @@ class AICorePlanner:
 
     def _relations(self) -> list[Relation]:
         select = self.select
-        first_call = ai_calls(select)[0]
-        if not isinstance(select, exp.Select) or select.args.get("from_") is None:
-            raise self._unsupported(first_call, "an AI function outside a SELECT ... FROM")
-        for call in ai_calls(select):
-            scope = call.parent
-            while scope is not select:
-                if isinstance(scope, (exp.Subquery, exp.Select, exp.CTE, exp.Union)):
-                    raise self._unsupported(call, "an AI function inside a subquery or CTE")
-                scope = scope.parent
         sources = [select.args["from_"].this] + [j.this for j in select.args.get("joins") or []]
         for join in select.args.get("joins") or []:
             if join.side or join.args.get("using") or join.kind not in ("", "INNER", "CROSS"):
@@ -137,7 +168,7 @@ class AICorePlanner:
         relations = []
         for source in sources:
             if not isinstance(source, exp.Table) or not self.catalog.has(source.name):
-                raise self._unsupported(source, "a derived table or CTE in a query with AI functions")
+                raise self._unsupported(source, "this kind of FROM source in a query with AI functions")
             alias = source.alias_or_name
             columns = {n.lower() for n in self.catalog.schema(source.name).names}
             relations.append(Relation(alias, source, columns))
@@ -192,7 +223,7 @@ class AICorePlanner:
 
     # -- planning --------------------------------------------------------------------------
 
-    def plan(self) -> PhysicalPlan:
+    def plan(self) -> list[Step]:
         relations = self._relations()
         conditions = self._conditions(relations)
         values = self._ai_values(relations, conditions)
@@ -214,8 +245,8 @@ class AICorePlanner:
         final.set("joins", joins or None)
         final.set("where", None)
         self._hide_internal_columns(final, relations)
-        self.steps.append(SQLStep(final.sql("duckdb"), RESULT))
-        return PhysicalPlan(tuple(self.steps), self.tables, RESULT)
+        self.steps.append(SQLStep(final.sql("duckdb"), self.result))
+        return self.steps
 
     def _ai_values(self, relations: list[Relation], conditions: list[Condition]) -> dict[int, tuple[str, AICall]]:
         """AI calls that are values (not top-level filter conditions), replaced in the tree by columns.
@@ -279,7 +310,7 @@ class AICorePlanner:
         projection: list[exp.Expression] = [exp.Column(this=exp.Star(), table=_ident(alias)),
                                              exp.alias_(exp.Window(this=exp.RowNumber()), ROW_ID, quoted=True)]
         for k, (call, _, _) in enumerate(asks):
-            names = tuple(f"__quail_arg_{self.names}_{k}_{j}" for j in range(len(call.args)))
+            names = tuple(f"__quail_arg_{self.names.count}_{k}_{j}" for j in range(len(call.args)))
             args.append(names)
             projection += [exp.alias_(exp.cast(a.copy(), exp.DataType.build("VARCHAR")), n, quoted=True)
                            for a, n in zip(call.args, names)]
@@ -358,7 +389,7 @@ class AICorePlanner:
         call = condition.call
         index = {r.alias: i for i, r in enumerate(relations)}
         slots = [self._slot(index[a]) for a in sorted(condition.refs, key=index.get)]
-        names = tuple(f"__quail_arg_{self.names}_{j}" for j in range(len(call.args)))
+        names = tuple(f"__quail_arg_{self.names.count}_{j}" for j in range(len(call.args)))
         query = exp.select(*(_col(TUPLES, s) for s in slots),
                            *(exp.alias_(exp.cast(a.copy(), exp.DataType.build("VARCHAR")), n, quoted=True)
                              for a, n in zip(call.args, names))).distinct().from_(_table(tuples, TUPLES))

@@ -159,3 +159,36 @@ def test_limit_reaches_the_model(runtime):
     ordered = session.sql(f"SELECT id FROM many WHERE AI_FILTER(PROMPT('{FILTER}', body), {OPTS}) "
                           "ORDER BY id DESC LIMIT 10")
     assert not any(isinstance(s, AIFilterChain) for s in ordered.plan.steps), "ORDER BY needs every row scored"
+
+
+def complaints(session) -> list[int]:
+    """Ids of the reviews the FILTER question holds for, evaluated independently."""
+    return [r["id"] for r in REVIEWS.to_pylist()
+            if r["body"] is not None and decide(session.runtime, FILTER, "filter", [r["body"]])]
+
+
+@pytest.mark.parametrize("sql", [
+    "WITH bad AS (SELECT id, stars FROM reviews WHERE AI_FILTER(PROMPT('{F}', body), {O})) "
+    "SELECT id FROM bad ORDER BY id",
+    "SELECT id FROM (SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{F}', body), {O})) AS b ORDER BY id",
+    "SELECT id FROM reviews WHERE id IN (SELECT id FROM reviews WHERE AI_FILTER(PROMPT('{F}', body), {O})) "
+    "ORDER BY id",
+    "WITH r AS (SELECT * FROM reviews WHERE stars > 0) "
+    "SELECT id FROM r WHERE AI_FILTER(PROMPT('{F}', body), {O}) ORDER BY id",
+    "WITH r AS (SELECT * FROM reviews), bad AS (SELECT id FROM r WHERE AI_FILTER(PROMPT('{F}', body), {O})) "
+    "SELECT id FROM bad ORDER BY id",
+], ids=["cte", "derived-table", "in-subquery", "ai-over-a-cte", "cte-over-a-cte"])
+def test_ai_in_ctes_and_subqueries_keeps_rows(session, sql):
+    """Wrapping the filter in a CTE, a derived table or a subquery leaves the rows as they are."""
+    assert rows(session, sql.format(F=FILTER, O=OPTS)) == [(i,) for i in complaints(session)]
+
+
+def test_outer_join_and_union_around_ai(session):
+    hits = set(complaints(session))
+    got = rows(session, f"SELECT a.id, b.id FROM reviews a LEFT JOIN "
+                        f"(SELECT id FROM reviews WHERE AI_FILTER(PROMPT('{FILTER}', body), {OPTS})) b "
+                        "ON a.id = b.id ORDER BY a.id")
+    assert got == [(i, i if i in hits else None) for i in range(len(REVIEWS))]
+    union = rows(session, f"SELECT id FROM reviews WHERE AI_FILTER(PROMPT('{FILTER}', body), {OPTS}) "
+                          "UNION ALL SELECT id FROM reviews WHERE stars = 5 ORDER BY id")
+    assert union == sorted((i,) for i in list(hits) + [r["id"] for r in REVIEWS.to_pylist() if r["stars"] == 5])

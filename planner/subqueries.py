@@ -1,0 +1,99 @@
+"""AI work inside CTEs, derived tables and subqueries: each such SELECT is planned on its own, first.
+
+The innermost SELECT holding AI calls is planned like a top-level query and its
+result materialized under a fresh name; in the tree it becomes
+`SELECT * FROM <name>`, so every reader (an outer FROM, a CTE, an IN list, a
+scalar subquery, a UNION branch) sees a relation. When the outer query still
+asks the model, its FROM sources that are not stored tables are materialized
+too, so the outer AI core plans over relations with known columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from sqlglot import exp
+
+from quail.engine.catalog import Catalog
+from quail.engine.errors import InvalidArgument
+
+from .ai_functions import ai_name, ancestors
+from .dialects import position
+
+
+@dataclass
+class Names:
+    """Fresh names for a query's intermediate relations, shared by every SELECT planned in it."""
+
+    count: int = 0
+
+    def fresh(self, stem: str) -> str:
+        self.count += 1
+        return f"__quail_{stem}_{self.count}"
+
+
+@dataclass
+class Scope:
+    """The catalog seen by one SELECT: stored tables plus the relations materialized before it."""
+
+    catalog: Catalog
+    columns: dict[str, list[str]] = field(default_factory=dict)
+
+    def has(self, name: str) -> bool:
+        return name.lower() in self.columns or self.catalog.has(name)
+
+    def schema(self, name: str) -> pa.Schema:
+        if name.lower() in self.columns:
+            return pa.schema([(c, pa.null()) for c in self.columns[name.lower()]])
+        return self.catalog.schema(name)
+
+    def add(self, name: str, columns: list[str]) -> None:
+        self.columns[name.lower()] = columns
+
+
+def innermost_ai_select(root: exp.Expression) -> exp.Select | None:
+    """A SELECT below the root whose AI calls are its own (in no deeper SELECT), or None."""
+    for node in root.walk():
+        if ai_name(node):
+            owner = next((a for a in ancestors(node) if isinstance(a, exp.Select)), None)
+            if owner is not None and owner is not root:
+                return owner
+    return None
+
+
+def reading(name: str) -> exp.Select:
+    """`SELECT * FROM name`: what replaces a materialized SELECT in the tree."""
+    return exp.select(exp.Star()).from_(exp.Table(this=exp.to_identifier(name, quoted=True)))
+
+
+def output_columns(select: exp.Query, scope: Scope) -> list[str]:
+    """The column names a SELECT returns, stars expanded over its FROM sources."""
+    if not isinstance(select, exp.Select):
+        return output_columns(select.this, scope) if isinstance(select, exp.SetOperation) else []
+    sources = [select.args["from_"].this] if select.args.get("from_") else []
+    sources += [j.this for j in select.args.get("joins") or []]
+    out: list[str] = []
+    for item in select.expressions:
+        star_of = item.table if isinstance(item, exp.Column) and isinstance(item.this, exp.Star) else None
+        if isinstance(item, exp.Star) or star_of is not None:
+            for source in sources:
+                if star_of and source.alias_or_name.lower() != star_of.lower():
+                    continue
+                out += _source_columns(source, scope)
+        elif item.output_name:
+            out.append(item.output_name)
+    return out
+
+
+def _source_columns(source: exp.Expression, scope: Scope) -> list[str]:
+    if isinstance(source, exp.Table) and scope.has(source.name):
+        return list(scope.schema(source.name).names)
+    if isinstance(source, exp.Subquery):
+        return output_columns(source.this, scope)
+    raise InvalidArgument(f"cannot tell the columns of {source.sql()}{position(source)}")
+
+
+def ctes_of(root: exp.Query) -> dict[str, exp.CTE]:
+    with_ = root.args.get("with_")
+    return {cte.alias_or_name.lower(): cte for cte in (with_.expressions if with_ else [])}
