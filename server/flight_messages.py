@@ -7,6 +7,8 @@ from .protobuf import build_messages
 SERVICE = "arrow.flight.protocol.FlightService"
 DESCRIPTOR_PATH, DESCRIPTOR_CMD = 1, 2
 CANCEL_STATUS_UNSPECIFIED, CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING, CANCEL_STATUS_NOT_CANCELLABLE = 0, 1, 2, 3
+OPTION_INVALID_NAME, OPTION_INVALID_VALUE = 1, 2
+SESSION_CLOSED = 1
 
 _SPECS = {
     "HandshakeRequest": [("protocol_version", 1, "uint64", ""), ("payload", 2, "bytes", "")],
@@ -43,6 +45,19 @@ _SPECS = {
         ("data_body", 1000, "bytes", ""),
     ],
     "PutResult": [("app_metadata", 1, "bytes", "")],
+    # Session options. The value's oneof members are declared optional (the same wire format, with
+    # presence); a map<K, V> is declared as its wire form, repeated entries of key = 1, value = 2.
+    "SessionOptionValue": [("string_value", 1, "string", "optional"), ("bool_value", 2, "bool", "optional"),
+                           ("int64_value", 3, "sfixed64", "optional"), ("double_value", 4, "double", "optional"),
+                           ("string_list_value", 5, ".StringListValue", "")],
+    "StringListValue": [("values", 1, "string", "repeated")],
+    "SessionOptionEntry": [("key", 1, "string", ""), ("value", 2, ".SessionOptionValue", "")],
+    "SetSessionOptionsRequest": [("session_options", 1, ".SessionOptionEntry", "repeated")],
+    "SessionOptionError": [("value", 1, "int32", "")],
+    "SessionOptionErrorEntry": [("key", 1, "string", ""), ("value", 2, ".SessionOptionError", "")],
+    "SetSessionOptionsResult": [("errors", 1, ".SessionOptionErrorEntry", "repeated")],
+    "GetSessionOptionsResult": [("session_options", 1, ".SessionOptionEntry", "repeated")],
+    "CloseSessionResult": [("status", 1, "int32", "")],
 }
 
-FLIGHT = build_messages("arrow.flight.protocol", _SPECS)
+FLIGHT = build_messages("arrow.flight.protocol", _SPECS, nested={"StringListValue": "SessionOptionValue"})

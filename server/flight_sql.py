@@ -14,12 +14,14 @@ from quail.engine.executor import execute, result_schema
 from quail.engine.runtime import Runtime
 from quail.engine.storage import TableStore
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
+from quail.planner.dialects import DIALECTS
 from quail.planner.planner import plan_sql
 
 from . import metadata
 from . import sql_messages as sql
 from .flight_messages import FLIGHT
 from .ipc import plain_schema, schema_bytes
+from .sessions import Sessions
 from .statements import Statements
 
 log = logging.getLogger("quail.server")
@@ -32,6 +34,9 @@ _IF_MISSING = {sql.TABLE_NOT_EXIST_UNSPECIFIED: "fail", sql.TABLE_NOT_EXIST_CREA
 _ACTIONS = [
     ("CreatePreparedStatement", "Prepare a SQL query; returns its handle and result schema"),
     ("ClosePreparedStatement", "Release a prepared statement"),
+    ("SetSessionOptions", "Set session options: dialect (snowflake, bigquery, duckdb), catalog, schema"),
+    ("GetSessionOptions", "The session's options"),
+    ("CloseSession", "Forget the session's options"),
 ]
 
 
@@ -41,7 +46,8 @@ class FlightSQLHandler:
     def __init__(self, store: TableStore, runtime: Runtime, dialect: str) -> None:
         self.store = store
         self.runtime = runtime
-        self.dialect = dialect
+        self.sessions = Sessions({"dialect": dialect, "catalog": CATALOG_NAME, "schema": SCHEMA_NAME},
+                                 {"dialect": tuple(DIALECTS), "catalog": (CATALOG_NAME,), "schema": (SCHEMA_NAME,)})
         self.statements = Statements()
 
     @staticmethod
@@ -51,8 +57,8 @@ class FlightSQLHandler:
             raise Unimplemented(f"{where}: unsupported command {name or '(not a Flight SQL command)'}")
         return name, message
 
-    def _plan(self, query: str, params: list[Any] | None):
-        plan = plan_sql(query, self.store, self.dialect, params)
+    def _plan(self, query: str, params: list[Any] | None, context):
+        plan = plan_sql(query, self.store, self.sessions.options(context)["dialect"], params)
         return plan, plain_schema(result_schema(plan, self.store))
 
     @staticmethod
@@ -61,27 +67,27 @@ class FlightSQLHandler:
         return FLIGHT["FlightInfo"](schema=schema_bytes(schema), flight_descriptor=descriptor,
                                     endpoint=[endpoint], total_records=-1, total_bytes=-1)
 
-    def _query_info(self, descriptor, query: str, params: list[Any] | None) -> Message:
-        plan, schema = self._plan(query, params)
+    def _query_info(self, descriptor, query: str, params: list[Any] | None, context) -> Message:
+        plan, schema = self._plan(query, params, context)
         handle = self.statements.add_pending(plan, schema)
         return self._info(descriptor, schema, sql.pack(sql.new("TicketStatementQuery", statement_handle=handle)))
 
     def get_flight_info(self, descriptor, context) -> Message:
         name, cmd = self._command(descriptor.cmd, "GetFlightInfo")
         if name == "CommandStatementQuery":
-            return self._query_info(descriptor, cmd.query, None)
+            return self._query_info(descriptor, cmd.query, None, context)
         if name == "CommandPreparedStatementQuery":
             statement = self.statements.prepared(cmd.prepared_statement_handle)
-            return self._query_info(descriptor, statement.query, statement.params)
+            return self._query_info(descriptor, statement.query, statement.params, context)
         return self._info(descriptor, self._metadata(name, cmd).schema, descriptor.cmd)
 
     def get_schema(self, descriptor, context) -> pa.Schema:
         name, cmd = self._command(descriptor.cmd, "GetSchema")
         if name == "CommandStatementQuery":
-            return self._plan(cmd.query, None)[1]
+            return self._plan(cmd.query, None, context)[1]
         if name == "CommandPreparedStatementQuery":
             statement = self.statements.prepared(cmd.prepared_statement_handle)
-            return self._plan(statement.query, statement.params)[1]
+            return self._plan(statement.query, statement.params, context)[1]
         return self._metadata(name, cmd).schema
 
     def do_get(self, ticket, context) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
@@ -137,7 +143,7 @@ class FlightSQLHandler:
     def do_action(self, action, context) -> Iterable[bytes]:
         if action.type == "CreatePreparedStatement":
             _, request = self._command(action.body, "CreatePreparedStatement")
-            plan, schema = self._plan(request.query, None)
+            plan, schema = self._plan(request.query, None, context)
             parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(plan.parameters)])
             result = sql.new("ActionCreatePreparedStatementResult",
                              prepared_statement_handle=self.statements.prepare(request.query),
@@ -147,6 +153,14 @@ class FlightSQLHandler:
             _, request = self._command(action.body, "ClosePreparedStatement")
             self.statements.close(request.prepared_statement_handle)
             return []
+        if action.type == "SetSessionOptions":
+            request = FLIGHT["SetSessionOptionsRequest"]()
+            request.ParseFromString(action.body)
+            return [self.sessions.set(context, request)]
+        if action.type == "GetSessionOptions":
+            return [self.sessions.get(context)]
+        if action.type == "CloseSession":
+            return [self.sessions.close(context)]
         raise Unimplemented(f"unsupported action {action.type!r}")
 
     def list_actions(self) -> list[tuple[str, str]]:

@@ -2,7 +2,7 @@
 
 A table maps a message name to (field name, number, type, label) tuples. Type
 is a scalar name ("string", "bytes", "bool", "int32", "int64", "uint32",
-"uint64", "double") or ".Name" for another message of the same table; label is
+"uint64", "sfixed64", "double") or ".Name" for another message of the same table; label is
 "" (singular), "optional" (proto3 optional, with presence) or "repeated".
 Enum-typed fields are declared int32: the same varint on the wire.
 """
@@ -17,6 +17,7 @@ _F = descriptor_pb2.FieldDescriptorProto
 _SCALARS = {
     "string": _F.TYPE_STRING, "bytes": _F.TYPE_BYTES, "bool": _F.TYPE_BOOL, "int32": _F.TYPE_INT32,
     "int64": _F.TYPE_INT64, "uint32": _F.TYPE_UINT32, "uint64": _F.TYPE_UINT64, "double": _F.TYPE_DOUBLE,
+    "sfixed64": _F.TYPE_SFIXED64,
 }
 
 

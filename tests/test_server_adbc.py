@@ -125,3 +125,18 @@ def test_restart_serves_the_same_rows(tmp_path):
     with ServerProcess(tmp_path) as second, connect(second.uri) as c:
         assert query(c, "SELECT * FROM kept").equals(before)
         assert before.num_rows == 110
+
+
+def test_dialect_is_a_session_option(server, conn):
+    """SetSessionOptions (ADBC: a connection option) picks the SQL dialect of one session only."""
+    cookies = {"adbc.flight.sql.rpc.with_cookie_middleware": "true"}
+    with flight_sql.connect(server.uri, db_kwargs=cookies, autocommit=True) as bq, connect(server.uri) as default:
+        bq.adbc_connection.set_options(**{"adbc.flight.sql.session.option.dialect": "bigquery"})
+        assert '"dialect":"bigquery"' in bq.adbc_connection.get_option("adbc.flight.sql.session.options").replace(" ", "")
+        backticks = "SELECT `id` AS x FROM reviews WHERE id = 1"  # BigQuery quoting, a syntax error in Snowflake
+        assert query(bq, backticks).to_pylist() == [{"x": 1}]
+        with pytest.raises(adbc_driver_manager.ProgrammingError, match="INVALID_ARGUMENT"):
+            query(default, backticks)  # the server default stays snowflake
+        with pytest.raises(adbc_driver_manager.Error, match="dialect"):
+            bq.adbc_connection.set_options(**{"adbc.flight.sql.session.option.dialect": "klingon"})
+        assert query(bq, backticks).to_pylist() == [{"x": 1}]
