@@ -17,11 +17,15 @@ from .work import QueryWork
 
 @dataclass(frozen=True)
 class Question:
-    """What each row is asked: a template over its documents, a layout, and yes/no or category answers."""
+    """What each row is asked: a template over its documents, a layout, and yes/no or category answers.
+
+    `anchor` is the placeholder whose document comes first in the prompt.
+    """
 
     template: str
     layout: str = "filter"
     labels: tuple[str, ...] = ()
+    anchor: int = 0
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -54,10 +58,11 @@ def build_requests(runtime: Runtime, question: Question, docs: Sequence[Sequence
     labels = _labels(runtime, question)
     requests = []
     for row in _documents(runtime, docs):
+        first, rest = row[question.anchor], row[: question.anchor] + row[question.anchor + 1:]
         if question.layout == "join":
-            segments = (preamble, row[0], asked, *row[1:], cue)
+            segments = (preamble, first, asked, *rest, cue)
         else:
-            segments = (preamble, *row, asked, cue)
+            segments = (preamble, first, *rest, asked, cue)
         requests.append(Request(segments, labels))
     return requests
 

@@ -41,7 +41,7 @@ def _run(plan: PhysicalPlan, relations: dict[str, pa.Table], runtime: Runtime | 
 
 
 def _answers(step: AIStep, rows: pa.Table, runtime: Runtime, work: QueryWork | None) -> pa.Array:
-    question = Question(step.template, step.layout, step.labels)
+    question = Question(step.template, step.layout, step.labels, step.anchor)
     args = [rows.column(c).to_pylist() for c in step.arg_columns]
     if step.kind == "classify":
         return pa.array(classify(runtime, question, args, work), pa.string())

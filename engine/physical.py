@@ -24,9 +24,10 @@ class AIStep:
     and "classify" (the chosen category) add the answer as `column`. The
     `arg_columns` hold the PROMPT arguments as text, in placeholder order, and
     are dropped from the output. `layout` is "filter" (documents, then the
-    question) or "join" ({0}, the question, then the other documents);
-    `labels` are the categories of a classify question; `selectivity` is the
-    expected fraction answered yes (a hint, or the default).
+    question) or "join" (the anchor, the question, then the other documents);
+    `anchor` is the placeholder whose document comes first ({0} unless the
+    query says otherwise); `labels` are the categories of a classify question;
+    `selectivity` is the expected fraction answered yes (a hint, or the default).
     """
 
     input: str
@@ -38,6 +39,7 @@ class AIStep:
     labels: tuple[str, ...] = ()
     column: str = ""
     selectivity: float = 0.2
+    anchor: int = 0
 
 
 @dataclass(frozen=True)

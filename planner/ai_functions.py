@@ -1,6 +1,6 @@
 """Binding AI function calls in a syntax tree: what is asked, of which expressions, answered how.
 
-Snowflake spellings: AI_FILTER(PROMPT('... {0} ...', a, ...) [, {'selectivity': s}]),
+Snowflake spellings: AI_FILTER(PROMPT('... {0} ...', a, ...) [, {'selectivity': s, 'anchor': k}]),
 AI_CLASSIFY(input, ['label', ...]) → OBJECT {"labels": [...]}, AI_SCORE(PROMPT(...)).
 BigQuery spellings: AI.IF(('text ', col, ' text')), AI.CLASSIFY(input, ['label', ...]) → STRING,
 AI.SCORE(prompt). A prompt is PROMPT('template', args...), a tuple of parts (string
@@ -37,6 +37,7 @@ class AICall:
     args: tuple[exp.Expression, ...]
     labels: tuple[str, ...] = ()
     selectivity: float | None = None
+    anchor: int = 0
 
 
 def _function_name(func: exp.Func) -> str:
@@ -118,8 +119,9 @@ def bind(call: exp.Expression) -> AICall:
         raise InvalidArgument(f"{name} takes a prompt and optional options, got {len(positional)} argument(s)"
                               f"{position(call)}")
     template, args = _bind_prompt(name, positional[0], call)
-    selectivity = _options(name, positional[1], call) if len(positional) == 2 else None
-    return AICall(name, "filter" if name in FILTERS else "score", template, args, selectivity=selectivity)
+    selectivity, anchor = _options(name, positional[1], call, len(args)) if len(positional) == 2 else (None, 0)
+    return AICall(name, "filter" if name in FILTERS else "score", template, args, selectivity=selectivity,
+                  anchor=anchor)
 
 
 def _bind_classify(name: str, call: exp.Expression, positional: list[exp.Expression],
@@ -144,19 +146,25 @@ def _bind_classify(name: str, call: exp.Expression, positional: list[exp.Express
     return AICall(name, "classify", template, args, labels)
 
 
-def _options(name: str, options: exp.Expression, call: exp.Expression) -> float:
-    """{'selectivity': s}: the expected fraction answered yes, 0 < s ≤ 1."""
+def _options(name: str, options: exp.Expression, call: exp.Expression, documents: int) -> tuple[float | None, int]:
+    """{'selectivity': s, 'anchor': k}, either or both: the expected fraction answered yes (0 < s ≤ 1),
+    and the placeholder whose document comes first in the prompt, shared by the requests that name it."""
     pairs = options.expressions if isinstance(options, exp.Struct) else None
     values = {}
     for pair in pairs or []:
         if isinstance(pair, exp.PropertyEQ) and isinstance(pair.expression, exp.Literal):
             values[pair.this.name.lower()] = pair.expression
-    if pairs is None or set(values) != {"selectivity"} or values["selectivity"].is_string:
-        raise InvalidArgument(f"{name}'s options must be {{'selectivity': <number>}}{position(call)}")
-    selectivity = float(values["selectivity"].this)
-    if not 0 < selectivity <= 1:
+    if not pairs or len(values) != len(pairs) or not set(values) <= {"selectivity", "anchor"} or any(
+            v.is_string for v in values.values()):
+        raise InvalidArgument(f"{name}'s options must be {{'selectivity': <number>, 'anchor': <placeholder>}}"
+                              f"{position(call)}")
+    selectivity = float(values["selectivity"].this) if "selectivity" in values else None
+    if selectivity is not None and not 0 < selectivity <= 1:
         raise InvalidArgument(f"selectivity must be in (0, 1], not {selectivity}{position(call)}")
-    return selectivity
+    anchor = values["anchor"].this if "anchor" in values else "0"
+    if not anchor.isdigit() or int(anchor) >= documents:
+        raise InvalidArgument(f"anchor must name a placeholder, 0 to {documents - 1}, not {anchor}{position(call)}")
+    return selectivity, int(anchor)
 
 
 def _bind_prompt(name: str, prompt: exp.Expression, call: exp.Expression) -> tuple[str, tuple[exp.Expression, ...]]:

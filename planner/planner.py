@@ -17,7 +17,8 @@ around its AI core:
 
 The prompt of every request depends only on the query text and the row values:
 an AI condition naming one table is asked in the filter layout, one naming
-several in the join layout with {0} as the anchor.
+several in the join layout with {0} as the anchor (or the placeholder its
+`anchor` option names).
 """
 
 from __future__ import annotations
@@ -323,7 +324,7 @@ class AICorePlanner:
         for (call, kind, column), names in zip(asks, args):
             output = self._name("ai")
             steps.append(AIStep(current, output, kind, call.template, names, "filter", call.labels,
-                                column, call.selectivity or DEFAULT_SELECTIVITY))
+                                column, call.selectivity or DEFAULT_SELECTIVITY, call.anchor))
             current = output
         filters = [s for s in steps if s.kind == "filter"]
         if limit is not None and filters and not deferred:
@@ -397,7 +398,7 @@ class AICorePlanner:
         combos, kept = self._name("combos"), self._name("kept")
         self.steps.append(SQLStep(query.sql("duckdb"), combos))
         self.steps.append(AIStep(combos, kept, "filter", call.template, names, "join", (), "",
-                                 call.selectivity or DEFAULT_SELECTIVITY))
+                                 call.selectivity or DEFAULT_SELECTIVITY, call.anchor))
         on = exp.and_(*(exp.EQ(this=_col("__quail_k", s), expression=_col(TUPLES, s)) for s in slots))
         output = self._name("tuples")
         self.steps.append(SQLStep(

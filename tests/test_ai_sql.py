@@ -36,9 +36,9 @@ def session(runtime):
     return s
 
 
-def decide(runtime, template: str, layout: str, docs: list[str]) -> bool:
+def decide(runtime, template: str, layout: str, docs: list[str], anchor: int = 0) -> bool:
     """The hash decision of the prompt the layout renders for these documents."""
-    (request,) = build_requests(runtime, Question(template, layout), [docs])
+    (request,) = build_requests(runtime, Question(template, layout, anchor=anchor), [docs])
     return content_hash(request) < SELECTIVITY
 
 
@@ -192,3 +192,15 @@ def test_outer_join_and_union_around_ai(session):
     union = rows(session, f"SELECT id FROM reviews WHERE AI_FILTER(PROMPT('{FILTER}', body), {OPTS}) "
                           "UNION ALL SELECT id FROM reviews WHERE stars = 5 ORDER BY id")
     assert union == sorted((i,) for i in list(hits) + [r["id"] for r in REVIEWS.to_pylist() if r["stars"] == 5])
+
+
+def test_anchor_option_puts_its_document_first(session):
+    """{'anchor': 1}: the aspect leads every prompt (shared by the reviews asked about it); same question."""
+    opts = f"{{'selectivity': {SELECTIVITY}, 'anchor': 1}}"
+    got = rows(session, f"SELECT r.id, a.id FROM reviews r JOIN aspects a "
+                        f"ON AI_FILTER(PROMPT('{JOIN}', r.body, a.aspect), {opts}) ORDER BY 1, 2")
+    want = sorted((r["id"], a["id"]) for r in REVIEWS.to_pylist() for a in ASPECTS.to_pylist()
+                  if r["body"] is not None and decide(session.runtime, JOIN, "join", [r["body"], a["aspect"]], 1))
+    assert got == want and want
+    (request,) = build_requests(session.runtime, Question(JOIN, "join", anchor=1), [["a review", "the food"]])
+    assert session.runtime.tokenizer.decode(request.segments[1].ids).startswith("Text 2:\nthe food")
