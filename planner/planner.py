@@ -151,6 +151,7 @@ class AICorePlanner:
         self.names = names
         self.result = result
         self.steps: list[Step] = []
+        self.tuple_columns: list[str] = []  # AI values over several tables, columns of the joined tuples
 
     def _name(self, stem: str) -> str:
         return self.names.fresh(stem)
@@ -232,11 +233,20 @@ class AICorePlanner:
         for relation in relations:
             self._core(relation, relations, conditions, values, limit)
         pending = [c for c in conditions if len(c.refs) > 1]
+        after = [c for c in pending if c.call is None and contains_ai(c.node)]
+        pending = [c for c in pending if c not in after]
         if len(relations) == 1:
             source = exp.From(this=_table(relations[0].core, relations[0].alias))
             joins = []
         else:
             tuples = self._join(relations, pending)
+            for node in list(ai_calls(self.select)):
+                if id(node) in values and len(values[id(node)][0]) > 1:
+                    refs, call = values[id(node)]
+                    column = self._name("ai")
+                    tuples = self._ai_value(tuples, relations, refs, call, column)
+                    node.replace(self._value_ref(TUPLES, column, call))
+                    self.tuple_columns.append(column)
             source = exp.From(this=_table(tuples, TUPLES))
             joins = [exp.Join(this=_table(r.core, r.alias),
                               on=exp.EQ(this=_col(r.alias, ROW_ID), expression=_col(TUPLES, self._slot(i))))
@@ -244,28 +254,25 @@ class AICorePlanner:
         final = self.select.copy()
         final.set("from_", source)
         final.set("joins", joins or None)
-        final.set("where", None)
+        final.set("where", exp.Where(this=_and([c.node for c in after])) if after else None)
         self._hide_internal_columns(final, relations)
         self.steps.append(SQLStep(final.sql("duckdb"), self.result))
         return self.steps
 
-    def _ai_values(self, relations: list[Relation], conditions: list[Condition]) -> dict[int, tuple[str, AICall]]:
+    def _ai_values(self, relations: list[Relation], conditions: list[Condition]) -> dict[int, tuple[frozenset, AICall]]:
         """AI calls that are values (not top-level filter conditions), replaced in the tree by columns.
 
-        Returns id(call node) → (relation alias, bound call); each is computed on its table's core.
+        Returns id(call node) → (the relations it names, bound call): a value naming
+        one relation is computed on its core, one naming several on the joined tuples.
         """
         filters = {id(c.node) for c in conditions if c.call is not None}
-        values: dict[int, tuple[str, AICall]] = {}
+        values: dict[int, tuple[frozenset, AICall]] = {}
         for node in ai_calls(self.select):
             if any(ai_name(a) for a in ancestors(node)):
                 raise InvalidArgument(f"AI functions cannot be nested{position(node)}")
             if id(node) in filters:
                 continue
-            call = bind(node)
-            refs = self._refs(node, relations) or frozenset({relations[0].alias})
-            if len(refs) > 1:
-                raise self._unsupported(node, "an AI value over several tables (use it as a join condition)")
-            values[id(node)] = (next(iter(refs)), call)
+            values[id(node)] = (self._refs(node, relations) or frozenset({relations[0].alias}), bind(node))
         return values
 
     def _slot(self, index: int) -> str:
@@ -300,7 +307,7 @@ class AICorePlanner:
         plain = [c.node for c in local if c.call is None and not contains_ai(c.node)]
         asks = [(c.call, "filter", "") for c in local if c.call is not None]
         for node in list(ai_calls(self.select)):
-            if id(node) in values and values[id(node)][0] == alias:
+            if id(node) in values and values[id(node)][0] == {alias}:
                 column = self._name("ai")
                 call = values[id(node)][1]
                 asks.append((call, "bool" if call.kind == "filter" else call.kind, column))
@@ -385,32 +392,54 @@ class AICorePlanner:
         self.steps.append(SQLStep(query.sql("duckdb"), output))
         return output
 
-    def _ai_join(self, tuples: str, relations: list[Relation], condition: Condition) -> str:
-        """Ask an AI condition once per distinct row combination it names; keep the tuples answered yes."""
-        call = condition.call
+    def _combos(self, tuples: str, relations: list[Relation], refs: frozenset, call: AICall) -> tuple[str, list[str], tuple[str, ...]]:
+        """A relation of the distinct row combinations an AI call names, with its arguments as text.
+
+        Returns its name, the tuple slots of the relations named, and the argument columns.
+        """
         index = {r.alias: i for i, r in enumerate(relations)}
-        slots = [self._slot(index[a]) for a in sorted(condition.refs, key=index.get)]
+        slots = [self._slot(index[a]) for a in sorted(refs, key=index.get)]
         names = tuple(f"__quail_arg_{self.names.count}_{j}" for j in range(len(call.args)))
         query = exp.select(*(_col(TUPLES, s) for s in slots),
                            *(exp.alias_(exp.cast(a.copy(), exp.DataType.build("VARCHAR")), n, quoted=True)
                              for a, n in zip(call.args, names))).distinct().from_(_table(tuples, TUPLES))
-        query = self._joined_to(query, relations, condition.refs, len(relations))
-        combos, kept = self._name("combos"), self._name("kept")
+        query = self._joined_to(query, relations, refs, len(relations))
+        combos = self._name("combos")
         self.steps.append(SQLStep(query.sql("duckdb"), combos))
-        self.steps.append(AIStep(combos, kept, "filter", call.template, names, "join", (), "",
-                                 call.selectivity or DEFAULT_SELECTIVITY, call.anchor))
+        return combos, slots, names
+
+    def _with_answers(self, tuples: str, answers: str, slots: list[str], join_type: str, extra: list) -> str:
+        """The tuples joined to per-combination answers on the slots they share."""
         on = exp.and_(*(exp.EQ(this=_col("__quail_k", s), expression=_col(TUPLES, s)) for s in slots))
         output = self._name("tuples")
         self.steps.append(SQLStep(
-            exp.select(exp.Column(this=exp.Star(), table=_ident(TUPLES))).from_(_table(tuples, TUPLES))
-            .join(_table(kept, "__quail_k"), on=on).sql("duckdb"), output))
+            exp.select(exp.Column(this=exp.Star(), table=_ident(TUPLES)), *extra).from_(_table(tuples, TUPLES))
+            .join(_table(answers, "__quail_k"), on=on, join_type=join_type).sql("duckdb"), output))
         return output
+
+    def _ai_join(self, tuples: str, relations: list[Relation], condition: Condition) -> str:
+        """Ask an AI condition once per distinct row combination it names; keep the tuples answered yes."""
+        call = condition.call
+        combos, slots, names = self._combos(tuples, relations, condition.refs, call)
+        kept = self._name("kept")
+        self.steps.append(AIStep(combos, kept, "filter", call.template, names, "join", (), "",
+                                 call.selectivity or DEFAULT_SELECTIVITY, call.anchor))
+        return self._with_answers(tuples, kept, slots, "INNER", [])
+
+    def _ai_value(self, tuples: str, relations: list[Relation], refs: frozenset, call: AICall, column: str) -> str:
+        """An AI value over several tables, asked once per distinct row combination: a column of the tuples."""
+        combos, slots, names = self._combos(tuples, relations, refs, call)
+        answered = self._name("answered")
+        self.steps.append(AIStep(combos, answered, "bool" if call.kind == "filter" else call.kind, call.template,
+                                 names, "join", call.labels, column, call.selectivity or DEFAULT_SELECTIVITY,
+                                 call.anchor))
+        return self._with_answers(tuples, answered, slots, "LEFT", [_col("__quail_k", column)])
 
     def _hide_internal_columns(self, final: exp.Select, relations: list[Relation]) -> None:
         """Stars of the final projection leave out row ids, tuple slots and AI value columns."""
         every = [ROW_ID] + [c for r in relations for c in r.ai_columns]
         if len(relations) > 1:
-            every += [self._slot(i) for i in range(len(relations))]
+            every += [self._slot(i) for i in range(len(relations))] + self.tuple_columns
         by_alias = {r.alias.lower(): r for r in relations}
         for item in final.expressions:
             star = item if isinstance(item, exp.Star) else item.this if (

@@ -204,3 +204,18 @@ def test_anchor_option_puts_its_document_first(session):
     assert got == want and want
     (request,) = build_requests(session.runtime, Question(JOIN, "join", anchor=1), [["a review", "the food"]])
     assert session.runtime.tokenizer.decode(request.segments[1].ids).startswith("Text 2:\nthe food")
+
+
+def test_ai_values_over_two_tables(session):
+    """An AI call naming two tables as a value (SELECT) and inside a condition (NOT ...): one ask per pair."""
+    ask = f"AI_FILTER(PROMPT('{JOIN}', r.body, a.aspect), {OPTS})"
+    got = rows(session, f"SELECT r.id, a.id, {ask} AS hit FROM reviews r JOIN aspects a ON r.stars >= 4 "
+                        "ORDER BY 1, 2")
+    pairs = [(r, a) for r in REVIEWS.to_pylist() for a in ASPECTS.to_pylist() if r["stars"] >= 4]
+    want = [(r["id"], a["id"], None if r["body"] is None else decide(session.runtime, JOIN, "join",
+                                                                     [r["body"], a["aspect"]]))
+            for r, a in pairs]
+    assert got == want and {w[2] for w in want} >= {True, False}
+    negated = rows(session, f"SELECT r.id, a.id FROM reviews r JOIN aspects a ON r.stars >= 4 WHERE NOT {ask} "
+                            "ORDER BY 1, 2")
+    assert negated == [(i, j) for i, j, hit in want if hit is False]
