@@ -131,15 +131,20 @@ class Relation:
     columns: set[str]
     core: str = ""
     ai_columns: list[str] = field(default_factory=list)
+    outer: bool = False  # the right side of a LEFT JOIN: its rows are optional
 
 
 @dataclass
 class Condition:
-    """A conjunct of WHERE / ON: the relations it names, and its AI call if it is one."""
+    """A conjunct of WHERE / ON: the relations it names, and its AI call if it is one.
+
+    `left_on` is the alias of the LEFT JOIN whose ON holds it (None: WHERE or an inner ON).
+    """
 
     node: exp.Expression
     refs: frozenset[str]
     call: AICall | None = None
+    left_on: str | None = None
 
 
 class AICorePlanner:
@@ -164,16 +169,17 @@ class AICorePlanner:
     def _relations(self) -> list[Relation]:
         select = self.select
         sources = [select.args["from_"].this] + [j.this for j in select.args.get("joins") or []]
-        for join in select.args.get("joins") or []:
-            if join.side or join.args.get("using") or join.kind not in ("", "INNER", "CROSS"):
-                raise self._unsupported(join, "an outer, USING or special join in a query with AI functions")
+        joins = select.args.get("joins") or []
+        for join in joins:
+            if join.side not in ("", "LEFT") or join.args.get("using") or join.kind not in ("", "INNER", "CROSS", "OUTER"):
+                raise self._unsupported(join, "a RIGHT, FULL, USING or special join in a query with AI functions")
         relations = []
-        for source in sources:
+        for source, join in zip(sources, [None, *joins]):
             if not isinstance(source, exp.Table) or not self.catalog.has(source.name):
                 raise self._unsupported(source, "this kind of FROM source in a query with AI functions")
             alias = source.alias_or_name
             columns = {n.lower() for n in self.catalog.schema(source.name).names}
-            relations.append(Relation(alias, source, columns))
+            relations.append(Relation(alias, source, columns, outer=join is not None and join.side == "LEFT"))
         if len({r.alias.lower() for r in relations}) != len(relations):
             raise InvalidArgument("each table of a query with AI functions needs its own alias")
         return relations
@@ -212,15 +218,15 @@ class AICorePlanner:
 
     def _conditions(self, relations: list[Relation]) -> list[Condition]:
         where = self.select.args.get("where")
-        terms = conjuncts(where.this if where else None)
-        for join in self.select.args.get("joins") or []:
-            terms += conjuncts(join.args.get("on"))
+        terms = [(t, None) for t in conjuncts(where.this if where else None)]
+        for join, relation in zip(self.select.args.get("joins") or [], relations[1:]):
+            terms += [(t, relation.alias if relation.outer else None) for t in conjuncts(join.args.get("on"))]
         out = []
-        for term in terms:
+        for term, left_on in terms:
             call = bind(term) if ai_name(term) else None
             if call is not None and call.kind != "filter":
                 call = None
-            out.append(Condition(term, self._refs(term, relations), call))
+            out.append(Condition(term, self._refs(term, relations), call, left_on))
         return out
 
     # -- planning --------------------------------------------------------------------------
@@ -232,8 +238,8 @@ class AICorePlanner:
         limit = self._model_limit() if len(relations) == 1 else None
         for relation in relations:
             self._core(relation, relations, conditions, values, limit)
-        pending = [c for c in conditions if len(c.refs) > 1]
-        after = [c for c in pending if c.call is None and contains_ai(c.node)]
+        pending = list(conditions)
+        after = [c for c in pending if len(c.refs) > 1 and c.call is None and contains_ai(c.node)]
         pending = [c for c in pending if c not in after]
         if len(relations) == 1:
             source = exp.From(this=_table(relations[0].core, relations[0].alias))
@@ -248,7 +254,7 @@ class AICorePlanner:
                     node.replace(self._value_ref(TUPLES, column, call))
                     self.tuple_columns.append(column)
             source = exp.From(this=_table(tuples, TUPLES))
-            joins = [exp.Join(this=_table(r.core, r.alias),
+            joins = [exp.Join(this=_table(r.core, r.alias), side="LEFT" if r.outer else None,
                               on=exp.EQ(this=_col(r.alias, ROW_ID), expression=_col(TUPLES, self._slot(i))))
                      for i, r in enumerate(relations)]
         final = self.select.copy()
@@ -298,9 +304,14 @@ class AICorePlanner:
 
     def _core(self, relation: Relation, relations: list[Relation], conditions: list[Condition],
               values: dict[int, tuple[str, AICall]], limit: int | None) -> None:
-        """Steps computing this table's rows that pass every condition on it alone."""
+        """Steps computing this table's rows that pass every condition on it alone.
+
+        A LEFT JOIN's ON conditions on its right side alone narrow that side; its
+        other conditions, and WHERE conditions on an outer side, wait for the join.
+        """
         alias = relation.alias
-        local = [c for c in conditions if c.refs <= {alias} and (c.refs or relation is relations[0])]
+        local = [c for c in conditions if c.refs <= {alias} and (c.refs or relation is relations[0])
+                 and c.left_on == (alias if relation.outer else None)]
         for condition in local:
             conditions.remove(condition)
         deferred = [c.node for c in local if c.call is None and contains_ai(c.node)]
@@ -354,28 +365,63 @@ class AICorePlanner:
         return ref
 
     def _join(self, relations: list[Relation], pending: list[Condition]) -> str:
-        """Row-id tuples of the inner join, each condition applied once its tables are joined."""
+        """Row-id tuples of the joins, each condition applied once its tables are joined.
+
+        A LEFT JOIN matches by its ON conditions, then keeps the unmatched left
+        tuples with a NULL slot; WHERE conditions apply to the joined tuples after.
+        """
         current = self._name("tuples")
         self.steps.append(SQLStep(
             exp.select(exp.alias_(_col(relations[0].alias, ROW_ID), self._slot(0), quoted=True))
             .from_(_table(relations[0].core, relations[0].alias)).sql("duckdb"), current))
         for i in range(1, len(relations)):
-            bound = {r.alias for r in relations[: i + 1]}
-            ready = [c for c in pending if c.refs <= bound]
-            for c in ready:
-                pending.remove(c)
-            plain = [c for c in ready if c.call is None]
-            current = self._extend(current, relations, i, plain)
-            for condition in (c for c in ready if c.call is not None):
-                current = self._ai_join(current, relations, condition)
+            new, bound = relations[i], {r.alias for r in relations[: i + 1]}
+            where = [c for c in pending if c.left_on is None and c.refs <= bound]
+            on = [c for c in pending if c.left_on == new.alias]
+            if new.outer:
+                matched = self._extend(current, relations, i, [c for c in on if c.call is None])
+                matched = self._apply(matched, relations, [c for c in on if c.call is not None])
+                current = self._keep_unmatched(current, matched, i)
+                if any(c.call is None for c in where):
+                    current = self._filter(current, relations, [c for c in where if c.call is None])
+            else:
+                current = self._extend(current, relations, i, [c for c in where if c.call is None])
+            current = self._apply(current, relations, [c for c in where if c.call is not None])
+            for condition in on + where:
+                pending.remove(condition)
         if pending:
             raise InvalidArgument("a condition names tables the query does not join")
         return current
 
+    def _apply(self, tuples: str, relations: list[Relation], conditions: list[Condition]) -> str:
+        for condition in conditions:
+            tuples = self._ai_join(tuples, relations, condition)
+        return tuples
+
+    def _keep_unmatched(self, before: str, matched: str, i: int) -> str:
+        """LEFT JOIN: the tuples before, each with its matches' slot i, or NULL when it has none."""
+        on = exp.and_(*(exp.EQ(this=_col("__quail_m", self._slot(j)), expression=_col(TUPLES, self._slot(j)))
+                        for j in range(i)))
+        output = self._name("tuples")
+        self.steps.append(SQLStep(
+            exp.select(exp.Column(this=exp.Star(), table=_ident(TUPLES)), _col("__quail_m", self._slot(i)))
+            .from_(_table(before, TUPLES)).join(_table(matched, "__quail_m"), on=on, join_type="LEFT")
+            .sql("duckdb"), output))
+        return output
+
+    def _filter(self, tuples: str, relations: list[Relation], plain: list[Condition]) -> str:
+        """The tuples passing plain conditions over the relations joined so far."""
+        names = set().union(*(c.refs for c in plain))
+        query = exp.select(exp.Column(this=exp.Star(), table=_ident(TUPLES))).from_(_table(tuples, TUPLES))
+        query = self._joined_to(query, relations, names, len(relations)).where(_and([c.node for c in plain]))
+        output = self._name("tuples")
+        self.steps.append(SQLStep(query.sql("duckdb"), output))
+        return output
+
     def _joined_to(self, query: exp.Select, relations: list[Relation], aliases, upto: int) -> exp.Select:
         for i, r in enumerate(relations[:upto]):
             if r.alias in aliases:
-                query = query.join(_table(r.core, r.alias),
+                query = query.join(_table(r.core, r.alias), join_type="LEFT" if r.outer else None,
                                    on=exp.EQ(this=_col(r.alias, ROW_ID), expression=_col(TUPLES, self._slot(i))))
         return query
 

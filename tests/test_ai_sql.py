@@ -219,3 +219,26 @@ def test_ai_values_over_two_tables(session):
     negated = rows(session, f"SELECT r.id, a.id FROM reviews r JOIN aspects a ON r.stars >= 4 WHERE NOT {ask} "
                             "ORDER BY 1, 2")
     assert negated == [(i, j) for i, j, hit in want if hit is False]
+
+
+def test_left_join_on_an_ai_condition(session):
+    """Every review stays; its aspects are the ones the ON conditions (AI and plain, either side) match."""
+    hit = {(r["id"], a["id"]) for r in REVIEWS.to_pylist() for a in ASPECTS.to_pylist()
+           if r["body"] is not None and decide(session.runtime, JOIN, "join", [r["body"], a["aspect"]])}
+
+    def left(match) -> list[tuple]:
+        out = []
+        for r in REVIEWS.to_pylist():
+            found = sorted(a["id"] for a in ASPECTS.to_pylist() if match(r, a))
+            out += [(r["id"], a) for a in found] or [(r["id"], None)]
+        return out
+
+    ask = f"AI_FILTER(PROMPT('{JOIN}', r.body, a.aspect), {OPTS})"
+    got = rows(session, f"SELECT r.id, a.id FROM reviews r LEFT JOIN aspects a ON {ask} ORDER BY 1, 2 NULLS LAST")
+    assert got == left(lambda r, a: (r["id"], a["id"]) in hit) and (0, None) not in got
+    got = rows(session, f"SELECT r.id, a.id FROM reviews r LEFT JOIN aspects a ON r.stars >= 4 AND a.id > 0 "
+                        f"AND {ask} ORDER BY 1, 2 NULLS LAST")
+    assert got == left(lambda r, a: r["stars"] >= 4 and a["id"] > 0 and (r["id"], a["id"]) in hit)
+    unmatched = rows(session, f"SELECT r.id FROM reviews r LEFT JOIN aspects a ON {ask} WHERE a.id IS NULL "
+                              "ORDER BY 1")
+    assert unmatched == [(i,) for i, a in left(lambda r, a: (r["id"], a["id"]) in hit) if a is None]
