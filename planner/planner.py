@@ -5,13 +5,15 @@ CTEs, derived tables and subqueries are planned first, innermost out, each
 SELECT materialized (subqueries.py). A SELECT with AI functions is planned
 around its AI core:
 
-1. each table of the FROM clause (inner joins only) becomes a *core*: its rows
-   that pass the conditions on that table alone, relational ones first (they
-   are ~free), then AI filters, then AI values (classify, score, yes/no used
-   anywhere), then conditions on those values; every core row gets a row id;
+1. each table of the FROM clause (inner or LEFT joins) becomes a *core*: its
+   rows that pass the conditions on that table alone, relational ones first
+   (they are ~free), then AI filters, then AI values (classify, score, yes/no
+   used anywhere), then conditions on those values; every core row gets a row
+   id (the right side of a LEFT JOIN takes only its own ON conditions);
 2. tables join left to right as a relation of row-id tuples; each condition
    on several tables applies as soon as its tables are joined, an AI condition
-   asked once per distinct combination of rows it names;
+   or value asked once per distinct combination of rows it names; a LEFT JOIN
+   keeps its unmatched left tuples with a NULL slot;
 3. the rest of the query (projection, grouping, ordering, limits) runs in
    DuckDB over the surviving tuples joined back to the cores.
 
