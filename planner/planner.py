@@ -37,6 +37,7 @@ from quail.engine.physical import AIFilterChain, AIStep, PhysicalPlan, SQLStep, 
 from .ai_functions import AICall, ai_calls, ai_name, ancestors, bind, contains_ai
 from .binder import bind_parameters, bind_tables
 from .dialects import DEFAULT_DIALECT, normalize, parse_statement, position
+from .explain import explain_plan, split_explain
 from .subqueries import Names, Scope, ctes_of, innermost_ai_select, output_columns, reading
 
 RESULT = "__quail_result"
@@ -47,7 +48,13 @@ DEFAULT_SELECTIVITY = 0.2
 
 def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
              params: Sequence[Any] | None = None) -> PhysicalPlan:
-    """The physical plan of one query; params bind its `?` placeholders (None binds NULLs)."""
+    """The physical plan of one query; params bind its `?` placeholders (None binds NULLs).
+
+    `EXPLAIN <query>` plans the query and returns a plan listing its steps.
+    """
+    explained = split_explain(sql)
+    if explained is not None:
+        return explain_plan(plan_sql(explained, catalog, dialect, params))
     tree = parse_statement(sql, dialect)
     if not isinstance(tree, exp.Query):
         raise InvalidArgument(f"only queries are supported here, not {tree.key.upper()} statements")
@@ -95,6 +102,20 @@ def _materialize_sources(select: exp.Select, root: exp.Query, scope: Scope, name
                   else output_columns(ctes[source.name.lower()].this, scope))
         source.replace(_table(name, source.alias_or_name))
     return steps
+
+
+def rank(call: AICall) -> float:
+    """Cost per row over the fraction of rows a filter removes (Hellerstein and Stonebraker): lower first.
+
+    Filters on one table read the same documents, so the question's length is
+    what their costs differ by.
+    """
+    return (len(call.template) + 1) / (1 - min(call.selectivity or DEFAULT_SELECTIVITY, 0.999))
+
+
+def by_rank(calls: list[AICall]) -> list[AICall]:
+    """AI filters on one table in the order that asks the model least: ascending rank."""
+    return sorted(calls, key=rank)
 
 
 def conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:
@@ -318,7 +339,7 @@ class AICorePlanner:
             conditions.remove(condition)
         deferred = [c.node for c in local if c.call is None and contains_ai(c.node)]
         plain = [c.node for c in local if c.call is None and not contains_ai(c.node)]
-        asks = [(c.call, "filter", "") for c in local if c.call is not None]
+        asks = [(call, "filter", "") for call in by_rank([c.call for c in local if c.call is not None])]
         for node in list(ai_calls(self.select)):
             if id(node) in values and values[id(node)][0] == {alias}:
                 column = self._name("ai")

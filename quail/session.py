@@ -25,11 +25,12 @@ from quail.engine.config import EngineConfig
 from quail.engine.errors import InvalidArgument
 from quail.engine.executor import execute, result_schema
 from quail.engine.models import load_runtime
-from quail.engine.physical import AIStep, PhysicalPlan
+from quail.engine.physical import PhysicalPlan
 from quail.engine.runtime import Runtime
 from quail.engine.work import QueryWork
 from quail.planner.cost import DEVICES, sol_seconds
 from quail.planner.dialects import DEFAULT_DIALECT
+from quail.planner.explain import explain_lines
 from quail.planner.planner import plan_sql
 
 
@@ -112,14 +113,8 @@ class Query:
     schema: pa.Schema = field(repr=False)
 
     def explain(self) -> str:
-        lines = [f"result {self.plan.result}: {', '.join(self.schema.names)}"]
-        for step in self.plan.steps:
-            if isinstance(step, AIStep):
-                lines.append(f"AI {step.kind} ({step.layout} layout) {step.input} -> {step.output}: "
-                             f"{step.template!r} over {list(step.arg_columns)}")
-            else:
-                lines.append(f"DuckDB -> {step.output}: {step.sql}")
-        return "\n".join(lines)
+        """The plan, a line per step (the rows `EXPLAIN <query>` returns), after the result's columns."""
+        return "\n".join([f"result {self.plan.result}: {', '.join(self.schema.names)}", *explain_lines(self.plan)])
 
     def run(self) -> Result:
         return self.session._run(self)

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from quail.engine.errors import InvalidArgument, NotFound
-from quail.engine.executor import result_schema
+from quail.engine.executor import execute, result_schema
 from quail.engine.physical import AIStep, SQLStep
 from quail.engine.storage import TableStore
 from quail.planner.planner import plan_sql
@@ -59,7 +59,7 @@ def test_chained_filters_and_bigquery_ai_if(store):
     plan = plan_sql("SELECT * FROM reviews WHERE AI.IF(('Is ', body, ' about food?')) AND AI.IF('Is it true?')",
                     store, dialect="bigquery")
     ai = [s for s in plan.steps if isinstance(s, AIStep)]
-    assert [s.template for s in ai] == ["Is {0} about food?", "Is it true?"]
+    assert [s.template for s in ai] == ["Is it true?", "Is {0} about food?"], "equal selectivity: the shorter first"
     assert ai[1].input == ai[0].output
     assert result_schema(plan, store).names == ["id", "body", "stars"]
 
@@ -104,3 +104,20 @@ def test_unknown_column_is_invalid_argument(store):
     plan = plan_sql("SELECT nope FROM reviews", store)
     with pytest.raises(InvalidArgument, match="nope"):
         result_schema(plan, store)
+
+
+def test_filters_run_in_rank_order(store):
+    """The filter removing the most rows per unit of cost runs first, whatever the order in the query."""
+    sql = ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('Is {0} long?', body), {'selectivity': 0.9}) "
+           "AND AI_FILTER(PROMPT('Is {0} about food?', body), {'selectivity': 0.1})")
+    steps = [s for s in plan_sql(sql, store).steps if isinstance(s, AIStep)]
+    assert [s.selectivity for s in steps] == [0.1, 0.9]
+
+
+def test_explain_through_sql(store):
+    plan = plan_sql("EXPLAIN SELECT * FROM reviews WHERE AI_FILTER(PROMPT('Is {0} long?', body)) LIMIT 2", store)
+    lines = execute(plan, store, None).column("plan").to_pylist()
+    assert any(line.startswith("AI filters until 2 rows pass") for line in lines)
+    assert lines[-1].startswith("DuckDB -> __quail_result")
+    with pytest.raises(NotFound, match="line 1, column 29"):  # positions count the EXPLAIN too
+        plan_sql("EXPLAIN SELECT * FROM nowhere", store)
