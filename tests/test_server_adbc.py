@@ -140,3 +140,8 @@ def test_dialect_is_a_session_option(server, conn):
         with pytest.raises(adbc_driver_manager.Error, match="dialect"):
             bq.adbc_connection.set_options(**{"adbc.flight.sql.session.option.dialect": "klingon"})
         assert query(bq, backticks).to_pylist() == [{"x": 1}]
+
+
+def test_explain_through_adbc(conn):
+    table = query(conn, f"EXPLAIN SELECT id FROM reviews WHERE AI_FILTER(PROMPT('{QUESTION}', body))")
+    assert table.column_names == ["plan"] and any(line.startswith("AI filter") for line in table["plan"].to_pylist())
