@@ -55,7 +55,8 @@ class ModelConfig:
 class EngineConfig:
     """Which model runs where, and how.
 
-    model: a model name or path (None: the embedded SmolLM2-135M; "dummy:<shape>":
+    backend: accepted as scripts for the seed system pass it; Quail always runs
+    its own runtime. model: a model name or path (None: the embedded SmolLM2-135M; "dummy:<shape>":
     random weights of a named shape; an HF directory, a .gguf file, or an HF repo
     id in the local cache); device: "cpu" or "cuda"; precision: "fp32", "bf16" or
     "fp8" (e4m3 linear layers, bf16 elsewhere); compile: compile the layers'
@@ -77,6 +78,7 @@ class EngineConfig:
     tokenizer: str | None = None
     sol_device: str | None = None
     compile: bool | None = None
+    backend: str | None = None
 
     @property
     def compiled(self) -> bool:

@@ -3,5 +3,7 @@
 __version__ = "0.1.0"
 
 from quail.session import DocumentProvider, EngineConfig, Query, Report, Result, Session  # noqa: E402
+from quail.remote import RemoteSession, connect  # noqa: E402
 
-__all__ = ["DocumentProvider", "EngineConfig", "Query", "Report", "Result", "Session", "__version__"]
+__all__ = ["DocumentProvider", "EngineConfig", "Query", "RemoteSession", "Report", "Result", "Session", "connect",
+           "__version__"]

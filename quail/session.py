@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -59,20 +59,27 @@ class DocumentProvider:
 
 @dataclass
 class Report:
-    """What a query cost: wall time, tokens asked and computed, and its speed of light."""
+    """What a query cost: wall time, tokens asked and computed, and its speed of light.
+
+    A remote query's report holds its wall time only (the other fields None).
+    """
 
     wall_s: float
-    logical_tokens: int
-    fresh_tokens: int
-    cached_tokens: int
-    padded_tokens: int
-    physical_tokens: int
-    kv_regret_tokens: int
-    requests: int
-    forward_passes: int
+    logical_tokens: int | None
+    fresh_tokens: int | None
+    cached_tokens: int | None
+    padded_tokens: int | None
+    physical_tokens: int | None
+    kv_regret_tokens: int | None
+    requests: int | None
+    forward_passes: int | None
     stages: list[dict[str, Any]]
     ideal: dict[str, int]
     sol_s: float | None
+
+    @classmethod
+    def wall_only(cls, wall_s: float) -> "Report":
+        return cls(wall_s, None, None, None, None, None, None, None, None, [], {}, None)
 
     @property
     def sol_fraction(self) -> float | None:
@@ -122,11 +129,28 @@ class Query:
     def collect(self) -> pa.Table:
         return self.run().collect()
 
+    def execute_stream(self) -> Iterator[pa.RecordBatch]:
+        """The result's record batches."""
+        yield from self.run().table.to_batches()
+
 
 class Session:
-    """Tables registered in memory and one model runtime; a context manager."""
+    """Tables registered in memory and one model runtime; a context manager.
 
-    def __init__(self, config: EngineConfig | None = None, runtime: Runtime | None = None) -> None:
+    `Session(endpoint="grpc://host:port")` is a session on a Quail server
+    instead (quail.remote.RemoteSession): the same calls, run there.
+    """
+
+    def __new__(cls, config: EngineConfig | None = None, runtime: Runtime | None = None,
+                endpoint: str | None = None):
+        if endpoint is not None:
+            from quail.remote import RemoteSession
+
+            return RemoteSession(endpoint)
+        return super().__new__(cls)
+
+    def __init__(self, config: EngineConfig | None = None, runtime: Runtime | None = None,
+                 endpoint: str | None = None) -> None:
         self.config = config or EngineConfig()
         self.runtime = runtime or load_runtime(self.config)
         self.catalog = MemoryCatalog()

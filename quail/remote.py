@@ -1,0 +1,106 @@
+"""Quail over Flight SQL: `connect` gives an ADBC connection to a server; a remote Session runs there.
+
+    import quail
+    with quail.Session(endpoint="grpc://localhost:31337") as session:
+        session.register("reviews", table)
+        rows = session.sql("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body))").collect()
+
+The server plans and runs every query (its model, its data directory); the
+report of a remote query holds its wall time only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from quail.planner.dialects import DEFAULT_DIALECT
+
+from .session import DocumentProvider, Report, Result
+
+SESSION_OPTION = "adbc.flight.sql.session.option."
+
+
+def connect(uri: str, dialect: str | None = None, **db_kwargs: str):
+    """An ADBC DB-API connection to a Quail server (autocommit; session cookies on, so options stick).
+
+    dialect: the session's SQL dialect (the server's default when None); db_kwargs:
+    further ADBC Flight SQL database options (e.g. `username`, `password`).
+    """
+    import adbc_driver_flightsql.dbapi as flight_sql
+
+    options = {"adbc.flight.sql.rpc.with_cookie_middleware": "true", **db_kwargs}
+    connection = flight_sql.connect(uri, db_kwargs=options, autocommit=True)
+    if dialect is not None:
+        connection.adbc_connection.set_options(**{SESSION_OPTION + "dialect": dialect})
+    return connection
+
+
+@dataclass
+class RemoteQuery:
+    """A query to run on the server: the same calls as a local `Query`."""
+
+    session: "RemoteSession"
+    text: str
+    dialect: str
+    params: list[Any] | None = None
+
+    def explain(self) -> str:
+        """The server's plan, a line per step (`EXPLAIN <query>`)."""
+        table = self.session._fetch("EXPLAIN " + self.text, self.dialect, self.params)
+        return "\n".join(table.column(0).to_pylist())
+
+    def run(self) -> Result:
+        started = time.perf_counter()
+        table = self.session._fetch(self.text, self.dialect, self.params)
+        return Result(table, Report.wall_only(time.perf_counter() - started))
+
+    def collect(self) -> pa.Table:
+        return self.run().collect()
+
+    def execute_stream(self) -> Iterator[pa.RecordBatch]:
+        """Record batches as the server sends them."""
+        with self.session._cursor(self.dialect) as cursor:
+            cursor.execute(self.text, self.params)
+            yield from cursor.fetch_record_batch()
+
+
+class RemoteSession:
+    """A Session whose tables live on a Quail server and whose queries run there."""
+
+    def __init__(self, endpoint: str, **db_kwargs: str) -> None:
+        self.endpoint = endpoint
+        self.connection = connect(endpoint, **db_kwargs)
+        self._dialect: str | None = None
+
+    def __enter__(self) -> "RemoteSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def register(self, name: str, source: DocumentProvider | pa.Table, replace: bool = False) -> None:
+        """Store a table on the server (replacing one of that name only when asked)."""
+        table = source.table if isinstance(source, DocumentProvider) else source
+        with self.connection.cursor() as cursor:
+            cursor.adbc_ingest(name, table, mode="replace" if replace else "create")
+
+    def sql(self, text: str, dialect: str = DEFAULT_DIALECT, params: list[Any] | None = None) -> RemoteQuery:
+        return RemoteQuery(self, text, dialect, params)
+
+    def _cursor(self, dialect: str):
+        if dialect != self._dialect:
+            self.connection.adbc_connection.set_options(**{SESSION_OPTION + "dialect": dialect})
+            self._dialect = dialect
+        return self.connection.cursor()
+
+    def _fetch(self, text: str, dialect: str, params: list[Any] | None) -> pa.Table:
+        with self._cursor(dialect) as cursor:
+            cursor.execute(text, params)
+            return cursor.fetch_arrow_table()
