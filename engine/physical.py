@@ -64,10 +64,12 @@ Step = Union[SQLStep, AIStep, AIFilterChain]
 class PhysicalPlan:
     """Steps in execution order; `tables` are the stored tables they read, `result` the final relation.
 
-    `parameters` is how many `?` placeholders the query text had (bound before planning).
+    `parameters` is how many `?` placeholders the query text had (bound before planning);
+    `notes` are the planner's words on its choices (EXPLAIN shows them).
     """
 
     steps: tuple[Step, ...]
     tables: tuple[str, ...]
     result: str
     parameters: int = 0
+    notes: tuple[str, ...] = ()

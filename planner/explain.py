@@ -25,8 +25,8 @@ def _ai_line(step: AIStep) -> str:
 
 
 def explain_lines(plan: PhysicalPlan) -> list[str]:
-    """One line per step, in execution order."""
-    lines = []
+    """The planner's notes, then one line per step in execution order."""
+    lines = [f"note: {note}" for note in plan.notes]
     for step in plan.steps:
         if isinstance(step, AIStep):
             lines.append(_ai_line(step))

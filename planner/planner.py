@@ -25,6 +25,7 @@ several in the join layout with {0} as the anchor (or the placeholder its
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -38,49 +39,57 @@ from .ai_functions import AICall, ai_calls, ai_name, ancestors, bind, contains_a
 from .binder import bind_parameters, bind_tables
 from .dialects import DEFAULT_DIALECT, normalize, parse_statement, position
 from .explain import explain_plan, split_explain
+from .join_order import PLAIN_SELECTIVITY, Edge, best_order, cost
 from .subqueries import Names, Scope, ctes_of, innermost_ai_select, output_columns, reading
 
 RESULT = "__quail_result"
+CHARS_PER_TOKEN = 4.0  # for estimates only: English text in a BPE vocabulary
+FRAME_TOKENS = 30  # preamble, document labels, answer cue
+SHORT_TOKENS = 8  # an argument that is not a column of a stored table
+UNKNOWN_ROWS = 1000  # a relation materialized earlier in the same query
 ROW_ID = "__quail_rid"
 TUPLES = "__quail_t"
 DEFAULT_SELECTIVITY = 0.2
 
 
 def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
-             params: Sequence[Any] | None = None) -> PhysicalPlan:
+             params: Sequence[Any] | None = None, join_order: Sequence[str] | None = None) -> PhysicalPlan:
     """The physical plan of one query; params bind its `?` placeholders (None binds NULLs).
 
     `EXPLAIN <query>` plans the query and returns a plan listing its steps.
+    join_order forces the order (table aliases) in which the query's AI core
+    joins its tables, instead of the cheapest (tests and comparisons).
     """
     explained = split_explain(sql)
     if explained is not None:
-        return explain_plan(plan_sql(explained, catalog, dialect, params))
+        return explain_plan(plan_sql(explained, catalog, dialect, params, join_order))
     tree = parse_statement(sql, dialect)
     if not isinstance(tree, exp.Query):
         raise InvalidArgument(f"only queries are supported here, not {tree.key.upper()} statements")
     tables = bind_tables(tree, catalog)
     parameters = bind_parameters(tree, params)
     normalize(tree)
-    names, scope, steps = Names(), Scope(catalog), []
+    names, scope, steps, notes = Names(), Scope(catalog), [], []
     while (inner := innermost_ai_select(tree)) is not None:
         name = names.fresh("sub")
-        steps += _plan_select(inner, tree, scope, names, name)
+        steps += _plan_select(AICorePlanner(inner, scope, names, name, notes), tree)
         inner.replace(reading(name))
     if ai_calls(tree):
-        steps += _plan_select(tree, tree, scope, names, RESULT)
+        steps += _plan_select(AICorePlanner(tree, scope, names, RESULT, notes, join_order), tree)
     else:
         steps.append(SQLStep(tree.sql("duckdb"), RESULT))
-    return PhysicalPlan(tuple(steps), tables, RESULT, parameters)
+    return PhysicalPlan(tuple(steps), tables, RESULT, parameters, tuple(notes))
 
 
-def _plan_select(select: exp.Query, root: exp.Query, scope: Scope, names: Names, result: str) -> list[Step]:
-    """Steps computing one SELECT with AI calls into `result`; its columns join the scope."""
+def _plan_select(planner: "AICorePlanner", root: exp.Query) -> list[Step]:
+    """Steps computing one SELECT with AI calls into the planner's result; its columns join the scope."""
+    select, scope = planner.select, planner.catalog
     if not isinstance(select, exp.Select) or select.args.get("from_") is None:
         raise InvalidArgument(f"an AI function outside a SELECT ... FROM is not supported yet"
                               f"{position(ai_calls(select)[0])}")
-    steps = _materialize_sources(select, root, scope, names)
-    scope.add(result, output_columns(select, scope))
-    return steps + AICorePlanner(select, scope, names, result).plan()
+    steps = _materialize_sources(select, root, scope, planner.names)
+    scope.add(planner.result, output_columns(select, scope))
+    return steps + planner.plan()
 
 
 def _materialize_sources(select: exp.Select, root: exp.Query, scope: Scope, names: Names) -> list[Step]:
@@ -155,6 +164,7 @@ class Relation:
     core: str = ""
     ai_columns: list[str] = field(default_factory=list)
     outer: bool = False  # the right side of a LEFT JOIN: its rows are optional
+    rows: float = 0.0  # the core's estimated rows
 
 
 @dataclass
@@ -173,11 +183,14 @@ class Condition:
 class AICorePlanner:
     """Plans one SELECT with AI functions (see the module docstring)."""
 
-    def __init__(self, select: exp.Select, catalog: Catalog | Scope, names: Names, result: str) -> None:
+    def __init__(self, select: exp.Select, catalog: Scope, names: Names, result: str, notes: list[str],
+                 join_order: Sequence[str] | None = None) -> None:
         self.select = select
         self.catalog = catalog
         self.names = names
         self.result = result
+        self.notes = notes
+        self.join_order = join_order
         self.steps: list[Step] = []
         self.tuple_columns: list[str] = []  # AI values over several tables, columns of the joined tuples
 
@@ -268,7 +281,7 @@ class AICorePlanner:
             source = exp.From(this=_table(relations[0].core, relations[0].alias))
             joins = []
         else:
-            tuples = self._join(relations, pending)
+            tuples = self._join(relations, pending, self._order(relations, pending))
             for node in list(ai_calls(self.select)):
                 if id(node) in values and len(values[id(node)][0]) > 1:
                     refs, call = values[id(node)]
@@ -340,6 +353,8 @@ class AICorePlanner:
         deferred = [c.node for c in local if c.call is None and contains_ai(c.node)]
         plain = [c.node for c in local if c.call is None and not contains_ai(c.node)]
         asks = [(call, "filter", "") for call in by_rank([c.call for c in local if c.call is not None])]
+        relation.rows = (self.catalog.rows(relation.table.name) or UNKNOWN_ROWS) * PLAIN_SELECTIVITY ** len(plain) \
+            * math.prod(call.selectivity or DEFAULT_SELECTIVITY for call, _, _ in asks)
         for node in list(ai_calls(self.select)):
             if id(node) in values and values[id(node)][0] == {alias}:
                 column = self._name("ai")
@@ -387,24 +402,65 @@ class AICorePlanner:
             return exp.Cast(this=exp.Anonymous(this="TO_JSON", expressions=[obj]), to=exp.DataType.build("JSON"))
         return ref
 
-    def _join(self, relations: list[Relation], pending: list[Condition]) -> str:
-        """Row-id tuples of the joins, each condition applied once its tables are joined.
+    def _order(self, relations: list[Relation], pending: list[Condition]) -> list[int]:
+        """The join order: forced, the query's where LEFT JOINs fix it, else the cheapest (join_order.py)."""
+        aliases = [r.alias.lower() for r in relations]
+        if self.join_order is not None:
+            forced = [a.lower() for a in self.join_order]
+            if sorted(forced) != sorted(aliases):
+                raise InvalidArgument(f"a forced join order must name each of {', '.join(aliases)} once")
+            return [aliases.index(a) for a in forced]
+        if any(r.outer for r in relations):
+            return list(range(len(relations)))
+        sizes = [r.rows for r in relations]
+        edges = [self._edge(c, relations) for c in pending if len(c.refs) > 1 and c.left_on is None]
+        order, tokens = best_order(sizes, edges)
+        self.notes.append(f"join order {', '.join(relations[i].alias for i in order)}: ~{tokens:,.0f} model tokens "
+                          f"(the query's order: ~{cost(list(range(len(relations))), sizes, edges):,.0f})")
+        return order
+
+    def _edge(self, condition: Condition, relations: list[Relation]) -> Edge:
+        index = {r.alias: i for i, r in enumerate(relations)}
+        refs = frozenset(index[a] for a in condition.refs)
+        call = condition.call
+        if call is None:
+            return Edge(refs, PLAIN_SELECTIVITY)
+        tokens = [self._tokens(arg, relations) for arg in call.args]
+        anchor_refs = self._refs(call.args[call.anchor], relations)
+        anchor = index[next(iter(anchor_refs))] if len(anchor_refs) == 1 else min(refs)
+        rest = sum(tokens) - tokens[call.anchor] + len(call.template) / CHARS_PER_TOKEN + FRAME_TOKENS
+        return Edge(refs, call.selectivity or DEFAULT_SELECTIVITY, True, anchor, tokens[call.anchor], rest)
+
+    def _tokens(self, arg: exp.Expression, relations: list[Relation]) -> float:
+        """Estimated tokens of a PROMPT argument: a column's mean length, else a short value."""
+        if isinstance(arg, exp.Column) and not isinstance(arg.this, exp.Star):
+            (alias,) = self._refs(arg, relations)
+            relation = next(r for r in relations if r.alias == alias)
+            chars = self.catalog.mean_chars(relation.table.name, arg.name)
+            if chars is not None:
+                return chars / CHARS_PER_TOKEN
+        return SHORT_TOKENS
+
+    def _join(self, relations: list[Relation], pending: list[Condition], order: list[int]) -> str:
+        """Row-id tuples of the joins in `order`, each condition applied once its tables are joined.
 
         A LEFT JOIN matches by its ON conditions, then keeps the unmatched left
         tuples with a NULL slot; WHERE conditions apply to the joined tuples after.
+        Slot i always holds relation i's row id, whatever the order.
         """
+        first = relations[order[0]]
         current = self._name("tuples")
         self.steps.append(SQLStep(
-            exp.select(exp.alias_(_col(relations[0].alias, ROW_ID), self._slot(0), quoted=True))
-            .from_(_table(relations[0].core, relations[0].alias)).sql("duckdb"), current))
-        for i in range(1, len(relations)):
-            new, bound = relations[i], {r.alias for r in relations[: i + 1]}
+            exp.select(exp.alias_(_col(first.alias, ROW_ID), self._slot(order[0]), quoted=True))
+            .from_(_table(first.core, first.alias)).sql("duckdb"), current))
+        for k, i in enumerate(order[1:], start=1):
+            new, bound = relations[i], {relations[j].alias for j in order[: k + 1]}
             where = [c for c in pending if c.left_on is None and c.refs <= bound]
             on = [c for c in pending if c.left_on == new.alias]
             if new.outer:
                 matched = self._extend(current, relations, i, [c for c in on if c.call is None])
                 matched = self._apply(matched, relations, [c for c in on if c.call is not None])
-                current = self._keep_unmatched(current, matched, i)
+                current = self._keep_unmatched(current, matched, i, order[:k])
                 if any(c.call is None for c in where):
                     current = self._filter(current, relations, [c for c in where if c.call is None])
             else:
@@ -421,10 +477,10 @@ class AICorePlanner:
             tuples = self._ai_join(tuples, relations, condition)
         return tuples
 
-    def _keep_unmatched(self, before: str, matched: str, i: int) -> str:
+    def _keep_unmatched(self, before: str, matched: str, i: int, joined: list[int]) -> str:
         """LEFT JOIN: the tuples before, each with its matches' slot i, or NULL when it has none."""
         on = exp.and_(*(exp.EQ(this=_col("__quail_m", self._slot(j)), expression=_col(TUPLES, self._slot(j)))
-                        for j in range(i)))
+                        for j in joined))
         output = self._name("tuples")
         self.steps.append(SQLStep(
             exp.select(exp.Column(this=exp.Star(), table=_ident(TUPLES)), _col("__quail_m", self._slot(i)))
@@ -436,13 +492,14 @@ class AICorePlanner:
         """The tuples passing plain conditions over the relations joined so far."""
         names = set().union(*(c.refs for c in plain))
         query = exp.select(exp.Column(this=exp.Star(), table=_ident(TUPLES))).from_(_table(tuples, TUPLES))
-        query = self._joined_to(query, relations, names, len(relations)).where(_and([c.node for c in plain]))
+        query = self._joined_to(query, relations, names).where(_and([c.node for c in plain]))
         output = self._name("tuples")
         self.steps.append(SQLStep(query.sql("duckdb"), output))
         return output
 
-    def _joined_to(self, query: exp.Select, relations: list[Relation], aliases, upto: int) -> exp.Select:
-        for i, r in enumerate(relations[:upto]):
+    def _joined_to(self, query: exp.Select, relations: list[Relation], aliases) -> exp.Select:
+        """The query joined to the cores of the named relations (all joined already) by their slots."""
+        for i, r in enumerate(relations):
             if r.alias in aliases:
                 query = query.join(_table(r.core, r.alias), join_type="LEFT" if r.outer else None,
                                    on=exp.EQ(this=_col(r.alias, ROW_ID), expression=_col(TUPLES, self._slot(i))))
@@ -454,7 +511,7 @@ class AICorePlanner:
         query = exp.select(exp.Column(this=exp.Star(), table=_ident(TUPLES)),
                            exp.alias_(_col(new.alias, ROW_ID), self._slot(i), quoted=True)) \
             .from_(_table(tuples, TUPLES)).join(_table(new.core, new.alias), join_type="CROSS")
-        query = self._joined_to(query, relations, names - {new.alias}, i)
+        query = self._joined_to(query, relations, names - {new.alias})
         if plain:
             query = query.where(_and([c.node for c in plain]))
         output = self._name("tuples")
@@ -472,7 +529,7 @@ class AICorePlanner:
         query = exp.select(*(_col(TUPLES, s) for s in slots),
                            *(exp.alias_(exp.cast(a.copy(), exp.DataType.build("VARCHAR")), n, quoted=True)
                              for a, n in zip(call.args, names))).distinct().from_(_table(tuples, TUPLES))
-        query = self._joined_to(query, relations, refs, len(relations))
+        query = self._joined_to(query, relations, refs)
         combos = self._name("combos")
         self.steps.append(SQLStep(query.sql("duckdb"), combos))
         return combos, slots, names

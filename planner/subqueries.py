@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from sqlglot import exp
 
 from quail.engine.catalog import Catalog
@@ -50,6 +51,21 @@ class Scope:
 
     def add(self, name: str, columns: list[str]) -> None:
         self.columns[name.lower()] = columns
+
+    def rows(self, name: str) -> int | None:
+        """A stored table's row count (None for a relation not materialized yet)."""
+        return None if name.lower() in self.columns else self.catalog.table(name).num_rows
+
+    def mean_chars(self, name: str, column: str) -> float | None:
+        """The mean length in characters of a stored table's column as text (None when unknown)."""
+        if name.lower() in self.columns:
+            return None
+        table = self.catalog.table(name)
+        match = [c for c in table.column_names if c.lower() == column.lower()]
+        if not match or table.num_rows == 0:
+            return None
+        lengths = pc.utf8_length(table.column(match[0]).cast(pa.string()))
+        return pc.mean(lengths).as_py() or 0.0
 
 
 def innermost_ai_select(root: exp.Expression) -> exp.Select | None:

@@ -8,13 +8,17 @@ runs) make the row sets non-trivial at a stated selectivity with a tiny model.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pyarrow as pa
 import pytest
 
 import quail
 from quail.engine.ai_ops import Question, build_requests, content_hash
+from quail.engine.executor import execute
 from quail.engine.physical import AIFilterChain
+from quail.planner.planner import plan_sql
 
 REVIEWS = pa.table({
     "id": list(range(8)),
@@ -242,3 +246,17 @@ def test_left_join_on_an_ai_condition(session):
     unmatched = rows(session, f"SELECT r.id FROM reviews r LEFT JOIN aspects a ON {ask} WHERE a.id IS NULL "
                               "ORDER BY 1")
     assert unmatched == [(i,) for i, a in left(lambda r, a: (r["id"], a["id"]) in hit) if a is None]
+
+
+def test_every_order_returns_the_same_rows(session):
+    sql = (f"SELECT r.id, a.id, b.id FROM reviews r "
+           f"JOIN aspects a ON AI_FILTER(PROMPT('{JOIN}', r.body, a.aspect), {OPTS}) "
+           f"JOIN aspects b ON a.id < b.id AND AI_FILTER(PROMPT('{JOIN}', r.body, b.aspect), {OPTS})")
+    chosen = sorted(rows(session, sql))
+    assert chosen
+    for order in itertools.permutations(["r", "a", "b"]):
+        plan = plan_sql(sql, session.catalog, join_order=order)
+        table = execute(plan, session.catalog, session.runtime)
+        assert sorted(zip(*(c.to_pylist() for c in table.columns))) == chosen, order
+    explained = session.sql("EXPLAIN " + sql).collect().column(0).to_pylist()
+    assert explained[0].startswith("note: join order ") and "the query's order" in explained[0]
