@@ -2,42 +2,84 @@
 
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .ai_ops import Question, classify, yes_probabilities
 from .catalog import Catalog
-from .physical import AIFilterChain, AIStep, PhysicalPlan, SQLStep
+from .physical import AIFilterChain, AIStep, PhysicalPlan, SQLStep, Step, describe
 from .relational import run_sql
 from .runtime import Runtime
+from .stats import Stats
 from .work import QueryWork
 
 _TYPES = {"bool": pa.bool_(), "score": pa.float64(), "classify": pa.string()}
 
 
-def execute(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work: QueryWork | None = None) -> pa.Table:
-    """All steps in order; the final relation's rows. Model work is recorded in `work`."""
-    return _run(plan, {name: catalog.table(name) for name in plan.tables}, runtime, work)
+ANALYZE_SCHEMA = pa.schema([("plan", pa.string())])
+
+
+def execute(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work: QueryWork | None = None,
+            sol: Callable[[Stats], float | None] | None = None) -> pa.Table:
+    """All steps in order; the final relation's rows. Model work is recorded in `work`.
+
+    An analyze plan returns what each step did instead (`analyze`); `sol` gives
+    the speed-of-light seconds of the ideal work, where the caller knows the device.
+    """
+    relations = {name: catalog.table(name) for name in plan.tables}
+    if plan.analyze:
+        return analyze(plan, relations, runtime, work or QueryWork(), sol)
+    for step in plan.steps:
+        _run_step(step, relations, runtime, work)
+    return relations[plan.result]
 
 
 def result_schema(plan: PhysicalPlan, catalog: Catalog) -> pa.Schema:
     """The result schema, found by running the plan over empty tables (no model work)."""
-    empty = {name: catalog.schema(name).empty_table() for name in plan.tables}
-    return _run(plan, empty, None, None).schema
-
-
-def _run(plan: PhysicalPlan, relations: dict[str, pa.Table], runtime: Runtime | None,
-         work: QueryWork | None) -> pa.Table:
-    relations = dict(relations)
+    if plan.analyze:
+        return ANALYZE_SCHEMA
+    relations = {name: catalog.schema(name).empty_table() for name in plan.tables}
     for step in plan.steps:
-        if isinstance(step, SQLStep):
-            relations[step.output] = run_sql(step.sql, relations)
-        elif isinstance(step, AIFilterChain):
-            relations[step.output] = _ai_chain(step, relations[step.input], runtime, work)
-        else:
-            relations[step.output] = _ai_step(step, relations[step.input], runtime, work)
-    return relations[plan.result]
+        _run_step(step, relations, None, None)
+    return relations[plan.result].schema
+
+
+def _run_step(step: Step, relations: dict[str, pa.Table], runtime: Runtime | None, work: QueryWork | None) -> None:
+    if isinstance(step, SQLStep):
+        relations[step.output] = run_sql(step.sql, relations)
+    elif isinstance(step, AIFilterChain):
+        relations[step.output] = _ai_chain(step, relations[step.input], runtime, work)
+    else:
+        relations[step.output] = _ai_step(step, relations[step.input], runtime, work)
+
+
+def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], runtime: Runtime | None, work: QueryWork,
+            sol: Callable[[Stats], float | None] | None) -> pa.Table:
+    """Run the plan; a line per step with its rows and seconds, then the AI stages and the model work."""
+    lines = [f"note: {note}" for note in plan.notes]
+    started = time.perf_counter()
+    for step in plan.steps:
+        begun = time.perf_counter()
+        _run_step(step, relations, runtime, work)
+        first, *rest = describe(step)
+        lines += [f"{first}  [{relations[step.output].num_rows} rows, {time.perf_counter() - begun:.3f}s]", *rest]
+    wall = time.perf_counter() - started
+    for stage in work.stages:
+        observed = stage.get("selectivity_observed")
+        lines.append(f"stage {stage['operator']} -> {stage['output']}: {stage['rows_in']} rows in"
+                     + (f", {stage['rows_out']} out, selectivity {stage['selectivity_provided']:g} estimated, "
+                        f"{observed:.3f} observed" if observed is not None else ""))
+    stats, ideal = work.stats, work.ideal()
+    lines.append(f"model: {stats.requests} requests, {stats.logical_tokens} logical tokens, {stats.fresh_tokens} "
+                 f"fresh, {stats.cached_tokens} cached, KV regret {stats.fresh_tokens - ideal.fresh_tokens}")
+    sol_s = sol(ideal) if sol is not None else None
+    lines.append(f"wall {wall:.3f}s" + (f", speed of light {sol_s:.3f}s ({sol_s / wall:.2f} of wall)"
+                                        if sol_s is not None and wall > 0 else ""))
+    return pa.table({"plan": pa.array(lines, pa.string())})
 
 
 def _answers(step: AIStep, rows: pa.Table, runtime: Runtime, work: QueryWork | None) -> pa.Array:

@@ -60,12 +60,30 @@ class AIFilterChain:
 Step = Union[SQLStep, AIStep, AIFilterChain]
 
 
+def _describe_ai(step: AIStep) -> str:
+    anchor = f", anchor {{{step.anchor}}}" if step.anchor else ""
+    return (f"AI {step.kind} ({step.layout} layout{anchor}, selectivity {step.selectivity:g}) "
+            f"{step.input} -> {step.output}: {step.template!r} over {list(step.arg_columns)}")
+
+
+def describe(step: Step) -> list[str]:
+    """A step as EXPLAIN lists it: one line (a filter chain: one, then one per filter, indented)."""
+    if isinstance(step, AIStep):
+        return [_describe_ai(step)]
+    if isinstance(step, AIFilterChain):
+        return ([f"AI filters until {step.limit} rows pass, in table order: {step.input} -> {step.output}"]
+                + ["  " + _describe_ai(f) for f in step.filters])
+    return [f"DuckDB -> {step.output}: {step.sql}"]
+
+
 @dataclass(frozen=True)
 class PhysicalPlan:
     """Steps in execution order; `tables` are the stored tables they read, `result` the final relation.
 
     `parameters` is how many `?` placeholders the query text had (bound before planning);
-    `notes` are the planner's words on its choices (EXPLAIN shows them).
+    `notes` are the planner's words on its choices (EXPLAIN shows them);
+    `analyze`: run the steps, then return what each did instead of their rows
+    (EXPLAIN ANALYZE: one string column, `plan`).
     """
 
     steps: tuple[Step, ...]
@@ -73,3 +91,4 @@ class PhysicalPlan:
     result: str
     parameters: int = 0
     notes: tuple[str, ...] = ()
+    analyze: bool = False

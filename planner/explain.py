@@ -1,45 +1,35 @@
-"""EXPLAIN: a physical plan as lines of text, and `EXPLAIN <query>` as a query returning them."""
+"""EXPLAIN [ANALYZE]: a physical plan as lines of text, and `EXPLAIN <query>` as a query returning them."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from sqlglot import exp
 
-from quail.engine.physical import AIFilterChain, AIStep, PhysicalPlan, SQLStep
+from quail.engine.physical import PhysicalPlan, SQLStep, describe
 
-EXPLAIN = re.compile(r"^\s*EXPLAIN\b", re.IGNORECASE)
+EXPLAIN = re.compile(r"^\s*EXPLAIN(\s+ANALYZE)?\b", re.IGNORECASE)
 COLUMN = "plan"
 
 
-def split_explain(sql: str) -> str | None:
-    """The query after a leading EXPLAIN (blanked, so error positions still point into the text), or None."""
+def split_explain(sql: str) -> tuple[str, bool] | None:
+    """(the query after a leading EXPLAIN [ANALYZE], blanked so error positions still point into the
+    text; whether ANALYZE was asked), or None when the text is not an EXPLAIN."""
     match = EXPLAIN.match(sql)
-    return " " * match.end() + sql[match.end():] if match else None
-
-
-def _ai_line(step: AIStep) -> str:
-    anchor = f", anchor {{{step.anchor}}}" if step.anchor else ""
-    return (f"AI {step.kind} ({step.layout} layout{anchor}, selectivity {step.selectivity:g}) "
-            f"{step.input} -> {step.output}: {step.template!r} over {list(step.arg_columns)}")
+    return (" " * match.end() + sql[match.end():], bool(match.group(1))) if match else None
 
 
 def explain_lines(plan: PhysicalPlan) -> list[str]:
     """The planner's notes, then one line per step in execution order."""
-    lines = [f"note: {note}" for note in plan.notes]
-    for step in plan.steps:
-        if isinstance(step, AIStep):
-            lines.append(_ai_line(step))
-        elif isinstance(step, AIFilterChain):
-            lines.append(f"AI filters until {step.limit} rows pass, in table order: {step.input} -> {step.output}")
-            lines += ["  " + _ai_line(f) for f in step.filters]
-        else:
-            lines.append(f"DuckDB -> {step.output}: {step.sql}")
-    return lines
+    return [f"note: {note}" for note in plan.notes] + [line for step in plan.steps for line in describe(step)]
 
 
-def explain_plan(plan: PhysicalPlan) -> PhysicalPlan:
-    """A plan whose result is the explained plan's lines, one row each, in a column `plan`."""
+def explain_plan(plan: PhysicalPlan, analyze: bool) -> PhysicalPlan:
+    """A plan whose result is the explained plan's lines, one row each, in a column `plan`;
+    with analyze, the plan itself, run for what each step does (executor.analyze)."""
+    if analyze:
+        return replace(plan, analyze=True)
     rows = exp.Values(expressions=[exp.Tuple(expressions=[exp.Literal.string(line)]) for line in explain_lines(plan)],
                       alias=exp.TableAlias(this=exp.to_identifier("t"), columns=[exp.to_identifier(COLUMN)]))
     sql = exp.select(exp.column(COLUMN)).from_(rows).sql("duckdb")

@@ -56,13 +56,15 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
              params: Sequence[Any] | None = None, join_order: Sequence[str] | None = None) -> PhysicalPlan:
     """The physical plan of one query; params bind its `?` placeholders (None binds NULLs).
 
-    `EXPLAIN <query>` plans the query and returns a plan listing its steps.
+    `EXPLAIN <query>` plans the query and returns a plan listing its steps;
+    `EXPLAIN ANALYZE <query>` a plan that runs it and reports what each step did.
     join_order forces the order (table aliases) in which the query's AI core
     joins its tables, instead of the cheapest (tests and comparisons).
     """
     explained = split_explain(sql)
     if explained is not None:
-        return explain_plan(plan_sql(explained, catalog, dialect, params, join_order))
+        inner, analyze = explained
+        return explain_plan(plan_sql(inner, catalog, dialect, params, join_order), analyze)
     tree = parse_statement(sql, dialect)
     if not isinstance(tree, exp.Query):
         raise InvalidArgument(f"only queries are supported here, not {tree.key.upper()} statements")

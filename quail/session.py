@@ -27,6 +27,7 @@ from quail.engine.executor import execute, result_schema
 from quail.engine.models import load_runtime
 from quail.engine.physical import PhysicalPlan
 from quail.engine.runtime import Runtime
+from quail.engine.stats import Stats
 from quail.engine.work import QueryWork
 from quail.planner.cost import DEVICES, sol_seconds
 from quail.planner.dialects import DEFAULT_DIALECT
@@ -177,15 +178,19 @@ class Session:
             return self.config.sol_device
         return "cpu" if self.config.device == "cpu" else None
 
+    def _sol(self, ideal: Stats) -> float | None:
+        """Speed-of-light seconds of the ideal work on the configured device (None: no device constants)."""
+        device = self._sol_device()
+        return (sol_seconds(ideal, self.runtime.config, DEVICES[device], self.config.precision, self.config.token_budget)
+                if device else None)
+
     def _run(self, query: Query) -> Result:
         work = QueryWork()
         started = time.perf_counter()
-        table = execute(query.plan, self.catalog, self.runtime, work)
+        table = execute(query.plan, self.catalog, self.runtime, work, self._sol)
         wall = time.perf_counter() - started
         stats, ideal = work.stats, work.ideal()
-        device = self._sol_device()
-        sol = (sol_seconds(ideal, self.runtime.config, DEVICES[device], self.config.precision, self.config.token_budget)
-               if device else None)
+        sol = self._sol(ideal)
         report = Report(
             wall_s=wall, logical_tokens=stats.logical_tokens, fresh_tokens=stats.fresh_tokens,
             cached_tokens=stats.cached_tokens, padded_tokens=stats.padded_tokens,

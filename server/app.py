@@ -7,6 +7,7 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -15,6 +16,7 @@ from quail.engine.config import EngineConfig
 from quail.engine.errors import Unavailable
 from quail.engine.models import load_runtime
 from quail.engine.storage import TableStore
+from quail.planner.cost import DEVICES, sol_seconds
 from quail.planner.dialects import DEFAULT_DIALECT, DIALECTS
 
 from .flight_sql import FlightSQLHandler
@@ -44,8 +46,11 @@ class QuailServer:
             raise ValueError(f"unknown dialect {config.dialect!r}; use one of {', '.join(DIALECTS)}")
         self.config = config
         self.store = TableStore(config.data_dir)
-        self.runtime = load_runtime(EngineConfig(model=config.model))
-        handler = FlightSQLHandler(self.store, self.runtime, config.dialect)
+        engine = EngineConfig(model=config.model)
+        self.runtime = load_runtime(engine)
+        handler = FlightSQLHandler(self.store, self.runtime, config.dialect, partial(
+            sol_seconds, model=self.runtime.config, device=DEVICES["cpu"], precision=engine.precision,
+            tokens_per_pass=engine.token_budget))
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=config.workers), options=_UNLIMITED)
         self._grpc.add_generic_rpc_handlers((FlightService(handler).generic_handler(),))
         address = f"{config.host}:{config.port}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 from google.protobuf.message import Message
@@ -12,6 +12,7 @@ from google.protobuf.message import Message
 from quail.engine.errors import InvalidArgument, NotFound, Unimplemented
 from quail.engine.executor import execute, result_schema
 from quail.engine.runtime import Runtime
+from quail.engine.stats import Stats
 from quail.engine.storage import TableStore
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
 from quail.planner.dialects import DIALECTS
@@ -43,9 +44,11 @@ _ACTIONS = [
 class FlightSQLHandler:
     """Answers Flight SQL commands against one table store and one model runtime."""
 
-    def __init__(self, store: TableStore, runtime: Runtime, dialect: str) -> None:
+    def __init__(self, store: TableStore, runtime: Runtime, dialect: str,
+                 sol: Callable[[Stats], float | None] | None = None) -> None:
         self.store = store
         self.runtime = runtime
+        self.sol = sol  # speed-of-light seconds of a query's ideal work (EXPLAIN ANALYZE)
         self.sessions = Sessions({"dialect": dialect, "catalog": CATALOG_NAME, "schema": SCHEMA_NAME},
                                  {"dialect": tuple(DIALECTS), "catalog": (CATALOG_NAME,), "schema": (SCHEMA_NAME,)})
         self.statements = Statements()
@@ -95,7 +98,7 @@ class FlightSQLHandler:
         if name == "TicketStatementQuery":
             plan, schema = self.statements.take_pending(cmd.statement_handle)
             start = time.perf_counter()
-            table = execute(plan, self.store, self.runtime).cast(schema)
+            table = execute(plan, self.store, self.runtime, sol=self.sol).cast(schema)
             log.info("query done: %d rows in %.3fs", table.num_rows, time.perf_counter() - start)
             return schema, table.to_batches(max_chunksize=BATCH_ROWS)
         table = self._metadata(name, cmd)

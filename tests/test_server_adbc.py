@@ -145,3 +145,12 @@ def test_dialect_is_a_session_option(server, conn):
 def test_explain_through_adbc(conn):
     table = query(conn, f"EXPLAIN SELECT id FROM reviews WHERE AI_FILTER(PROMPT('{QUESTION}', body))")
     assert table.column_names == ["plan"] and any(line.startswith("AI filter") for line in table["plan"].to_pylist())
+
+
+def test_explain_analyze_through_adbc(conn):
+    lines = query(conn, f"EXPLAIN ANALYZE SELECT id FROM reviews WHERE stars > 1 AND "
+                        f"AI_FILTER(PROMPT('{QUESTION}', body), {{'selectivity': 0.5}})")["plan"].to_pylist()
+    assert any(line.startswith("AI filter") and " rows, " in line for line in lines)
+    assert any(line.startswith("stage ai_filter") and "0.5 estimated" in line and "observed" in line for line in lines)
+    assert lines[-2].startswith("model: ") and "KV regret" in lines[-2]
+    assert lines[-1].startswith("wall ") and "speed of light" in lines[-1]
