@@ -29,5 +29,9 @@ class Unavailable(QuailError):
     """The server cannot take the request now (shutting down, model missing)."""
 
 
+class Unauthenticated(QuailError):
+    """The call carries no valid credentials (missing, wrong, or an expired token)."""
+
+
 class Unimplemented(QuailError):
     """The server does not implement the requested call or command."""

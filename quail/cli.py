@@ -13,8 +13,11 @@ from quail.engine.errors import QuailError
 def _serve(args: argparse.Namespace) -> int:
     from quail.server.app import ServerConfig, serve
 
+    optional_path = lambda value: Path(value) if value else None  # noqa: E731
     serve(ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), model=args.model,
-                       dialect=args.dialect))
+                       dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
+                       tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
+                       public_without_auth=args.public_without_auth))
     return 0
 
 
@@ -27,6 +30,12 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", default="data", help="directory holding the tables (default ./data)")
     serve.add_argument("--model", default=None, help="model name or .gguf path (default: embedded SmolLM2-135M)")
     serve.add_argument("--dialect", default="snowflake", help="SQL dialect: snowflake, bigquery or duckdb")
+    serve.add_argument("--users", default=None, help="file of user:password lines: clients must log in")
+    serve.add_argument("--token-ttl", type=float, default=3600.0, help="seconds a login token lasts (default 3600)")
+    serve.add_argument("--tls-cert", default=None, help="PEM certificate: serve grpc+tls (with --tls-key)")
+    serve.add_argument("--tls-key", default=None, help="PEM private key of the certificate")
+    serve.add_argument("--public-without-auth", action="store_true",
+                       help="allow a non-loopback --host without --users (anyone who can reach it gets in)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="server log level on stderr (default info)")
     serve.set_defaults(run=_serve)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import threading
@@ -19,6 +20,7 @@ from quail.engine.storage import TableStore
 from quail.planner.cost import DEVICES, sol_seconds
 from quail.planner.dialects import DEFAULT_DIALECT, DIALECTS
 
+from .auth import Authenticator, load_users
 from .flight_sql import FlightSQLHandler
 from .grpc_service import FlightService
 
@@ -36,14 +38,35 @@ class ServerConfig:
     model: str | None = None
     dialect: str = DEFAULT_DIALECT
     workers: int = 16
+    users_file: Path | None = None  # user:password lines; None: no authentication
+    token_ttl_s: float = 3600.0
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    public_without_auth: bool = False  # listen on a non-loopback address with no authentication
+
+    def check(self) -> None:
+        """Refuse settings that would expose data: no auth off loopback unless told; TLS needs both files."""
+        if self.dialect not in DIALECTS:
+            raise ValueError(f"unknown dialect {self.dialect!r}; use one of {', '.join(DIALECTS)}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both a certificate and a key file")
+        if self.users_file is None and not _loopback(self.host) and not self.public_without_auth:
+            raise ValueError(f"refusing to serve {self.host} without authentication: give a users file, "
+                             "or say explicitly that the address may be served without it")
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 class QuailServer:
     """Loads the tables and the model, then serves Flight SQL until stopped."""
 
     def __init__(self, config: ServerConfig) -> None:
-        if config.dialect not in DIALECTS:
-            raise ValueError(f"unknown dialect {config.dialect!r}; use one of {', '.join(DIALECTS)}")
+        config.check()
         self.config = config
         self.store = TableStore(config.data_dir)
         engine = EngineConfig(model=config.model)
@@ -51,11 +74,16 @@ class QuailServer:
         handler = FlightSQLHandler(self.store, self.runtime, config.dialect, partial(
             sol_seconds, model=self.runtime.config, device=DEVICES["cpu"], precision=engine.precision,
             tokens_per_pass=engine.token_budget))
+        auth = Authenticator(load_users(config.users_file), config.token_ttl_s) if config.users_file else None
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=config.workers), options=_UNLIMITED)
-        self._grpc.add_generic_rpc_handlers((FlightService(handler).generic_handler(),))
+        self._grpc.add_generic_rpc_handlers((FlightService(handler, auth).generic_handler(),))
         address = f"{config.host}:{config.port}"
         try:
-            self.port = self._grpc.add_insecure_port(address)
+            if config.tls_cert is not None:
+                credentials = grpc.ssl_server_credentials([(config.tls_key.read_bytes(), config.tls_cert.read_bytes())])
+                self.port = self._grpc.add_secure_port(address, credentials)
+            else:
+                self.port = self._grpc.add_insecure_port(address)
         except RuntimeError:
             self.port = 0
         if not self.port:
@@ -63,7 +91,8 @@ class QuailServer:
 
     @property
     def location(self) -> str:
-        return f"grpc://{self.config.host}:{self.port}"
+        scheme = "grpc+tls" if self.config.tls_cert is not None else "grpc"
+        return f"{scheme}://{self.config.host}:{self.port}"
 
     def start(self) -> None:
         self._grpc.start()

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from quail.engine.errors import InvalidArgument, QuailError, Unimplemented
 
+from .auth import Authenticator
 from .flight_messages import FLIGHT, SERVICE
 from .ipc import decode, encode, schema_bytes
 from .status import status_of
@@ -77,21 +78,34 @@ def _parse(name: str) -> Callable[[bytes], object]:
 
 
 class FlightService:
-    """Adapts a FlightHandler to the ten FlightService methods."""
+    """Adapts a FlightHandler to the ten FlightService methods; with an authenticator, every call but
+    Handshake (the login) must carry a valid bearer token."""
 
-    def __init__(self, handler: FlightHandler) -> None:
+    def __init__(self, handler: FlightHandler, auth: Authenticator | None = None) -> None:
         self.handler = handler
+        self.auth = auth
+
+    def _authenticated(self, fn: Callable) -> Callable:
+        if self.auth is None:
+            return fn
+
+        def call(request, context):
+            self.auth.check(context)
+            return fn(request, context)
+        return call
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         identity = lambda b: b  # noqa: E731 - responses are serialized by the methods
         unary = lambda fn, req: grpc.unary_unary_rpc_method_handler(  # noqa: E731
-            _unary(fn), request_deserializer=_parse(req), response_serializer=identity)
+            _unary(self._authenticated(fn)), request_deserializer=_parse(req), response_serializer=identity)
         server_stream = lambda fn, req: grpc.unary_stream_rpc_method_handler(  # noqa: E731
-            _streaming(fn), request_deserializer=_parse(req), response_serializer=identity)
+            _streaming(self._authenticated(fn)), request_deserializer=_parse(req), response_serializer=identity)
         bidi = lambda fn, req: grpc.stream_stream_rpc_method_handler(  # noqa: E731
-            _streaming(fn), request_deserializer=_parse(req), response_serializer=identity)
+            _streaming(self._authenticated(fn)), request_deserializer=_parse(req), response_serializer=identity)
         return grpc.method_handlers_generic_handler(SERVICE, {
-            "Handshake": bidi(self.handshake, "HandshakeRequest"),
+            "Handshake": grpc.stream_stream_rpc_method_handler(
+                _streaming(self.handshake), request_deserializer=_parse("HandshakeRequest"),
+                response_serializer=identity),
             "ListFlights": server_stream(self.list_flights, "Criteria"),
             "GetFlightInfo": unary(self.get_flight_info, "FlightDescriptor"),
             "PollFlightInfo": unary(self.unimplemented, "FlightDescriptor"),
@@ -104,6 +118,9 @@ class FlightService:
         })
 
     def handshake(self, requests: Iterator, context) -> Iterator[bytes]:
+        """Echoes the requests; with an authenticator, Basic credentials here buy a bearer token."""
+        if self.auth is not None:
+            self.auth.login(context)
         for request in requests:
             yield FLIGHT["HandshakeResponse"](protocol_version=request.protocol_version).SerializeToString()
 

@@ -14,6 +14,7 @@ STATUS = {
     errors.Cancelled: grpc.StatusCode.CANCELLED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.Unimplemented: grpc.StatusCode.UNIMPLEMENTED,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
 }
 
 
