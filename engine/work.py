@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .radix import ideal_stats
 from .requests import Request
@@ -24,3 +24,12 @@ class QueryWork:
     def ideal(self) -> Stats:
         """Each distinct prefix of all the query's prompts computed once (unlimited KV)."""
         return ideal_stats(self.requests)
+
+    def report(self, wall_s: float, sol: Callable[[Stats], float | None] | None = None) -> dict[str, Any]:
+        """The figures of a query's report: tokens, KV regret, stages, and speed-of-light seconds (if known)."""
+        stats, ideal = self.stats, self.ideal()
+        return {"wall_s": wall_s, "logical_tokens": stats.logical_tokens, "fresh_tokens": stats.fresh_tokens,
+                "cached_tokens": stats.cached_tokens, "padded_tokens": stats.padded_tokens,
+                "physical_tokens": stats.physical_tokens, "kv_regret_tokens": stats.fresh_tokens - ideal.fresh_tokens,
+                "requests": stats.requests, "forward_passes": stats.forward_passes, "stages": self.stages,
+                "ideal": ideal.as_dict(), "sol_s": sol(ideal) if sol is not None else None}

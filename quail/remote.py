@@ -5,13 +5,13 @@
         session.register("reviews", table)
         rows = session.sql("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body))").collect()
 
-The server plans and runs every query (its model, its data directory); the
-report of a remote query holds its wall time only.
+The server plans and runs every query (its model, its data directory) and
+keeps each query's report in the session, where `run()` reads it.
 """
 
 from __future__ import annotations
 
-import time
+import json
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -22,6 +22,8 @@ from quail.planner.dialects import DEFAULT_DIALECT
 from .session import DocumentProvider, Report, Result
 
 SESSION_OPTION = "adbc.flight.sql.session.option."
+SESSION_OPTIONS = "adbc.flight.sql.session.options"
+LAST_QUERY = "quail.last_query"
 
 
 def connect(uri: str, dialect: str | None = None, **db_kwargs: str):
@@ -54,9 +56,10 @@ class RemoteQuery:
         return "\n".join(table.column(0).to_pylist())
 
     def run(self) -> Result:
-        started = time.perf_counter()
+        """Rows, and the server's report of the query (its session option `quail.last_query`)."""
         table = self.session._fetch(self.text, self.dialect, self.params)
-        return Result(table, Report.wall_only(time.perf_counter() - started))
+        options = json.loads(self.session.connection.adbc_connection.get_option(SESSION_OPTIONS))
+        return Result(table, Report(**json.loads(options[LAST_QUERY])))
 
     def collect(self) -> pa.Table:
         return self.run().collect()

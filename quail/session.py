@@ -60,27 +60,20 @@ class DocumentProvider:
 
 @dataclass
 class Report:
-    """What a query cost: wall time, tokens asked and computed, and its speed of light.
-
-    A remote query's report holds its wall time only (the other fields None).
-    """
+    """What a query cost: wall time, tokens asked and computed, and its speed of light."""
 
     wall_s: float
-    logical_tokens: int | None
-    fresh_tokens: int | None
-    cached_tokens: int | None
-    padded_tokens: int | None
-    physical_tokens: int | None
-    kv_regret_tokens: int | None
-    requests: int | None
-    forward_passes: int | None
+    logical_tokens: int
+    fresh_tokens: int
+    cached_tokens: int
+    padded_tokens: int
+    physical_tokens: int
+    kv_regret_tokens: int
+    requests: int
+    forward_passes: int
     stages: list[dict[str, Any]]
     ideal: dict[str, int]
     sol_s: float | None
-
-    @classmethod
-    def wall_only(cls, wall_s: float) -> "Report":
-        return cls(wall_s, None, None, None, None, None, None, None, None, [], {}, None)
 
     @property
     def sol_fraction(self) -> float | None:
@@ -188,14 +181,5 @@ class Session:
         work = QueryWork()
         started = time.perf_counter()
         table = execute(query.plan, self.catalog, self.runtime, work, self._sol)
-        wall = time.perf_counter() - started
-        stats, ideal = work.stats, work.ideal()
-        sol = self._sol(ideal)
-        report = Report(
-            wall_s=wall, logical_tokens=stats.logical_tokens, fresh_tokens=stats.fresh_tokens,
-            cached_tokens=stats.cached_tokens, padded_tokens=stats.padded_tokens,
-            physical_tokens=stats.physical_tokens, kv_regret_tokens=stats.fresh_tokens - ideal.fresh_tokens,
-            requests=stats.requests, forward_passes=stats.forward_passes, stages=work.stages,
-            ideal=ideal.as_dict(), sol_s=sol,
-        )
+        report = Report(**work.report(time.perf_counter() - started, self._sol))
         return Result(table.cast(query.schema), report)

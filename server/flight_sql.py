@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any, Callable, Iterable
@@ -13,6 +14,7 @@ from quail.engine.errors import InvalidArgument, NotFound, Unimplemented
 from quail.engine.executor import execute, result_schema
 from quail.engine.runtime import Runtime
 from quail.engine.stats import Stats
+from quail.engine.work import QueryWork
 from quail.engine.storage import TableStore
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
 from quail.planner.dialects import DIALECTS
@@ -22,7 +24,7 @@ from . import metadata
 from . import sql_messages as sql
 from .flight_messages import FLIGHT
 from .ipc import plain_schema, schema_bytes
-from .sessions import Sessions
+from .sessions import LAST_QUERY, Sessions
 from .statements import Statements
 
 log = logging.getLogger("quail.server")
@@ -97,9 +99,12 @@ class FlightSQLHandler:
         name, cmd = self._command(ticket.ticket, "DoGet")
         if name == "TicketStatementQuery":
             plan, schema = self.statements.take_pending(cmd.statement_handle)
-            start = time.perf_counter()
-            table = execute(plan, self.store, self.runtime, sol=self.sol).cast(schema)
-            log.info("query done: %d rows in %.3fs", table.num_rows, time.perf_counter() - start)
+            start, work = time.perf_counter(), QueryWork()
+            table = execute(plan, self.store, self.runtime, work, self.sol).cast(schema)
+            report = work.report(time.perf_counter() - start, self.sol)
+            self.sessions.record(context, LAST_QUERY, json.dumps(report))
+            log.info("query done: %d rows in %.3fs, %d requests, %d fresh tokens", table.num_rows,
+                     report["wall_s"], report["requests"], report["fresh_tokens"])
             return schema, table.to_batches(max_chunksize=BATCH_ROWS)
         table = self._metadata(name, cmd)
         return table.schema, table.to_batches()

@@ -3,7 +3,8 @@
 A client's first SetSessionOptions opens a session and answers with the cookie
 `arrow_flight_session_id`; a client that sends it back (ADBC: the option
 `adbc.flight.sql.rpc.with_cookie_middleware`) has its options applied to every
-later call. Calls without a known session see the server's defaults.
+later call. Calls without a known session see the server's defaults. The server adds the
+read-only option `quail.last_query`: the report of the session's last query.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from google.protobuf.message import Message
 from .flight_messages import FLIGHT, OPTION_INVALID_NAME, OPTION_INVALID_VALUE, SESSION_CLOSED
 
 COOKIE = "arrow_flight_session_id"
+LAST_QUERY = "quail.last_query"  # read-only: the report of the session's last query, as JSON
 
 
 def _session_id(context: grpc.ServicerContext) -> str | None:
@@ -73,6 +75,13 @@ class Sessions:
         return FLIGHT["SetSessionOptionsResult"](errors=[
             FLIGHT["SessionOptionErrorEntry"](key=k, value=FLIGHT["SessionOptionError"](value=code))
             for k, code in errors]).SerializeToString()
+
+    def record(self, context: grpc.ServicerContext, key: str, value: str) -> None:
+        """Set a server-kept option of the caller's session (none for a caller without a session)."""
+        with self._lock:
+            session = self._sessions.get(_session_id(context) or "")
+            if session is not None:
+                session[key] = value
 
     def get(self, context: grpc.ServicerContext) -> bytes:
         return FLIGHT["GetSessionOptionsResult"](session_options=[

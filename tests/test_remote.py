@@ -35,10 +35,12 @@ def sessions(runtime, server):
 @pytest.mark.parametrize("dialect, sql", QUERIES, ids=["plain", "filter", "classify-group-by", "bigquery"])
 def test_in_process_remote_and_adbc_agree(sessions, server, dialect, sql):
     local, remote = sessions
-    here = local.sql(sql, dialect=dialect).collect()
-    there = remote.sql(sql, dialect=dialect).run()
+    ran_here = local.sql(sql, dialect=dialect).run()
+    here, there = ran_here.collect(), remote.sql(sql, dialect=dialect).run()
     assert there.collect().to_pylist() == here.to_pylist()
-    assert there.report.wall_s > 0 and there.report.fresh_tokens is None
+    tokens = ["requests", "logical_tokens", "fresh_tokens", "cached_tokens", "kv_regret_tokens"]
+    assert {k: getattr(there.report, k) for k in tokens} == {k: getattr(ran_here.report, k) for k in tokens}
+    assert there.report.wall_s > 0 and there.report.sol_s is not None
     with quail.connect(server.uri, dialect=dialect) as conn, conn.cursor() as cursor:
         cursor.execute(sql)
         assert cursor.fetch_arrow_table().to_pylist() == here.to_pylist()
