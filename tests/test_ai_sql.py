@@ -260,3 +260,23 @@ def test_every_order_returns_the_same_rows(session):
         assert sorted(zip(*(c.to_pylist() for c in table.columns))) == chosen, order
     explained = session.sql("EXPLAIN " + sql).collect().column(0).to_pylist()
     assert explained[0].startswith("note: join order ") and "the query's order" in explained[0]
+
+
+def test_distinct_having_window_and_offset_around_ai(session):
+    """The relational rest of the query runs in DuckDB over the AI core's rows."""
+    hits = set(complaints(session))
+    flag = f"AI_FILTER(PROMPT('{FILTER}', body), {OPTS})"
+    stars = {r["id"]: r["stars"] for r in REVIEWS.to_pylist()}
+    got = rows(session, f"SELECT DISTINCT stars FROM reviews WHERE {flag} ORDER BY stars")
+    assert got == sorted({(stars[i],) for i in hits})
+    got = rows(session, f"SELECT {flag} AS bad, count(*) AS n FROM reviews WHERE body IS NOT NULL "
+                        "GROUP BY bad HAVING count(*) >= 1 ORDER BY bad")
+    counts = {False: 0, True: 0}
+    for r in REVIEWS.to_pylist():
+        if r["body"] is not None:
+            counts[r["id"] in hits] += 1
+    assert got == [(k, v) for k, v in sorted(counts.items()) if v >= 1]
+    got = rows(session, f"SELECT id, row_number() OVER (ORDER BY id DESC) AS k FROM reviews WHERE {flag} "
+                        "ORDER BY id LIMIT 2 OFFSET 1")
+    ordered = sorted(hits)
+    assert got == [(i, len(ordered) - ordered.index(i)) for i in ordered[1:3]]
