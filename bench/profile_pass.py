@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                 entry["kernels_ms"] = top_kernels(lambda: runtime.runner.forward(rows, Stats()))
             result["passes"][f"{name}-{precision}{'-compiled' if compiled else ''}"] = entry
             print(name, precision, compiled, {k: v for k, v in entry.items() if k != "kernels_ms"}, flush=True)
-        del runtime
+        runtime = None  # free the weights before the next variant loads
         gc.collect()
         torch.cuda.empty_cache()
     path = Path(args.out) / f"profile-{args.model.removeprefix('dummy:')}.json"
