@@ -341,7 +341,7 @@ class AICorePlanner:
         return int(count.this) + int(skip.this)
 
     def _core(self, relation: Relation, relations: list[Relation], conditions: list[Condition],
-              values: dict[int, tuple[str, AICall]], limit: int | None) -> None:
+              values: dict[int, tuple[frozenset, AICall]], limit: int | None) -> None:
         """Steps computing this table's rows that pass every condition on it alone.
 
         A LEFT JOIN's ON conditions on its right side alone narrow that side; its
@@ -355,7 +355,8 @@ class AICorePlanner:
         deferred = [c.node for c in local if c.call is None and contains_ai(c.node)]
         plain = [c.node for c in local if c.call is None and not contains_ai(c.node)]
         asks = [(call, "filter", "") for call in by_rank([c.call for c in local if c.call is not None])]
-        relation.rows = (self.catalog.rows(relation.table.name) or UNKNOWN_ROWS) * PLAIN_SELECTIVITY ** len(plain) \
+        stored = self.catalog.rows(relation.table.name)
+        relation.rows = (UNKNOWN_ROWS if stored is None else stored) * PLAIN_SELECTIVITY ** len(plain) \
             * math.prod(call.selectivity or DEFAULT_SELECTIVITY for call, _, _ in asks)
         for node in list(ai_calls(self.select)):
             if id(node) in values and values[id(node)][0] == {alias}:
