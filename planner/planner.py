@@ -420,7 +420,28 @@ class AICorePlanner:
         order, tokens = best_order(sizes, edges)
         self.notes.append(f"join order {', '.join(relations[i].alias for i in order)}: ~{tokens:,.0f} model tokens "
                           f"(the query's order: ~{cost(list(range(len(relations))), sizes, edges):,.0f})")
+        self.notes += [note for c in pending if c.call is not None and len(c.refs) == 2
+                       for note in self._other_anchor(c.call, relations)]
         return order
+
+    def _other_anchor(self, call: AICall, relations: list[Relation]) -> list[str]:
+        """A note when anchoring another document of an AI join would ask the model less (the query decides)."""
+        by_alias = {r.alias: r for r in relations}
+        sides = [self._refs(arg, relations) for arg in call.args]
+        if len(call.args) != 2 or any(len(side) != 1 for side in sides) or sides[0] == sides[1]:
+            return []
+        rows = [by_alias[next(iter(side))].rows for side in sides]
+        tokens = [self._tokens(arg, relations) for arg in call.args]
+        question = len(call.template) / CHARS_PER_TOKEN + FRAME_TOKENS
+
+        def asked(anchor: int) -> float:  # each anchor once, then the other document and question per pair
+            return rows[anchor] * tokens[anchor] + rows[0] * rows[1] * (tokens[1 - anchor] + question)
+
+        chosen, other = asked(call.anchor), asked(1 - call.anchor)
+        if other >= chosen:
+            return []
+        return [f"AI join {call.template!r}: anchoring {{{1 - call.anchor}}} would ask ~{other:,.0f} model tokens "
+                f"instead of ~{chosen:,.0f}; add {{'anchor': {1 - call.anchor}}} to choose it (the prompt changes)"]
 
     def _edge(self, condition: Condition, relations: list[Relation]) -> Edge:
         index = {r.alias: i for i, r in enumerate(relations)}

@@ -121,3 +121,16 @@ def test_explain_through_sql(store):
     assert lines[-1].startswith("DuckDB -> __quail_result")
     with pytest.raises(NotFound, match="line 1, column 29"):  # positions count the EXPLAIN too
         plan_sql("EXPLAIN SELECT * FROM nowhere", store)
+
+
+def test_explain_says_when_the_other_anchor_is_cheaper():
+    from quail.engine.catalog import MemoryCatalog
+
+    catalog = MemoryCatalog()
+    catalog.register("claims", pa.table({"id": list(range(40)), "claim": ["Tea helps."] * 40}))
+    catalog.register("passages", pa.table({"id": list(range(5)), "passage": ["A long study of tea. " * 40] * 5}))
+    sql = ("SELECT c.id, p.id FROM claims c JOIN passages p "
+           "ON AI_FILTER(PROMPT('Does {1} support {0}?', c.claim, p.passage)OPTIONS)")
+    notes = plan_sql(sql.replace("OPTIONS", ""), catalog).notes
+    assert any("anchoring {1} would ask" in n and "add {'anchor': 1}" in n for n in notes)
+    assert not any("anchoring" in n for n in plan_sql(sql.replace("OPTIONS", ", {'anchor': 1}"), catalog).notes)
