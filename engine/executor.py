@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 from .ai_ops import Question, classify, yes_probabilities
 from .catalog import Catalog
-from .physical import AIFilterChain, AIStep, PhysicalPlan, SQLStep, Step, describe
+from .physical import PROBE_ROWS, AIFilterChain, AIStep, PhysicalPlan, SQLStep, Step, describe, filter_rank
 from .relational import run_sql
 from .runtime import Runtime
 from .stats import Stats
@@ -69,6 +69,10 @@ def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], runtime: Runtime
         lines += [f"{first}  [{relations[step.output].num_rows} rows, {time.perf_counter() - begun:.3f}s]", *rest]
     wall = time.perf_counter() - started
     for stage in work.stages:
+        if stage["operator"] == "ai_filter_rerank":
+            lines.append(f"stage {stage['operator']} -> {stage['output']}: after {PROBE_ROWS} rows, "
+                         f"{stage['order']} (observed {stage['selectivity_observed']})")
+            continue
         observed = stage.get("selectivity_observed")
         lines.append(f"stage {stage['operator']} -> {stage['output']}: {stage['rows_in']} rows in"
                      + (f", {stage['rows_out']} out, selectivity {stage['selectivity_provided']:g} estimated, "
@@ -117,7 +121,9 @@ def _ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryW
 
 
 def _ai_chain(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
-    """Filter chunks of rows through every filter until `limit` rows have passed."""
+    """Filter chunks of rows through every filter until `limit` rows have passed (all rows: _reranked)."""
+    if chain.limit is None:
+        return _reranked(chain, rows, runtime, work)
     expected = float(np.prod([f.selectivity for f in chain.filters]))
     size = max(chain.limit, int(np.ceil(1.5 * chain.limit / expected)))
     kept: list[pa.Table] = []
@@ -134,3 +140,22 @@ def _ai_chain(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, wor
         size *= 2
     out = pa.concat_tables(kept) if len(kept) > 1 else kept[0]
     return out.slice(0, chain.limit)
+
+
+def _reranked(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
+    """The first PROBE_ROWS rows through the filters in plan order; the rest in the order their observed
+    selectivities rank best. A row passes when every filter keeps it, in either order."""
+    sample, observed = rows.slice(0, PROBE_ROWS), []
+    for step in chain.filters:
+        asked = sample.num_rows
+        sample = _ai_step(step, sample, runtime, work)
+        observed.append(sample.num_rows / asked if asked else step.selectivity)
+    order = sorted(range(len(chain.filters)), key=lambda i: filter_rank(chain.filters[i].template, observed[i]))
+    if work is not None and order != sorted(order):
+        work.stages.append({"operator": "ai_filter_rerank", "output": chain.output,
+                            "order": [chain.filters[i].template for i in order],
+                            "selectivity_observed": [round(observed[i], 4) for i in order]})
+    rest = rows.slice(PROBE_ROWS)
+    for i in order:
+        rest = _ai_step(chain.filters[i], rest, runtime, work)
+    return pa.concat_tables([sample, rest])

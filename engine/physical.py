@@ -44,17 +44,30 @@ class AIStep:
 
 @dataclass(frozen=True)
 class AIFilterChain:
-    """AI filters over `input` that stop once `limit` rows pass them all (a LIMIT reaching the model).
+    """AI filters over `input`, all of which a row must pass; the output keeps the input's order.
 
-    Rows are taken in input order, in growing chunks; the output is the first
-    `limit` rows of the input, in order, that every filter keeps: the same rows
-    whatever the chunk sizes.
+    With a `limit` (a LIMIT reaching the model) rows are taken in input order,
+    in growing chunks, until `limit` rows pass: the same rows whatever the chunk
+    sizes. Without one, every row is asked: the first PROBE_ROWS in plan order,
+    the rest with the filters re-ranked by the selectivities observed on those.
     """
 
     input: str
     output: str
     filters: tuple[AIStep, ...]
-    limit: int
+    limit: int | None = None
+
+
+PROBE_ROWS = 64
+
+
+def filter_rank(template: str, selectivity: float) -> float:
+    """Cost per row over the fraction of rows a filter removes (Hellerstein and Stonebraker): lower first.
+
+    Filters on one table read the same documents, so the question's length is
+    what their costs differ by.
+    """
+    return (len(template) + 1) / (1 - min(selectivity, 0.999))
 
 
 Step = Union[SQLStep, AIStep, AIFilterChain]
@@ -71,8 +84,9 @@ def describe(step: Step) -> list[str]:
     if isinstance(step, AIStep):
         return [_describe_ai(step)]
     if isinstance(step, AIFilterChain):
-        return ([f"AI filters until {step.limit} rows pass, in table order: {step.input} -> {step.output}"]
-                + ["  " + _describe_ai(f) for f in step.filters])
+        head = (f"AI filters until {step.limit} rows pass, in table order" if step.limit is not None else
+                f"AI filters, in this order for the first {PROBE_ROWS} rows, then ranked by observed selectivity")
+        return [f"{head}: {step.input} -> {step.output}"] + ["  " + _describe_ai(f) for f in step.filters]
     return [f"DuckDB -> {step.output}: {step.sql}"]
 
 

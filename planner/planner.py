@@ -33,7 +33,7 @@ from sqlglot import exp
 
 from quail.engine.catalog import Catalog
 from quail.engine.errors import InvalidArgument
-from quail.engine.physical import AIFilterChain, AIStep, PhysicalPlan, SQLStep, Step
+from quail.engine.physical import AIFilterChain, AIStep, PhysicalPlan, SQLStep, Step, filter_rank
 
 from .ai_functions import AICall, ai_calls, ai_name, ancestors, bind, contains_ai
 from .binder import bind_parameters, bind_tables
@@ -115,18 +115,9 @@ def _materialize_sources(select: exp.Select, root: exp.Query, scope: Scope, name
     return steps
 
 
-def rank(call: AICall) -> float:
-    """Cost per row over the fraction of rows a filter removes (Hellerstein and Stonebraker): lower first.
-
-    Filters on one table read the same documents, so the question's length is
-    what their costs differ by.
-    """
-    return (len(call.template) + 1) / (1 - min(call.selectivity or DEFAULT_SELECTIVITY, 0.999))
-
-
 def by_rank(calls: list[AICall]) -> list[AICall]:
-    """AI filters on one table in the order that asks the model least: ascending rank."""
-    return sorted(calls, key=rank)
+    """AI filters on one table in the order that asks the model least: ascending rank (physical.filter_rank)."""
+    return sorted(calls, key=lambda call: filter_rank(call.template, call.selectivity or DEFAULT_SELECTIVITY))
 
 
 def conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:
@@ -386,8 +377,9 @@ class AICorePlanner:
                                 column, call.selectivity or DEFAULT_SELECTIVITY, call.anchor))
             current = output
         filters = [s for s in steps if s.kind == "filter"]
-        if limit is not None and filters and not deferred:
-            chain = AIFilterChain(filters[0].input, filters[-1].output, tuple(filters), limit)
+        if (limit is not None and filters and not deferred) or len(filters) > 1:
+            chain = AIFilterChain(filters[0].input, filters[-1].output, tuple(filters),
+                                  limit if not deferred else None)
             steps = [chain] + steps[len(filters):]
         self.steps.extend(steps)
         if deferred:

@@ -280,3 +280,25 @@ def test_distinct_having_window_and_offset_around_ai(session):
                         "ORDER BY id LIMIT 2 OFFSET 1")
     ordered = sorted(hits)
     assert got == [(i, len(ordered) - ordered.index(i)) for i in ordered[1:3]]
+
+
+def test_filters_reranked_by_observed_selectivity_keep_the_rows(runtime):
+    """A chain planned in the worse order is re-ranked after the first rows; the rows stay the same."""
+    from dataclasses import replace
+
+    from quail.engine.work import QueryWork
+
+    session = quail.Session(runtime=runtime.variant("quail"))
+    session.runtime.decisions = "hash"
+    session.register("many", pa.table({"id": list(range(200)), "body": [f"Review {i} of a cafe." for i in range(200)]}))
+    sql = ("SELECT id FROM many WHERE AI_FILTER(PROMPT('Is {0} long?', body), {'selectivity': 0.9}) "
+           "AND AI_FILTER(PROMPT('Is {0} rude?', body), {'selectivity': 0.1}) ORDER BY id")
+    plan = session.sql(sql).plan
+    (chain,) = [s for s in plan.steps if isinstance(s, AIFilterChain)]
+    assert [f.selectivity for f in chain.filters] == [0.1, 0.9], "ranked by the hints"
+    worse = replace(plan, steps=tuple(replace(s, filters=s.filters[::-1]) if s is chain else s for s in plan.steps))
+    work = QueryWork()
+    got = execute(worse, session.catalog, session.runtime, work).column("id").to_pylist()
+    assert got == [r["id"] for r in session.sql(sql).run().to_rows()] and got
+    (rerank,) = [s for s in work.stages if s["operator"] == "ai_filter_rerank"]
+    assert rerank["order"] == ["Is {0} rude?", "Is {0} long?"]

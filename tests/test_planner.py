@@ -7,7 +7,7 @@ import pytest
 
 from quail.engine.errors import InvalidArgument, NotFound
 from quail.engine.executor import execute, result_schema
-from quail.engine.physical import AIStep, SQLStep
+from quail.engine.physical import AIFilterChain, AIStep, SQLStep
 from quail.engine.storage import TableStore
 from quail.planner.planner import plan_sql
 
@@ -58,7 +58,9 @@ def test_ai_values_become_columns_of_their_table(store):
 def test_chained_filters_and_bigquery_ai_if(store):
     plan = plan_sql("SELECT * FROM reviews WHERE AI.IF(('Is ', body, ' about food?')) AND AI.IF('Is it true?')",
                     store, dialect="bigquery")
-    ai = [s for s in plan.steps if isinstance(s, AIStep)]
+    (chain,) = [s for s in plan.steps if isinstance(s, AIFilterChain)]
+    ai = chain.filters
+    assert chain.limit is None, "two filters over every row: re-ranked after the first rows"
     assert [s.template for s in ai] == ["Is it true?", "Is {0} about food?"], "equal selectivity: the shorter first"
     assert ai[1].input == ai[0].output
     assert result_schema(plan, store).names == ["id", "body", "stars"]
@@ -110,8 +112,8 @@ def test_filters_run_in_rank_order(store):
     """The filter removing the most rows per unit of cost runs first, whatever the order in the query."""
     sql = ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('Is {0} long?', body), {'selectivity': 0.9}) "
            "AND AI_FILTER(PROMPT('Is {0} about food?', body), {'selectivity': 0.1})")
-    steps = [s for s in plan_sql(sql, store).steps if isinstance(s, AIStep)]
-    assert [s.selectivity for s in steps] == [0.1, 0.9]
+    (chain,) = [s for s in plan_sql(sql, store).steps if isinstance(s, AIFilterChain)]
+    assert [s.selectivity for s in chain.filters] == [0.1, 0.9]
 
 
 def test_explain_through_sql(store):
