@@ -31,7 +31,8 @@ class Rows:
     flat position of each packed token in a (rows × width) padded layout;
     runs: (first token, end token, KV) for each stretch of consecutive rows that
     continue one resident KV run; past_index: the packed tokens that continue a
-    run, in run order (None when no row does).
+    run, in run order (None when no row does); run_offsets: (cumulative query
+    tokens, cumulative keys) of the runs laid end to end, for a varlen kernel.
     """
 
     lengths: list[int]
@@ -40,6 +41,7 @@ class Rows:
     pad_index: torch.Tensor
     runs: list[tuple[int, int, KV]]
     past_index: torch.Tensor | None = None
+    run_offsets: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def build(cls, lengths: list[int], pasts: list[KV | None], device: torch.device) -> "Rows":
@@ -56,8 +58,12 @@ class Rows:
                 runs[-1] = (runs[-1][0], starts[b + 1], past)
             else:
                 runs.append((starts[b], starts[b + 1], past))
-        past_index = torch.cat([torch.arange(a, e) for a, e, _ in runs]).to(device) if runs else None
-        return cls(lengths, starts, width, pad_index, runs, past_index)
+        if not runs:
+            return cls(lengths, starts, width, pad_index, runs)
+        past_index = torch.cat([torch.arange(a, e) for a, e, _ in runs]).to(device)
+        sizes = torch.tensor([[0, 0]] + [[e - a, len(run)] for a, e, run in runs], dtype=torch.int32)
+        cu_q, cu_k = sizes.cumsum(0, dtype=torch.int32).T.contiguous().to(device)
+        return cls(lengths, starts, width, pad_index, runs, past_index, (cu_q, cu_k))
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """(tokens, heads, d) packed → (rows, heads, width, d) right-padded with zeros."""
@@ -130,13 +136,10 @@ def over_runs(q: torch.Tensor, rows: Rows, layer: int) -> tuple[torch.Tensor, to
     pieces = [piece for *_, run in rows.runs for piece in run.chunks()]
     keys = torch.cat([piece.keys[layer] for piece in pieces])
     values = torch.cat([piece.values[layer] for piece in pieces])
-    q_lengths = [end - first for first, end, _ in rows.runs]
-    k_lengths = [len(run) for *_, run in rows.runs]
-    cu_q = torch.tensor([0, *q_lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(q.device, non_blocking=True)
-    cu_k = torch.tensor([0, *k_lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(q.device, non_blocking=True)
+    cu_q, cu_k = rows.run_offsets
     out, lse = torch.ops.aten._flash_attention_forward(
-        q.index_select(0, rows.past_index), keys, values, cu_q, cu_k, max(q_lengths), max(k_lengths), 0.0, False, False,
-        scale=q.shape[-1] ** -0.5)[:2]
+        q.index_select(0, rows.past_index), keys, values, cu_q, cu_k, max(e - a for a, e, _ in rows.runs),
+        max(len(run) for *_, run in rows.runs), 0.0, False, False, scale=q.shape[-1] ** -0.5)[:2]
     return out, lse.transpose(0, 1)
 
 

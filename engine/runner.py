@@ -58,13 +58,11 @@ class ModelRunner:
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
 
-    def _inputs(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _inputs(self, rows: list[Row], layout: Rows, resident: list[int]) -> tuple[torch.Tensor, ...]:
         """Packed token ids, their positions (after each row's resident KV), each row's last index."""
-        lengths = np.array([len(r.ids) for r in rows])
-        offsets = np.array([len(r.past) if r.past is not None else 0 for r in rows])
-        starts = np.concatenate([[0], np.cumsum(lengths)])
+        starts = np.array(layout.starts)
         ids = np.concatenate([r.ids for r in rows]).astype(np.int64)
-        positions = np.arange(starts[-1]) - np.repeat(starts[:-1] - offsets, lengths)
+        positions = np.arange(starts[-1]) - np.repeat(starts[:-1] - np.array(resident), layout.lengths)
         host = torch.from_numpy(np.stack([ids, positions]))
         if self.device.type == "cuda":
             host = host.pin_memory()
@@ -75,15 +73,15 @@ class ModelRunner:
     def forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:
         """Last hidden state of each row, and the KV of rows that asked to keep it."""
         lengths = [len(r.ids) for r in rows]
-        ids, positions, last = self._inputs(rows)
+        resident = [len(r.past) if r.past is not None else 0 for r in rows]
         layout = Rows.build(lengths, [r.past for r in rows], self.device)
+        ids, positions, last = self._inputs(rows, layout, resident)
         keep = any(r.keep_kv for r in rows)
         hidden, keys, values = self.model(ids, positions, layout, last, keep)
         kept: list[KV | None] = []
         for b, row in enumerate(rows):
             a, e = layout.starts[b], layout.starts[b + 1]
             kept.append(KV([k[a:e].clone() for k in keys], [v[a:e].clone() for v in values]) if row.keep_kv else None)
-        resident = [len(r.past) if r.past is not None else 0 for r in rows]
         stats.forward_passes += 1
         stats.fresh_tokens += sum(lengths)
         stats.attention_pairs += sum(causal_pairs(q, c) for q, c in zip(lengths, resident))
