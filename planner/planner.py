@@ -101,16 +101,16 @@ def _materialize_sources(select: exp.Select, root: exp.Query, scope: Scope, name
     sources = [select.args["from_"].this] + [j.this for j in select.args.get("joins") or []]
     for source in sources:
         if isinstance(source, exp.Subquery):
-            query = source.this
+            query = body = source.this
         elif isinstance(source, exp.Table) and source.name.lower() in ctes and not source.db:
+            body = ctes[source.name.lower()].this
             query = exp.select(exp.Star()).from_(exp.Table(this=exp.to_identifier(source.name)))
             query.set("with_", root.args["with_"].copy())
         else:
             continue
         name = names.fresh("from")
         steps.append(SQLStep(query.sql("duckdb"), name))
-        scope.add(name, output_columns(query, scope) if isinstance(source, exp.Subquery)
-                  else output_columns(ctes[source.name.lower()].this, scope))
+        scope.add(name, output_columns(body, scope))
         source.replace(_table(name, source.alias_or_name))
     return steps
 
@@ -423,8 +423,7 @@ class AICorePlanner:
         if len(call.args) != 2 or any(len(side) != 1 for side in sides) or sides[0] == sides[1]:
             return []
         rows = [by_alias[next(iter(side))].rows for side in sides]
-        tokens = [self._tokens(arg, relations) for arg in call.args]
-        question = len(call.template) / CHARS_PER_TOKEN + FRAME_TOKENS
+        tokens, question = self._prompt_tokens(call, relations)
 
         def asked(anchor: int) -> float:  # each anchor once, then the other document and question per pair
             return rows[anchor] * tokens[anchor] + rows[0] * rows[1] * (tokens[1 - anchor] + question)
@@ -441,11 +440,15 @@ class AICorePlanner:
         call = condition.call
         if call is None:
             return Edge(refs, PLAIN_SELECTIVITY)
-        tokens = [self._tokens(arg, relations) for arg in call.args]
+        tokens, question = self._prompt_tokens(call, relations)
         anchor_refs = self._refs(call.args[call.anchor], relations)
         anchor = index[next(iter(anchor_refs))] if len(anchor_refs) == 1 else min(refs)
-        rest = sum(tokens) - tokens[call.anchor] + len(call.template) / CHARS_PER_TOKEN + FRAME_TOKENS
+        rest = sum(tokens) - tokens[call.anchor] + question
         return Edge(refs, call.selectivity or DEFAULT_SELECTIVITY, True, anchor, tokens[call.anchor], rest)
+
+    def _prompt_tokens(self, call: AICall, relations: list[Relation]) -> tuple[list[float], float]:
+        """Estimated tokens of each PROMPT argument, and of the question with the prompt's frame."""
+        return [self._tokens(arg, relations) for arg in call.args], len(call.template) / CHARS_PER_TOKEN + FRAME_TOKENS
 
     def _tokens(self, arg: exp.Expression, relations: list[Relation]) -> float:
         """Estimated tokens of a PROMPT argument: a column's mean length, else a short value."""

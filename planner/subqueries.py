@@ -40,6 +40,7 @@ class Scope:
 
     catalog: Catalog
     columns: dict[str, list[str]] = field(default_factory=dict)
+    _chars: dict[tuple[str, str], float | None] = field(default_factory=dict)  # mean_chars, each column read once
 
     def has(self, name: str) -> bool:
         return name.lower() in self.columns or self.catalog.has(name)
@@ -58,6 +59,12 @@ class Scope:
 
     def mean_chars(self, name: str, column: str) -> float | None:
         """The mean length in characters of a stored table's column as text (None when unknown)."""
+        key = (name.lower(), column.lower())
+        if key not in self._chars:
+            self._chars[key] = self._mean_chars(name, column)
+        return self._chars[key]
+
+    def _mean_chars(self, name: str, column: str) -> float | None:
         if name.lower() in self.columns:
             return None
         table = self.catalog.table(name)
