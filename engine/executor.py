@@ -77,10 +77,11 @@ def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], runtime: Runtime
         lines.append(f"stage {stage['operator']} -> {stage['output']}: {stage['rows_in']} rows in"
                      + (f", {stage['rows_out']} out, selectivity {stage['selectivity_provided']:g} estimated, "
                         f"{observed:.3f} observed" if observed is not None else ""))
-    stats, ideal = work.stats, work.ideal()
-    lines.append(f"model: {stats.requests} requests, {stats.logical_tokens} logical tokens, {stats.fresh_tokens} "
-                 f"fresh, {stats.cached_tokens} cached, KV regret {stats.fresh_tokens - ideal.fresh_tokens}")
-    sol_s = sol(ideal) if sol is not None else None
+    report = work.report(wall, sol)
+    lines.append(f"model: {report['requests']} requests, {report['logical_tokens']} logical tokens, "
+                 f"{report['fresh_tokens']} fresh, {report['cached_tokens']} cached, "
+                 f"KV regret {report['kv_regret_tokens']}")
+    sol_s = report["sol_s"]
     lines.append(f"wall {wall:.3f}s" + (f", speed of light {sol_s:.3f}s ({sol_s / wall:.2f} of wall)"
                                         if sol_s is not None and wall > 0 else ""))
     return pa.table({"plan": pa.array(lines, pa.string())})
