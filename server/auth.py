@@ -43,8 +43,9 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).decode().rstrip("=")
 
 
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+def _padded(text: str) -> str:
+    """Base64 text with its padding restored (tokens drop it, some clients send Basic credentials without)."""
+    return text + "=" * (-len(text) % 4)
 
 
 class Authenticator:
@@ -66,7 +67,7 @@ class Authenticator:
         """The token's user; Unauthenticated when it is malformed, forged or expired."""
         body, _, signature = token.partition(".")
         try:
-            payload = _unb64(body)
+            payload = base64.urlsafe_b64decode(_padded(body))
             claims = json.loads(payload)
         except ValueError:
             raise Unauthenticated("malformed bearer token") from None
@@ -83,8 +84,7 @@ class Authenticator:
             self.check(context)  # a client that already holds a token may handshake again
             return ""
         try:
-            padded = credentials + "=" * (-len(credentials) % 4)  # some clients send it unpadded
-            user, _, password = base64.b64decode(padded).decode().partition(":")
+            user, _, password = base64.b64decode(_padded(credentials)).decode().partition(":")
         except ValueError:
             raise Unauthenticated("malformed Basic credentials") from None
         expected = self.users.get(user)
