@@ -1,8 +1,10 @@
 """Turn a result file (default: the newest in bench/results) into a Markdown table and a PNG chart.
 
-    python -m bench.report [RESULT.json]
+    python -m bench.report [RESULT.json ...]
 
-Writes RESULT.md and RESULT.png beside the file and prints the table.
+Writes RESULT.md and RESULT.png beside the (first) file and prints the table. Several files are parts
+of one run split over processes or GPUs (same model, precision, scale, seed and commit): their
+queries are shown together.
 """
 
 from __future__ import annotations
@@ -21,6 +23,23 @@ def newest(directory: Path = RESULTS) -> Path:
     if not files:
         raise SystemExit(f"no result files in {directory}")
     return files[-1]
+
+
+SAME_IN_PARTS = ("model", "weights", "precision", "decisions", "scale", "length_scale", "seed", "git_commit")
+
+
+def combine(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Parts of one run as one document: the first part's header, every part's queries (first wins)."""
+    first = docs[0]
+    for doc in docs[1:]:
+        differ = [k for k in SAME_IN_PARTS if doc.get(k) != first.get(k)]
+        if differ:
+            raise SystemExit(f"result files are not parts of one run: they differ in {differ}")
+    queries: dict[str, Any] = {}
+    for doc in docs:
+        for query, entry in doc["queries"].items():
+            queries.setdefault(query, entry)
+    return {**first, "queries": queries, "parts": len(docs)}
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -42,7 +61,9 @@ def speedups(engines: dict[str, Any]) -> dict[str, float]:
 def markdown(doc: dict[str, Any]) -> str:
     head = (f"**{doc['model']}** ({doc['weights']}, {doc['precision']}, decisions: {doc['decisions']}) on "
             f"**{doc['device']}**, scale {doc['scale']}, length scale {doc.get('length_scale', 1.0)}, "
-            f"seed {doc['seed']}, commit {doc['git_commit'][:7]}, {doc['date']}\n\n")
+            f"seed {doc['seed']}, commit {doc['git_commit'][:7]}, {doc['date']}"
+            + (f", {doc['parts']} parts run side by side (one process per GPU)" if doc.get("parts", 1) > 1 else "")
+            + "\n\n")
     lines = ["| query | engine | wall s | rows | agree | logical tok | logical tok/s | fresh tok | cached tok "
              "| KV regret | SoL s | SoL frac | quail speedup | $ |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -93,10 +114,11 @@ def chart(doc: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n")[0])
-    p.add_argument("result", nargs="?", type=Path, default=None)
+    p.add_argument("results", nargs="*", type=Path)
     args = p.parse_args(argv)
-    path = args.result or newest()
-    doc = json.loads(path.read_text())
+    paths = args.results or [newest()]
+    path = paths[0]
+    doc = combine([json.loads(p.read_text()) for p in paths])
     table = markdown(doc)
     path.with_suffix(".md").write_text(table)
     chart(doc, path.with_suffix(".png"))
