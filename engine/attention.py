@@ -17,27 +17,39 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .kv import KV
 
 
+SMALL = 64  # rows and runs at most this long: attention by two matmuls (kernels tile 64+ queries per row)
+
+
+def width_class(length: int) -> int:
+    """The padding bucket of a row: the power of two at or above its length (at least SMALL)."""
+    return max(SMALL, 1 << (length - 1).bit_length())
+
+
 @dataclass
 class Rows:
     """Where each row's new tokens sit in the packed batch, and which resident KV they continue.
 
-    starts: (rows + 1) offsets into the packed tokens; pad_index: (tokens,) the
-    flat position of each packed token in a (rows × width) padded layout;
-    runs: (first token, end token, KV) for each stretch of consecutive rows that
-    continue one resident KV run; past_index: the packed tokens that continue a
-    run, in run order (None when no row does); run_offsets: (cumulative query
-    tokens, cumulative keys) of the runs laid end to end, for a varlen kernel.
+    starts: (rows + 1) offsets into the packed tokens. For attention, rows are
+    padded per bucket (width_class), not to the pass's longest row: buckets
+    holds (offset, rows, width) of each bucket's (rows × width) block in one
+    flat padded buffer, and pad_index (tokens,) the flat position of each packed
+    token there. runs: (first token, end token, KV) for each stretch of
+    consecutive rows that continue one resident KV run; past_index: the packed
+    tokens that continue a run, in run order (None when no row does);
+    run_offsets: (cumulative query tokens, cumulative keys) of the runs laid end
+    to end, for a varlen kernel.
     """
 
     lengths: list[int]
     starts: list[int]
-    width: int
+    buckets: list[tuple[int, int, int]]
     pad_index: torch.Tensor
     runs: list[tuple[int, int, KV]]
     past_index: torch.Tensor | None = None
@@ -45,39 +57,46 @@ class Rows:
 
     @classmethod
     def build(cls, lengths: list[int], pasts: list[KV | None], device: torch.device) -> "Rows":
-        starts = [0]
-        for n in lengths:
-            starts.append(starts[-1] + n)
-        width = max(lengths)
-        pad_index = torch.cat([torch.arange(n) + b * width for b, n in enumerate(lengths)]).to(device)
+        starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        members: dict[int, list[int]] = {}
+        for b, n in enumerate(lengths):
+            members.setdefault(width_class(n), []).append(b)
+        buckets, base, offset = [], np.zeros(len(lengths), dtype=np.int64), 0
+        for _, rows in sorted(members.items()):
+            width = max(lengths[b] for b in rows)
+            base[rows] = offset + width * np.arange(len(rows))
+            buckets.append((offset, len(rows), width))
+            offset += len(rows) * width
+        within = np.arange(starts[-1]) - np.repeat(starts[:-1], lengths)
+        pad_index = torch.from_numpy(np.repeat(base, lengths) + within).to(device)
         runs: list[tuple[int, int, KV]] = []
         for b, past in enumerate(pasts):
             if past is None:
                 continue
-            if runs and runs[-1][2] is past and runs[-1][1] == starts[b]:
-                runs[-1] = (runs[-1][0], starts[b + 1], past)
+            first, end = int(starts[b]), int(starts[b + 1])
+            if runs and runs[-1][2] is past and runs[-1][1] == first:
+                runs[-1] = (runs[-1][0], end, past)
             else:
-                runs.append((starts[b], starts[b + 1], past))
+                runs.append((first, end, past))
+        starts_list = starts.tolist()
         if not runs:
-            return cls(lengths, starts, width, pad_index, runs)
+            return cls(lengths, starts_list, buckets, pad_index, runs)
         past_index = torch.cat([torch.arange(a, e) for a, e, _ in runs]).to(device)
         sizes = torch.tensor([[0, 0]] + [[e - a, len(run)] for a, e, run in runs], dtype=torch.int32)
         cu_q, cu_k = sizes.cumsum(0, dtype=torch.int32).T.contiguous().to(device)
-        return cls(lengths, starts, width, pad_index, runs, past_index, (cu_q, cu_k))
+        return cls(lengths, starts_list, buckets, pad_index, runs, past_index, (cu_q, cu_k))
 
-    def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """(tokens, heads, d) packed → (rows, heads, width, d) right-padded with zeros."""
-        out = x.new_zeros(len(self.lengths) * self.width, *x.shape[1:])
+    def pad(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """(tokens, heads, d) packed → per bucket (rows, heads, width, d), right-padded with zeros."""
+        offset, rows, width = self.buckets[-1]
+        out = x.new_zeros(offset + rows * width, *x.shape[1:])
         out.index_copy_(0, self.pad_index, x)
-        return out.view(len(self.lengths), self.width, *x.shape[1:]).transpose(1, 2)
+        return [out[o : o + r * w].view(r, w, *x.shape[1:]).transpose(1, 2) for o, r, w in self.buckets]
 
-    def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        """(rows, heads, width, ...) → (tokens, heads, ...)."""
-        x = x.transpose(1, 2)
-        return x.reshape(-1, *x.shape[2:]).index_select(0, self.pad_index)
-
-
-SMALL = 64  # rows and runs at most this long: attention by two matmuls (kernels tile 64+ queries per row)
+    def unpad(self, blocks: list[torch.Tensor]) -> torch.Tensor:
+        """Per bucket (rows, heads, width, ...) → (tokens, heads, ...)."""
+        flat = [x.transpose(1, 2).reshape(-1, *x.shape[1:2], *x.shape[3:]) for x in blocks]
+        return (flat[0] if len(flat) == 1 else torch.cat(flat)).index_select(0, self.pad_index)
 
 
 def _fused(q: torch.Tensor) -> bool:
@@ -154,18 +173,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
               merger: Callable[..., torch.Tensor] = merge) -> torch.Tensor:
     """Packed q (tokens, heads, d) and k/v (tokens, kv_heads, d) → output (tokens, heads, d).
 
-    Each row attends causally to its own tokens and, where it continues a
-    resident run, to all of that run's keys in `layer`; `merger` is `merge` or
-    a compiled (fused) version of it.
+    Each row attends causally to its own tokens (one kernel call per padding
+    bucket) and, where it continues a resident run, to all of that run's keys
+    in `layer`; `merger` is `merge` or a compiled (fused) version of it.
     """
-    qp, kp, vp = rows.pad(q), rows.pad(k), rows.pad(v)
-    if not rows.runs and (not _fused(q) or rows.width > SMALL):
-        return rows.unpad(F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True))
-    own, own_lse = attend(qp, kp, vp, causal=True)
-    out = rows.unpad(own)
+    blocks = zip(rows.pad(q), rows.pad(k), rows.pad(v))
+    if not rows.runs and not _fused(q):
+        return rows.unpad([F.scaled_dot_product_attention(*b, is_causal=True, enable_gqa=True) for b in blocks])
+    own = [attend(*b, causal=True) for b in blocks]
+    out = rows.unpad([o for o, _ in own])
     if not rows.runs:
         return out
     index = rows.past_index
-    lse = rows.unpad(own_lse[..., None])[..., 0].index_select(0, index)
+    lse = rows.unpad([l[..., None] for _, l in own])[..., 0].index_select(0, index)
     past, past_lse = over_runs(q, rows, layer)
     return out.index_copy_(0, index, merger(out.index_select(0, index), lse, past, past_lse))

@@ -44,3 +44,7 @@ class KV:
     def slice(self, start: int, end: int) -> "KV":
         """Tokens [start, end) of a single-piece run."""
         return KV([k[start:end] for k in self.keys], [v[start:end] for v in self.values])
+
+    def owned(self) -> "KV":
+        """A single-piece run's copy in tensors of its own (a view no longer holds its pass's buffer)."""
+        return KV([k.clone() for k in self.keys], [v.clone() for v in self.values])

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from .attention import Rows
+from .attention import Rows, width_class
 from .kv import KV
 from .model import Decoder
 from .requests import LabelSet
@@ -24,30 +24,67 @@ class Row:
     keep_kv: bool = False
 
 
-PAD_FACTOR = 2  # attention pads a pass's rows to its longest row: rows × longest ≤ PAD_FACTOR × budget
+PAD_FACTOR = 2  # attention pads each row to its bucket's longest: padded area ≤ PAD_FACTOR × budget
 
 
-def fits(tokens: int, rows: int, width: int, budget: int) -> bool:
-    """Whether a pass of `rows` rows, `tokens` new tokens in all, the longest `width`, fits the budget."""
-    return tokens <= budget and rows * width <= PAD_FACTOR * budget
+@dataclass
+class Fill:
+    """A forward pass being filled: new tokens, and each padding bucket's rows and longest row."""
+
+    budget: int
+    tokens: int = 0
+    buckets: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def _area(self, length: int) -> int:
+        """The padded attention area with one more row of `length` tokens."""
+        key = width_class(length)
+        rows, width = self.buckets.get(key, (0, 0))
+        return sum(r * w for k, (r, w) in self.buckets.items() if k != key) + (rows + 1) * max(width, length)
+
+    def admits(self, length: int) -> bool:
+        """Whether a row of `length` new tokens still fits (an empty pass takes any row)."""
+        if not self.buckets:
+            return True
+        return self.tokens + length <= self.budget and self._area(length) <= PAD_FACTOR * self.budget
+
+    def add(self, length: int) -> None:
+        key = width_class(length)
+        rows, width = self.buckets.get(key, (0, 0))
+        self.buckets[key] = (rows + 1, max(width, length))
+        self.tokens += length
 
 
 def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
     """Consecutive index runs that fit the budget (one row at least).
 
     The linear layers see packed tokens only; attention pads each row to the
-    longest of its pass, a waste `fits` bounds.
+    longest of its bucket, a waste `Fill` bounds.
     """
     batches: list[list[int]] = []
-    tokens = width = 0
+    fill = Fill(budget)
     for i, length in enumerate(lengths):
-        if batches and fits(tokens + length, len(batches[-1]) + 1, max(width, length), budget):
-            batches[-1].append(i)
-            tokens, width = tokens + length, max(width, length)
-        else:
-            batches.append([i])
-            tokens = width = length
+        if not batches or not fill.admits(length):
+            batches.append([])
+            fill = Fill(budget)
+        batches[-1].append(i)
+        fill.add(length)
     return batches
+
+
+def _kept(rows: list[Row], layout: Rows, keys: list[torch.Tensor], values: list[torch.Tensor]) -> list[KV | None]:
+    """The KV of each row that asked to keep it: one gather per layer, each row a view of it."""
+    wanted = [b for b, row in enumerate(rows) if row.keep_kv]
+    index = torch.from_numpy(np.concatenate([np.arange(layout.starts[b], layout.starts[b + 1]) for b in wanted]))
+    index = index.to(keys[0].device, non_blocking=True)
+    kept_keys = [k.index_select(0, index) for k in keys]
+    kept_values = [v.index_select(0, index) for v in values]
+    out: list[KV | None] = [None] * len(rows)
+    offset = 0
+    for b in wanted:
+        n = layout.lengths[b]
+        out[b] = KV([k[offset : offset + n] for k in kept_keys], [v[offset : offset + n] for v in kept_values])
+        offset += n
+    return out
 
 
 class ModelRunner:
@@ -78,10 +115,7 @@ class ModelRunner:
         ids, positions, last = self._inputs(rows, layout, resident)
         keep = any(r.keep_kv for r in rows)
         hidden, keys, values = self.model(ids, positions, layout, last, keep)
-        kept: list[KV | None] = []
-        for b, row in enumerate(rows):
-            a, e = layout.starts[b], layout.starts[b + 1]
-            kept.append(KV([k[a:e].clone() for k in keys], [v[a:e].clone() for v in values]) if row.keep_kv else None)
+        kept = _kept(rows, layout, keys, values) if keep else [None] * len(rows)
         stats.forward_passes += 1
         stats.fresh_tokens += sum(lengths)
         stats.attention_pairs += sum(causal_pairs(q, c) for q, c in zip(lengths, resident))

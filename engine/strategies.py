@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Callable, Sequence
 
 import numpy as np
@@ -23,33 +23,40 @@ import torch
 from .kv import KV
 from .radix import RadixNode, build, collapse
 from .requests import Request
-from .runner import ModelRunner, Row, fits, pack
+from .runner import Fill, ModelRunner, Row, pack
 from .stats import Stats
 
 Strategy = Callable[[ModelRunner, Sequence[Request], Stats], list[torch.Tensor]]
 
 
 def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
-    """Last hidden state per request, each distinct prefix computed once."""
+    """Last hidden state per request, each distinct prefix computed once.
+
+    Passes are filled from a frontier: first the nodes whose parent's KV is
+    resident (grouped by parent, so each parent's KV is one run), then new
+    roots, longest first. A pass so mixes one level's continuations with the
+    next roots, and a parent's KV is dropped as soon as its last child ran.
+    """
     hidden: list[torch.Tensor | None] = [None] * len(requests)
-
-    def visit(parents: list[tuple[RadixNode, KV | None]]) -> None:
-        work = [(child, kv, p) for p, (node, kv) in enumerate(parents) for child in node.children]
-        work.sort(key=lambda w: (w[2], -len(w[0])))
-        for batch in pack([len(child) for child, _, _ in work], runner.token_budget):
-            items = [work[i] for i in batch]
-            rows = [Row(requests[c.rep].tokens(c.start, c.end), kv, keep_kv=bool(c.children)) for c, kv, _ in items]
-            last, kept = runner.forward(rows, stats)
-            inner = []
-            for (child, kv, _), h, new in zip(items, last, kept):
-                for i in child.ends:
-                    hidden[i] = h
-                if child.children:
-                    inner.append((child, new if kv is None else kv.then(new)))
-            if inner:
-                visit(inner)
-
-    visit([(collapse(build(requests)), None)])
+    roots = deque(sorted(collapse(build(requests)).children, key=len, reverse=True))
+    continuing: deque[tuple[RadixNode, KV]] = deque()
+    while continuing or roots:
+        fill, items = Fill(runner.token_budget), []
+        for queue, as_item in ((continuing, lambda w: w), (roots, lambda node: (node, None))):
+            while queue and fill.admits(len(as_item(queue[0])[0])):
+                item = as_item(queue.popleft())
+                fill.add(len(item[0]))
+                items.append(item)
+            if queue:
+                break
+        rows = [Row(requests[c.rep].tokens(c.start, c.end), kv, keep_kv=bool(c.children)) for c, kv in items]
+        last, kept = runner.forward(rows, stats)
+        for (node, kv), h, new in zip(items, last, kept):
+            for i in node.ends:
+                hidden[i] = h
+            if node.children:
+                run = new if kv is None else kv.then(new)
+                continuing.extend((child, run) for child in sorted(node.children, key=len, reverse=True))
     return hidden
 
 
@@ -110,11 +117,13 @@ def block_prefix(runner: ModelRunner, requests: Sequence[Request], stats: Stats,
     hidden: list[torch.Tensor | None] = [None] * len(requests)
     size = cache.block_size
     pending: list[tuple[int, list[bytes], int, Row]] = []
+    fill = Fill(runner.token_budget)
 
     def flush() -> None:
         last, kept = runner.forward([row for *_, row in pending], stats)
-        for (i, keys, hits, _), h, new in zip(pending, last, kept):
+        for (i, keys, hits, _), h, kv in zip(pending, last, kept):
             hidden[i] = h
+            new = kv.owned()
             for b in range(hits, len(keys)):
                 cache.store(keys[b], new.slice((b - hits) * size, (b - hits + 1) * size))
         pending.clear()
@@ -124,9 +133,10 @@ def block_prefix(runner: ModelRunner, requests: Sequence[Request], stats: Stats,
         keys = cache.keys(ids)
         hit = cache.lookup(keys, (len(ids) - 1) // size)
         row = Row(ids[len(hit) * size :], functools.reduce(KV.then, hit) if hit else None, keep_kv=True)
-        lengths = [len(row.ids)] + [len(r.ids) for *_, r in pending]
-        if pending and not fits(sum(lengths), len(lengths), max(lengths), runner.token_budget):
+        if not fill.admits(len(row.ids)):
             flush()
+            fill = Fill(runner.token_budget)
+        fill.add(len(row.ids))
         pending.append((i, keys, len(hit), row))
     if pending:
         flush()

@@ -52,3 +52,20 @@ def test_attend_returns_the_log_sum_exp():
     scores = scores.masked_fill(~torch.ones(6, 9, dtype=torch.bool).tril(3), float("-inf"))
     torch.testing.assert_close(lse, torch.logsumexp(scores, -1))
     torch.testing.assert_close(out, torch.softmax(scores, -1) @ v.repeat_interleave(H // HKV, 1))
+
+
+def test_rows_of_very_different_lengths_are_padded_per_bucket():
+    torch.manual_seed(2)
+    lengths = [3, 300, 70, 5, 129, 64, 65]
+    pasts = [_kv(4), None, None, _kv(7), None, None, None]
+    rows = Rows.build(lengths, pasts, torch.device("cpu"))
+    assert [(r, w) for _, r, w in rows.buckets] == [(3, 64), (2, 70), (1, 129), (1, 300)]
+    assert rows.buckets[-1][0] + 300 < len(lengths) * 300, "no row is padded to the longest of the pass"
+    q = torch.randn(sum(lengths), H, D)
+    k, v = torch.randn(sum(lengths), HKV, D), torch.randn(sum(lengths), HKV, D)
+    got = attention(q, k, v, rows, 0)
+    start = 0
+    for n, past in zip(lengths, pasts):
+        span = slice(start, start + n)
+        torch.testing.assert_close(got[span], _dense(q[span], k[span], v[span], past), atol=1e-5, rtol=1e-5)
+        start += n

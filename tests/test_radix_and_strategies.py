@@ -8,6 +8,7 @@ import pytest
 from quail.engine.ai_ops import Question, build_requests
 from quail.engine.radix import build, collapse, common_prefix, ideal_stats, nodes
 from quail.engine.requests import LabelSet, Request, Segment
+from quail.engine.runner import Fill, pack
 from quail.engine.work import QueryWork
 
 LABELS = LabelSet(("false", "true"), (0, 1), (0, 1))
@@ -128,3 +129,25 @@ def test_short_prefixes_fold_into_long_children_and_answers_stay():
     root = collapse(build(short_questions))
     (kept,) = root.children
     assert len(kept) == 41 and [len(c) for c in kept.children] == [1, 1, 1]
+
+
+def test_passes_bound_padding_per_bucket():
+    lengths = [300] * 20 + [15] * 400  # anchors and their partners' short suffixes
+    fill = Fill(16384)
+    for n in lengths:
+        assert fill.admits(n)
+        fill.add(n)
+    assert not Fill(16384, 16000, {512: (1, 400)}).admits(400), "the token budget still binds"
+    assert pack([4000] + [15] * 1000, 16384) == [[0] + list(range(1, 826)), list(range(826, 1001))]
+
+
+def test_passes_mix_continuations_with_new_roots(runtime):
+    """Anchors with many short partners: partner rows fill the passes beside the next anchors."""
+    rng = np.random.default_rng(3)
+    anchors = [rng.integers(1000, 2000, 100) for _ in range(24)]
+    requests = [request(anchor, [7, 8, p, 9]) for anchor in anchors for p in range(10, 22)]
+    work = QueryWork()
+    runtime.variant("quail", token_budget=512).score(requests, work)
+    fresh = work.stats.fresh_tokens
+    assert fresh == ideal_stats(requests).fresh_tokens
+    assert work.stats.forward_passes <= -(-fresh // 512) + 2, "passes are filled across levels"
