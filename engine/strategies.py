@@ -32,31 +32,30 @@ Strategy = Callable[[ModelRunner, Sequence[Request], Stats], list[torch.Tensor]]
 def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
     """Last hidden state per request, each distinct prefix computed once.
 
-    Passes are filled from a frontier: first the nodes whose parent's KV is
-    resident (grouped by parent, so each parent's KV is one run), then new
-    roots, longest first. A pass so mixes one level's continuations with the
-    next roots, and a parent's KV is dropped as soon as its last child ran.
+    Passes are filled from the front of a frontier that starts as the roots,
+    longest first. The children of a pass's nodes go to the front, grouped by
+    parent (each parent's KV one run): depth first, so a parent's KV is
+    dropped as soon as its last child ran, and a pass mixes one level's
+    continuations with the next nodes waiting behind them.
     """
     hidden: list[torch.Tensor | None] = [None] * len(requests)
-    roots = deque(sorted(collapse(build(requests)).children, key=len, reverse=True))
-    continuing: deque[tuple[RadixNode, KV]] = deque()
-    while continuing or roots:
+    frontier: deque[tuple[RadixNode, KV | None]] = deque(
+        (node, None) for node in sorted(collapse(build(requests)).children, key=len, reverse=True))
+    while frontier:
         fill, items = Fill(runner.token_budget), []
-        for queue, as_item in ((continuing, lambda w: w), (roots, lambda node: (node, None))):
-            while queue and fill.admits(len(as_item(queue[0])[0])):
-                item = as_item(queue.popleft())
-                fill.add(len(item[0]))
-                items.append(item)
-            if queue:
-                break
+        while frontier and fill.admits(len(frontier[0][0])):
+            items.append(frontier.popleft())
+            fill.add(len(items[-1][0]))
         rows = [Row(requests[c.rep].tokens(c.start, c.end), kv, keep_kv=bool(c.children)) for c, kv in items]
         last, kept = runner.forward(rows, stats)
+        children = []
         for (node, kv), h, new in zip(items, last, kept):
             for i in node.ends:
                 hidden[i] = h
             if node.children:
                 run = new if kv is None else kv.then(new)
-                continuing.extend((child, run) for child in sorted(node.children, key=len, reverse=True))
+                children.extend((child, run) for child in sorted(node.children, key=len, reverse=True))
+        frontier.extendleft(reversed(children))
     return hidden
 
 

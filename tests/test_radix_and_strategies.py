@@ -151,3 +151,28 @@ def test_passes_mix_continuations_with_new_roots(runtime):
     fresh = work.stats.fresh_tokens
     assert fresh == ideal_stats(requests).fresh_tokens
     assert work.stats.forward_passes <= -(-fresh // 512) + 2, "passes are filled across levels"
+
+
+def test_documents_below_a_shared_preamble_run_depth_first(runtime, monkeypatch):
+    """A preamble kept over many documents: each pass's documents have their questions asked in the
+    next pass, before further documents pile up resident KV."""
+    rng = np.random.default_rng(4)
+    preamble = rng.integers(1000, 2000, 300)
+    documents = [rng.integers(2000, 3000, 100) for _ in range(30)]
+    requests = [request(preamble, doc, [7, 8, p, 9]) for doc in documents for p in range(10, 16)]
+    passes = []
+    forward = type(runtime.runner).forward
+
+    def recording(self, rows, stats):
+        passes.append((sum(len(r.ids) >= 100 for r in rows), sum(len(r.ids) <= 4 for r in rows)))
+        return forward(self, rows, stats)
+
+    monkeypatch.setattr(type(runtime.runner), "forward", recording)
+    work = QueryWork()
+    runtime.variant("quail", token_budget=512).score(requests, work)
+    assert work.stats.fresh_tokens == ideal_stats(requests).fresh_tokens, "the preamble is computed once"
+    resident = 0
+    for documents_run, questions_run in passes[1:]:
+        resident += documents_run - questions_run // 6
+        assert resident <= 5, f"documents waiting for their questions: {passes}"
+    assert resident == 0
