@@ -5,15 +5,19 @@ CTEs, derived tables and subqueries are planned first, innermost out, each
 SELECT materialized (subqueries.py). A SELECT with AI functions is planned
 around its AI core:
 
-1. each table of the FROM clause (inner or LEFT joins) becomes a *core*: its
-   rows that pass the conditions on that table alone, relational ones first
-   (they are ~free), then AI filters, then AI values (classify, score, yes/no
-   used anywhere), then conditions on those values; every core row gets a row
-   id (the right side of a LEFT JOIN takes only its own ON conditions);
+1. each table of the FROM clause (inner, LEFT, RIGHT or FULL joins) becomes
+   a *core*: its rows that pass the conditions on that table alone, relational
+   ones first (they are ~free), then AI filters, then AI values (classify,
+   score, yes/no used anywhere), then conditions on those values; every core
+   row gets a row id. A table whose rows may come out NULL-extended (the right
+   side of a LEFT JOIN, everything before a RIGHT JOIN, both sides of a FULL
+   JOIN) takes into its core only its own LEFT JOIN's ON conditions;
 2. tables join left to right as a relation of row-id tuples; each condition
    on several tables applies as soon as its tables are joined, an AI condition
    or value asked once per distinct combination of rows it names; a LEFT JOIN
-   keeps its unmatched left tuples with a NULL slot;
+   keeps its unmatched left tuples with a NULL slot, a RIGHT JOIN its unmatched
+   new rows with NULL slots before them, a FULL JOIN both. With a RIGHT or FULL
+   JOIN in the query, WHERE conditions wait until every table is joined;
 3. the rest of the query (projection, grouping, ordering, limits) runs in
    DuckDB over the surviving tuples joined back to the cores.
 
@@ -37,10 +41,11 @@ from quail.engine.physical import AIFilterChain, AIStep, PhysicalPlan, SQLStep, 
 
 from .ai_functions import AICall, ai_calls, ai_name, ancestors, bind, contains_ai
 from .binder import bind_parameters, bind_tables
+from .correlated import decorrelate
 from .dialects import DEFAULT_DIALECT, normalize, parse_statement, position
 from .explain import explain_plan, split_explain
 from .join_order import PLAIN_SELECTIVITY, Edge, best_order, cost
-from .subqueries import Names, Scope, ctes_of, innermost_ai_select, output_columns, reading
+from .subqueries import Names, Scope, ctes_of, innermost_ai_select, output_columns, reading, sources
 
 RESULT = "__quail_result"
 CHARS_PER_TOKEN = 4.0  # for estimates only: English text in a BPE vocabulary
@@ -74,8 +79,12 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
     names, scope, steps, notes = Names(), Scope(catalog), [], []
     while (inner := innermost_ai_select(tree)) is not None:
         name = names.fresh("sub")
+        correlated = decorrelate(inner, scope.has)
         steps += _plan_select(AICorePlanner(inner, scope, names, name, notes), tree)
-        inner.replace(reading(name))
+        if correlated is not None:
+            correlated.predicate.replace(correlated.reader(name))
+        else:
+            inner.replace(reading(name))
     if ai_calls(tree):
         steps += _plan_select(AICorePlanner(tree, scope, names, RESULT, notes, join_order), tree)
     else:
@@ -98,8 +107,7 @@ def _materialize_sources(select: exp.Select, root: exp.Query, scope: Scope, name
     """Derived tables and CTE references in a SELECT's FROM become materialized relations."""
     ctes = ctes_of(root)
     steps: list[Step] = []
-    sources = [select.args["from_"].this] + [j.this for j in select.args.get("joins") or []]
-    for source in sources:
+    for source in sources(select):
         if isinstance(source, exp.Subquery):
             query = body = source.this
         elif isinstance(source, exp.Table) and source.name.lower() in ctes and not source.db:
@@ -156,7 +164,8 @@ class Relation:
     columns: set[str]
     core: str = ""
     ai_columns: list[str] = field(default_factory=list)
-    outer: bool = False  # the right side of a LEFT JOIN: its rows are optional
+    side: str = ""  # the join that adds it: "" (inner, cross, the first table), LEFT, RIGHT or FULL
+    outer: bool = False  # its slot may be NULL in the joined tuples (see the module docstring)
     rows: float = 0.0  # the core's estimated rows
 
 
@@ -164,13 +173,15 @@ class Relation:
 class Condition:
     """A conjunct of WHERE / ON: the relations it names, and its AI call if it is one.
 
-    `left_on` is the alias of the LEFT JOIN whose ON holds it (None: WHERE or an inner ON).
+    `on` is the alias of the table whose JOIN ... ON holds it; `outer_on` the same
+    for a LEFT, RIGHT or FULL join (None: WHERE or an inner join's ON).
     """
 
     node: exp.Expression
     refs: frozenset[str]
     call: AICall | None = None
-    left_on: str | None = None
+    on: str | None = None
+    outer_on: str | None = None
 
 
 class AICorePlanner:
@@ -196,21 +207,22 @@ class AICorePlanner:
     # -- binding ---------------------------------------------------------------------------
 
     def _relations(self) -> list[Relation]:
-        select = self.select
-        sources = [select.args["from_"].this] + [j.this for j in select.args.get("joins") or []]
-        joins = select.args.get("joins") or []
+        joins = self.select.args.get("joins") or []
         for join in joins:
-            if join.side not in ("", "LEFT") or join.args.get("using") or join.kind not in ("", "INNER", "CROSS", "OUTER"):
-                raise self._unsupported(join, "a RIGHT, FULL, USING or special join in a query with AI functions")
+            if join.args.get("using") or join.kind not in ("", "INNER", "CROSS", "OUTER"):
+                raise self._unsupported(join, "a USING, NATURAL or special join in a query with AI functions")
         relations = []
-        for source, join in zip(sources, [None, *joins]):
+        for source, join in zip(sources(self.select), [None, *joins]):
             if not isinstance(source, exp.Table) or not self.catalog.has(source.name):
                 raise self._unsupported(source, "this kind of FROM source in a query with AI functions")
             alias = source.alias_or_name
             columns = {n.lower() for n in self.catalog.schema(source.name).names}
-            relations.append(Relation(alias, source, columns, outer=join is not None and join.side == "LEFT"))
+            relations.append(Relation(alias, source, columns, side=join.side if join is not None else ""))
         if len({r.alias.lower() for r in relations}) != len(relations):
             raise InvalidArgument("each table of a query with AI functions needs its own alias")
+        for i, relation in enumerate(relations):
+            relation.outer = relation.side in ("LEFT", "FULL") or any(r.side in ("RIGHT", "FULL")
+                                                                        for r in relations[i + 1:])
         return relations
 
     def _refs(self, node: exp.Expression, relations: list[Relation]) -> frozenset[str]:
@@ -218,9 +230,13 @@ class AICorePlanner:
         by_alias = {r.alias.lower(): r.alias for r in relations}
         refs = set()
         for column in node.find_all(exp.Column):
-            if self._inside_subquery(column, node):
-                continue
             if isinstance(column.this, exp.Star):
+                continue
+            nested = self._nested_select(column, node)
+            if nested is not None:  # read by a subquery: a ref only when it is one of ours (correlated)
+                if column.table and column.table.lower() in by_alias and column.table.lower() not in {
+                        s.alias_or_name.lower() for s in sources(nested)}:
+                    refs.add(by_alias[column.table.lower()])
                 continue
             if column.table:
                 alias = by_alias.get(column.table.lower())
@@ -237,26 +253,34 @@ class AICorePlanner:
         return frozenset(refs)
 
     @staticmethod
-    def _inside_subquery(column: exp.Expression, node: exp.Expression) -> bool:
-        for parent in ancestors(column):
+    def _nested_select(column: exp.Expression, node: exp.Expression) -> exp.Select | None:
+        """The innermost SELECT between the column and the node (a subquery reading it), or None."""
+        for parent in (column, *ancestors(column)):
             if parent is node:
-                return False
-            if isinstance(parent, exp.Subquery):
-                return True
-        return False
+                return None
+            if isinstance(parent, exp.Select):
+                return parent
+        return None
 
     def _conditions(self, relations: list[Relation]) -> list[Condition]:
         where = self.select.args.get("where")
         terms = [(t, None) for t in conjuncts(where.this if where else None)]
         for join, relation in zip(self.select.args.get("joins") or [], relations[1:]):
-            terms += [(t, relation.alias if relation.outer else None) for t in conjuncts(join.args.get("on"))]
+            terms += [(t, relation) for t in conjuncts(join.args.get("on"))]
         out = []
-        for term, left_on in terms:
+        for term, joined in terms:
             call = bind(term) if ai_name(term) else None
             if call is not None and call.kind != "filter":
                 call = None
-            out.append(Condition(term, self._refs(term, relations), call, left_on))
+            on = joined.alias if joined is not None else None
+            out.append(Condition(term, self._refs(term, relations), call, on,
+                                 on if joined is not None and joined.side else None))
         return out
+
+    @staticmethod
+    def _late_where(relations: list[Relation]) -> bool:
+        """Whether WHERE waits for every join: a RIGHT or FULL join may NULL-extend tables joined before it."""
+        return any(r.side in ("RIGHT", "FULL") for r in relations)
 
     # -- planning --------------------------------------------------------------------------
 
@@ -268,7 +292,9 @@ class AICorePlanner:
         for relation in relations:
             self._core(relation, relations, conditions, values, limit)
         pending = list(conditions)
-        after = [c for c in pending if len(c.refs) > 1 and c.call is None and contains_ai(c.node)]
+        late = self._late_where(relations)
+        after = [c for c in pending if c.call is None and (len(c.refs) > 1 and contains_ai(c.node)
+                                                           or late and c.on is None)]
         pending = [c for c in pending if c not in after]
         if len(relations) == 1:
             source = exp.From(this=_table(relations[0].core, relations[0].alias))
@@ -336,11 +362,13 @@ class AICorePlanner:
         """Steps computing this table's rows that pass every condition on it alone.
 
         A LEFT JOIN's ON conditions on its right side alone narrow that side; its
-        other conditions, and WHERE conditions on an outer side, wait for the join.
+        other conditions, the ON conditions of RIGHT and FULL joins, and WHERE
+        conditions on a table whose rows may come out NULL-extended wait for the joins.
         """
         alias = relation.alias
+        own = alias if relation.outer else None
         local = [c for c in conditions if c.refs <= {alias} and (c.refs or relation is relations[0])
-                 and c.left_on == (alias if relation.outer else None)]
+                 and (c.outer_on == own if relation.side == "LEFT" else c.outer_on is None and not relation.outer)]
         for condition in local:
             conditions.remove(condition)
         deferred = [c.node for c in local if c.call is None and contains_ai(c.node)]
@@ -405,10 +433,10 @@ class AICorePlanner:
             if sorted(forced) != sorted(aliases):
                 raise InvalidArgument(f"a forced join order must name each of {', '.join(aliases)} once")
             return [aliases.index(a) for a in forced]
-        if any(r.outer for r in relations):
+        if any(r.side for r in relations):
             return list(range(len(relations)))
         sizes = [r.rows for r in relations]
-        edges = [self._edge(c, relations) for c in pending if len(c.refs) > 1 and c.left_on is None]
+        edges = [self._edge(c, relations) for c in pending if len(c.refs) > 1 and c.outer_on is None]
         order, tokens = best_order(sizes, edges)
         self.notes.append(f"join order {', '.join(relations[i].alias for i in order)}: ~{tokens:,.0f} model tokens "
                           f"(the query's order: ~{cost(list(range(len(relations))), sizes, edges):,.0f})")
@@ -463,8 +491,10 @@ class AICorePlanner:
     def _join(self, relations: list[Relation], pending: list[Condition], order: list[int]) -> str:
         """Row-id tuples of the joins in `order`, each condition applied once its tables are joined.
 
-        A LEFT JOIN matches by its ON conditions, then keeps the unmatched left
-        tuples with a NULL slot; WHERE conditions apply to the joined tuples after.
+        A LEFT, RIGHT or FULL join matches by its ON conditions, then adds the
+        unmatched tuples before (LEFT, FULL) or its unmatched new rows (RIGHT,
+        FULL) with NULL slots; WHERE conditions apply to the joined tuples after
+        (after the last join when a RIGHT or FULL join may NULL-extend them).
         Slot i always holds relation i's row id, whatever the order.
         """
         first = relations[order[0]]
@@ -472,14 +502,15 @@ class AICorePlanner:
         self.steps.append(SQLStep(
             exp.select(exp.alias_(_col(first.alias, ROW_ID), self._slot(order[0]), quoted=True))
             .from_(_table(first.core, first.alias)).sql("duckdb"), current))
+        late = self._late_where(relations)
         for k, i in enumerate(order[1:], start=1):
             new, bound = relations[i], {relations[j].alias for j in order[: k + 1]}
-            where = [c for c in pending if c.left_on is None and c.refs <= bound]
-            on = [c for c in pending if c.left_on == new.alias]
-            if new.outer:
+            where = [c for c in pending if c.outer_on is None and c.refs <= bound and not (late and c.on is None)]
+            on = [c for c in pending if c.outer_on == new.alias]
+            if new.side:
                 matched = self._extend(current, relations, i, [c for c in on if c.call is None])
                 matched = self._apply(matched, relations, [c for c in on if c.call is not None])
-                current = self._keep_unmatched(current, matched, i, order[:k])
+                current = self._outer(current, matched, relations, i, order[:k])
                 if any(c.call is None for c in where):
                     current = self._filter(current, relations, [c for c in where if c.call is None])
             else:
@@ -487,6 +518,10 @@ class AICorePlanner:
             current = self._apply(current, relations, [c for c in where if c.call is not None])
             for condition in on + where:
                 pending.remove(condition)
+        if late:
+            last = [c for c in pending if c.on is None and c.call is not None]
+            current = self._apply(current, relations, last)
+            pending[:] = [c for c in pending if c not in last]
         if pending:
             raise InvalidArgument("a condition names tables the query does not join")
         return current
@@ -496,15 +531,28 @@ class AICorePlanner:
             tuples = self._ai_join(tuples, relations, condition)
         return tuples
 
-    def _keep_unmatched(self, before: str, matched: str, i: int, joined: list[int]) -> str:
-        """LEFT JOIN: the tuples before, each with its matches' slot i, or NULL when it has none."""
-        on = exp.and_(*(exp.EQ(this=_col("__quail_m", self._slot(j)), expression=_col(TUPLES, self._slot(j)))
-                        for j in joined))
+    def _outer(self, before: str, matched: str, relations: list[Relation], i: int, joined: list[int]) -> str:
+        """An outer join's tuples: the matched ones, plus the unmatched tuples before with a NULL slot i
+        (LEFT, FULL), plus relation i's unmatched rows with NULL slots before (RIGHT, FULL)."""
+        new = relations[i]
+        if new.side in ("LEFT", "FULL"):
+            on = exp.and_(*(exp.NullSafeEQ(this=_col("__quail_m", self._slot(j)), expression=_col(TUPLES, self._slot(j)))
+                            for j in joined))
+            query = exp.select(exp.Column(this=exp.Star(), table=_ident(TUPLES)), _col("__quail_m", self._slot(i))) \
+                .from_(_table(before, TUPLES)).join(_table(matched, "__quail_m"), on=on, join_type="LEFT")
+        else:
+            query = exp.select(exp.Star()).from_(_table(matched, TUPLES))
+        if new.side in ("RIGHT", "FULL"):
+            seen = exp.select("1").from_(_table(matched, "__quail_m")).where(
+                exp.EQ(this=_col("__quail_m", self._slot(i)), expression=_col(new.alias, ROW_ID)))
+            unmatched = exp.select(
+                *(exp.alias_(exp.cast(exp.null(), exp.DataType.build("BIGINT")), self._slot(j), quoted=True)
+                  for j in joined),
+                exp.alias_(_col(new.alias, ROW_ID), self._slot(i), quoted=True),
+            ).from_(_table(new.core, new.alias)).where(exp.not_(exp.Exists(this=seen)))
+            query = exp.union(query, unmatched, distinct=False)
         output = self._name("tuples")
-        self.steps.append(SQLStep(
-            exp.select(exp.Column(this=exp.Star(), table=_ident(TUPLES)), _col("__quail_m", self._slot(i)))
-            .from_(_table(before, TUPLES)).join(_table(matched, "__quail_m"), on=on, join_type="LEFT")
-            .sql("duckdb"), output))
+        self.steps.append(SQLStep(query.sql("duckdb"), output))
         return output
 
     def _filter(self, tuples: str, relations: list[Relation], plain: list[Condition]) -> str:
@@ -563,11 +611,15 @@ class AICorePlanner:
         return output
 
     def _ai_join(self, tuples: str, relations: list[Relation], condition: Condition) -> str:
-        """Ask an AI condition once per distinct row combination it names; keep the tuples answered yes."""
+        """Ask an AI condition once per distinct row combination it names; keep the tuples answered yes.
+
+        A condition on one table (a WHERE waiting for a RIGHT or FULL join) keeps the filter layout.
+        """
         call = condition.call
         combos, slots, names = self._combos(tuples, relations, condition.refs, call)
         kept = self._name("kept")
-        self.steps.append(AIStep(combos, kept, "filter", call.template, names, "join", (), "",
+        layout = "join" if len(condition.refs) > 1 else "filter"
+        self.steps.append(AIStep(combos, kept, "filter", call.template, names, layout, (), "",
                                  call.selectivity or DEFAULT_SELECTIVITY, call.anchor))
         return self._with_answers(tuples, kept, slots, "INNER", [])
 

@@ -75,6 +75,12 @@ class Scope:
         return pc.mean(lengths).as_py() or 0.0
 
 
+def sources(select: exp.Select) -> list[exp.Expression]:
+    """The FROM and JOIN sources of a SELECT."""
+    found = [select.args["from_"].this] if select.args.get("from_") else []
+    return found + [j.this for j in select.args.get("joins") or []]
+
+
 def innermost_ai_select(root: exp.Expression) -> exp.Select | None:
     """A SELECT below the root whose AI calls are its own (in no deeper SELECT), or None."""
     for node in root.walk():
@@ -94,13 +100,11 @@ def output_columns(select: exp.Query, scope: Scope) -> list[str]:
     """The column names a SELECT returns, stars expanded over its FROM sources."""
     if not isinstance(select, exp.Select):
         return output_columns(select.this, scope) if isinstance(select, exp.SetOperation) else []
-    sources = [select.args["from_"].this] if select.args.get("from_") else []
-    sources += [j.this for j in select.args.get("joins") or []]
     out: list[str] = []
     for item in select.expressions:
         star_of = item.table if isinstance(item, exp.Column) and isinstance(item.this, exp.Star) else None
         if isinstance(item, exp.Star) or star_of is not None:
-            for source in sources:
+            for source in sources(select):
                 if star_of and source.alias_or_name.lower() != star_of.lower():
                     continue
                 out += _source_columns(source, scope)

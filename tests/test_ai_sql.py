@@ -16,6 +16,7 @@ import pytest
 
 import quail
 from quail.engine.ai_ops import Question, build_requests, content_hash
+from quail.engine.errors import InvalidArgument
 from quail.engine.executor import execute
 from quail.engine.physical import AIFilterChain
 from quail.planner.planner import plan_sql
@@ -248,6 +249,64 @@ def test_left_join_on_an_ai_condition(session):
     assert unmatched == [(i,) for i, a in left(lambda r, a: (r["id"], a["id"]) in hit) if a is None]
 
 
+def _relational_reference(session, sql: str) -> list[tuple]:
+    """The query in DuckDB alone, each AI condition replaced by a lookup of its independent decisions.
+
+    {pair:X:Y} stands for the JOIN question over X.body and Y.aspect, {food:X} for
+    the FILTER question over X.aspect, {bad:X} for the FILTER question over X.body.
+    """
+    import duckdb
+
+    reviews, aspects = REVIEWS.to_pylist(), ASPECTS.to_pylist()
+    pairs = pa.table({"r": [r["id"] for r in reviews for a in aspects], "a": [a["id"] for r in reviews for a in aspects],
+                      "hit": [r["body"] is not None and decide(session.runtime, JOIN, "join", [r["body"], a["aspect"]])
+                              for r in reviews for a in aspects]})
+    food = pa.table({"a": [a["id"] for a in aspects],
+                     "hit": [decide(session.runtime, FILTER, "filter", [a["aspect"]]) for a in aspects]})
+    bad = pa.table({"r": [r["id"] for r in reviews],
+                    "hit": [r["body"] is not None and decide(session.runtime, FILTER, "filter", [r["body"]])
+                            for r in reviews]})
+    con = duckdb.connect()
+    for name, table in [("reviews", REVIEWS), ("aspects", ASPECTS), ("pairs", pairs), ("food", food), ("bad", bad)]:
+        con.register(name, table)
+    import re
+    sql = re.sub(r"\{pair:(\w+):(\w+)\}", r"EXISTS (SELECT 1 FROM pairs h WHERE h.r = \1.id AND h.a = \2.id AND h.hit)", sql)
+    sql = re.sub(r"\{food:(\w+)\}", r"EXISTS (SELECT 1 FROM food h WHERE h.a = \1.id AND h.hit)", sql)
+    sql = re.sub(r"\{bad:(\w+)\}", r"EXISTS (SELECT 1 FROM bad h WHERE h.r = \1.id AND h.hit)", sql)
+    return con.execute(sql).fetchall()
+
+
+def _with_ai(sql: str) -> str:
+    """The same query with the AI conditions written out."""
+    import re
+    sql = re.sub(r"\{pair:(\w+):(\w+)\}", rf"AI_FILTER(PROMPT('{JOIN}', \1.body, \2.aspect), {OPTS})", sql)
+    sql = re.sub(r"\{food:(\w+)\}", rf"AI_FILTER(PROMPT('{FILTER}', \1.aspect), {OPTS})", sql)
+    return re.sub(r"\{bad:(\w+)\}", rf"AI_FILTER(PROMPT('{FILTER}', \1.body), {OPTS})", sql)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT r.id, a.id FROM reviews r RIGHT JOIN aspects a ON {pair:r:a}",
+    "SELECT r.id, a.id FROM reviews r RIGHT JOIN aspects a ON r.stars <= 2 AND {pair:r:a} WHERE {food:a}",
+    "SELECT r.id, a.id FROM reviews r RIGHT JOIN aspects a ON {pair:r:a} WHERE {bad:r} OR r.id IS NULL",
+    "SELECT r.id, a.id FROM reviews r RIGHT JOIN aspects a ON {pair:r:a} WHERE {bad:r}",
+    "SELECT r.id, a.id FROM reviews r FULL JOIN aspects a ON a.id > 0 AND {pair:r:a}",
+    "SELECT r.id, a.id FROM reviews r FULL OUTER JOIN aspects a ON {pair:r:a} WHERE r.stars > 1 OR a.id IS NULL",
+    "SELECT r.id, a.id, b.id FROM reviews r JOIN aspects a ON {pair:r:a} "
+    "FULL JOIN aspects b ON a.id < b.id AND {pair:r:b}",
+    "SELECT r.id, a.id, b.id FROM reviews r LEFT JOIN aspects a ON {pair:r:a} "
+    "RIGHT JOIN aspects b ON a.id = b.id AND {food:b}",
+], ids=["right", "right-plain-on-and-where", "right-where-on-null-side", "right-where-ai-on-null-side",
+        "full", "full-where", "inner-then-full", "left-then-right"])
+def test_right_and_full_joins_on_ai_conditions(session, sql):
+    """RIGHT and FULL joins with AI conditions in ON and WHERE: the rows DuckDB gives for the
+    same query over the independently decided conditions."""
+    def ordered(found: list[tuple]) -> list[tuple]:
+        return sorted(found, key=lambda row: [(v is None, v or 0) for v in row])
+
+    want = ordered(_relational_reference(session, sql))
+    assert ordered(rows(session, _with_ai(sql))) == want and want
+
+
 def test_every_order_returns_the_same_rows(session):
     sql = (f"SELECT r.id, a.id, b.id FROM reviews r "
            f"JOIN aspects a ON AI_FILTER(PROMPT('{JOIN}', r.body, a.aspect), {OPTS}) "
@@ -302,3 +361,45 @@ def test_filters_reranked_by_observed_selectivity_keep_the_rows(runtime):
     assert got == [r["id"] for r in session.sql(sql).run().to_rows()] and got
     (rerank,) = [s for s in work.stages if s["operator"] == "ai_filter_rerank"]
     assert rerank["order"] == ["Is {0} rude?", "Is {0} long?"]
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT r.id FROM reviews r WHERE EXISTS (SELECT 1 FROM aspects a WHERE a.id > 0 AND {pair:r:a})",
+    "SELECT r.id FROM reviews r WHERE NOT EXISTS (SELECT 1 FROM aspects a WHERE {pair:r:a})",
+    "SELECT r.id, r.stars FROM reviews r WHERE r.stars < 5 AND 2 IN (SELECT a.id FROM aspects a WHERE {pair:r:a})",
+    "SELECT a.id FROM aspects a WHERE EXISTS (SELECT 1 FROM reviews r WHERE r.stars = 1 AND {pair:r:a} LIMIT 1)",
+    "SELECT r.id FROM reviews r WHERE {bad:r} AND EXISTS (SELECT 1 FROM aspects a WHERE {pair:r:a})",
+    "SELECT r.id, a.id FROM reviews r JOIN aspects a ON r.stars > 1 "
+    "WHERE EXISTS (SELECT 1 FROM aspects b WHERE b.id <> a.id AND {pair:r:b})",
+], ids=["exists", "not-exists", "in", "exists-limit", "exists-beside-ai-filter", "exists-over-a-join"])
+def test_correlated_subqueries_with_ai(session, sql):
+    """A correlated EXISTS / IN with an AI condition: the rows DuckDB gives for the same query over the
+    independently decided conditions, each distinct outer value asked once."""
+    def ordered(found: list[tuple]) -> list[tuple]:
+        return sorted(found, key=lambda row: [(v is None, v or 0) for v in row])
+
+    want = ordered(_relational_reference(session, sql))
+    query = session.sql(_with_ai(sql)).run()
+    assert ordered(list(zip(*(c.to_pylist() for c in query.collect().columns)))) == want and want
+    bodies = {r["body"] for r in REVIEWS.to_pylist()}
+    assert query.report.requests <= len(bodies) * len(ASPECTS) + len(REVIEWS), "one ask per distinct outer value"
+
+
+@pytest.mark.parametrize("sql, message", [
+    (f"SELECT r.id FROM reviews r WHERE 1 NOT IN (SELECT a.id FROM aspects a WHERE AI_FILTER(PROMPT('{JOIN}', "
+     "r.body, a.aspect)))", "NOT IN, ALL or ANY over a correlated subquery"),
+    (f"SELECT r.id FROM reviews r WHERE 1 < (SELECT count(*) FROM aspects a WHERE AI_FILTER(PROMPT('{JOIN}', "
+     "r.body, a.aspect)))", "supported in EXISTS and IN only"),
+    (f"SELECT r.id FROM reviews r WHERE EXISTS (SELECT a.id FROM aspects a WHERE AI_FILTER(PROMPT('{JOIN}', "
+     "r.body, a.aspect)) GROUP BY a.id)", "grouping, aggregates"),
+])
+def test_unsupported_correlated_subqueries_name_the_problem(session, sql, message):
+    with pytest.raises(InvalidArgument, match=message):
+        session.sql(sql).run()
+
+
+def test_left_join_equals_the_swapped_right_join(session):
+    ask = f"AI_FILTER(PROMPT('{JOIN}', r.body, a.aspect), {OPTS})"
+    left = rows(session, f"SELECT r.id, a.id FROM reviews r LEFT JOIN aspects a ON {ask} ORDER BY 1, 2 NULLS LAST")
+    right = rows(session, f"SELECT r.id, a.id FROM aspects a RIGHT JOIN reviews r ON {ask} ORDER BY 1, 2 NULLS LAST")
+    assert left == right and any(a is None for _, a in left)

@@ -154,3 +154,24 @@ def test_explain_analyze_through_adbc(conn):
     assert any(line.startswith("stage ai_filter") and "0.5 estimated" in line and "observed" in line for line in lines)
     assert lines[-2].startswith("model: ") and "KV regret" in lines[-2]
     assert lines[-1].startswith("wall ") and "speed of light" in lines[-1]
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT r.id AS review, t.id AS topic FROM reviews r RIGHT JOIN topics t "
+    "ON AI_FILTER(PROMPT('Is {0} about {1}?', r.body, t.topic)) ORDER BY 2, 1 NULLS LAST",
+    "SELECT r.id AS review, t.id AS topic FROM reviews r FULL JOIN topics t "
+    "ON r.stars > 1 AND AI_FILTER(PROMPT('Is {0} about {1}?', r.body, t.topic)) ORDER BY 1, 2 NULLS LAST",
+    "SELECT id FROM reviews r WHERE NOT EXISTS (SELECT 1 FROM topics t "
+    "WHERE AI_FILTER(PROMPT('Is {0} about {1}?', r.body, t.topic))) ORDER BY id",
+], ids=["right-join", "full-join", "correlated-not-exists"])
+def test_outer_joins_and_correlated_subqueries_through_adbc(conn, runtime, sql):
+    """The server's rows equal the in-process API's over the same model and data."""
+    import quail
+
+    topics = pa.table({"id": [1, 2], "topic": ["food", "a film"]})
+    with conn.cursor() as cur:
+        cur.adbc_ingest("topics", topics, mode="replace")
+    local = quail.Session(runtime=runtime)
+    local.register("reviews", REVIEWS)
+    local.register("topics", topics)
+    assert query(conn, sql).to_pylist() == local.sql(sql).run().collect().to_pylist()
