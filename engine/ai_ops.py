@@ -9,27 +9,35 @@ from typing import Sequence
 import numpy as np
 
 from .errors import InvalidArgument
+from .label_trie import Branch, branches, name_logprobs
 from .prompt import LAYOUTS, LETTERS
 from .requests import LabelSet, Request, Segment
 from .runtime import Runtime
 from .work import QueryWork
 
 
+ANSWERS = ("letters", "names")
+
+
 @dataclass(frozen=True)
 class Question:
     """What each row is asked: a template over its documents, a layout, and yes/no or category answers.
 
-    `anchor` is the placeholder whose document comes first in the prompt.
+    `anchor` is the placeholder whose document comes first in the prompt;
+    categories are answered by letter or by name (`answers`: "letters", "names").
     """
 
     template: str
     layout: str = "filter"
     labels: tuple[str, ...] = ()
     anchor: int = 0
+    answers: str = "letters"
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"unknown prompt layout {self.layout!r}")
+        if self.answers not in ANSWERS:
+            raise ValueError(f"unknown way of answering {self.answers!r}")
         if len(self.labels) > len(LETTERS) or len(set(self.labels)) != len(self.labels):
             raise InvalidArgument(f"categories must be distinct and at most {len(LETTERS)}")
 
@@ -52,7 +60,8 @@ def build_requests(runtime: Runtime, question: Question, docs: Sequence[Sequence
     layout = runtime.layout
     preamble, asked, cue = runtime.segments([
         layout.preamble(),
-        layout.question(question.template, question.labels) + ("\n\n" if question.layout == "join" else ""),
+        layout.question(question.template, question.labels, question.answers == "names")
+        + ("\n\n" if question.layout == "join" else ""),
         layout.answer_cue(),
     ])
     labels = _labels(runtime, question)
@@ -73,11 +82,17 @@ def content_hash(request: Request) -> float:
     return int.from_bytes(digest, "little") / 2**64
 
 
-def _ask(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
-         work: QueryWork | None) -> tuple[list[int], list[Request], list[np.ndarray]]:
+def _prompts(runtime: Runtime, question: Question,
+             args: Sequence[Sequence[str | None]]) -> tuple[list[int], list[Request]]:
+    """The rows without a NULL argument, and their requests."""
     rows = len(args[0]) if args else 0
     present = [i for i in range(rows) if all(col[i] is not None for col in args)]
-    requests = build_requests(runtime, question, [[col[i] for col in args] for i in present])
+    return present, build_requests(runtime, question, [[col[i] for col in args] for i in present])
+
+
+def _ask(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
+         work: QueryWork | None) -> tuple[list[int], list[Request], list[np.ndarray]]:
+    present, requests = _prompts(runtime, question, args)
     return present, requests, runtime.score(requests, work)
 
 
@@ -104,12 +119,37 @@ def yes_probabilities(runtime: Runtime, question: Question, args: Sequence[Seque
 def classify(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
              work: QueryWork | None = None) -> list[str | None]:
     """The most probable category per row (None where an argument is NULL)."""
-    present, requests, answers = _ask(runtime, question, args, work)
+    if question.answers == "names":
+        present, requests, scores = _ask_by_name(runtime, question, args, work)
+    else:
+        present, requests, scores = _ask(runtime, question, args, work)
     out: list[str | None] = [None] * (len(args[0]) if args else 0)
-    for i, request, logp in zip(present, requests, answers):
+    for i, request, logp in zip(present, requests, scores):
         if runtime.decisions == "hash":
             index = int(content_hash(request) * len(question.labels))
         else:
             index = int(np.argmax(logp))
         out[i] = question.labels[index]
     return out
+
+
+def _ask_by_name(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
+                 work: QueryWork | None) -> tuple[list[int], list[Request], list[np.ndarray]]:
+    """Each row's prompt, asked once per branch point of the names' token trie (label_trie.py):
+    the rows, their prompts, and log P(name) per name."""
+    present, prompts = _prompts(runtime, question, args)
+    found = branches([list(runtime.tokenizer.encode(name)) for name in question.labels])
+    asked = [_at_branch(runtime, prompt, branch) for prompt in prompts for branch in found]
+    answers = runtime.score(asked, work)
+    per_row = len(found)
+    scores = [name_logprobs(found, answers[k * per_row:(k + 1) * per_row], len(question.labels))
+              for k in range(len(prompts))]
+    return present, prompts, scores
+
+
+def _at_branch(runtime: Runtime, prompt: Request, branch: Branch) -> Request:
+    """The prompt followed by the branch's path, scored over the tokens where the names part."""
+    ways = tuple(branch.ways)
+    labels = LabelSet(tuple(str(t) for t in ways), ways, tuple(range(len(ways))))
+    path = (Segment.of(np.array(branch.path, dtype=np.int32), runtime.model_id),) if branch.path else ()
+    return Request(prompt.segments + path, labels)

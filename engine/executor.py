@@ -88,7 +88,7 @@ def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], runtime: Runtime
 
 
 def _answers(step: AIStep, rows: pa.Table, runtime: Runtime, work: QueryWork | None) -> pa.Array:
-    question = Question(step.template, step.layout, step.labels, step.anchor)
+    question = Question(step.template, step.layout, step.labels, step.anchor, step.answers)
     args = [rows.column(c).to_pylist() for c in step.arg_columns]
     if step.kind == "classify":
         return pa.array(classify(runtime, question, args, work), pa.string())

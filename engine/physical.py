@@ -26,7 +26,8 @@ class AIStep:
     are dropped from the output. `layout` is "filter" (documents, then the
     question) or "join" (the anchor, the question, then the other documents);
     `anchor` is the placeholder whose document comes first ({0} unless the
-    query says otherwise); `labels` are the categories of a classify question;
+    query says otherwise); `labels` are the categories of a classify question,
+    answered by letter or by name (`answers`: "letters" or "names", label_trie.py);
     `selectivity` is the expected fraction answered yes (a hint, or the default).
     """
 
@@ -40,6 +41,7 @@ class AIStep:
     column: str = ""
     selectivity: float = 0.2
     anchor: int = 0
+    answers: str = "letters"
 
 
 @dataclass(frozen=True)

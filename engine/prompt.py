@@ -8,7 +8,8 @@ the plan. Documents come first so that one document's KV serves every question
 asked of it, and its role as a join anchor ({0} anchors a join). Placeholders
 `{i}` of the user's template become the label of the i-th document ("Text 1",
 "Text 2", ...). Yes/no questions are answered by the tokens Yes/No; classify
-questions list the categories as letters A), B), ... and are answered by a letter.
+questions list the categories as letters A), B), ... and are answered by a letter,
+or (answered by name) list the names and are answered by one.
 """
 
 from __future__ import annotations
@@ -70,11 +71,14 @@ class PromptLayout:
     def document(self, index: int, text: str) -> str:
         return f"{label(index)}:\n{text}\n\n"
 
-    def question(self, template: str, labels: tuple[str, ...] = ()) -> str:
-        """The question; yes/no unless labels are given (then the categories, lettered)."""
+    def question(self, template: str, labels: tuple[str, ...] = (), by_name: bool = False) -> str:
+        """The question; yes/no unless labels are given (then the categories, lettered or by name)."""
         asked = "Question: " + PLACEHOLDER.sub(lambda m: label(int(m.group(1))), template)
         if not labels:
             return asked + "\nAnswer Yes or No."
+        if by_name:
+            options = "".join(f"\n- {name}" for name in labels)
+            return f"{asked}\nCategories:{options}\nAnswer with the name of the best category."
         options = "".join(f"\n{LETTERS[i]}) {name}" for i, name in enumerate(labels))
         return f"{asked}\nCategories:{options}\nAnswer with the letter of the best category."
 

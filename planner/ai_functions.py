@@ -38,6 +38,7 @@ class AICall:
     labels: tuple[str, ...] = ()
     selectivity: float | None = None
     anchor: int = 0
+    answers: str = "letters"
 
 
 def _function_name(func: exp.Func) -> str:
@@ -143,7 +144,19 @@ def _bind_classify(name: str, call: exp.Expression, positional: list[exp.Express
         template, args = _bind_parts(source.expressions)
     else:
         template, args = CLASSIFY_TEMPLATE, (source,)
-    return AICall(name, "classify", template, args, labels)
+    answers = _classify_config(name, positional[2], call) if len(positional) == 3 else "letters"
+    return AICall(name, "classify", template, args, labels, answers=answers)
+
+
+def _classify_config(name: str, config: exp.Expression, call: exp.Expression) -> str:
+    """{'answers': 'letters' | 'names'}: how the model names its category (default: by letter)."""
+    pairs = config.expressions if isinstance(config, exp.Struct) else None
+    values = {p.this.name.lower(): p.expression for p in pairs or [] if isinstance(p, exp.PropertyEQ)}
+    answers = values.get("answers")
+    if not pairs or set(values) != {"answers"} or len(pairs) != 1 or not (
+            isinstance(answers, exp.Literal) and answers.is_string and answers.this in ("letters", "names")):
+        raise InvalidArgument(f"{name}'s config must be {{'answers': 'letters' | 'names'}}{position(call)}")
+    return answers.this
 
 
 def _options(name: str, options: exp.Expression, call: exp.Expression, documents: int) -> tuple[float | None, int]:

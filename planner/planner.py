@@ -402,7 +402,7 @@ class AICorePlanner:
         for (call, kind, column), names in zip(asks, args):
             output = self._name("ai")
             steps.append(AIStep(current, output, kind, call.template, names, "filter", call.labels,
-                                column, call.selectivity or DEFAULT_SELECTIVITY, call.anchor))
+                                column, call.selectivity or DEFAULT_SELECTIVITY, call.anchor, call.answers))
             current = output
         filters = [s for s in steps if s.kind == "filter"]
         if (limit is not None and filters and not deferred) or len(filters) > 1:
@@ -629,7 +629,7 @@ class AICorePlanner:
         answered = self._name("answered")
         self.steps.append(AIStep(combos, answered, "bool" if call.kind == "filter" else call.kind, call.template,
                                  names, "join", call.labels, column, call.selectivity or DEFAULT_SELECTIVITY,
-                                 call.anchor))
+                                 call.anchor, call.answers))
         return self._with_answers(tuples, answered, slots, "LEFT", [_col("__quail_k", column)])
 
     def _hide_internal_columns(self, final: exp.Select, relations: list[Relation]) -> None:

@@ -72,3 +72,33 @@ def test_label_tokens_are_yes_and_no(runtime):
     spelled = {runtime.tokenizer.decode([t]).strip().lower() for t in labels.token_ids}
     assert spelled == {"yes", "no"}
     assert len(labels.token_ids) == 8
+
+
+def test_categories_answered_by_name_match_hf(runtime, hf_model):
+    """AI_CLASSIFY by name: each name's probability, constrained to the names token by token, as HF
+    computes it over the full prompt + name; names sharing first tokens branch deeper in the trie."""
+    from quail.engine.ai_ops import _ask_by_name, classify
+    from quail.engine.label_trie import branches
+
+    names = ("the food", "the price", "the service", "noise")
+    question = Question("What is {0} mostly about?", labels=names, answers="names")
+    texts = TEXTS[:4]
+    spelled = [list(runtime.tokenizer.encode(n)) for n in names]
+    found = branches(spelled)
+    assert [len(b.path) for b in found] == [0, 1], "the root parts 'the …' from 'noise'; 'the' branches again"
+    got = classify(runtime, question, [texts], QueryWork())
+    _, _, ours = _ask_by_name(runtime, question, [texts], QueryWork())
+    for text, chosen, mine in zip(texts, got, ours):
+        (prompt,) = build_requests(runtime, question, [[text]])
+        scores = np.zeros(len(names))
+        for n, ids in enumerate(spelled):
+            full = torch.tensor(np.concatenate([prompt.ids(), ids]), dtype=torch.long)[None]
+            with torch.no_grad():
+                logits = hf_model(full).logits[0].float()
+            for branch in found:
+                if tuple(ids[: len(branch.path)]) == branch.path and ids[len(branch.path)] in branch.ways:
+                    ways = list(branch.ways)
+                    step = torch.log_softmax(logits[len(prompt) + len(branch.path) - 1, ways], -1)
+                    scores[n] += float(step[ways.index(ids[len(branch.path)])])
+        np.testing.assert_allclose(mine, scores, atol=1e-4)
+        assert chosen == names[int(np.argmax(scores))]

@@ -90,6 +90,8 @@ def test_parameters_become_literals(store):
     ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0}', body), {'selectivity': 2})", InvalidArgument,
      "selectivity must be in"),
     ("SELECT AI_CLASSIFY(body, 'a') FROM reviews", InvalidArgument, "list of string literals"),
+    ("SELECT AI_CLASSIFY(body, ['a', 'b'], {'answers': 'emoji'}) FROM reviews", InvalidArgument,
+     "config must be {'answers': 'letters' | 'names'}"),
     ("SELECT AI_COMPLETE('m', body) FROM reviews", InvalidArgument, "not supported yet"),
     ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0}', AI_CLASSIFY(body, ['a'])))", InvalidArgument,
      "cannot be nested"),

@@ -176,3 +176,16 @@ def test_documents_below_a_shared_preamble_run_depth_first(runtime, monkeypatch)
         resident += documents_run - questions_run // 6
         assert resident <= 5, f"documents waiting for their questions: {passes}"
     assert resident == 0
+
+
+def test_label_trie_branches_where_names_part():
+    from quail.engine.errors import InvalidArgument
+    from quail.engine.label_trie import branches, name_logprobs
+
+    found = branches([[5, 1], [5, 2, 7], [6], [5, 2, 8]])
+    assert [(b.path, b.ways) for b in found] == [((), {5: [0, 1, 3], 6: [2]}), ((5,), {1: [0], 2: [1, 3]}),
+                                                 ((5, 2), {7: [1], 8: [3]})]
+    logp = name_logprobs(found, [np.log([0.5, 0.5]), np.log([0.25, 0.75]), np.log([0.1, 0.9])], 4)
+    np.testing.assert_allclose(np.exp(logp), [0.125, 0.0375, 0.5, 0.3375])
+    with pytest.raises(InvalidArgument, match="start of another"):
+        branches([[5], [5, 2]])
