@@ -25,6 +25,10 @@ class Cancelled(QuailError):
     """The query was cancelled by the client."""
 
 
+class DeadlineExceeded(QuailError):
+    """The query ran past its time limit."""
+
+
 class Unavailable(QuailError):
     """The server cannot take the request now (shutting down, model missing)."""
 

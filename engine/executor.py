@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 from .ai_ops import Question, classify, yes_probabilities
 from .catalog import Catalog
-from .physical import PROBE_ROWS, AIFilterChain, AIStep, PhysicalPlan, SQLStep, Step, describe, filter_rank
+from .physical import PROBE_ROWS, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step, describe, filter_rank
 from .relational import run_sql
 from .runtime import Runtime
 from .stats import Stats
@@ -49,10 +49,14 @@ def result_schema(plan: PhysicalPlan, catalog: Catalog) -> pa.Schema:
 
 
 def _run_step(step: Step, relations: dict[str, pa.Table], runtime: Runtime | None, work: QueryWork | None) -> None:
+    if work is not None:
+        work.check()
     if isinstance(step, SQLStep):
         relations[step.output] = run_sql(step.sql, relations)
     elif isinstance(step, AIFilterChain):
         relations[step.output] = _ai_chain(step, relations[step.input], runtime, work)
+    elif isinstance(step, JoinChoice):
+        _join_choice(step, relations, runtime, work)
     else:
         relations[step.output] = _ai_step(step, relations[step.input], runtime, work)
 
@@ -69,6 +73,10 @@ def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], runtime: Runtime
         lines += [f"{first}  [{relations[step.output].num_rows} rows, {time.perf_counter() - begun:.3f}s]", *rest]
     wall = time.perf_counter() - started
     for stage in work.stages:
+        if stage["operator"] == "join_order":
+            lines.append(f"stage join_order -> {stage['output']}: cores of {stage['rows']} rows, joined in the "
+                         f"order {', '.join(stage['chosen'])} (planned: {', '.join(stage['planned'])})")
+            continue
         if stage["operator"] == "ai_filter_rerank":
             lines.append(f"stage {stage['operator']} -> {stage['output']}: after {PROBE_ROWS} rows, "
                          f"{stage['order']} (observed {stage['selectivity_observed']})")
@@ -85,6 +93,18 @@ def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], runtime: Runtime
     lines.append(f"wall {wall:.3f}s" + (f", speed of light {sol_s:.3f}s ({sol_s / wall:.2f} of wall)"
                                         if sol_s is not None and wall > 0 else ""))
     return pa.table({"plan": pa.array(lines, pa.string())})
+
+
+def _join_choice(step: JoinChoice, relations: dict[str, pa.Table], runtime: Runtime | None,
+                 work: QueryWork | None) -> None:
+    """The join order the cores' observed rows make cheapest, then its steps."""
+    rows = [relations[core].num_rows for core in step.cores]
+    chosen = step.pick(rows)
+    if work is not None:
+        work.stages.append({"operator": "join_order", "output": step.output, "rows": rows,
+                            "planned": list(step.orders[0]), "chosen": list(step.orders[chosen])})
+    for sub in step.alternatives[chosen]:
+        _run_step(sub, relations, runtime, work)
 
 
 def _answers(step: AIStep, rows: pa.Table, runtime: Runtime, work: QueryWork | None) -> pa.Array:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Union
+from dataclasses import dataclass, field
+from typing import Callable, Union
 
 AI_KINDS = ("filter", "bool", "score", "classify")
 
@@ -72,7 +72,24 @@ def filter_rank(template: str, selectivity: float) -> float:
     return (len(template) + 1) / (1 - min(selectivity, 0.999))
 
 
-Step = Union[SQLStep, AIStep, AIFilterChain]
+@dataclass(frozen=True)
+class JoinChoice:
+    """An AI core's join orders, one chosen when its cores' rows are known.
+
+    `cores` are the relations joined (in slot order); each alternative's steps
+    (for `orders[k]`, table aliases) end in `output`. `pick` takes the cores'
+    observed row counts and returns the index of the cheapest order under the
+    planner's cost model: the estimates it planned with, with observed rows.
+    """
+
+    cores: tuple[str, ...]
+    orders: tuple[tuple[str, ...], ...]
+    alternatives: tuple[tuple["Step", ...], ...]
+    output: str
+    pick: Callable[[list[int]], int] = field(compare=False, repr=False)
+
+
+Step = Union[SQLStep, AIStep, AIFilterChain, JoinChoice]
 
 
 def _describe_ai(step: AIStep) -> str:
@@ -89,6 +106,10 @@ def describe(step: Step) -> list[str]:
         head = (f"AI filters until {step.limit} rows pass, in table order" if step.limit is not None else
                 f"AI filters, in this order for the first {PROBE_ROWS} rows, then ranked by observed selectivity")
         return [f"{head}: {step.input} -> {step.output}"] + ["  " + _describe_ai(f) for f in step.filters]
+    if isinstance(step, JoinChoice):
+        orders = "; ".join(", ".join(order) for order in step.orders)
+        return ([f"join order chosen by the cores' observed rows, among: {orders} -> {step.output}; "
+                 f"the first, as planned:"] + ["  " + line for sub in step.alternatives[0] for line in describe(sub)])
     return [f"DuckDB -> {step.output}: {step.sql}"]
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -71,6 +71,10 @@ def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return batches
 
 
+def go_on() -> None:
+    """No reason to stop."""
+
+
 def _kept(rows: list[Row], layout: Rows, keys: list[torch.Tensor], values: list[torch.Tensor]) -> list[KV | None]:
     """The KV of each row that asked to keep it: one gather per layer, each row a view of it."""
     wanted = [b for b, row in enumerate(rows) if row.keep_kv]
@@ -94,6 +98,7 @@ class ModelRunner:
         self.model = model
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
+        self.check: Callable[[], None] = go_on  # raises to stop before a pass (the runtime sets it per query)
 
     def _inputs(self, rows: list[Row], layout: Rows, resident: list[int]) -> tuple[torch.Tensor, ...]:
         """Packed token ids, their positions (after each row's resident KV), each row's last index."""
@@ -109,6 +114,7 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:
         """Last hidden state of each row, and the KV of rows that asked to keep it."""
+        self.check()
         lengths = [len(r.ids) for r in rows]
         resident = [len(r.past) if r.past is not None else 0 for r in rows]
         layout = Rows.build(lengths, [r.past for r in rows], self.device)

@@ -11,7 +11,7 @@ import torch
 from .model import Decoder
 from .prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
 from .requests import LabelSet, Request, Segment
-from .runner import ModelRunner
+from .runner import ModelRunner, go_on
 from .work import QueryWork
 from .strategies import STRATEGIES, Strategy
 from .tokenizer import Tokenizer
@@ -60,12 +60,18 @@ class Runtime:
         if not requests:
             return []
         work = work if work is not None else QueryWork()
+        work.admit(len(requests))
         work.requests.extend(requests)
         work.stats.requests += len(requests)
         work.stats.logical_tokens += sum(len(r) for r in requests)
         with self._lock:
+            work.check()
             strategy = STRATEGIES[self.strategy] if isinstance(self.strategy, str) else self.strategy
-            hidden = strategy(self.runner, requests, work.stats)
+            self.runner.check = work.check
+            try:
+                hidden = strategy(self.runner, requests, work.stats)
+            finally:
+                self.runner.check = go_on
             out: list[np.ndarray] = [np.empty(0)] * len(requests)
             by_labels: dict[LabelSet, list[int]] = {}
             for i, request in enumerate(requests):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .errors import Cancelled, DeadlineExceeded, ResourceExhausted
 from .radix import ideal_stats
 from .requests import Request
 from .stats import Stats
@@ -15,11 +18,32 @@ class QueryWork:
     """Filled as a query runs; `ideal()` is the least work for the same requests.
 
     stages: one entry per AI operator: rows in and out, provided and observed selectivity.
+    `cancel()` (from any thread) stops the query at its next step or forward pass, as
+    passing `deadline` (time.monotonic() seconds) does; `max_requests` bounds its model requests.
     """
 
     stats: Stats = field(default_factory=Stats)
     requests: list[Request] = field(default_factory=list)
     stages: list[dict[str, Any]] = field(default_factory=list)
+    cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    deadline: float | None = None
+    max_requests: int | None = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def check(self) -> None:
+        """Raise Cancelled once the query has been cancelled, DeadlineExceeded once past its deadline."""
+        if self.cancelled.is_set():
+            raise Cancelled("the query was cancelled")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise DeadlineExceeded("the query ran past its time limit (the server's --query-timeout)")
+
+    def admit(self, requests: int) -> None:
+        """Raise ResourceExhausted when `requests` more model requests would pass the query's limit."""
+        if self.max_requests is not None and self.stats.requests + requests > self.max_requests:
+            raise ResourceExhausted(f"the query asks the model more than {self.max_requests} times "
+                                    f"(the server's --max-requests per query)")
 
     def ideal(self) -> Stats:
         """Each distinct prefix of all the query's prompts computed once (unlimited KV)."""

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from quail.engine.config import ModelConfig
 from quail.engine.stats import Stats
+
+from .join_order import Rank, Work, by_tokens
 
 
 @dataclass(frozen=True)
@@ -60,3 +63,15 @@ def sol_seconds(work: Stats, model: ModelConfig, device: Device, precision: str,
     attention = max(4 * model.num_heads * model.head_dim * model.num_layers * work.attention_pairs / device.attention,
                     kappa * (work.kv_written + work.kv_read) / device.bandwidth)
     return linear + attention
+
+
+def rank_by_sol(sol: Callable[[Stats], float | None] | None) -> Rank:
+    """A join order's rank: the speed-of-light seconds of its work (tokens when there are no device constants)."""
+    if sol is None or sol(Stats()) is None:
+        return by_tokens
+
+    def rank(work: Work) -> float:
+        return sol(Stats(fresh_tokens=work.tokens, attention_pairs=work.pairs, kv_written=work.kv_written,
+                         kv_read=work.kv_read))
+
+    return rank

@@ -29,22 +29,23 @@ several in the join layout with {0} as the anchor (or the placeholder its
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from sqlglot import exp
 
 from quail.engine.catalog import Catalog
 from quail.engine.errors import InvalidArgument
-from quail.engine.physical import AIFilterChain, AIStep, PhysicalPlan, SQLStep, Step, filter_rank
+from quail.engine.physical import AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step, filter_rank
 
 from .ai_functions import AICall, ai_calls, ai_name, ancestors, bind, contains_ai
 from .binder import bind_parameters, bind_tables
 from .correlated import decorrelate
 from .dialects import DEFAULT_DIALECT, normalize, parse_statement, position
 from .explain import explain_plan, split_explain
-from .join_order import PLAIN_SELECTIVITY, Edge, best_order, cost
+from .join_order import PLAIN_SELECTIVITY, Edge, Rank, Work, best_order, by_tokens, cost, pareto_orders
 from .subqueries import Names, Scope, ctes_of, innermost_ai_select, output_columns, reading, sources
 
 RESULT = "__quail_result"
@@ -55,21 +56,25 @@ UNKNOWN_ROWS = 1000  # a relation materialized earlier in the same query
 ROW_ID = "__quail_rid"
 TUPLES = "__quail_t"
 DEFAULT_SELECTIVITY = 0.2
+ROWS_MISESTIMATED = (0.1, 10.0)  # the estimates' error each kept join order guards against
 
 
 def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
-             params: Sequence[Any] | None = None, join_order: Sequence[str] | None = None) -> PhysicalPlan:
+             params: Sequence[Any] | None = None, join_order: Sequence[str] | None = None,
+             rank: Rank = by_tokens) -> PhysicalPlan:
     """The physical plan of one query; params bind its `?` placeholders (None binds NULLs).
 
     `EXPLAIN <query>` plans the query and returns a plan listing its steps;
     `EXPLAIN ANALYZE <query>` a plan that runs it and reports what each step did.
     join_order forces the order (table aliases) in which the query's AI core
-    joins its tables, instead of the cheapest (tests and comparisons).
+    joins its tables, instead of the cheapest (tests and comparisons); `rank`
+    prices a join order's model work (cost.rank_by_sol: the speed of light on
+    the serving device; default: tokens).
     """
     explained = split_explain(sql)
     if explained is not None:
         inner, analyze = explained
-        return explain_plan(plan_sql(inner, catalog, dialect, params, join_order), analyze)
+        return explain_plan(plan_sql(inner, catalog, dialect, params, join_order, rank), analyze)
     tree = parse_statement(sql, dialect)
     if not isinstance(tree, exp.Query):
         raise InvalidArgument(f"only queries are supported here, not {tree.key.upper()} statements")
@@ -80,13 +85,13 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
     while (inner := innermost_ai_select(tree)) is not None:
         name = names.fresh("sub")
         correlated = decorrelate(inner, scope.has)
-        steps += _plan_select(AICorePlanner(inner, scope, names, name, notes), tree)
+        steps += _plan_select(AICorePlanner(inner, scope, names, name, notes, rank=rank), tree)
         if correlated is not None:
             correlated.predicate.replace(correlated.reader(name))
         else:
             inner.replace(reading(name))
     if ai_calls(tree):
-        steps += _plan_select(AICorePlanner(tree, scope, names, RESULT, notes, join_order), tree)
+        steps += _plan_select(AICorePlanner(tree, scope, names, RESULT, notes, join_order, rank), tree)
     else:
         steps.append(SQLStep(tree.sql("duckdb"), RESULT))
     return PhysicalPlan(tuple(steps), tables, RESULT, parameters, tuple(notes))
@@ -188,13 +193,14 @@ class AICorePlanner:
     """Plans one SELECT with AI functions (see the module docstring)."""
 
     def __init__(self, select: exp.Select, catalog: Scope, names: Names, result: str, notes: list[str],
-                 join_order: Sequence[str] | None = None) -> None:
+                 join_order: Sequence[str] | None = None, rank: Rank = by_tokens) -> None:
         self.select = select
         self.catalog = catalog
         self.names = names
         self.result = result
         self.notes = notes
         self.join_order = join_order
+        self.rank = rank
         self.steps: list[Step] = []
         self.tuple_columns: list[str] = []  # AI values over several tables, columns of the joined tuples
 
@@ -300,7 +306,9 @@ class AICorePlanner:
             source = exp.From(this=_table(relations[0].core, relations[0].alias))
             joins = []
         else:
-            tuples = self._join(relations, pending, self._order(relations, pending))
+            orders, pick = self._orders(relations, pending)
+            tuples = (self._join(relations, pending, orders[0]) if pick is None
+                      else self._join_choice(relations, pending, orders, pick))
             for node in list(ai_calls(self.select)):
                 if id(node) in values and len(values[id(node)][0]) > 1:
                     refs, call = values[id(node)]
@@ -425,24 +433,69 @@ class AICorePlanner:
             return exp.Cast(this=exp.Anonymous(this="TO_JSON", expressions=[obj]), to=exp.DataType.build("JSON"))
         return ref
 
-    def _order(self, relations: list[Relation], pending: list[Condition]) -> list[int]:
-        """The join order: forced, the query's where LEFT JOINs fix it, else the cheapest (join_order.py)."""
+    def _orders(self, relations: list[Relation],
+                pending: list[Condition]) -> tuple[list[list[int]], Callable[[list[int]], int] | None]:
+        """The join orders worth keeping, best first, and how to pick among them by the cores' observed
+        rows (None: the order is fixed: forced, or by outer joins). Kept: the cheapest of the Pareto orders
+        (join_order.py), and the cheapest were one table's rows ten times more or fewer than estimated."""
         aliases = [r.alias.lower() for r in relations]
         if self.join_order is not None:
             forced = [a.lower() for a in self.join_order]
             if sorted(forced) != sorted(aliases):
                 raise InvalidArgument(f"a forced join order must name each of {', '.join(aliases)} once")
-            return [aliases.index(a) for a in forced]
+            return [[aliases.index(a) for a in forced]], None
         if any(r.side for r in relations):
-            return list(range(len(relations)))
+            return [list(range(len(relations)))], None
         sizes = [r.rows for r in relations]
         edges = [self._edge(c, relations) for c in pending if len(c.refs) > 1 and c.outer_on is None]
-        order, tokens = best_order(sizes, edges)
-        self.notes.append(f"join order {', '.join(relations[i].alias for i in order)}: ~{tokens:,.0f} model tokens "
-                          f"(the query's order: ~{cost(list(range(len(relations))), sizes, edges):,.0f})")
+        pareto = sorted(pareto_orders(sizes, edges), key=lambda p: (self.rank(p[0]), p[1]))
+        work, order = pareto[0]
+        query_order = cost(list(range(len(relations))), sizes, edges)
+        self.notes.append(f"join order {self._priced(order, work, relations)} (the query's order: "
+                          f"{self._priced(list(range(len(relations))), query_order, relations)})")
+        if len(pareto) > 1:
+            self.notes.append("other join orders no plan beats on tokens, attention pairs, KV writes and reads: "
+                              + "; ".join(self._priced(o, w, relations) for w, o in pareto[1:]))
         self.notes += [note for c in pending if c.call is not None and len(c.refs) == 2
                        for note in self._other_anchor(c.call, relations)]
-        return order
+        candidates = [order]
+        for i, factor in itertools.product(range(len(sizes)), ROWS_MISESTIMATED):
+            scenario = [size * factor if j == i else size for j, size in enumerate(sizes)]
+            other = best_order(scenario, edges, self.rank)[0]
+            if other not in candidates:
+                candidates.append(other)
+        if len(candidates) == 1:
+            return candidates, None
+
+        def pick(rows: list[int]) -> int:
+            return min(range(len(candidates)), key=lambda k: (self.rank(cost(candidates[k], rows, edges)), k))
+
+        return candidates, pick
+
+    def _join_choice(self, relations: list[Relation], pending: list[Condition], orders: list[list[int]],
+                     pick: Callable[[list[int]], int]) -> str:
+        """Each order's join steps, ending in one relation; the executor runs the one `pick` chooses."""
+        output = self._name("joined")
+        alternatives = []
+        for order in orders:
+            start = len(self.steps)
+            last = self._join(relations, list(pending), order)
+            self.steps.append(SQLStep(exp.select(exp.Star()).from_(_table(last, TUPLES)).sql("duckdb"), output))
+            alternatives.append(tuple(self.steps[start:]))
+            del self.steps[start:]
+        pending.clear()
+        self.steps.append(JoinChoice(tuple(r.core for r in relations),
+                                     tuple(tuple(relations[i].alias for i in o) for o in orders),
+                                     tuple(alternatives), output, pick))
+        return output
+
+    def _priced(self, order: list[int], work: Work, relations: list[Relation]) -> str:
+        """An order with its estimated model work and rank, as EXPLAIN shows it."""
+        ranked = self.rank(work)
+        price = "" if self.rank is by_tokens else f", ~{ranked:.3g} s at the speed of light"
+        return (f"{', '.join(relations[i].alias for i in order)}: ~{work.tokens:,.0f} model tokens, "
+                f"{work.pairs:,.0f} attention pairs, {work.kv_written:,.0f} KV rows written, "
+                f"{work.kv_read:,.0f} read{price}")
 
     def _other_anchor(self, call: AICall, relations: list[Relation]) -> list[str]:
         """A note when anchoring another document of an AI join would ask the model less (the query decides)."""

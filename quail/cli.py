@@ -11,13 +11,15 @@ from quail.engine.errors import QuailError
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from quail.server.admission import Limits
     from quail.server.app import ServerConfig, serve
 
     optional_path = lambda value: Path(value) if value else None  # noqa: E731
     serve(ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), model=args.model,
                        dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
                        tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
-                       public_without_auth=args.public_without_auth))
+                       public_without_auth=args.public_without_auth,
+                       limits=Limits(args.max_active, args.max_requests, args.query_timeout)))
     return 0
 
 
@@ -36,6 +38,10 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", default=None, help="PEM private key of the certificate")
     serve.add_argument("--public-without-auth", action="store_true",
                        help="allow a non-loopback --host without --users (anyone who can reach it gets in)")
+    serve.add_argument("--max-active", type=int, default=64,
+                       help="queries running or waiting for the model at once; more are refused (default 64)")
+    serve.add_argument("--max-requests", type=int, default=None, help="model requests one query may make")
+    serve.add_argument("--query-timeout", type=float, default=None, help="seconds one query may run")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="server log level on stderr (default info)")
     serve.set_defaults(run=_serve)

@@ -29,7 +29,7 @@ from quail.engine.physical import PhysicalPlan
 from quail.engine.runtime import Runtime
 from quail.engine.stats import Stats
 from quail.engine.work import QueryWork
-from quail.planner.cost import DEVICES, sol_seconds
+from quail.planner.cost import DEVICES, rank_by_sol, sol_seconds
 from quail.planner.dialects import DEFAULT_DIALECT
 from quail.planner.explain import explain_lines
 from quail.planner.planner import plan_sql
@@ -163,7 +163,7 @@ class Session:
         self.catalog.register(name, table, replace)
 
     def sql(self, text: str, dialect: str = DEFAULT_DIALECT, params: list[Any] | None = None) -> Query:
-        plan = plan_sql(text, self.catalog, dialect, params)
+        plan = plan_sql(text, self.catalog, dialect, params, rank=rank_by_sol(self._sol))
         return Query(self, text, plan, result_schema(plan, self.catalog))
 
     def _sol_device(self) -> str | None:

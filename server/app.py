@@ -20,6 +20,7 @@ from quail.engine.storage import TableStore
 from quail.planner.cost import DEVICES, sol_seconds
 from quail.planner.dialects import DEFAULT_DIALECT, DIALECTS
 
+from .admission import Limits
 from .auth import Authenticator, load_users
 from .flight_sql import FlightSQLHandler
 from .grpc_service import FlightService
@@ -43,6 +44,7 @@ class ServerConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     public_without_auth: bool = False  # listen on a non-loopback address with no authentication
+    limits: Limits = Limits()
 
     def check(self) -> None:
         """Refuse settings that would expose data: no auth off loopback unless told; TLS needs both files."""
@@ -73,7 +75,7 @@ class QuailServer:
         self.runtime = load_runtime(engine)
         handler = FlightSQLHandler(self.store, self.runtime, config.dialect, partial(
             sol_seconds, model=self.runtime.config, device=DEVICES["cpu"], precision=engine.precision,
-            tokens_per_pass=engine.token_budget))
+            tokens_per_pass=engine.token_budget), config.limits)
         auth = Authenticator(load_users(config.users_file), config.token_ttl_s) if config.users_file else None
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=config.workers), options=_UNLIMITED)
         self._grpc.add_generic_rpc_handlers((FlightService(handler, auth).generic_handler(),))

@@ -10,19 +10,20 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 from google.protobuf.message import Message
 
-from quail.engine.errors import InvalidArgument, NotFound, Unimplemented
+from quail.engine.errors import Cancelled, InvalidArgument, NotFound, Unimplemented
 from quail.engine.executor import execute, result_schema
 from quail.engine.runtime import Runtime
 from quail.engine.stats import Stats
-from quail.engine.work import QueryWork
 from quail.engine.storage import TableStore
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
+from quail.planner.cost import rank_by_sol
 from quail.planner.dialects import DIALECTS
 from quail.planner.planner import plan_sql
 
 from . import metadata
 from . import sql_messages as sql
-from .flight_messages import FLIGHT
+from .admission import Admission, Limits
+from .flight_messages import CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING, CANCEL_STATUS_NOT_CANCELLABLE, FLIGHT
 from .ipc import plain_schema, schema_bytes
 from .sessions import LAST_QUERY, Sessions
 from .statements import Statements
@@ -40,6 +41,8 @@ _ACTIONS = [
     ("SetSessionOptions", "Set session options: dialect (snowflake, bigquery, duckdb), catalog, schema"),
     ("GetSessionOptions", "The session's options"),
     ("CloseSession", "Forget the session's options"),
+    ("CancelFlightInfo", "Cancel a query by its FlightInfo: stops its model work within a forward pass"),
+    ("CancelQuery", "Cancel a query by its FlightInfo (Flight SQL's older action)"),
 ]
 
 
@@ -47,13 +50,14 @@ class FlightSQLHandler:
     """Answers Flight SQL commands against one table store and one model runtime."""
 
     def __init__(self, store: TableStore, runtime: Runtime, dialect: str,
-                 sol: Callable[[Stats], float | None] | None = None) -> None:
+                 sol: Callable[[Stats], float | None] | None = None, limits: Limits = Limits()) -> None:
         self.store = store
         self.runtime = runtime
         self.sol = sol  # speed-of-light seconds of a query's ideal work (EXPLAIN ANALYZE)
+        self.admission = Admission(limits.max_active)
         self.sessions = Sessions({"dialect": dialect, "catalog": CATALOG_NAME, "schema": SCHEMA_NAME},
                                  {"dialect": tuple(DIALECTS), "catalog": (CATALOG_NAME,), "schema": (SCHEMA_NAME,)})
-        self.statements = Statements()
+        self.statements = Statements(limits.work)
 
     @staticmethod
     def _command(data: bytes, where: str) -> tuple[str, Message]:
@@ -63,7 +67,8 @@ class FlightSQLHandler:
         return name, message
 
     def _plan(self, query: str, params: list[Any] | None, context):
-        plan = plan_sql(query, self.store, self.sessions.options(context)["dialect"], params)
+        plan = plan_sql(query, self.store, self.sessions.options(context)["dialect"], params,
+                        rank=rank_by_sol(self.sol))
         return plan, plain_schema(result_schema(plan, self.store))
 
     @staticmethod
@@ -98,9 +103,18 @@ class FlightSQLHandler:
     def do_get(self, ticket, context) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
         name, cmd = self._command(ticket.ticket, "DoGet")
         if name == "TicketStatementQuery":
-            plan, schema = self.statements.take_pending(cmd.statement_handle)
-            start, work = time.perf_counter(), QueryWork()
-            table = execute(plan, self.store, self.runtime, work, self.sol).cast(schema)
+            plan, schema, work = self.statements.start(cmd.statement_handle)
+            context.add_callback(work.cancel)  # the client ended the call (or it finished): stop the model work
+            start = time.perf_counter()
+            try:
+                with self.admission.admit():
+                    table = execute(plan, self.store, self.runtime, work, self.sol).cast(schema)
+            except Cancelled:
+                log.info("query cancelled after %.3fs, %d forward passes", time.perf_counter() - start,
+                         work.stats.forward_passes)
+                raise
+            finally:
+                self.statements.finish(cmd.statement_handle)
             report = work.report(time.perf_counter() - start, self.sol)
             self.sessions.record(context, LAST_QUERY, json.dumps(report))
             log.info("query done: %d rows in %.3fs, %d requests, %d fresh tokens", table.num_rows,
@@ -169,7 +183,29 @@ class FlightSQLHandler:
             return [self.sessions.get(context)]
         if action.type == "CloseSession":
             return [self.sessions.close(context)]
+        if action.type == "CancelFlightInfo":
+            request = FLIGHT["CancelFlightInfoRequest"]()
+            request.ParseFromString(action.body)
+            return [FLIGHT["CancelFlightInfoResult"](status=self._cancel(request.info)).SerializeToString()]
+        if action.type == "CancelQuery":
+            _, request = self._command(action.body, "CancelQuery")
+            info = FLIGHT["FlightInfo"]()
+            info.ParseFromString(request.info)
+            return [sql.pack(sql.new("ActionCancelQueryResult", result=self._cancel(info)))]
         raise Unimplemented(f"unsupported action {action.type!r}")
+
+    def _cancel(self, info: Message) -> int:
+        """Cancel the queries a FlightInfo's tickets name: the least final status among them."""
+        statuses = []
+        for endpoint in info.endpoint:
+            name, ticket = sql.unpack(endpoint.ticket.ticket)
+            if name != "TicketStatementQuery" or ticket is None:
+                raise InvalidArgument("only a query's FlightInfo can be cancelled")
+            statuses.append(self.statements.cancel(ticket.statement_handle))
+        if not statuses:
+            raise InvalidArgument("the FlightInfo names no query to cancel")
+        return max(statuses, key=[CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING,
+                                  CANCEL_STATUS_NOT_CANCELLABLE].index)
 
     def list_actions(self) -> list[tuple[str, str]]:
         return list(_ACTIONS)

@@ -36,6 +36,8 @@ _MESSAGES = {
         ("parameter_schema", 3, "bytes", ""),
     ],
     "ActionClosePreparedStatementRequest": [("prepared_statement_handle", 1, "bytes", "")],
+    "ActionCancelQueryRequest": [("info", 1, "bytes", "")],
+    "ActionCancelQueryResult": [("result", 1, "int32", "")],
     "CommandStatementQuery": [("query", 1, "string", ""), ("transaction_id", 2, "bytes", "optional")],
     "TicketStatementQuery": [("statement_handle", 1, "bytes", "")],
     "CommandPreparedStatementQuery": [("prepared_statement_handle", 1, "bytes", "")],

@@ -1,4 +1,4 @@
-"""Server-side statement state: prepared statements and planned queries awaiting their DoGet."""
+"""Server-side statement state: prepared statements, planned queries awaiting their DoGet, running queries."""
 
 from __future__ import annotations
 
@@ -6,12 +6,15 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from quail.engine.errors import NotFound
 import pyarrow as pa
 
+from quail.engine.errors import Cancelled, NotFound
 from quail.engine.physical import PhysicalPlan
+from quail.engine.work import QueryWork
+
+from .flight_messages import CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING, CANCEL_STATUS_NOT_CANCELLABLE
 
 
 @dataclass
@@ -25,10 +28,13 @@ class PreparedStatement:
 class Statements:
     """Handles are random 16-byte strings; pending queries are kept for a bounded number of tickets."""
 
-    def __init__(self, max_pending: int = 4096) -> None:
+    def __init__(self, new_work: Callable[[], QueryWork] = QueryWork, max_pending: int = 4096) -> None:
+        self._new_work = new_work
         self._lock = threading.Lock()
         self._prepared: dict[bytes, PreparedStatement] = {}
         self._pending: OrderedDict[bytes, tuple[PhysicalPlan, pa.Schema]] = OrderedDict()
+        self._running: dict[bytes, QueryWork] = {}
+        self._cancelled: OrderedDict[bytes, None] = OrderedDict()  # tickets cancelled before they were redeemed
         self._max_pending = max_pending
 
     def prepare(self, query: str) -> bytes:
@@ -61,9 +67,34 @@ class Statements:
                 self._pending.popitem(last=False)
         return handle
 
-    def take_pending(self, handle: bytes) -> tuple[PhysicalPlan, pa.Schema]:
+    def start(self, handle: bytes) -> tuple[PhysicalPlan, pa.Schema, QueryWork]:
+        """Redeem a ticket: its plan and schema, and the work record that cancelling it stops."""
+        work = self._new_work()
         with self._lock:
             entry = self._pending.pop(handle, None)
+            if entry is not None:
+                self._running[handle] = work
+            cancelled = self._cancelled.pop(handle, False) is None
+        if cancelled:
+            raise Cancelled("the query was cancelled before it ran")
         if entry is None:
             raise NotFound("unknown or already redeemed ticket")
-        return entry
+        return (*entry, work)
+
+    def finish(self, handle: bytes) -> None:
+        with self._lock:
+            self._running.pop(handle, None)
+
+    def cancel(self, handle: bytes) -> int:
+        """Cancel a query by its ticket's handle: a Flight CancelStatus."""
+        with self._lock:
+            if self._pending.pop(handle, None) is not None:
+                self._cancelled[handle] = None
+                while len(self._cancelled) > self._max_pending:
+                    self._cancelled.popitem(last=False)
+                return CANCEL_STATUS_CANCELLED
+            work = self._running.get(handle)
+        if work is None:
+            return CANCEL_STATUS_NOT_CANCELLABLE
+        work.cancel()
+        return CANCEL_STATUS_CANCELLING

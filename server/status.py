@@ -12,6 +12,7 @@ STATUS = {
     errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Cancelled: grpc.StatusCode.CANCELLED,
+    errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.Unimplemented: grpc.StatusCode.UNIMPLEMENTED,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,

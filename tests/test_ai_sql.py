@@ -403,3 +403,23 @@ def test_left_join_equals_the_swapped_right_join(session):
     left = rows(session, f"SELECT r.id, a.id FROM reviews r LEFT JOIN aspects a ON {ask} ORDER BY 1, 2 NULLS LAST")
     right = rows(session, f"SELECT r.id, a.id FROM aspects a RIGHT JOIN reviews r ON {ask} ORDER BY 1, 2 NULLS LAST")
     assert left == right and any(a is None for _, a in left)
+
+
+def test_join_order_rechosen_by_the_cores_observed_rows(session):
+    """Kept orders: the estimate's cheapest and the cheapest under a tenfold misestimate of one table;
+    the executor picks by the cores' observed rows; every kept order returns the same rows."""
+    from quail.engine.physical import JoinChoice
+
+    sql = (f"SELECT r.id, a.id, q.id FROM reviews r JOIN aspects a ON AI_FILTER(PROMPT('{JOIN}', r.body, a.aspect), "
+           f"{OPTS}) JOIN reviews q ON AI_FILTER(PROMPT('{JOIN}', q.body, a.aspect), {OPTS}) WHERE q.stars = 5")
+    (choice,) = [s for s in session.sql(sql).plan.steps if isinstance(s, JoinChoice)]
+    assert choice.orders[0] == ("a", "q", "r") and ("r", "q", "a") in choice.orders
+    assert choice.pick([8, 3, 2]) == 0, "the rows as they are: the planned order"
+    assert choice.orders[choice.pick([1, 3, 8])][0] == "r", "one review left: start from it"
+    want = sorted(rows(session, sql))
+    assert want
+    for order in choice.orders:
+        table = execute(plan_sql(sql, session.catalog, join_order=order), session.catalog, session.runtime)
+        assert sorted(zip(*(c.to_pylist() for c in table.columns))) == want, order
+    analyzed = session.sql("EXPLAIN ANALYZE " + sql).collect().column(0).to_pylist()
+    assert any(line.startswith("stage join_order -> ") and "cores of [8, 3, 2] rows" in line for line in analyzed)

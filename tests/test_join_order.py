@@ -7,7 +7,9 @@ import random
 
 import pytest
 
-from quail.planner.join_order import Edge, best_order, cost, orders
+from quail.engine.models import DUMMY_SHAPES
+from quail.planner.cost import DEVICES, rank_by_sol, sol_seconds
+from quail.planner.join_order import Edge, Work, best_order, by_tokens, cost, orders, pareto_orders
 
 
 def _instance(rng: random.Random, n: int) -> tuple[list[float], list[Edge]]:
@@ -21,12 +23,34 @@ def _instance(rng: random.Random, n: int) -> tuple[list[float], list[Edge]]:
     return sizes, edges
 
 
+SOL = rank_by_sol(lambda stats: sol_seconds(stats, DUMMY_SHAPES["qwen3-4b"], DEVICES["h200"], "bf16", 16384))
+
+
+@pytest.mark.parametrize("rank", [by_tokens, SOL], ids=["tokens", "speed-of-light"])
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
-def test_dynamic_program_finds_the_brute_force_minimum(n):
+def test_dynamic_program_finds_the_brute_force_minimum(n, rank):
     rng = random.Random(n)
     for _ in range(30):
         sizes, edges = _instance(rng, n)
-        order, total = best_order(sizes, edges)
+        order, work = best_order(sizes, edges, rank)
         assert sorted(order) == list(range(n))
-        assert total == pytest.approx(cost(order, sizes, edges))
-        assert total == pytest.approx(min(cost(o, sizes, edges) for o in orders(n)))
+        assert work == cost(order, sizes, edges)
+        assert rank(work) == pytest.approx(min(rank(cost(o, sizes, edges)) for o in orders(n)))
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_pareto_orders_are_the_undominated_complete_orders(n):
+    rng = random.Random(10 + n)
+    for _ in range(20):
+        sizes, edges = _instance(rng, n)
+        every = [cost(o, sizes, edges) for o in orders(n)]
+        undominated = {w.counts() for w in every if not any(v.dominates(w) for v in every)}
+        assert {w.counts() for w, _ in pareto_orders(sizes, edges)} == undominated
+
+
+def test_work_of_one_ai_join_by_hand():
+    """Two anchors of 100 tokens, three partners of 10 tokens each: every pair asked."""
+    edge = Edge(frozenset({0, 1}), 0.2, True, 0, 100.0, 10.0)
+    work = cost([0, 1], [2.0, 3.0], [edge])
+    assert work == Work(tokens=2 * 100 + 6 * 10, pairs=2 * 5050 + 6 * (10 * 100 + 55),
+                        kv_written=200, kv_read=600)

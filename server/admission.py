@@ -1,0 +1,48 @@
+"""Admission control and per-query limits: how much one server takes on at a time."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from quail.engine.errors import ResourceExhausted
+from quail.engine.work import QueryWork
+
+
+@dataclass(frozen=True)
+class Limits:
+    """max_active: queries running or waiting for the model at once; per query: model requests and seconds."""
+
+    max_active: int = 64
+    max_requests: int | None = None
+    timeout_s: float | None = None
+
+    def work(self) -> QueryWork:
+        """A query's work record, carrying its limits."""
+        deadline = time.monotonic() + self.timeout_s if self.timeout_s is not None else None
+        return QueryWork(deadline=deadline, max_requests=self.max_requests)
+
+
+class Admission:
+    """Counts the queries being executed; one past the limit is refused (RESOURCE_EXHAUSTED), not queued."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._active = 0
+
+    @contextmanager
+    def admit(self) -> Iterator[None]:
+        with self._lock:
+            if self._active >= self.limit:
+                raise ResourceExhausted(f"the server is busy: {self.limit} queries are running or waiting for "
+                                        f"the model (--max-active); try again later")
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active -= 1

@@ -1,0 +1,151 @@
+"""Cancelling queries on a real server process: CancelFlightInfo, the older CancelQuery, and an ADBC
+client ending its call. A cancelled query stops its model work (the next query does not wait for it)."""
+
+from __future__ import annotations
+
+import threading
+
+import adbc_driver_flightsql.dbapi as flight_sql
+import adbc_driver_manager
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+from quail.server import sql_messages as sql
+from quail.server.flight_messages import (CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING,
+                                          CANCEL_STATUS_NOT_CANCELLABLE, FLIGHT)
+
+REVIEWS = pa.table({"id": list(range(600)),
+                    "body": [f"Review {i}: the soup was {'cold' if i % 2 else 'hot'} and the staff "
+                             f"{'rude' if i % 3 else 'kind'}; we paid {i % 40 + 10} euros." for i in range(600)]})
+TOPICS = pa.table({"id": list(range(12)), "topic": ["food", "service", "price", "noise", "a film", "weather",
+                                                    "a car", "music", "sports", "travel", "books", "health"]})
+LONG = ("SELECT r.id, t.id FROM reviews r JOIN topics t "
+        "ON AI_FILTER(PROMPT('Is the review {0} about {1}?', r.body, t.topic))")  # 7,200 model requests
+QUICK = "SELECT id FROM topics WHERE AI_FILTER(PROMPT('Is {0} about food?', topic)) ORDER BY id"
+
+
+@pytest.fixture(scope="module")
+def uri(server):
+    with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.adbc_ingest("reviews", REVIEWS, mode="replace")
+        cur.adbc_ingest("topics", TOPICS, mode="replace")
+    return server.uri
+
+
+def _info(client: flight.FlightClient, query: str) -> flight.FlightInfo:
+    command = sql.pack(sql.new("CommandStatementQuery", query=query))
+    return client.get_flight_info(flight.FlightDescriptor.for_command(command))
+
+
+def _reading(client: flight.FlightClient, info: flight.FlightInfo) -> tuple[threading.Thread, list]:
+    outcome: list = []
+
+    def read() -> None:
+        try:
+            outcome.append(client.do_get(info.endpoints[0].ticket).read_all())
+        except flight.FlightError as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    return thread, outcome
+
+
+def _answers_quickly(uri: str) -> None:
+    """A small AI query gets the model at once: the cancelled one (minutes of work) no longer holds it."""
+    done = threading.Event()
+
+    def run() -> None:
+        with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.execute(QUICK)
+            if cur.fetch_arrow_table().num_rows <= TOPICS.num_rows:
+                done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(60), "the cancelled query still holds the model"
+
+
+def _cancel_flight_info(client: flight.FlightClient, info: flight.FlightInfo) -> int:
+    parsed = FLIGHT["FlightInfo"]()
+    parsed.ParseFromString(info.serialize())
+    body = FLIGHT["CancelFlightInfoRequest"](info=parsed).SerializeToString()
+    (result,) = client.do_action(flight.Action("CancelFlightInfo", body))
+    status = FLIGHT["CancelFlightInfoResult"]()
+    status.ParseFromString(result.body.to_pybytes())
+    return status.status
+
+
+def test_cancel_flight_info_stops_a_running_query(uri):
+    client = flight.FlightClient(uri)
+    info = _info(client, LONG)
+    thread, outcome = _reading(client, info)
+    threading.Event().wait(2.0)  # the query is running: its model work has begun
+    assert _cancel_flight_info(client, info) == CANCEL_STATUS_CANCELLING
+    thread.join(60)
+    assert not thread.is_alive()
+    (err,) = outcome
+    assert isinstance(err, flight.FlightCancelledError) and "cancelled" in str(err)
+    assert _cancel_flight_info(client, info) == CANCEL_STATUS_NOT_CANCELLABLE, "it is over"
+    _answers_quickly(uri)
+
+
+def test_a_query_cancelled_before_its_ticket_is_redeemed_never_runs(uri):
+    client = flight.FlightClient(uri)
+    info = _info(client, LONG)
+    body = sql.pack(sql.new("ActionCancelQueryRequest", info=info.serialize()))
+    (result,) = client.do_action(flight.Action("CancelQuery", body))
+    _, answer = sql.unpack(result.body.to_pybytes())
+    assert answer.result == CANCEL_STATUS_CANCELLED
+    with pytest.raises(flight.FlightError, match="cancelled"):
+        client.do_get(info.endpoints[0].ticket).read_all()
+
+
+def test_an_adbc_client_cancelling_its_call_stops_the_query(uri):
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        failure: list = []
+
+        def run() -> None:
+            try:
+                cur.execute(LONG)
+                cur.fetch_arrow_table()
+            except adbc_driver_manager.Error as err:
+                failure.append(err)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        threading.Event().wait(2.0)
+        cur.adbc_cancel()
+        thread.join(60)
+        assert not thread.is_alive() and failure
+    _answers_quickly(uri)
+
+
+def test_limits_per_query_and_admission(tmp_path):
+    """--max-requests refuses a query asking more (RESOURCE_EXHAUSTED), --query-timeout stops a long
+    one (DEADLINE_EXCEEDED), --max-active refuses a query past the running ones (RESOURCE_EXHAUSTED)."""
+    from quail.clients.server_process import ServerProcess
+
+    args = ("--max-requests", "5000", "--query-timeout", "3", "--max-active", "1")
+    with ServerProcess(tmp_path, *args) as limited:
+        with flight_sql.connect(limited.uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.adbc_ingest("reviews", REVIEWS, mode="replace")
+            cur.adbc_ingest("topics", TOPICS, mode="replace")
+            with pytest.raises(adbc_driver_manager.Error, match="more than 5000 times") as info:
+                cur.execute(LONG)
+                cur.fetch_arrow_table()
+            assert info.value.vendor_code == 8, "gRPC RESOURCE_EXHAUSTED"
+            half = LONG + " WHERE r.id < 400"  # 4,800 requests: allowed, but minutes of work
+            with pytest.raises(adbc_driver_manager.Error, match="time limit") as info:
+                cur.execute(half)
+                cur.fetch_arrow_table()
+            assert info.value.status_code == adbc_driver_manager.AdbcStatusCode.TIMEOUT
+            assert info.value.vendor_code == 4, "gRPC DEADLINE_EXCEEDED"
+        client = flight.FlightClient(limited.uri)
+        running = _info(client, half)
+        thread, outcome = _reading(client, running)
+        threading.Event().wait(1.0)
+        with pytest.raises(pa.ArrowException, match="RESOURCE_EXHAUSTED:the server is busy"):
+            client.do_get(_info(client, QUICK).endpoints[0].ticket).read_all()
+        thread.join(60)
+        assert isinstance(outcome[0], flight.FlightTimedOutError), "the running query hit its time limit"
