@@ -136,6 +136,12 @@ class FlightSQLHandler:
             return metadata.table_types()
         if name == "CommandGetSqlInfo":
             return metadata.sql_info(list(cmd.info))
+        if name == "CommandGetPrimaryKeys":
+            return metadata.primary_keys()
+        if name in ("CommandGetImportedKeys", "CommandGetExportedKeys", "CommandGetCrossReference"):
+            return metadata.foreign_keys()
+        if name == "CommandGetXdbcTypeInfo":
+            return metadata.xdbc_type_info(_optional(cmd, "data_type"))
         raise Unimplemented(f"unsupported command {name}")
 
     def do_put(self, descriptor, schema: pa.Schema, batches: list[pa.RecordBatch], context) -> Iterable[bytes]:
@@ -211,7 +217,8 @@ class FlightSQLHandler:
         return list(_ACTIONS)
 
 
-def _optional(message: Message, field: str) -> str | None:
+def _optional(message: Message, field: str) -> Any:
+    """An optional field's value, None when unset."""
     return getattr(message, field) if message.HasField(field) else None
 
 

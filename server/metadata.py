@@ -49,14 +49,14 @@ SQL_INFO = {
     4: (_BOOL, True),                            # FLIGHT_SQL_SERVER_SQL
     5: (_BOOL, False),                           # FLIGHT_SQL_SERVER_SUBSTRAIT
     8: (_INT32, 0),                              # FLIGHT_SQL_SERVER_TRANSACTION: none
-    9: (_BOOL, False),                           # FLIGHT_SQL_SERVER_CANCEL
+    9: (_BOOL, True),                            # FLIGHT_SQL_SERVER_CANCEL
     10: (_BOOL, True),                           # FLIGHT_SQL_SERVER_BULK_INGESTION
     11: (_BOOL, False),                          # FLIGHT_SQL_SERVER_INGEST_TRANSACTIONS_SUPPORTED
     100: (_INT32, 0),                            # FLIGHT_SQL_SERVER_STATEMENT_TIMEOUT: none
     101: (_INT32, 0),                            # FLIGHT_SQL_SERVER_TRANSACTION_TIMEOUT: none
     500: (_BOOL, False),                         # SQL_DDL_CATALOG
     501: (_BOOL, False),                         # SQL_DDL_SCHEMA
-    502: (_BOOL, False),                         # SQL_DDL_TABLE
+    502: (_BOOL, True),                          # SQL_DDL_TABLE
     503: (_INT32, 1),                            # SQL_IDENTIFIER_CASE: case-insensitive
     504: (_STRING, '"'),                        # SQL_IDENTIFIER_QUOTE_CHAR
     505: (_INT32, 1),                            # SQL_QUOTED_IDENTIFIER_CASE: case-insensitive
@@ -64,6 +64,71 @@ SQL_INFO = {
     508: (_STRING_LIST, ["AI_FILTER", "PROMPT"]),  # SQL_KEYWORDS beyond SQL-92
     563: (_BOOL, False),                         # SQL_TRANSACTIONS_SUPPORTED
 }
+
+
+_KEY_FIELDS = [
+    pa.field("pk_catalog_name", pa.utf8()), pa.field("pk_db_schema_name", pa.utf8()),
+    pa.field("pk_table_name", pa.utf8(), nullable=False), pa.field("pk_column_name", pa.utf8(), nullable=False),
+    pa.field("fk_catalog_name", pa.utf8()), pa.field("fk_db_schema_name", pa.utf8()),
+    pa.field("fk_table_name", pa.utf8(), nullable=False), pa.field("fk_column_name", pa.utf8(), nullable=False),
+    pa.field("key_sequence", pa.int32(), nullable=False), pa.field("fk_key_name", pa.utf8()),
+    pa.field("pk_key_name", pa.utf8()), pa.field("update_rule", pa.uint8(), nullable=False),
+    pa.field("delete_rule", pa.uint8(), nullable=False),
+]
+FOREIGN_KEYS_SCHEMA = pa.schema(_KEY_FIELDS)  # GetImportedKeys, GetExportedKeys, GetCrossReference
+PRIMARY_KEYS_SCHEMA = pa.schema([
+    pa.field("catalog_name", pa.utf8()), pa.field("db_schema_name", pa.utf8()),
+    pa.field("table_name", pa.utf8(), nullable=False), pa.field("column_name", pa.utf8(), nullable=False),
+    pa.field("key_name", pa.utf8()), pa.field("key_sequence", pa.int32(), nullable=False),
+])
+XDBC_TYPE_INFO_SCHEMA = pa.schema([
+    pa.field("type_name", pa.utf8(), nullable=False), pa.field("data_type", pa.int32(), nullable=False),
+    pa.field("column_size", pa.int32()), pa.field("literal_prefix", pa.utf8()), pa.field("literal_suffix", pa.utf8()),
+    pa.field("create_params", pa.list_(pa.field("item", pa.utf8(), nullable=False))),
+    pa.field("nullable", pa.int32(), nullable=False), pa.field("case_sensitive", pa.bool_(), nullable=False),
+    pa.field("searchable", pa.int32(), nullable=False), pa.field("unsigned_attribute", pa.bool_()),
+    pa.field("fixed_prec_scale", pa.bool_(), nullable=False), pa.field("auto_increment", pa.bool_()),
+    pa.field("local_type_name", pa.utf8()), pa.field("minimum_scale", pa.int32()), pa.field("maximum_scale", pa.int32()),
+    pa.field("sql_data_type", pa.int32(), nullable=False), pa.field("datetime_subcode", pa.int32()),
+    pa.field("num_prec_radix", pa.int32()), pa.field("interval_precision", pa.int32()),
+])
+_NULLABLE, _SEARCHABLE_FULL, _SEARCHABLE_BASIC = 1, 3, 2
+_DATETIME = 9  # XdbcDataType of every date and time type's sql_data_type; the subcode tells which
+# (type name, XdbcDataType, column size, quote, numeric radix, datetime subcode): the column types DuckDB gives.
+_TYPES = [
+    ("VARBINARY", -3, None, None, None, None), ("BOOLEAN", -7, 1, None, None, None),
+    ("TINYINT", -6, 3, None, 10, None), ("BIGINT", -5, 19, None, 10, None), ("DECIMAL", 3, 38, None, 10, None),
+    ("INTEGER", 4, 10, None, 10, None), ("SMALLINT", 5, 5, None, 10, None), ("REAL", 7, 24, None, 2, None),
+    ("DOUBLE", 8, 53, None, 2, None), ("VARCHAR", 12, None, "'", None, None), ("DATE", 91, 10, "'", None, 1),
+    ("TIME", 92, 15, "'", None, 2), ("TIMESTAMP", 93, 26, "'", None, 3),
+]
+
+
+def primary_keys() -> pa.Table:
+    """Quail tables declare no keys: the spec's schema, no rows (BI tools ask all the same)."""
+    return PRIMARY_KEYS_SCHEMA.empty_table()
+
+
+def foreign_keys() -> pa.Table:
+    return FOREIGN_KEYS_SCHEMA.empty_table()
+
+
+def xdbc_type_info(data_type: int | None) -> pa.Table:
+    """The column types a query can return, as JDBC/ODBC describe them, ordered by data type then name."""
+    rows = []
+    for name, code, size, quote, radix, subcode in sorted(_TYPES, key=lambda t: (t[1], t[0])):
+        if data_type is not None and code != data_type:
+            continue
+        rows.append({"type_name": name, "data_type": code, "column_size": size, "literal_prefix": quote,
+                     "literal_suffix": quote, "create_params": ["precision", "scale"] if name == "DECIMAL" else None,
+                     "nullable": _NULLABLE, "case_sensitive": name == "VARCHAR",
+                     "searchable": _SEARCHABLE_FULL if name == "VARCHAR" else _SEARCHABLE_BASIC,
+                     "unsigned_attribute": False if radix else None, "fixed_prec_scale": False,
+                     "auto_increment": False if radix else None, "local_type_name": name,
+                     "minimum_scale": 0 if name == "DECIMAL" else None, "maximum_scale": 38 if name == "DECIMAL" else None,
+                     "sql_data_type": _DATETIME if subcode else code, "datetime_subcode": subcode,
+                     "num_prec_radix": radix, "interval_precision": None})
+    return pa.Table.from_pylist(rows, schema=XDBC_TYPE_INFO_SCHEMA)
 
 
 def like(pattern: str | None) -> re.Pattern[str]:

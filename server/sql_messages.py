@@ -29,6 +29,13 @@ _MESSAGES = {
     "CommandGetTableTypes": [],
     "CommandGetPrimaryKeys": [("catalog", 1, "string", "optional"), ("db_schema", 2, "string", "optional"),
                               ("table", 3, "string", "")],
+    "CommandGetImportedKeys": [("catalog", 1, "string", "optional"), ("db_schema", 2, "string", "optional"),
+                               ("table", 3, "string", "")],
+    "CommandGetExportedKeys": [("catalog", 1, "string", "optional"), ("db_schema", 2, "string", "optional"),
+                               ("table", 3, "string", "")],
+    "CommandGetCrossReference": [("pk_catalog", 1, "string", "optional"), ("pk_db_schema", 2, "string", "optional"),
+                                 ("pk_table", 3, "string", ""), ("fk_catalog", 4, "string", "optional"),
+                                 ("fk_db_schema", 5, "string", "optional"), ("fk_table", 6, "string", "")],
     "ActionCreatePreparedStatementRequest": [("query", 1, "string", ""), ("transaction_id", 2, "bytes", "optional")],
     "ActionCreatePreparedStatementResult": [
         ("prepared_statement_handle", 1, "bytes", ""),
