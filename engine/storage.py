@@ -143,6 +143,21 @@ class TableStore:
                     (self.root / p).unlink(missing_ok=True)
             return table.num_rows
 
+    def drop(self, name: str, missing_ok: bool = False) -> None:
+        """Remove a table (its files after the manifest no longer names them)."""
+        with self._lock:
+            old = self._tables.get(name.lower())
+            if old is None:
+                if missing_ok:
+                    return
+                raise NotFound(f"table {name!r} does not exist")
+            tables = {k: v for k, v in self._tables.items() if k != name.lower()}
+            self._commit(tables)
+            self._tables = tables
+            self._data = {k: v for k, v in self._data.items() if k != name.lower()}
+            for p in old.parts:
+                (self.root / p).unlink(missing_ok=True)
+
     @staticmethod
     def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
         if table.schema.names != schema.names:

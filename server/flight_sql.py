@@ -12,6 +12,8 @@ from google.protobuf.message import Message
 
 from quail.engine.errors import Cancelled, InvalidArgument, NotFound, Unimplemented
 from quail.engine.executor import execute, result_schema
+from quail.engine.physical import PhysicalPlan
+from quail.engine.work import QueryWork
 from quail.engine.runtime import Runtime
 from quail.engine.stats import Stats
 from quail.engine.storage import TableStore
@@ -19,6 +21,7 @@ from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
 from quail.planner.cost import rank_by_sol
 from quail.planner.dialects import DIALECTS
 from quail.planner.planner import plan_sql
+from quail.planner.updates import UpdatePlan, is_update, plan_update
 
 from . import metadata
 from . import sql_messages as sql
@@ -35,6 +38,7 @@ _IF_EXISTS = {sql.TABLE_EXISTS_UNSPECIFIED: "fail", sql.TABLE_EXISTS_FAIL: "fail
               sql.TABLE_EXISTS_APPEND: "append", sql.TABLE_EXISTS_REPLACE: "replace"}
 _IF_MISSING = {sql.TABLE_NOT_EXIST_UNSPECIFIED: "fail", sql.TABLE_NOT_EXIST_CREATE: "create",
                sql.TABLE_NOT_EXIST_FAIL: "fail"}
+UPDATE_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
 _ACTIONS = [
     ("CreatePreparedStatement", "Prepare a SQL query; returns its handle and result schema"),
     ("ClosePreparedStatement", "Release a prepared statement"),
@@ -55,6 +59,7 @@ class FlightSQLHandler:
         self.runtime = runtime
         self.sol = sol  # speed-of-light seconds of a query's ideal work (EXPLAIN ANALYZE)
         self.admission = Admission(limits.max_active)
+        self.limits = limits
         self.sessions = Sessions({"dialect": dialect, "catalog": CATALOG_NAME, "schema": SCHEMA_NAME},
                                  {"dialect": tuple(DIALECTS), "catalog": (CATALOG_NAME,), "schema": (SCHEMA_NAME,)})
         self.statements = Statements(limits.work)
@@ -66,10 +71,38 @@ class FlightSQLHandler:
             raise Unimplemented(f"{where}: unsupported command {name or '(not a Flight SQL command)'}")
         return name, message
 
-    def _plan(self, query: str, params: list[Any] | None, context):
-        plan = plan_sql(query, self.store, self.sessions.options(context)["dialect"], params,
-                        rank=rank_by_sol(self.sol))
+    def _plan(self, query: str, params: list[Any] | None, context) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema]:
+        """A query's plan and result schema; a CREATE / INSERT / DROP's plan, whose result is its row count."""
+        dialect = self.sessions.options(context)["dialect"]
+        if is_update(query, dialect):
+            if params:
+                raise InvalidArgument("parameters are bound to queries only, not to CREATE, INSERT or DROP")
+            return plan_update(query, self.store, dialect, rank_by_sol(self.sol)), UPDATE_SCHEMA
+        plan = plan_sql(query, self.store, dialect, params, rank=rank_by_sol(self.sol))
         return plan, plain_schema(result_schema(plan, self.store))
+
+    def _run(self, plan: PhysicalPlan | UpdatePlan, schema: pa.Schema, work: QueryWork) -> pa.Table:
+        """Execute a query (its rows) or an update (one row: how many rows it wrote), admitted first."""
+        with self.admission.admit():
+            if isinstance(plan, PhysicalPlan):
+                return execute(plan, self.store, self.runtime, work, self.sol).cast(schema)
+            return pa.table({"rows_affected": [self._update(plan, work)]}, schema=UPDATE_SCHEMA)
+
+    def _update(self, update: UpdatePlan, work: QueryWork) -> int:
+        """Apply CREATE / INSERT / DROP to the store: one atomic commit; the rows written (0 for DROP)."""
+        if update.query is None:
+            self.store.drop(update.table, update.missing_ok)
+            log.info("dropped table %s", update.table)
+            return 0
+        if update.if_exists == "keep" and self.store.has(update.table):
+            return 0
+        rows = execute(update.query, self.store, self.runtime, work, self.sol)
+        if update.if_exists == "append":
+            rows = _as_columns_of(rows, self.store.schema(update.table).names, update.columns, update.table)
+        written = self.store.write(update.table, rows, "fail" if update.if_exists == "keep" else update.if_exists,
+                                   update.if_missing)
+        log.info("%d rows written to %s", written, update.table)
+        return written
 
     @staticmethod
     def _info(descriptor, schema: pa.Schema, ticket: bytes) -> Message:
@@ -107,8 +140,7 @@ class FlightSQLHandler:
             context.add_callback(work.cancel)  # the client ended the call (or it finished): stop the model work
             start = time.perf_counter()
             try:
-                with self.admission.admit():
-                    table = execute(plan, self.store, self.runtime, work, self.sol).cast(schema)
+                table = self._run(plan, schema, work)
             except Cancelled:
                 log.info("query cancelled after %.3fs, %d forward passes", time.perf_counter() - start,
                          work.stats.forward_passes)
@@ -154,11 +186,23 @@ class FlightSQLHandler:
             handle = cmd.prepared_statement_handle
             self.statements.bind(handle, _one_row(table))
             return [sql.new("DoPutPreparedStatementResult", prepared_statement_handle=handle).SerializeToString()]
+        if name in ("CommandStatementUpdate", "CommandPreparedStatementUpdate"):
+            query = cmd.query if name == "CommandStatementUpdate" else \
+                self.statements.prepared(cmd.prepared_statement_handle).query
+            update, _ = self._plan(query, None, context)
+            if not isinstance(update, UpdatePlan):
+                raise InvalidArgument("a query is not an update: ask for its rows with GetFlightInfo")
+            work = self.limits.work()
+            context.add_callback(work.cancel)
+            rows = self._run(update, UPDATE_SCHEMA, work).column(0)[0].as_py()
+            return [sql.new("DoPutUpdateResult", record_count=rows).SerializeToString()]
         raise Unimplemented(f"DoPut: unsupported command {name}")
 
     def _ingest(self, cmd: Message, table: pa.Table) -> int:
         if cmd.temporary:
             raise InvalidArgument("temporary tables are not supported")
+        if not table.schema.names:
+            raise InvalidArgument("the ingested stream carries no Arrow schema")
         catalog, schema = _optional(cmd, "catalog"), _optional(cmd, "schema")
         if catalog not in (None, "", CATALOG_NAME) or schema not in (None, "", SCHEMA_NAME):
             raise NotFound(f"schema {catalog or CATALOG_NAME}.{schema or SCHEMA_NAME} does not exist")
@@ -172,7 +216,10 @@ class FlightSQLHandler:
         if action.type == "CreatePreparedStatement":
             _, request = self._command(action.body, "CreatePreparedStatement")
             plan, schema = self._plan(request.query, None, context)
-            parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(plan.parameters)])
+            count = plan.parameters if isinstance(plan, PhysicalPlan) else 0
+            parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(count)])
+            if isinstance(plan, UpdatePlan):
+                schema = pa.schema([])  # an update: JDBC then runs it by DoPut(CommandPreparedStatementUpdate)
             result = sql.new("ActionCreatePreparedStatementResult",
                              prepared_statement_handle=self.statements.prepare(request.query),
                              dataset_schema=schema_bytes(schema), parameter_schema=schema_bytes(parameters))
@@ -220,6 +267,18 @@ class FlightSQLHandler:
 def _optional(message: Message, field: str) -> Any:
     """An optional field's value, None when unset."""
     return getattr(message, field) if message.HasField(field) else None
+
+
+def _as_columns_of(rows: pa.Table, names: list[str], columns: tuple[str, ...], table: str) -> pa.Table:
+    """INSERT's rows under the target table's column names: by the listed columns, else by position."""
+    if columns:
+        if sorted(c.lower() for c in columns) != sorted(n.lower() for n in names):
+            raise InvalidArgument(f"INSERT INTO {table} must list each of its columns {names} once")
+        renamed = rows.rename_columns([next(n for n in names if n.lower() == c.lower()) for c in columns])
+        return renamed.select(names)
+    if rows.num_columns != len(names):
+        raise InvalidArgument(f"INSERT INTO {table} gives {rows.num_columns} columns; it has {len(names)}: {names}")
+    return rows.rename_columns(names)
 
 
 def _one_row(table: pa.Table) -> list[Any]:

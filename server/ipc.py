@@ -53,7 +53,8 @@ def _encapsulate(header: bytes, body: bytes) -> bytes:
 
 
 def decode(messages: Iterable) -> tuple[pa.Schema, list[pa.RecordBatch], list[bytes]]:
-    """Schema, batches and app_metadata payloads of a stream of parsed FlightData messages."""
+    """Schema, batches and app_metadata payloads of a stream of parsed FlightData messages
+    (no Arrow data at all: an empty schema)."""
     chunks: list[bytes] = []
     metadata: list[bytes] = []
     for data in messages:
@@ -61,7 +62,7 @@ def decode(messages: Iterable) -> tuple[pa.Schema, list[pa.RecordBatch], list[by
             chunks.append(_encapsulate(data.data_header, data.data_body))
         if data.app_metadata:
             metadata.append(data.app_metadata)
-    if not chunks:
-        raise ValueError("the stream carries no Arrow schema")
+    if not chunks:  # a DoPut of a statement update carries its descriptor only
+        return pa.schema([]), [], metadata
     reader = ipc.open_stream(pa.py_buffer(b"".join(chunks) + _END_OF_STREAM))
     return reader.schema, list(reader), metadata

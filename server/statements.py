@@ -13,6 +13,7 @@ import pyarrow as pa
 from quail.engine.errors import Cancelled, NotFound
 from quail.engine.physical import PhysicalPlan
 from quail.engine.work import QueryWork
+from quail.planner.updates import UpdatePlan
 
 from .flight_messages import CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING, CANCEL_STATUS_NOT_CANCELLABLE
 
@@ -32,7 +33,7 @@ class Statements:
         self._new_work = new_work
         self._lock = threading.Lock()
         self._prepared: dict[bytes, PreparedStatement] = {}
-        self._pending: OrderedDict[bytes, tuple[PhysicalPlan, pa.Schema]] = OrderedDict()
+        self._pending: OrderedDict[bytes, tuple[PhysicalPlan | UpdatePlan, pa.Schema]] = OrderedDict()
         self._running: dict[bytes, QueryWork] = {}
         self._cancelled: OrderedDict[bytes, None] = OrderedDict()  # tickets cancelled before they were redeemed
         self._max_pending = max_pending
@@ -58,7 +59,7 @@ class Statements:
             if self._prepared.pop(handle, None) is None:
                 raise NotFound("unknown prepared statement handle")
 
-    def add_pending(self, plan: PhysicalPlan, schema: pa.Schema) -> bytes:
+    def add_pending(self, plan: PhysicalPlan | UpdatePlan, schema: pa.Schema) -> bytes:
         """Keep a planned query until its ticket is redeemed; the oldest go first when full."""
         handle = os.urandom(16)
         with self._lock:
@@ -67,7 +68,7 @@ class Statements:
                 self._pending.popitem(last=False)
         return handle
 
-    def start(self, handle: bytes) -> tuple[PhysicalPlan, pa.Schema, QueryWork]:
+    def start(self, handle: bytes) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema, QueryWork]:
         """Redeem a ticket: its plan and schema, and the work record that cancelling it stops."""
         work = self._new_work()
         with self._lock:

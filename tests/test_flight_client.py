@@ -120,3 +120,22 @@ def test_type_info_lists_the_result_types_ordered_and_filtered(client):
         table.column("type_name").to_pylist())
     _, varchar = fetch(client, sql.new("CommandGetXdbcTypeInfo", data_type=12))
     assert varchar.column("type_name").to_pylist() == ["VARCHAR"]
+
+
+def test_prepared_update_as_jdbc_runs_it(client):
+    """JDBC prepares every statement; an empty dataset schema marks an update, run by
+    DoPut(CommandPreparedStatementUpdate) and answered with the rows it wrote."""
+    body = sql.pack(sql.new("ActionCreatePreparedStatementRequest",
+                            query="CREATE TABLE copied AS SELECT x FROM things WHERE x > 1"))
+    (result,) = client.do_action(flight.Action("CreatePreparedStatement", body))
+    _, prepared = sql.unpack(result.body.to_pybytes())
+    assert pa.ipc.read_schema(pa.py_buffer(prepared.dataset_schema)).names == []
+    command = sql.new("CommandPreparedStatementUpdate", prepared_statement_handle=prepared.prepared_statement_handle)
+    writer, reader = client.do_put(flight.FlightDescriptor.for_command(sql.pack(command)), pa.schema([]))
+    writer.done_writing()
+    written = sql.new("DoPutUpdateResult")
+    written.ParseFromString(reader.read().to_pybytes())
+    writer.close()
+    assert written.record_count == 1
+    _, table = fetch(client, sql.new("CommandStatementQuery", query="SELECT x FROM copied"))
+    assert table.column("x").to_pylist() == [2]

@@ -175,3 +175,36 @@ def test_outer_joins_and_correlated_subqueries_through_adbc(conn, runtime, sql):
     local.register("reviews", REVIEWS)
     local.register("topics", topics)
     assert query(conn, sql).to_pylist() == local.sql(sql).run().collect().to_pylist()
+
+
+def test_create_insert_drop_through_adbc(conn, runtime):
+    """CREATE TABLE ... AS (with an AI filter), INSERT INTO (query, VALUES, named columns), CREATE TABLE
+    with columns, DROP TABLE: each one atomic commit, answered with the rows it wrote."""
+    import quail
+
+    ask = f"NOT AI_FILTER(PROMPT('{QUESTION}', body))"
+    local = quail.Session(runtime=runtime)
+    local.register("reviews", REVIEWS)
+    want = local.sql(f"SELECT id, body FROM reviews WHERE {ask} ORDER BY id").run().collect()
+    assert want.num_rows > 0
+    created = query(conn, f"CREATE TABLE liked AS SELECT id, body FROM reviews WHERE {ask} ORDER BY id")
+    assert created.to_pylist() == [{"rows_affected": want.num_rows}]
+    assert query(conn, "SELECT * FROM liked ORDER BY id").to_pylist() == want.to_pylist()
+    with conn.cursor() as cur:
+        cur.adbc_statement.set_sql_query("INSERT INTO liked SELECT id, body FROM reviews WHERE stars = 1")
+        assert cur.adbc_statement.execute_update() == 2, "DoPut(CommandStatementUpdate): the rows written"
+    query(conn, "INSERT INTO liked (body, id) VALUES ('added by name', 100)")
+    assert query(conn, "SELECT id FROM liked WHERE body = 'added by name'").to_pylist() == [{"id": 100}]
+    assert query(conn, "CREATE TABLE IF NOT EXISTS liked AS SELECT 1 AS x").to_pylist() == [{"rows_affected": 0}]
+    with pytest.raises(adbc_driver_manager.Error, match="already exists"):
+        query(conn, "CREATE TABLE liked AS SELECT 1 AS x")
+    query(conn, "CREATE TABLE notes (id BIGINT, note VARCHAR)")
+    empty = query(conn, "SELECT * FROM notes")
+    assert empty.num_rows == 0 and empty.schema.names == ["id", "note"]
+    for table in ("liked", "notes"):
+        assert query(conn, f"DROP TABLE {table}").to_pylist() == [{"rows_affected": 0}]
+    assert {"liked", "notes"}.isdisjoint(t["table_name"] for t in conn.adbc_get_objects().read_all()
+                                         .column("catalog_db_schemas")[0][0]["db_schema_tables"].as_py())
+    with pytest.raises(adbc_driver_manager.Error, match="does not exist"):
+        query(conn, "DROP TABLE liked")
+    query(conn, "DROP TABLE IF EXISTS liked")

@@ -1,0 +1,94 @@
+"""Statements that change the stored tables: CREATE TABLE [AS], INSERT INTO, DROP TABLE.
+
+Each becomes an `UpdatePlan`: the rows to write (a query plan, AI functions and
+all) and how to write them; the server applies it to its table store in one
+atomic commit, so a table is either the old one or the new one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from quail.engine.catalog import Catalog
+from quail.engine.errors import InvalidArgument
+from quail.engine.physical import PhysicalPlan
+
+from .dialects import parse_statement, position
+from .join_order import Rank, by_tokens
+from .planner import plan_sql
+
+UPDATES = (exp.Create, exp.Insert, exp.Drop)
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """Write `query`'s rows to `table` (if_exists: fail, append, replace or keep; if_missing: create or
+    fail), or with `query` None drop it (missing_ok: DROP ... IF EXISTS). `columns` renames the
+    query's columns first (INSERT's target columns, in order)."""
+
+    table: str
+    query: PhysicalPlan | None
+    if_exists: str = "fail"
+    if_missing: str = "create"
+    columns: tuple[str, ...] = ()
+    missing_ok: bool = False
+
+
+def is_update(sql: str, dialect: str) -> bool:
+    """Whether the statement changes tables (CREATE, INSERT, DROP) rather than asks a query."""
+    return isinstance(parse_statement(sql, dialect), UPDATES)
+
+
+def plan_update(sql: str, catalog: Catalog, dialect: str, rank: Rank = by_tokens) -> UpdatePlan:
+    """The plan of a CREATE TABLE, INSERT INTO or DROP TABLE statement."""
+    tree = parse_statement(sql, dialect)
+    if isinstance(tree, exp.Drop):
+        if (tree.args.get("kind") or "").upper() != "TABLE":
+            raise InvalidArgument(f"only DROP TABLE is supported{position(tree)}")
+        tables = tree.args.get("tables") or []
+        if len(tables) != 1:
+            raise InvalidArgument(f"DROP TABLE drops one table at a time{position(tree)}")
+        return UpdatePlan(_name(tables[0]), None, missing_ok=bool(tree.args.get("exists")))
+    if isinstance(tree, exp.Create):
+        if (tree.args.get("kind") or "").upper() != "TABLE":
+            raise InvalidArgument(f"only CREATE TABLE is supported{position(tree)}")
+        target, body = tree.this, tree.expression
+        if isinstance(target, exp.Schema):  # CREATE TABLE t (column type, ...)
+            if body is not None:
+                raise InvalidArgument(f"CREATE TABLE takes columns or AS a query, not both{position(tree)}")
+            body = _empty_rows(target)
+            target = target.this
+        if not isinstance(body, exp.Query):
+            raise InvalidArgument(f"CREATE TABLE needs columns or AS a query{position(tree)}")
+        if_exists = "replace" if tree.args.get("replace") else "keep" if tree.args.get("exists") else "fail"
+        return UpdatePlan(_name(target), plan_sql(body.sql(dialect), catalog, dialect, rank=rank), if_exists)
+    if isinstance(tree, exp.Insert):
+        target, body = tree.this, tree.expression
+        columns: tuple[str, ...] = ()
+        if isinstance(target, exp.Schema):  # INSERT INTO t (a, b) ...
+            columns = tuple(c.name for c in target.expressions)
+            target = target.this
+        if isinstance(body, exp.Values):
+            body = exp.select(exp.Star()).from_(exp.Subquery(this=body))
+        if not isinstance(body, exp.Query):
+            raise InvalidArgument(f"INSERT INTO takes a query or VALUES{position(tree)}")
+        return UpdatePlan(_name(target), plan_sql(body.sql(dialect), catalog, dialect, rank=rank),
+                          "append", "fail", columns)
+    raise InvalidArgument(f"not a statement that changes tables: {tree.key.upper()}")
+
+
+def _name(table: exp.Expression) -> str:
+    if not isinstance(table, exp.Table) or table.args.get("db") or table.args.get("catalog"):
+        raise InvalidArgument(f"name a table of the default schema{position(table)}")
+    return table.name
+
+
+def _empty_rows(schema: exp.Schema) -> exp.Select:
+    """SELECT CAST(NULL AS type) AS column, ... WHERE FALSE: the rows of a table created empty."""
+    columns = [c for c in schema.expressions if isinstance(c, exp.ColumnDef)]
+    if not columns or len(columns) != len(schema.expressions):
+        raise InvalidArgument(f"CREATE TABLE lists columns with their types{position(schema)}")
+    return exp.select(*(exp.alias_(exp.cast(exp.null(), c.args["kind"]), c.name, quoted=True)
+                        for c in columns)).where(exp.false())
