@@ -19,7 +19,8 @@ def _serve(args: argparse.Namespace) -> int:
                        dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
                        tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
                        public_without_auth=args.public_without_auth,
-                       limits=Limits(args.max_active, args.max_requests, args.query_timeout)))
+                       limits=Limits(args.max_active, args.max_requests, args.query_timeout),
+                       metrics_port=args.metrics_port))
     return 0
 
 
@@ -42,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
                        help="queries running or waiting for the model at once; more are refused (default 64)")
     serve.add_argument("--max-requests", type=int, default=None, help="model requests one query may make")
     serve.add_argument("--query-timeout", type=float, default=None, help="seconds one query may run")
+    serve.add_argument("--metrics-port", type=int, default=None,
+                       help="serve Prometheus metrics at http://HOST:PORT/metrics (default: not served)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="server log level on stderr (default info)")
     serve.set_defaults(run=_serve)

@@ -22,6 +22,7 @@ from quail.planner.dialects import DEFAULT_DIALECT, DIALECTS
 
 from .admission import Limits
 from .auth import Authenticator, load_users
+from .metrics import Metrics
 from .flight_sql import FlightSQLHandler
 from .grpc_service import FlightService
 
@@ -45,6 +46,7 @@ class ServerConfig:
     tls_key: Path | None = None
     public_without_auth: bool = False  # listen on a non-loopback address with no authentication
     limits: Limits = Limits()
+    metrics_port: int | None = None  # Prometheus /metrics over HTTP on the same host; None: not served
 
     def check(self) -> None:
         """Refuse settings that would expose data: no auth off loopback unless told; TLS needs both files."""
@@ -73,12 +75,13 @@ class QuailServer:
         self.store = TableStore(config.data_dir)
         engine = EngineConfig(model=config.model)
         self.runtime = load_runtime(engine)
+        self.metrics = Metrics()
         handler = FlightSQLHandler(self.store, self.runtime, config.dialect, partial(
             sol_seconds, model=self.runtime.config, device=DEVICES["cpu"], precision=engine.precision,
-            tokens_per_pass=engine.token_budget), config.limits)
+            tokens_per_pass=engine.token_budget), config.limits, self.metrics)
         auth = Authenticator(load_users(config.users_file), config.token_ttl_s) if config.users_file else None
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=config.workers), options=_UNLIMITED)
-        self._grpc.add_generic_rpc_handlers((FlightService(handler, auth).generic_handler(),))
+        self._grpc.add_generic_rpc_handlers((FlightService(handler, auth, self.metrics.error).generic_handler(),))
         address = f"{config.host}:{config.port}"
         try:
             if config.tls_cert is not None:
@@ -98,6 +101,9 @@ class QuailServer:
 
     def start(self) -> None:
         self._grpc.start()
+        if self.config.metrics_port is not None:
+            port = self.metrics.serve(self.config.host, self.config.metrics_port)
+            log.info("metrics on http://%s:%d/metrics", self.config.host, port)
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop accepting calls; running calls get `grace` seconds to finish."""

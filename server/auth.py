@@ -48,6 +48,23 @@ def _padded(text: str) -> str:
     return text + "=" * (-len(text) % 4)
 
 
+def _claims(body: str) -> tuple[bytes, dict]:
+    """A token's payload and the claims it holds (not yet verified)."""
+    try:
+        payload = base64.urlsafe_b64decode(_padded(body))
+        return payload, json.loads(payload)
+    except ValueError:
+        raise Unauthenticated("malformed bearer token") from None
+
+
+def user_of(context: grpc.ServicerContext) -> str:
+    """The user named by a call's bearer token (checked before the call ran), or "-" without one."""
+    scheme, _, token = _header(context).partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return "-"
+    return str(_claims(token.partition(".")[0])[1].get("user", "-"))
+
+
 class Authenticator:
     """Checks passwords, issues tokens valid for `ttl_s` seconds, and verifies them."""
 
@@ -66,11 +83,7 @@ class Authenticator:
     def verify(self, token: str) -> str:
         """The token's user; Unauthenticated when it is malformed, forged or expired."""
         body, _, signature = token.partition(".")
-        try:
-            payload = base64.urlsafe_b64decode(_padded(body))
-            claims = json.loads(payload)
-        except ValueError:
-            raise Unauthenticated("malformed bearer token") from None
+        payload, claims = _claims(body)
         if not hmac.compare_digest(self._sign(payload), signature):
             raise Unauthenticated("invalid bearer token")
         if claims.get("exp", 0) < time.time():

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 from google.protobuf.message import Message
 
-from quail.engine.errors import Cancelled, InvalidArgument, NotFound, Unimplemented
+from quail.engine.errors import Cancelled, InvalidArgument, NotFound, QuailError, Unimplemented
 from quail.engine.executor import execute, result_schema
 from quail.engine.physical import PhysicalPlan
 from quail.engine.work import QueryWork
@@ -26,10 +26,13 @@ from quail.planner.updates import UpdatePlan, is_update, plan_update
 from . import metadata
 from . import sql_messages as sql
 from .admission import Admission, Limits
+from .auth import user_of
 from .flight_messages import CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING, CANCEL_STATUS_NOT_CANCELLABLE, FLIGHT
 from .ipc import plain_schema, schema_bytes
+from .metrics import Metrics
 from .sessions import LAST_QUERY, Sessions
 from .statements import Statements
+from .status import status_of
 
 log = logging.getLogger("quail.server")
 BATCH_ROWS = 65536
@@ -54,12 +57,14 @@ class FlightSQLHandler:
     """Answers Flight SQL commands against one table store and one model runtime."""
 
     def __init__(self, store: TableStore, runtime: Runtime, dialect: str,
-                 sol: Callable[[Stats], float | None] | None = None, limits: Limits = Limits()) -> None:
+                 sol: Callable[[Stats], float | None] | None = None, limits: Limits = Limits(),
+                 metrics: Metrics | None = None) -> None:
         self.store = store
         self.runtime = runtime
         self.sol = sol  # speed-of-light seconds of a query's ideal work (EXPLAIN ANALYZE)
         self.admission = Admission(limits.max_active)
         self.limits = limits
+        self.metrics = metrics or Metrics()
         self.sessions = Sessions({"dialect": dialect, "catalog": CATALOG_NAME, "schema": SCHEMA_NAME},
                                  {"dialect": tuple(DIALECTS), "catalog": (CATALOG_NAME,), "schema": (SCHEMA_NAME,)})
         self.statements = Statements(limits.work)
@@ -83,10 +88,14 @@ class FlightSQLHandler:
 
     def _run(self, plan: PhysicalPlan | UpdatePlan, schema: pa.Schema, work: QueryWork) -> pa.Table:
         """Execute a query (its rows) or an update (one row: how many rows it wrote), admitted first."""
-        with self.admission.admit():
-            if isinstance(plan, PhysicalPlan):
-                return execute(plan, self.store, self.runtime, work, self.sol).cast(schema)
-            return pa.table({"rows_affected": [self._update(plan, work)]}, schema=UPDATE_SCHEMA)
+        try:
+            with self.admission.admit(), self.metrics.running.track_inprogress():
+                if isinstance(plan, PhysicalPlan):
+                    return execute(plan, self.store, self.runtime, work, self.sol).cast(schema)
+                return pa.table({"rows_affected": [self._update(plan, work)]}, schema=UPDATE_SCHEMA)
+        except QuailError as err:
+            self.metrics.query_failed(status_of(err))
+            raise
 
     def _update(self, update: UpdatePlan, work: QueryWork) -> int:
         """Apply CREATE / INSERT / DROP to the store: one atomic commit; the rows written (0 for DROP)."""
@@ -149,8 +158,10 @@ class FlightSQLHandler:
                 self.statements.finish(cmd.statement_handle)
             report = work.report(time.perf_counter() - start, self.sol)
             self.sessions.record(context, LAST_QUERY, json.dumps(report))
-            log.info("query done: %d rows in %.3fs, %d requests, %d fresh tokens", table.num_rows,
-                     report["wall_s"], report["requests"], report["fresh_tokens"])
+            self.metrics.query_done(report)
+            log.info("query %s done for %s: %d rows in %.3fs, %d requests, %d logical / %d fresh tokens",
+                     cmd.statement_handle[:4].hex(), user_of(context), table.num_rows, report["wall_s"],
+                     report["requests"], report["logical_tokens"], report["fresh_tokens"])
             return schema, table.to_batches(max_chunksize=BATCH_ROWS)
         table = self._metadata(name, cmd)
         return table.schema, table.to_batches()

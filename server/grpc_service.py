@@ -41,32 +41,41 @@ class FlightHandler(Protocol):
     def list_actions(self) -> list[tuple[str, str]]: ...
 
 
-def _abort(context: grpc.ServicerContext, exc: Exception) -> None:
+OnError = Callable[[grpc.StatusCode], None]
+
+
+def _abort(context: grpc.ServicerContext, exc: Exception, on_error: OnError) -> None:
     if context.code() is not None:  # already aborted: let grpc finish the call
         raise exc
     if isinstance(exc, QuailError):
+        on_error(status_of(exc))
         context.abort(status_of(exc), str(exc))
     ref = uuid.uuid4().hex[:12]
     log.error("internal error %s", ref, exc_info=exc)
+    on_error(grpc.StatusCode.INTERNAL)
     context.abort(grpc.StatusCode.INTERNAL, f"internal error (server log reference {ref})")
 
 
-def _unary(fn: Callable) -> Callable:
+def _unary(fn: Callable, on_error: OnError) -> Callable:
     def call(request, context):
         try:
             return fn(request, context)
         except Exception as exc:  # noqa: BLE001 - every error leaves as a status
-            _abort(context, exc)
+            _abort(context, exc, on_error)
     return call
 
 
-def _streaming(fn: Callable) -> Callable:
+def _streaming(fn: Callable, on_error: OnError) -> Callable:
     def call(request, context):
         try:
             yield from fn(request, context)
         except Exception as exc:  # noqa: BLE001 - every error leaves as a status
-            _abort(context, exc)
+            _abort(context, exc, on_error)
     return call
+
+
+def _ignore(status: grpc.StatusCode) -> None:
+    """No one counts errors."""
 
 
 def _parse(name: str) -> Callable[[bytes], object]:
@@ -79,11 +88,12 @@ def _parse(name: str) -> Callable[[bytes], object]:
 
 class FlightService:
     """Adapts a FlightHandler to the ten FlightService methods; with an authenticator, every call but
-    Handshake (the login) must carry a valid bearer token."""
+    Handshake (the login) must carry a valid bearer token. `on_error` sees the status of each failed call."""
 
-    def __init__(self, handler: FlightHandler, auth: Authenticator | None = None) -> None:
+    def __init__(self, handler: FlightHandler, auth: Authenticator | None = None, on_error: OnError = _ignore) -> None:
         self.handler = handler
         self.auth = auth
+        self.on_error = on_error
 
     def _authenticated(self, fn: Callable) -> Callable:
         if self.auth is None:
@@ -96,15 +106,18 @@ class FlightService:
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         identity = lambda b: b  # noqa: E731 - responses are serialized by the methods
+        counted = self.on_error
         unary = lambda fn, req: grpc.unary_unary_rpc_method_handler(  # noqa: E731
-            _unary(self._authenticated(fn)), request_deserializer=_parse(req), response_serializer=identity)
+            _unary(self._authenticated(fn), counted), request_deserializer=_parse(req), response_serializer=identity)
         server_stream = lambda fn, req: grpc.unary_stream_rpc_method_handler(  # noqa: E731
-            _streaming(self._authenticated(fn)), request_deserializer=_parse(req), response_serializer=identity)
+            _streaming(self._authenticated(fn), counted), request_deserializer=_parse(req),
+            response_serializer=identity)
         bidi = lambda fn, req: grpc.stream_stream_rpc_method_handler(  # noqa: E731
-            _streaming(self._authenticated(fn)), request_deserializer=_parse(req), response_serializer=identity)
+            _streaming(self._authenticated(fn), counted), request_deserializer=_parse(req),
+            response_serializer=identity)
         return grpc.method_handlers_generic_handler(SERVICE, {
             "Handshake": grpc.stream_stream_rpc_method_handler(
-                _streaming(self.handshake), request_deserializer=_parse("HandshakeRequest"),
+                _streaming(self.handshake, counted), request_deserializer=_parse("HandshakeRequest"),
                 response_serializer=identity),
             "ListFlights": server_stream(self.list_flights, "Criteria"),
             "GetFlightInfo": unary(self.get_flight_info, "FlightDescriptor"),

@@ -149,3 +149,29 @@ def test_limits_per_query_and_admission(tmp_path):
             client.do_get(_info(client, QUICK).endpoints[0].ticket).read_all()
         thread.join(60)
         assert isinstance(outcome[0], flight.FlightTimedOutError), "the running query hit its time limit"
+
+
+def test_prometheus_metrics(tmp_path):
+    """--metrics-port: queries by status, model tokens by kind, errors by status, speed-of-light fractions."""
+    import socket
+    import urllib.request
+
+    from quail.clients.server_process import ServerProcess
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with ServerProcess(tmp_path, "--metrics-port", str(port)) as served:
+        with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.adbc_ingest("topics", TOPICS, mode="replace")
+            cur.execute(QUICK)
+            cur.fetch_arrow_table()
+            with pytest.raises(adbc_driver_manager.Error):
+                cur.execute("SELECT * FROM no_such_table")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    assert values['quail_queries_total{status="OK"}'] >= 1
+    assert values['quail_tokens_total{kind="fresh"}'] > 0 and values['quail_tokens_total{kind="logical"}'] > 0
+    assert values['quail_errors_total{status="NOT_FOUND"}'] == 1
+    assert values["quail_query_sol_fraction_count"] >= 1 and values["quail_queries_running"] == 0
