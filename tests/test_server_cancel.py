@@ -175,3 +175,67 @@ def test_prometheus_metrics(tmp_path):
     assert values['quail_tokens_total{kind="fresh"}'] > 0 and values['quail_tokens_total{kind="logical"}'] > 0
     assert values['quail_errors_total{status="NOT_FOUND"}'] == 1
     assert values["quail_query_sol_fraction_count"] >= 1 and values["quail_queries_running"] == 0
+
+
+def test_sixteen_clients_at_once(uri):
+    """Mixed AI and plain queries from 16 connections at the same time: all answered, right rows."""
+    import concurrent.futures
+
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(QUICK)
+        ai_rows = cur.fetch_arrow_table().to_pylist()
+
+    def client(k: int) -> bool:
+        with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+            if k % 2:
+                cur.execute(QUICK)
+                return cur.fetch_arrow_table().to_pylist() == ai_rows
+            cur.execute(f"SELECT count(*) AS n FROM reviews WHERE id % 16 = {k}")
+            return cur.fetch_arrow_table().to_pylist() == [{"n": len(range(k, 600, 16))}]
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        assert all(pool.map(client, range(16)))
+
+
+def test_sigterm_drains_and_an_interrupted_ingest_leaves_a_whole_table(tmp_path):
+    """SIGTERM during a large ingest and a long query: new calls are refused while the server drains,
+    the process exits, and after a restart the table is either the old one or the new one, whole."""
+    import signal
+
+    from quail.clients.server_process import ServerProcess
+
+    big = pa.table({"id": pa.array(range(3_000_000), pa.int64()),
+                    "text": pa.array(["x" * 40] * 3_000_000)})
+    with ServerProcess(tmp_path) as served:
+        with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.adbc_ingest("reviews", REVIEWS, mode="replace")
+            cur.adbc_ingest("topics", TOPICS, mode="replace")
+            cur.adbc_ingest("big", big.slice(0, 10), mode="create")
+        client = flight.FlightClient(served.uri)
+        thread, outcome = _reading(client, _info(client, LONG))
+
+        def ingest() -> None:
+            try:
+                with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
+                    cur.adbc_ingest("big", big, mode="replace")
+                    outcome.append("ingested")
+            except adbc_driver_manager.Error as err:
+                outcome.append(err)
+
+        writer = threading.Thread(target=ingest)
+        writer.start()
+        threading.Event().wait(0.5)
+        served.process.send_signal(signal.SIGTERM)
+        threading.Event().wait(0.2)
+        with pytest.raises(flight.FlightUnavailableError):
+            client.get_flight_info(flight.FlightDescriptor.for_command(
+                sql.pack(sql.new("CommandStatementQuery", query="SELECT 1"))))
+        assert served.process.wait(60) == 0
+        thread.join(60)
+        writer.join(60)
+        assert not thread.is_alive() and not writer.is_alive()
+    with ServerProcess(tmp_path) as restarted:
+        with flight_sql.connect(restarted.uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.execute("SELECT count(*) AS n, max(id) AS top FROM big")
+            (row,) = cur.fetch_arrow_table().to_pylist()
+    assert (row["n"], row["top"]) in {(10, 9), (big.num_rows, big.num_rows - 1)}
