@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 
 class Metrics:
+    """The server's counters, gauges and histograms, in a registry of its own."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.running = Gauge("quail_queries_running", "Queries executing or waiting for the model",
