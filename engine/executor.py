@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from .ai_ops import Question, classify, yes_probabilities
 from .catalog import Catalog
 from .physical import PROBE_ROWS, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step, describe, filter_rank
-from .relational import run_sql
+from .relational import run_sql, stream_sql
 from .runtime import Runtime
 from .stats import Stats
 from .work import QueryWork
@@ -36,6 +36,17 @@ def execute(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work:
     for step in plan.steps:
         _run_step(step, relations, runtime, work)
     return relations[plan.result]
+
+
+def execute_stream(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work: QueryWork | None = None,
+                   sol: Callable[[Stats], float | None] | None = None,
+                   rows_per_batch: int = 65536) -> Iterator[pa.RecordBatch]:
+    """The result's batches as they are produced: a plan of one DuckDB statement (no AI work) streams
+    from DuckDB; any other runs its steps, then yields the final relation batch by batch."""
+    if not plan.analyze and len(plan.steps) == 1 and isinstance(plan.steps[0], SQLStep):
+        yield from stream_sql(plan.steps[0].sql, {name: catalog.table(name) for name in plan.tables}, rows_per_batch)
+        return
+    yield from execute(plan, catalog, runtime, work, sol).to_batches(max_chunksize=rows_per_batch)
 
 
 def result_schema(plan: PhysicalPlan, catalog: Catalog) -> pa.Schema:

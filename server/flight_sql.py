@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 from google.protobuf.message import Message
 
 from quail.engine.errors import Cancelled, InvalidArgument, NotFound, QuailError, Unimplemented
-from quail.engine.executor import execute, result_schema
+from quail.engine.executor import execute, execute_stream, result_schema
 from quail.engine.physical import PhysicalPlan
 from quail.engine.work import QueryWork
 from quail.engine.runtime import Runtime
@@ -86,16 +87,36 @@ class FlightSQLHandler:
         plan = plan_sql(query, self.store, dialect, params, rank=rank_by_sol(self.sol))
         return plan, plain_schema(result_schema(plan, self.store))
 
-    def _run(self, plan: PhysicalPlan | UpdatePlan, schema: pa.Schema, work: QueryWork) -> pa.Table:
-        """Execute a query (its rows) or an update (one row: how many rows it wrote), admitted first."""
+    def _stream(self, plan: PhysicalPlan | UpdatePlan, schema: pa.Schema, work: QueryWork, context,
+                handle: bytes | None = None) -> Iterator[pa.RecordBatch]:
+        """Run a query (its rows, batch by batch as produced) or an update (one row: the rows it wrote),
+        admitted first; then its report (session option, metrics, log line). `handle`: a redeemed ticket."""
+        start, rows = time.perf_counter(), 0
         try:
             with self.admission.admit(), self.metrics.running.track_inprogress():
                 if isinstance(plan, PhysicalPlan):
-                    return execute(plan, self.store, self.runtime, work, self.sol).cast(schema)
-                return pa.table({"rows_affected": [self._update(plan, work)]}, schema=UPDATE_SCHEMA)
+                    batches = execute_stream(plan, self.store, self.runtime, work, self.sol, BATCH_ROWS)
+                else:
+                    batches = iter(pa.table({"rows_affected": [self._update(plan, work)]}).to_batches())
+                for batch in batches:
+                    work.check()  # the client ended the call: stop reading
+                    rows += batch.num_rows
+                    yield batch.cast(schema)
         except QuailError as err:
+            if isinstance(err, Cancelled):
+                log.info("query cancelled after %.3fs, %d forward passes", time.perf_counter() - start,
+                         work.stats.forward_passes)
             self.metrics.query_failed(status_of(err))
             raise
+        finally:
+            if handle is not None:
+                self.statements.finish(handle)
+        report = work.report(time.perf_counter() - start, self.sol)
+        self.sessions.record(context, LAST_QUERY, json.dumps(report))
+        self.metrics.query_done(report)
+        log.info("query %s done for %s: %d rows in %.3fs, %d requests, %d logical / %d fresh tokens",
+                 (handle or b"update")[:4].hex(), user_of(context), rows, report["wall_s"], report["requests"],
+                 report["logical_tokens"], report["fresh_tokens"])
 
     def _update(self, update: UpdatePlan, work: QueryWork) -> int:
         """Apply CREATE / INSERT / DROP to the store: one atomic commit; the rows written (0 for DROP)."""
@@ -147,22 +168,9 @@ class FlightSQLHandler:
         if name == "TicketStatementQuery":
             plan, schema, work = self.statements.start(cmd.statement_handle)
             context.add_callback(work.cancel)  # the client ended the call (or it finished): stop the model work
-            start = time.perf_counter()
-            try:
-                table = self._run(plan, schema, work)
-            except Cancelled:
-                log.info("query cancelled after %.3fs, %d forward passes", time.perf_counter() - start,
-                         work.stats.forward_passes)
-                raise
-            finally:
-                self.statements.finish(cmd.statement_handle)
-            report = work.report(time.perf_counter() - start, self.sol)
-            self.sessions.record(context, LAST_QUERY, json.dumps(report))
-            self.metrics.query_done(report)
-            log.info("query %s done for %s: %d rows in %.3fs, %d requests, %d logical / %d fresh tokens",
-                     cmd.statement_handle[:4].hex(), user_of(context), table.num_rows, report["wall_s"],
-                     report["requests"], report["logical_tokens"], report["fresh_tokens"])
-            return schema, table.to_batches(max_chunksize=BATCH_ROWS)
+            batches = self._stream(plan, schema, work, context, cmd.statement_handle)
+            first = next(batches, None)  # the model work: its errors leave before any data, as a plain status
+            return schema, [] if first is None else itertools.chain([first], batches)
         table = self._metadata(name, cmd)
         return table.schema, table.to_batches()
 
@@ -205,7 +213,8 @@ class FlightSQLHandler:
                 raise InvalidArgument("a query is not an update: ask for its rows with GetFlightInfo")
             work = self.limits.work()
             context.add_callback(work.cancel)
-            rows = self._run(update, UPDATE_SCHEMA, work).column(0)[0].as_py()
+            (result,) = self._stream(update, UPDATE_SCHEMA, work, context)
+            rows = result.column(0)[0].as_py()
             return [sql.new("DoPutUpdateResult", record_count=rows).SerializeToString()]
         raise Unimplemented(f"DoPut: unsupported command {name}")
 

@@ -37,20 +37,25 @@ SPEC.update({name: FOREIGN_KEYS for name in ("CommandGetImportedKeys", "CommandG
                                               "CommandGetCrossReference")})
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    c = flight.FlightClient(server.uri)
-    writer, reader = c.do_put(
+def ingest(client: flight.FlightClient, name: str, table: pa.Table, if_exists: int) -> int:
+    """DoPut(CommandStatementIngest): the rows the server says it wrote."""
+    writer, reader = client.do_put(
         flight.FlightDescriptor.for_command(sql.pack(sql.new(
-            "CommandStatementIngest", table="things", table_definition_options=sql.new(
-                "TableDefinitionOptions", if_not_exist=sql.TABLE_NOT_EXIST_CREATE, if_exists=sql.TABLE_EXISTS_FAIL)))),
-        pa.schema([("x", pa.int32())]))
-    writer.write_table(pa.table({"x": pa.array([1, 2], pa.int32())}))
+            "CommandStatementIngest", table=name, table_definition_options=sql.new(
+                "TableDefinitionOptions", if_not_exist=sql.TABLE_NOT_EXIST_CREATE, if_exists=if_exists)))),
+        table.schema)
+    writer.write_table(table)
     writer.done_writing()
     result = sql.new("DoPutUpdateResult")
     result.ParseFromString(reader.read().to_pybytes())
     writer.close()
-    assert result.record_count == 2
+    return result.record_count
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    c = flight.FlightClient(server.uri)
+    assert ingest(c, "things", pa.table({"x": pa.array([1, 2], pa.int32())}), sql.TABLE_EXISTS_FAIL) == 2
     yield c
     c.close()
 
@@ -139,3 +144,17 @@ def test_prepared_update_as_jdbc_runs_it(client):
     assert written.record_count == 1
     _, table = fetch(client, sql.new("CommandStatementQuery", query="SELECT x FROM copied"))
     assert table.column("x").to_pylist() == [2]
+
+
+def test_large_results_stream_in_batches(client):
+    """A result of a million rows leaves in batches as DuckDB produces them, every row once."""
+    ingest(client, "numbers", pa.table({"i": pa.array(range(1_000_000), pa.int64())}), sql.TABLE_EXISTS_REPLACE)
+    query = "SELECT i, i % 7 AS r FROM numbers"
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(
+        sql.pack(sql.new("CommandStatementQuery", query=query))))
+    reader = client.do_get(info.endpoints[0].ticket)
+    first = reader.read_chunk().data
+    assert 0 < first.num_rows < 1_000_000, "the first batch comes alone"
+    rest = reader.read_all()
+    assert first.num_rows + rest.num_rows == 1_000_000
+    assert pa.compute.sum(rest.column("i")).as_py() + pa.compute.sum(first.column("i")).as_py() == 999_999 * 500_000
