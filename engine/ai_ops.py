@@ -139,7 +139,8 @@ def _ask_by_name(runtime: Runtime, question: Question, args: Sequence[Sequence[s
     the rows, their prompts, and log P(name) per name."""
     present, prompts = _prompts(runtime, question, args)
     found = branches([list(runtime.tokenizer.encode(name)) for name in question.labels])
-    asked = [_at_branch(runtime, prompt, branch) for prompt in prompts for branch in found]
+    asked_at = [_branch_ask(runtime, branch) for branch in found]
+    asked = [Request(prompt.segments + path, labels) for prompt in prompts for path, labels in asked_at]
     answers = runtime.score(asked, work)
     per_row = len(found)
     scores = [name_logprobs(found, answers[k * per_row:(k + 1) * per_row], len(question.labels))
@@ -147,9 +148,9 @@ def _ask_by_name(runtime: Runtime, question: Question, args: Sequence[Sequence[s
     return present, prompts, scores
 
 
-def _at_branch(runtime: Runtime, prompt: Request, branch: Branch) -> Request:
-    """The prompt followed by the branch's path, scored over the tokens where the names part."""
+def _branch_ask(runtime: Runtime, branch: Branch) -> tuple[tuple[Segment, ...], LabelSet]:
+    """What follows every prompt at a branch point: its path as a segment, and the tokens where names part."""
     ways = tuple(branch.ways)
     labels = LabelSet(tuple(str(t) for t in ways), ways, tuple(range(len(ways))))
     path = (Segment.of(np.array(branch.path, dtype=np.int32), runtime.model_id),) if branch.path else ()
-    return Request(prompt.segments + path, labels)
+    return path, labels

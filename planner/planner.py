@@ -75,7 +75,12 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
     if explained is not None:
         inner, analyze = explained
         return explain_plan(plan_sql(inner, catalog, dialect, params, join_order, rank), analyze)
-    tree = parse_statement(sql, dialect)
+    return plan_query(parse_statement(sql, dialect), catalog, params, join_order, rank)
+
+
+def plan_query(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | None = None,
+               join_order: Sequence[str] | None = None, rank: Rank = by_tokens) -> PhysicalPlan:
+    """plan_sql over a parsed statement (which it rewrites in place): a query, else INVALID_ARGUMENT."""
     if not isinstance(tree, exp.Query):
         raise InvalidArgument(f"only queries are supported here, not {tree.key.upper()} statements")
     tables = bind_tables(tree, catalog)

@@ -8,6 +8,7 @@ atomic commit, so a table is either the old one or the new one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 from sqlglot import exp
 
@@ -17,7 +18,8 @@ from quail.engine.physical import PhysicalPlan
 
 from .dialects import parse_statement, position
 from .join_order import Rank, by_tokens
-from .planner import plan_sql
+from .explain import split_explain
+from .planner import plan_query, plan_sql
 
 UPDATES = (exp.Create, exp.Insert, exp.Drop)
 
@@ -36,14 +38,21 @@ class UpdatePlan:
     missing_ok: bool = False
 
 
-def is_update(sql: str, dialect: str) -> bool:
-    """Whether the statement changes tables (CREATE, INSERT, DROP) rather than asks a query."""
-    return isinstance(parse_statement(sql, dialect), UPDATES)
-
-
-def plan_update(sql: str, catalog: Catalog, dialect: str, rank: Rank = by_tokens) -> UpdatePlan:
-    """The plan of a CREATE TABLE, INSERT INTO or DROP TABLE statement."""
+def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[Any] | None = None,
+                   rank: Rank = by_tokens) -> PhysicalPlan | UpdatePlan:
+    """One statement, parsed once: a query's plan (plan_sql), or a CREATE / INSERT / DROP's."""
+    if split_explain(sql) is not None:
+        return plan_sql(sql, catalog, dialect, params, rank=rank)
     tree = parse_statement(sql, dialect)
+    if not isinstance(tree, UPDATES):
+        return plan_query(tree, catalog, params, rank=rank)
+    if params:
+        raise InvalidArgument("parameters are bound to queries only, not to CREATE, INSERT or DROP")
+    return _plan_update(tree, catalog, rank)
+
+
+def _plan_update(tree: exp.Expression, catalog: Catalog, rank: Rank) -> UpdatePlan:
+    """The plan of a parsed CREATE TABLE, INSERT INTO or DROP TABLE statement."""
     if isinstance(tree, exp.Drop):
         if (tree.args.get("kind") or "").upper() != "TABLE":
             raise InvalidArgument(f"only DROP TABLE is supported{position(tree)}")
@@ -63,7 +72,7 @@ def plan_update(sql: str, catalog: Catalog, dialect: str, rank: Rank = by_tokens
         if not isinstance(body, exp.Query):
             raise InvalidArgument(f"CREATE TABLE needs columns or AS a query{position(tree)}")
         if_exists = "replace" if tree.args.get("replace") else "keep" if tree.args.get("exists") else "fail"
-        return UpdatePlan(_name(target), plan_sql(body.sql(dialect), catalog, dialect, rank=rank), if_exists)
+        return UpdatePlan(_name(target), plan_query(body, catalog, rank=rank), if_exists)
     if isinstance(tree, exp.Insert):
         target, body = tree.this, tree.expression
         columns: tuple[str, ...] = ()
@@ -74,8 +83,7 @@ def plan_update(sql: str, catalog: Catalog, dialect: str, rank: Rank = by_tokens
             body = exp.select(exp.Star()).from_(exp.Subquery(this=body))
         if not isinstance(body, exp.Query):
             raise InvalidArgument(f"INSERT INTO takes a query or VALUES{position(tree)}")
-        return UpdatePlan(_name(target), plan_sql(body.sql(dialect), catalog, dialect, rank=rank),
-                          "append", "fail", columns)
+        return UpdatePlan(_name(target), plan_query(body, catalog, rank=rank), "append", "fail", columns)
     raise InvalidArgument(f"not a statement that changes tables: {tree.key.upper()}")
 
 

@@ -21,8 +21,7 @@ from quail.engine.storage import TableStore
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
 from quail.planner.cost import rank_by_sol
 from quail.planner.dialects import DIALECTS
-from quail.planner.planner import plan_sql
-from quail.planner.updates import UpdatePlan, is_update, plan_update
+from quail.planner.updates import UpdatePlan, plan_statement
 
 from . import metadata
 from . import sql_messages as sql
@@ -79,12 +78,10 @@ class FlightSQLHandler:
 
     def _plan(self, query: str, params: list[Any] | None, context) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema]:
         """A query's plan and result schema; a CREATE / INSERT / DROP's plan, whose result is its row count."""
-        dialect = self.sessions.options(context)["dialect"]
-        if is_update(query, dialect):
-            if params:
-                raise InvalidArgument("parameters are bound to queries only, not to CREATE, INSERT or DROP")
-            return plan_update(query, self.store, dialect, rank_by_sol(self.sol)), UPDATE_SCHEMA
-        plan = plan_sql(query, self.store, dialect, params, rank=rank_by_sol(self.sol))
+        plan = plan_statement(query, self.store, self.sessions.options(context)["dialect"], params,
+                              rank_by_sol(self.sol))
+        if isinstance(plan, UpdatePlan):
+            return plan, UPDATE_SCHEMA
         return plan, plain_schema(result_schema(plan, self.store))
 
     def _stream(self, plan: PhysicalPlan | UpdatePlan, schema: pa.Schema, work: QueryWork, context,
