@@ -100,6 +100,24 @@ def figures(rows: list[tuple], report: quail.Report, usd_per_hour: float) -> dic
     }
 
 
+def run_engines(query: str, sql: str, sessions: dict[str, quail.Session], usd_per_hour: float) -> dict[str, Any]:
+    """Each engine's figures for one query; quail runs first and once, its rows the reference."""
+    engines: dict[str, Any] = {}
+    reference = None
+    for engine, session in sessions.items():
+        started = time.perf_counter()
+        rows, report = run_query(session, sql)
+        if engine == "quail":
+            reference = rows
+        out = figures(rows, report, usd_per_hour)
+        out["agree"] = agreement(rows, reference) if reference is not None else None
+        engines[engine] = out
+        print(f"{query} {engine}: {out['wall_s']:.2f}s rows={out['rows']} agree={out['agree']} "
+              f"logical={out['logical_tokens']} fresh={out['fresh_tokens']} "
+              f"sol={out['sol_fraction']} ({time.perf_counter() - started:.1f}s)", file=sys.stderr)
+    return engines
+
+
 def warm_up(runtime: Runtime) -> None:
     """One small forward pass, so no engine pays for first-call setup."""
     yes_probabilities(runtime, Question("Is {0} short?"), [["warm-up text"]])
@@ -132,21 +150,26 @@ def device_name(device: str) -> str:
 
 
 def run(args: argparse.Namespace) -> Path:
+    started = time.perf_counter()
     workload = Workload(args.scale, args.seed, args.length_scale)
     tables = generate(workload, corpora_for(args.queries))
+    phases = {"data_s": time.perf_counter() - started}
     config = quail.EngineConfig(model=args.model, device=args.device, precision=args.precision,
                                 token_budget=args.token_budget, decisions=args.decisions,
                                 tokenizer=args.tokenizer, sol_device=args.sol_device,
                                 compile={"auto": None, "on": True, "off": False}[args.compile])
     base = quail.Session(config).runtime
+    phases["model_s"] = time.perf_counter() - started - phases["data_s"]
     # HF transformers has no fp8 path of ours: the hf baseline runs only in fp32 and bf16.
     runtimes = engine_runtimes(base, [e for e in args.engines if not (e == "hf" and args.precision == "fp8")])
     sessions = {}
-    for engine, runtime in runtimes.items():
+    for engine, runtime in sorted(runtimes.items(), key=lambda item: item[0] != "quail"):
         warm_up(runtime)
         sessions[engine] = quail.Session(config, runtime=runtime)
         for name, table in tables.items():
             sessions[engine].register(name, table)
+    phases["warm_up_s"] = time.perf_counter() - started - phases["data_s"] - phases["model_s"]
+    print("start: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()), file=sys.stderr)
     results: dict[str, Any] = {}
     now = dt.datetime.now(dt.timezone.utc)
     commit = args.git_commit or git_commit()
@@ -161,7 +184,7 @@ def run(args: argparse.Namespace) -> Path:
         "compiled": config.compiled,
         "sol_device": args.sol_device or ("cpu" if args.device == "cpu" else None),
         "table_rows": {name: t.num_rows for name, t in tables.items()},
-        "engines_absent": [e for e in args.engines if e not in sessions],
+        "engines_absent": [e for e in args.engines if e not in sessions], "start": phases,
         "queries": results,
     }
     out_dir = Path(args.out)
@@ -170,25 +193,11 @@ def run(args: argparse.Namespace) -> Path:
     path = out_dir / f"{now:%Y-%m-%d}-{short_device}-{model_name}-{args.precision}-{commit[:7]}{tag}.json"
     for query in args.queries:
         sql = query_text(query)
-        entry: dict[str, Any] = {"sql": sql, "engines": {}}
         try:
-            reference, _ = run_query(sessions["quail"], sql) if "quail" in sessions else (None, None)
+            results[query] = {"sql": sql, "engines": run_engines(query, sql, sessions, args.usd_per_gpu_hour)}
         except QuailError as err:
-            entry["error"] = str(err)
-            results[query] = entry
-            path.write_text(json.dumps(document, indent=1, default=float) + "\n")
+            results[query] = {"sql": sql, "engines": {}, "error": str(err)}
             print(f"{query}: not run: {err}", file=sys.stderr)
-            continue
-        for engine, session in sessions.items():
-            started = time.perf_counter()
-            rows, report = run_query(session, sql)
-            out = figures(rows, report, args.usd_per_gpu_hour)
-            out["agree"] = agreement(rows, reference) if reference is not None else None
-            entry["engines"][engine] = out
-            print(f"{query} {engine}: {out['wall_s']:.2f}s rows={out['rows']} agree={out['agree']} "
-                  f"logical={out['logical_tokens']} fresh={out['fresh_tokens']} "
-                  f"sol={out['sol_fraction']} ({time.perf_counter() - started:.1f}s)", file=sys.stderr)
-        results[query] = entry
         path.write_text(json.dumps(document, indent=1, default=float) + "\n")  # after each query: a cut run keeps its part
     return path
 

@@ -32,9 +32,9 @@ class Device:
 
 
 DEVICES = {
-    # Datasheet constants, as BENCHMARK.md fixes them.
-    "h100-sxm": Device("NVIDIA H100 SXM", {"fp8": 1.979e15, "bf16": 0.9895e15}, 0.9895e15, 3.35e12),
-    "h200": Device("NVIDIA H200", {"fp8": 1.979e15, "bf16": 0.9895e15}, 0.9895e15, 4.8e12),
+    # Datasheet constants, as BENCHMARK.md fixes them (fp32: the datasheet's non-tensor 67 TFLOP/s).
+    "h100-sxm": Device("NVIDIA H100 SXM", {"fp8": 1.979e15, "bf16": 0.9895e15, "fp32": 6.7e13}, 0.9895e15, 3.35e12),
+    "h200": Device("NVIDIA H200", {"fp8": 1.979e15, "bf16": 0.9895e15, "fp32": 6.7e13}, 0.9895e15, 4.8e12),
     # Measured once on the 2-core CI machine: 2048² fp32 matmul 0.14 TFLOP/s; copy 41.5 GB/s (read + write).
     # Its bf16 and fp8 matmuls are no faster than fp32, so every precision gets the fp32 rate.
     "cpu": Device("CPU (2 cores)", {"fp32": 1.4e11, "bf16": 1.4e11, "fp8": 1.4e11}, 1.4e11, 4.15e10),

@@ -20,6 +20,7 @@ def test_harness_writes_a_valid_result_file(tmp_path, runtime):
     doc = json.loads(path.read_text())
     for key in REQUIRED:
         assert key in doc, key
+    assert set(doc["start"]) == {"data_s", "model_s", "warm_up_s"}
     assert set(doc["queries"]) == {"F1", "F3", "AG"}
     for query, entry in doc["queries"].items():
         assert set(entry["engines"]) == {"quail", "naive", "prefix", "hf"}, query
