@@ -32,6 +32,26 @@ def width_class(length: int) -> int:
     return max(SMALL, 1 << (length - 1).bit_length())
 
 
+def _step_up(n: int, least: int) -> int:
+    """n rounded up to a multiple of max(least, an eighth of the power of two at or above n)."""
+    step = max(least, (1 << (n - 1).bit_length()) // 8)
+    return -(-n // step) * step
+
+
+def padded_shape(rows: int, width: int) -> tuple[int, int]:
+    """A bucket's (rows, width) as attention runs it.
+
+    cuDNN builds an execution plan for each new shape (tens of ms on the H200),
+    so the buckets it runs (width > SMALL) are rounded up to one of 8 sizes per
+    octave in each dimension: at most 1/8 of the power of two above, in rows and
+    in width. Exact: pad rows and columns are zeros after each row's own tokens,
+    which causal attention never reads.
+    """
+    if width <= SMALL:
+        return rows, width
+    return _step_up(rows, 1), _step_up(width, 16)
+
+
 @dataclass
 class Rows:
     """Where each row's new tokens sit in the packed batch, and which resident KV they continue.
@@ -63,10 +83,10 @@ class Rows:
             members.setdefault(width_class(n), []).append(b)
         buckets, base, offset = [], np.zeros(len(lengths), dtype=np.int64), 0
         for _, rows in sorted(members.items()):
-            width = max(lengths[b] for b in rows)
+            count, width = padded_shape(len(rows), max(lengths[b] for b in rows))
             base[rows] = offset + width * np.arange(len(rows))
-            buckets.append((offset, len(rows), width))
-            offset += len(rows) * width
+            buckets.append((offset, count, width))
+            offset += count * width
         within = np.arange(starts[-1]) - np.repeat(starts[:-1], lengths)
         pad_index = torch.from_numpy(np.repeat(base, lengths) + within).to(device)
         runs: list[tuple[int, int, KV]] = []

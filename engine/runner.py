@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from .attention import Rows, width_class
+from .attention import Rows, padded_shape, width_class
 from .kv import KV
 from .model import Decoder
 from .requests import LabelSet
@@ -39,7 +40,8 @@ class Fill:
         """The padded attention area with one more row of `length` tokens."""
         key = width_class(length)
         rows, width = self.buckets.get(key, (0, 0))
-        return sum(r * w for k, (r, w) in self.buckets.items() if k != key) + (rows + 1) * max(width, length)
+        others = sum(math.prod(padded_shape(r, w)) for k, (r, w) in self.buckets.items() if k != key)
+        return others + math.prod(padded_shape(rows + 1, max(width, length)))
 
     def admits(self, length: int) -> bool:
         """Whether a row of `length` new tokens still fits (an empty pass takes any row)."""

@@ -41,6 +41,7 @@ _IF_EXISTS = {sql.TABLE_EXISTS_UNSPECIFIED: "fail", sql.TABLE_EXISTS_FAIL: "fail
               sql.TABLE_EXISTS_APPEND: "append", sql.TABLE_EXISTS_REPLACE: "replace"}
 _IF_MISSING = {sql.TABLE_NOT_EXIST_UNSPECIFIED: "fail", sql.TABLE_NOT_EXIST_CREATE: "create",
                sql.TABLE_NOT_EXIST_FAIL: "fail"}
+_UPDATES = ("CommandStatementUpdate", "CommandPreparedStatementUpdate")
 UPDATE_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
 _ACTIONS = [
     ("CreatePreparedStatement", "Prepare a SQL query; returns its handle and result schema"),
@@ -192,6 +193,9 @@ class FlightSQLHandler:
             return metadata.xdbc_type_info(_optional(cmd, "data_type"))
         raise Unimplemented(f"unsupported command {name}")
 
+    def reads_data(self, descriptor) -> bool:
+        return sql.unpack(descriptor.cmd)[0] not in _UPDATES
+
     def do_put(self, descriptor, schema: pa.Schema, batches: list[pa.RecordBatch], context) -> Iterable[bytes]:
         name, cmd = self._command(descriptor.cmd, "DoPut")
         table = pa.Table.from_batches(batches, schema)
@@ -202,7 +206,7 @@ class FlightSQLHandler:
             handle = cmd.prepared_statement_handle
             self.statements.bind(handle, _one_row(table))
             return [sql.new("DoPutPreparedStatementResult", prepared_statement_handle=handle).SerializeToString()]
-        if name in ("CommandStatementUpdate", "CommandPreparedStatementUpdate"):
+        if name in _UPDATES:
             query = cmd.query if name == "CommandStatementUpdate" else \
                 self.statements.prepared(cmd.prepared_statement_handle).query
             update, _ = self._plan(query, None, context)

@@ -33,6 +33,9 @@ class FlightHandler(Protocol):
 
     def do_get(self, ticket, context: grpc.ServicerContext) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]: ...
 
+    def reads_data(self, descriptor) -> bool:
+        """Whether a DoPut of this descriptor carries data (else it is answered without waiting for its end)."""
+
     def do_put(self, descriptor, schema: pa.Schema, batches: list[pa.RecordBatch],
                context: grpc.ServicerContext) -> Iterable[bytes]: ...
 
@@ -155,8 +158,10 @@ class FlightService:
         first = next(messages, None)
         if first is None or not first.HasField("flight_descriptor"):
             raise InvalidArgument("DoPut must start with a FlightData carrying a descriptor")
+        # An update carries no data; some clients wait for its answer before they end their stream.
+        stream = [first, *messages] if self.handler.reads_data(first.flight_descriptor) else [first]
         try:
-            schema, batches, _ = decode([first, *messages])
+            schema, batches, _ = decode(stream)
         except (ValueError, pa.ArrowException) as err:
             raise InvalidArgument(f"DoPut data is not a valid Arrow IPC stream: {err}") from None
         for metadata in self.handler.do_put(first.flight_descriptor, schema, batches, context):

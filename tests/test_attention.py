@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from quail.engine.attention import Rows, attend, attention
+from quail.engine.attention import Rows, attend, attention, padded_shape
 from quail.engine.kv import KV
 
 H, HKV, D = 4, 2, 16
@@ -59,7 +59,7 @@ def test_rows_of_very_different_lengths_are_padded_per_bucket():
     lengths = [3, 300, 70, 5, 129, 64, 65]
     pasts = [_kv(4), None, None, _kv(7), None, None, None]
     rows = Rows.build(lengths, pasts, torch.device("cpu"))
-    assert [(r, w) for _, r, w in rows.buckets] == [(3, 64), (2, 70), (1, 129), (1, 300)]
+    assert [(r, w) for _, r, w in rows.buckets] == [(3, 64), (2, 80), (1, 160), (1, 320)], "few shapes"
     assert rows.buckets[-1][0] + 300 < len(lengths) * 300, "no row is padded to the longest of the pass"
     q = torch.randn(sum(lengths), H, D)
     k, v = torch.randn(sum(lengths), HKV, D), torch.randn(sum(lengths), HKV, D)
@@ -69,3 +69,14 @@ def test_rows_of_very_different_lengths_are_padded_per_bucket():
         span = slice(start, start + n)
         torch.testing.assert_close(got[span], _dense(q[span], k[span], v[span], past), atol=1e-5, rtol=1e-5)
         start += n
+
+
+def test_bucket_shapes_are_few_and_close_to_exact():
+    """cuDNN plans one kernel per shape: at most 8 row counts and 8 widths per octave, each ≤ 1/4 larger."""
+    shapes = {(r, w): padded_shape(r, w) for r in range(1, 600) for w in range(65, 3000, 7)}
+    for (r, w), (rows, width) in shapes.items():
+        assert r <= rows <= r + r / 4 and w <= width <= w + w / 4, (r, w)
+    for octave in range(7, 11):
+        assert len({w for _, w in shapes.values() if 2 ** (octave - 1) < w <= 2 ** octave}) <= 8
+        assert len({r for r, _ in shapes.values() if 2 ** (octave - 1) < r <= 2 ** octave}) <= 8
+    assert padded_shape(12, 40) == (12, 40), "short rows (two matmuls) are not padded"
