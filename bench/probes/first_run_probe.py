@@ -45,6 +45,7 @@ def main() -> None:
     p.add_argument("--scale", type=float, default=0.1)
     p.add_argument("--tokenizer", default=".carry/tokenizer")
     p.add_argument("--exact-shapes", action="store_true")
+    p.add_argument("--runs", type=int, default=2)
     p.add_argument("--out", default=".")
     args = p.parse_args()
     if args.exact_shapes:
@@ -56,16 +57,34 @@ def main() -> None:
     config = quail.EngineConfig(model="dummy:qwen3-4b", device="cuda", precision="bf16", token_budget=16384,
                                 decisions="hash", tokenizer=args.tokenizer, sol_device="h200")
     session = quail.Session(config)
+    runner = session.runtime.runner
+    passes: list[dict] = []
+    forward = runner.forward
+
+    def timed(rows, stats):  # each pass on its own: milliseconds and the attention buckets it ran
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = forward(rows, stats)
+        torch.cuda.synchronize()
+        lengths = [len(r.ids) for r in rows]
+        passes.append({"ms": 1000 * (time.perf_counter() - start), "tokens": sum(lengths),
+                       "buckets": [(r, w) for _, r, w in attention.Rows.build(lengths, [r.past for r in rows],
+                                                                            torch.device("cpu")).buckets]})
+        return out
+
+    runner.forward = timed
     warm_up(session.runtime)
     for name, table in tables.items():
         session.register(name, table)
     for query in queries:
         runs = []
-        for _ in range(2):
+        for _ in range(args.runs):
+            passes.clear()
             _, report = run_query(session, query_text(query))
             runs.append({"wall_s": report.wall_s, "sol_fraction": report.sol_fraction,
-                         "forward_passes": report.forward_passes})
-            print(query, runs[-1], flush=True)
+                         "forward_passes": report.forward_passes, "passes": list(passes)})
+            slow = sorted(passes, key=lambda x: -x["ms"])[:5]
+            print(query, report.wall_s, "slowest passes:", slow, flush=True)
         result[query] = runs
     tag = "exact" if args.exact_shapes else "rounded"
     Path(args.out, f"first-run-{tag}.json").write_text(json.dumps(result, indent=1) + "\n")
