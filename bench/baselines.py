@@ -50,6 +50,7 @@ def hf_strategy(model: Decoder) -> Strategy:
     def hf_padded(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
         hidden: list[torch.Tensor] = []
         device = runner.device
+        stats.planned_tokens += sum(len(r) for r in requests)
         for batch in pack([len(r) for r in requests], runner.token_budget):
             seqs = [requests[i].ids() for i in batch]
             width = max(len(s) for s in seqs)

@@ -83,3 +83,10 @@ class EngineConfig:
     @property
     def compiled(self) -> bool:
         return self.compile if self.compile is not None else self.device.startswith("cuda")
+
+    @property
+    def speed_of_light_device(self) -> str | None:
+        """The device constants speed-of-light figures use: sol_device, else "cpu" on the CPU, else none."""
+        if self.sol_device:
+            return self.sol_device
+        return "cpu" if self.device == "cpu" else None

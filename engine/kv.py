@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
+
+
+class KVLedger:
+    """Bytes of KV the runner has kept that some query still holds (what the device's KV occupies)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.resident_bytes = 0
+
+    def keep(self, kv: "KV", size: int) -> None:
+        """Count `size` bytes until the run's tensors are freed: longer runs share its tensor lists
+        (KV.then), so its first key tensor lives exactly as long as any of them."""
+        self._add(size)
+        weakref.finalize(kv.keys[0], self._add, -size)
+
+    def _add(self, size: int) -> None:
+        with self._lock:
+            self.resident_bytes += size
 
 
 @dataclass(eq=False)

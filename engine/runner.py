@@ -10,10 +10,11 @@ import numpy as np
 import torch
 
 from .attention import Rows, padded_shape, width_class
-from .kv import KV
+from .kv import KV, KVLedger
 from .model import Decoder
 from .requests import LabelSet
 from .stats import Stats, causal_pairs
+from .turns import Turns
 
 
 @dataclass
@@ -77,30 +78,44 @@ def go_on() -> None:
     """No reason to stop."""
 
 
-def _kept(rows: list[Row], layout: Rows, keys: list[torch.Tensor], values: list[torch.Tensor]) -> list[KV | None]:
+def _kept(rows: list[Row], layout: Rows, keys: list[torch.Tensor], values: list[torch.Tensor],
+          ledger: KVLedger) -> list[KV | None]:
     """The KV of each row that asked to keep it: one gather per layer, each row a view of it."""
     wanted = [b for b, row in enumerate(rows) if row.keep_kv]
     index = torch.from_numpy(np.concatenate([np.arange(layout.starts[b], layout.starts[b + 1]) for b in wanted]))
     index = index.to(keys[0].device, non_blocking=True)
     kept_keys = [k.index_select(0, index) for k in keys]
     kept_values = [v.index_select(0, index) for v in values]
+    row_bytes = sum(k.nbytes + v.nbytes for k, v in zip(kept_keys, kept_values)) // len(index)
     out: list[KV | None] = [None] * len(rows)
     offset = 0
     for b in wanted:
         n = layout.lengths[b]
         out[b] = KV([k[offset : offset + n] for k in kept_keys], [v[offset : offset + n] for v in kept_values])
+        ledger.keep(out[b], n * row_bytes)
         offset += n
     return out
 
 
 class ModelRunner:
-    """Runs forward passes of a decoder over packed rows and the head cut to label tokens."""
+    """Runs forward passes of a decoder over packed rows and the head cut to label tokens.
 
-    def __init__(self, model: Decoder, token_budget: int = 4096) -> None:
+    Runners over one model share its `turns` and KV `ledger`: each pass takes a turn, so concurrent queries' passes interleave in arrival order. `check`
+    raises to stop a query before its next pass (see `for_query`).
+    """
+
+    def __init__(self, model: Decoder, token_budget: int = 4096, turns: Turns | None = None,
+                 check: Callable[[], None] = go_on, ledger: KVLedger | None = None) -> None:
         self.model = model
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
-        self.check: Callable[[], None] = go_on  # raises to stop before a pass (the runtime sets it per query)
+        self.turns = turns or Turns()
+        self.check = check
+        self.ledger = ledger or KVLedger()
+
+    def for_query(self, check: Callable[[], None]) -> "ModelRunner":
+        """This runner for one query: same model, budget, turns and KV ledger; `check` before each pass."""
+        return ModelRunner(self.model, self.token_budget, self.turns, check, self.ledger)
 
     def _inputs(self, rows: list[Row], layout: Rows, resident: list[int]) -> tuple[torch.Tensor, ...]:
         """Packed token ids, their positions (after each row's resident KV), each row's last index."""
@@ -116,14 +131,18 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:
         """Last hidden state of each row, and the KV of rows that asked to keep it."""
-        self.check()
+        with self.turns.turn():
+            self.check()
+            return self._forward(rows, stats)
+
+    def _forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:
         lengths = [len(r.ids) for r in rows]
         resident = [len(r.past) if r.past is not None else 0 for r in rows]
         layout = Rows.build(lengths, [r.past for r in rows], self.device)
         ids, positions, last = self._inputs(rows, layout, resident)
         keep = any(r.keep_kv for r in rows)
         hidden, keys, values = self.model(ids, positions, layout, last, keep)
-        kept = _kept(rows, layout, keys, values) if keep else [None] * len(rows)
+        kept = _kept(rows, layout, keys, values, self.ledger) if keep else [None] * len(rows)
         stats.forward_passes += 1
         stats.fresh_tokens += sum(lengths)
         stats.attention_pairs += sum(causal_pairs(q, c) for q, c in zip(lengths, resident))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Sequence
 
 import numpy as np
@@ -11,24 +10,26 @@ import torch
 from .model import Decoder
 from .prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
 from .requests import LabelSet, Request, Segment
-from .runner import ModelRunner, go_on
+from .runner import ModelRunner
 from .work import QueryWork
 from .strategies import STRATEGIES, Strategy
 from .tokenizer import Tokenizer
 
 
 class Runtime:
-    """One per device: forward passes run one at a time, whichever query asks.
+    """One per device, serving every running query: their forward passes take turns (turns.py).
 
     `strategy` is how requests become forward passes: a name from strategies.py
     ("quail" shares every common prefix; "naive" and "prefix" are the baselines)
     or a Strategy function (a benchmark baseline).
     `decisions` is "model" (answers from the model) or "hash" (random weights:
     answers by content hash, forward passes still run in full).
+    `device_of`: a runner on the same device, whose turns and KV ledger this runtime's runner shares.
     """
 
     def __init__(self, model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame,
-                 strategy: str | Strategy = "quail", token_budget: int = 4096, decisions: str = "model") -> None:
+                 strategy: str | Strategy = "quail", token_budget: int = 4096, decisions: str = "model",
+                 device_of: ModelRunner | None = None) -> None:
         if isinstance(strategy, str) and strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
         if decisions not in ("model", "hash"):
@@ -38,15 +39,16 @@ class Runtime:
         self.config = model.config
         self.tokenizer = tokenizer
         self.layout = PromptLayout(frame)
-        self.runner = ModelRunner(model, token_budget)
+        self.runner = ModelRunner(model, token_budget) if device_of is None else \
+            ModelRunner(model, token_budget, device_of.turns, ledger=device_of.ledger)
         self.strategy = strategy
         self.yes_no = self._yes_no_labels()
-        self._lock = threading.Lock()
 
     def variant(self, strategy: str | Strategy, token_budget: int | None = None) -> "Runtime":
-        """Another runtime over the same weights and tokenizer, scoring by another strategy."""
+        """Another runtime over the same weights and tokenizer (and the device's turns and KV ledger),
+        scoring by another strategy."""
         return Runtime(self.model_id, self.runner.model, self.tokenizer, self.layout.frame, strategy,
-                       token_budget or self.runner.token_budget, self.decisions)
+                       token_budget or self.runner.token_budget, self.decisions, self.runner)
 
     def segments(self, texts: list[str]) -> list[Segment]:
         """Tokenize each text as a segment of its own."""
@@ -64,22 +66,17 @@ class Runtime:
         work.requests.extend(requests)
         work.stats.requests += len(requests)
         work.stats.logical_tokens += sum(len(r) for r in requests)
-        with self._lock:
-            work.check()
-            strategy = STRATEGIES[self.strategy] if isinstance(self.strategy, str) else self.strategy
-            self.runner.check = work.check
-            try:
-                hidden = strategy(self.runner, requests, work.stats)
-            finally:
-                self.runner.check = go_on
-            out: list[np.ndarray] = [np.empty(0)] * len(requests)
-            by_labels: dict[LabelSet, list[int]] = {}
-            for i, request in enumerate(requests):
-                by_labels.setdefault(request.labels, []).append(i)
-            for labels, members in by_labels.items():
-                stacked = torch.stack([hidden[i] for i in members])
-                for i, row in zip(members, self.runner.answer_logprobs(stacked, labels)):
-                    out[i] = row
+        work.check()
+        strategy = STRATEGIES[self.strategy] if isinstance(self.strategy, str) else self.strategy
+        hidden = strategy(self.runner.for_query(work.check), requests, work.stats)
+        out: list[np.ndarray] = [np.empty(0)] * len(requests)
+        by_labels: dict[LabelSet, list[int]] = {}
+        for i, request in enumerate(requests):
+            by_labels.setdefault(request.labels, []).append(i)
+        for labels, members in by_labels.items():
+            stacked = torch.stack([hidden[i] for i in members])
+            for i, row in zip(members, self.runner.answer_logprobs(stacked, labels)):
+                out[i] = row
         return out
 
     def letters(self, count: int, names: tuple[str, ...]) -> LabelSet:

@@ -13,7 +13,9 @@ class Stats:
     fresh_tokens: real tokens computed; padded_tokens: padding computed through the
     linear layers beside them (padded baselines only: the runner packs its rows).
     attention_pairs: (query, key) pairs scored; kv_written: KV rows kept for later
-    requests; kv_read: resident KV rows read by later computation.
+    requests; kv_read: resident KV rows read by later computation; planned_tokens:
+    the fresh tokens the strategies have laid out for the requests handed to them
+    so far (progress: fresh_tokens of planned_tokens).
     """
 
     requests: int = 0
@@ -24,6 +26,7 @@ class Stats:
     kv_written: int = 0
     kv_read: int = 0
     forward_passes: int = 0
+    planned_tokens: int = 0
 
     @property
     def physical_tokens(self) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .kv import KV
-from .radix import RadixNode, build, collapse
+from .radix import RadixNode, build, collapse, nodes
 from .requests import Request
 from .runner import Fill, ModelRunner, Row, pack
 from .stats import Stats
@@ -39,8 +39,10 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
     continuations with the next nodes waiting behind them.
     """
     hidden: list[torch.Tensor | None] = [None] * len(requests)
+    root = collapse(build(requests))
+    stats.planned_tokens += sum(len(node) for node in nodes(root))
     frontier: deque[tuple[RadixNode, KV | None]] = deque(
-        (node, None) for node in sorted(collapse(build(requests)).children, key=len, reverse=True))
+        (node, None) for node in sorted(root.children, key=len, reverse=True))
     while frontier:
         fill, items = Fill(runner.token_budget), []
         while frontier and fill.admits(len(frontier[0][0])):
@@ -62,6 +64,7 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
 def independent(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
     """Last hidden state per request, each prompt computed in full; batches packed by length."""
     order = sorted(range(len(requests)), key=lambda i: -len(requests[i]))
+    stats.planned_tokens += sum(len(r) for r in requests)
     hidden: list[torch.Tensor | None] = [None] * len(requests)
     for batch in pack([len(requests[i]) for i in order], runner.token_budget):
         members = [order[i] for i in batch]
@@ -113,6 +116,7 @@ def block_prefix(runner: ModelRunner, requests: Sequence[Request], stats: Stats,
     lookups see the cache as it was before the batch, as a real server's do.
     """
     cache = cache or BlockPrefixCache()
+    stats.planned_tokens += sum(len(r) for r in requests)  # at most: cached blocks are not known ahead
     hidden: list[torch.Tensor | None] = [None] * len(requests)
     size = cache.block_size
     pending: list[tuple[int, list[bytes], int, Row]] = []

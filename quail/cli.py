@@ -11,11 +11,14 @@ from quail.engine.errors import QuailError
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from quail.engine.config import EngineConfig
     from quail.server.admission import Limits
     from quail.server.app import ServerConfig, serve
 
     optional_path = lambda value: Path(value) if value else None  # noqa: E731
-    serve(ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), model=args.model,
+    engine = EngineConfig(model=args.model, device=args.device, precision=args.precision,
+                          token_budget=args.token_budget, tokenizer=args.tokenizer, sol_device=args.sol_device)
+    serve(ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), engine=engine,
                        dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
                        tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
                        public_without_auth=args.public_without_auth,
@@ -25,6 +28,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    from quail.planner.cost import DEVICES
+
     top = argparse.ArgumentParser(prog="quail", description="Quail: AI-SQL over Arrow Flight SQL")
     commands = top.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run a Flight SQL server")
@@ -32,6 +37,13 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8815, help="port (default 8815; 0 picks a free one)")
     serve.add_argument("--data-dir", default="data", help="directory holding the tables (default ./data)")
     serve.add_argument("--model", default=None, help="model name or .gguf path (default: embedded SmolLM2-135M)")
+    serve.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    serve.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp8"],
+                       help="fp32 (CPU), bf16 or fp8 (e4m3 linear layers) on a GPU (default fp32)")
+    serve.add_argument("--token-budget", type=int, default=4096, help="new tokens per forward pass (default 4096)")
+    serve.add_argument("--tokenizer", default=None, help="HF tokenizer directory for dummy:<shape> weights")
+    serve.add_argument("--sol-device", default=None, choices=sorted(DEVICES),
+                       help="device constants of the speed-of-light figures (default: cpu on the CPU, else none)")
     serve.add_argument("--dialect", default="snowflake", help="SQL dialect: snowflake, bigquery or duckdb")
     serve.add_argument("--users", default=None, help="file of user:password lines: clients must log in")
     serve.add_argument("--token-ttl", type=float, default=3600.0, help="seconds a login token lasts (default 3600)")

@@ -166,14 +166,9 @@ class Session:
         plan = plan_sql(text, self.catalog, dialect, params, rank=rank_by_sol(self._sol))
         return Query(self, text, plan, result_schema(plan, self.catalog))
 
-    def _sol_device(self) -> str | None:
-        if self.config.sol_device:
-            return self.config.sol_device
-        return "cpu" if self.config.device == "cpu" else None
-
     def _sol(self, ideal: Stats) -> float | None:
         """Speed-of-light seconds of the ideal work on the configured device (None: no device constants)."""
-        device = self._sol_device()
+        device = self.config.speed_of_light_device
         return (sol_seconds(ideal, self.runtime.config, DEVICES[device], self.config.precision, self.config.token_budget)
                 if device else None)
 

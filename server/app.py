@@ -7,7 +7,7 @@ import logging
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -37,7 +37,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8815
     data_dir: Path = Path("data")
-    model: str | None = None
+    engine: EngineConfig = field(default_factory=EngineConfig)  # the model, device, precision, token budget
     dialect: str = DEFAULT_DIALECT
     workers: int = 16
     users_file: Path | None = None  # user:password lines; None: no authentication
@@ -73,12 +73,13 @@ class QuailServer:
         config.check()
         self.config = config
         self.store = TableStore(config.data_dir)
-        engine = EngineConfig(model=config.model)
+        engine = config.engine
         self.runtime = load_runtime(engine)
-        self.metrics = Metrics()
-        handler = FlightSQLHandler(self.store, self.runtime, config.dialect, partial(
-            sol_seconds, model=self.runtime.config, device=DEVICES["cpu"], precision=engine.precision,
-            tokens_per_pass=engine.token_budget), config.limits, self.metrics)
+        self.metrics = Metrics(self.runtime.runner)
+        device = engine.speed_of_light_device
+        sol = partial(sol_seconds, model=self.runtime.config, device=DEVICES[device], precision=engine.precision,
+                      tokens_per_pass=engine.token_budget) if device else None
+        handler = FlightSQLHandler(self.store, self.runtime, config.dialect, sol, config.limits, self.metrics)
         auth = Authenticator(load_users(config.users_file), config.token_ttl_s) if config.users_file else None
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=config.workers), options=_UNLIMITED)
         self._grpc.add_generic_rpc_handlers((FlightService(handler, auth, self.metrics.error).generic_handler(),))

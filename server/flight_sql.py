@@ -32,6 +32,7 @@ from .ipc import plain_schema, schema_bytes
 from .metrics import Metrics
 from .sessions import LAST_QUERY, Sessions
 from .statements import Statements
+from .system_tables import QUERIES, QUERIES_SCHEMA, WithSystemTables, queries_table
 from .status import status_of
 
 log = logging.getLogger("quail.server")
@@ -65,10 +66,14 @@ class FlightSQLHandler:
         self.sol = sol  # speed-of-light seconds of a query's ideal work (EXPLAIN ANALYZE)
         self.admission = Admission(limits.max_active)
         self.limits = limits
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or Metrics(runtime.runner)
         self.sessions = Sessions({"dialect": dialect, "catalog": CATALOG_NAME, "schema": SCHEMA_NAME},
                                  {"dialect": tuple(DIALECTS), "catalog": (CATALOG_NAME,), "schema": (SCHEMA_NAME,)})
         self.statements = Statements(limits.work)
+        self.catalog = WithSystemTables(store, {QUERIES: (QUERIES_SCHEMA, self._queries)})
+
+    def _queries(self) -> pa.Table:
+        return queries_table(self.statements.running())
 
     @staticmethod
     def _command(data: bytes, where: str) -> tuple[str, Message]:
@@ -79,21 +84,21 @@ class FlightSQLHandler:
 
     def _plan(self, query: str, params: list[Any] | None, context) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema]:
         """A query's plan and result schema; a CREATE / INSERT / DROP's plan, whose result is its row count."""
-        plan = plan_statement(query, self.store, self.sessions.options(context)["dialect"], params,
+        plan = plan_statement(query, self.catalog, self.sessions.options(context)["dialect"], params,
                               rank_by_sol(self.sol))
         if isinstance(plan, UpdatePlan):
             return plan, UPDATE_SCHEMA
-        return plan, plain_schema(result_schema(plan, self.store))
+        return plan, plain_schema(result_schema(plan, self.catalog))
 
     def _stream(self, plan: PhysicalPlan | UpdatePlan, schema: pa.Schema, work: QueryWork, context,
-                handle: bytes | None = None) -> Iterator[pa.RecordBatch]:
+                handle: bytes) -> Iterator[pa.RecordBatch]:
         """Run a query (its rows, batch by batch as produced) or an update (one row: the rows it wrote),
-        admitted first; then its report (session option, metrics, log line). `handle`: a redeemed ticket."""
+        admitted first; then its report (session option, metrics, log line). `handle`: its running entry."""
         start, rows = time.perf_counter(), 0
         try:
             with self.admission.admit(), self.metrics.running.track_inprogress():
                 if isinstance(plan, PhysicalPlan):
-                    batches = execute_stream(plan, self.store, self.runtime, work, self.sol, BATCH_ROWS)
+                    batches = execute_stream(plan, self.catalog, self.runtime, work, self.sol, BATCH_ROWS)
                 else:
                     batches = iter(pa.table({"rows_affected": [self._update(plan, work)]}).to_batches())
                 for batch in batches:
@@ -107,29 +112,29 @@ class FlightSQLHandler:
             self.metrics.query_failed(status_of(err))
             raise
         finally:
-            if handle is not None:
-                self.statements.finish(handle)
+            self.statements.finish(handle)
         report = work.report(time.perf_counter() - start, self.sol)
         self.sessions.record(context, LAST_QUERY, json.dumps(report))
         self.metrics.query_done(report)
         log.info("query %s done for %s: %d rows in %.3fs, %d requests, %d logical / %d fresh tokens",
-                 (handle or b"update")[:4].hex(), user_of(context), rows, report["wall_s"], report["requests"],
+                 handle[:8].hex(), user_of(context), rows, report["wall_s"], report["requests"],
                  report["logical_tokens"], report["fresh_tokens"])
 
     def _update(self, update: UpdatePlan, work: QueryWork) -> int:
         """Apply CREATE / INSERT / DROP to the store: one atomic commit; the rows written (0 for DROP)."""
+        table = self.catalog.writable(update.table)
         if update.query is None:
-            self.store.drop(update.table, update.missing_ok)
-            log.info("dropped table %s", update.table)
+            self.store.drop(table, update.missing_ok)
+            log.info("dropped table %s", table)
             return 0
-        if update.if_exists == "keep" and self.store.has(update.table):
+        if update.if_exists == "keep" and self.store.has(table):
             return 0
-        rows = execute(update.query, self.store, self.runtime, work, self.sol)
+        rows = execute(update.query, self.catalog, self.runtime, work, self.sol)
         if update.if_exists == "append":
-            rows = _as_columns_of(rows, self.store.schema(update.table).names, update.columns, update.table)
-        written = self.store.write(update.table, rows, "fail" if update.if_exists == "keep" else update.if_exists,
+            rows = _as_columns_of(rows, self.store.schema(table).names, update.columns, table)
+        written = self.store.write(table, rows, "fail" if update.if_exists == "keep" else update.if_exists,
                                    update.if_missing)
-        log.info("%d rows written to %s", written, update.table)
+        log.info("%d rows written to %s", written, table)
         return written
 
     @staticmethod
@@ -140,7 +145,7 @@ class FlightSQLHandler:
 
     def _query_info(self, descriptor, query: str, params: list[Any] | None, context) -> Message:
         plan, schema = self._plan(query, params, context)
-        handle = self.statements.add_pending(plan, schema)
+        handle = self.statements.add_pending(plan, schema, query)
         return self._info(descriptor, schema, sql.pack(sql.new("TicketStatementQuery", statement_handle=handle)))
 
     def get_flight_info(self, descriptor, context) -> Message:
@@ -164,7 +169,7 @@ class FlightSQLHandler:
     def do_get(self, ticket, context) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
         name, cmd = self._command(ticket.ticket, "DoGet")
         if name == "TicketStatementQuery":
-            plan, schema, work = self.statements.start(cmd.statement_handle)
+            plan, schema, work = self.statements.start(cmd.statement_handle, user_of(context))
             context.add_callback(work.cancel)  # the client ended the call (or it finished): stop the model work
             batches = self._stream(plan, schema, work, context, cmd.statement_handle)
             first = next(batches, None)  # the model work: its errors leave before any data, as a plain status
@@ -178,7 +183,7 @@ class FlightSQLHandler:
         if name == "CommandGetDbSchemas":
             return metadata.db_schemas(_optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern"))
         if name == "CommandGetTables":
-            return metadata.tables(self.store, _optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern"),
+            return metadata.tables(self.store, {QUERIES: QUERIES_SCHEMA}, _optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern"),
                                    _optional(cmd, "table_name_filter_pattern"), list(cmd.table_types),
                                    cmd.include_schema)
         if name == "CommandGetTableTypes":
@@ -212,9 +217,9 @@ class FlightSQLHandler:
             update, _ = self._plan(query, None, context)
             if not isinstance(update, UpdatePlan):
                 raise InvalidArgument("a query is not an update: ask for its rows with GetFlightInfo")
-            work = self.limits.work()
+            handle, work = self.statements.begin(query, user_of(context))
             context.add_callback(work.cancel)
-            (result,) = self._stream(update, UPDATE_SCHEMA, work, context)
+            (result,) = self._stream(update, UPDATE_SCHEMA, work, context, handle)
             rows = result.column(0)[0].as_py()
             return [sql.new("DoPutUpdateResult", record_count=rows).SerializeToString()]
         raise Unimplemented(f"DoPut: unsupported command {name}")
@@ -228,7 +233,7 @@ class FlightSQLHandler:
         if catalog not in (None, "", CATALOG_NAME) or schema not in (None, "", SCHEMA_NAME):
             raise NotFound(f"schema {catalog or CATALOG_NAME}.{schema or SCHEMA_NAME} does not exist")
         options = cmd.table_definition_options
-        rows = self.store.write(cmd.table, table, if_exists=_IF_EXISTS.get(options.if_exists, "fail"),
+        rows = self.store.write(self.catalog.writable(cmd.table), table, if_exists=_IF_EXISTS.get(options.if_exists, "fail"),
                                 if_missing=_IF_MISSING.get(options.if_not_exist, "fail"))
         log.info("ingest: %d rows into %s", rows, cmd.table)
         return rows

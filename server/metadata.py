@@ -12,7 +12,7 @@ from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
 
 from .ipc import schema_bytes
 
-TABLE_TYPES = ("TABLE",)
+TABLE_TYPES = ("SYSTEM TABLE", "TABLE")
 
 CATALOGS_SCHEMA = pa.schema([pa.field("catalog_name", pa.utf8(), nullable=False)])
 DB_SCHEMAS_SCHEMA = pa.schema([pa.field("catalog_name", pa.utf8()), pa.field("db_schema_name", pa.utf8(), nullable=False)])
@@ -154,20 +154,23 @@ def db_schemas(catalog: str | None, schema_pattern: str | None) -> pa.Table:
     return pa.Table.from_pylist([dict(zip(DB_SCHEMAS_SCHEMA.names, r)) for r in rows], schema=DB_SCHEMAS_SCHEMA)
 
 
-def tables(store: TableStore, catalog: str | None, schema_pattern: str | None, name_pattern: str | None,
-           table_types: list[str], include_schema: bool) -> pa.Table:
+def tables(store: TableStore, system: dict[str, pa.Schema], catalog: str | None, schema_pattern: str | None,
+           name_pattern: str | None, table_types: list[str], include_schema: bool) -> pa.Table:
+    """Stored tables (type TABLE) and system tables (SYSTEM TABLE) matching the filters."""
     schema = TABLES_WITH_SCHEMA_SCHEMA if include_schema else TABLES_SCHEMA
     rows = []
-    if catalog in (None, CATALOG_NAME) and like(schema_pattern).fullmatch(SCHEMA_NAME) \
-            and (not table_types or "TABLE" in table_types):
-        names = like(name_pattern)
-        for name in store.names():
-            if names.fullmatch(name):
-                row = {"catalog_name": CATALOG_NAME, "db_schema_name": SCHEMA_NAME, "table_name": name,
-                       "table_type": "TABLE"}
-                if include_schema:
-                    row["table_schema"] = schema_bytes(store.schema(name))
-                rows.append(row)
+    if catalog not in (None, CATALOG_NAME) or not like(schema_pattern).fullmatch(SCHEMA_NAME):
+        return pa.Table.from_pylist(rows, schema=schema)
+    names = like(name_pattern)
+    found = [(name, "TABLE", store.schema) for name in store.names()] + \
+        [(name, "SYSTEM TABLE", system.__getitem__) for name in sorted(system)]
+    for name, kind, schema_of in found:
+        if names.fullmatch(name) and (not table_types or kind in table_types):
+            row = {"catalog_name": CATALOG_NAME, "db_schema_name": SCHEMA_NAME, "table_name": name,
+                   "table_type": kind}
+            if include_schema:
+                row["table_schema"] = schema_bytes(schema_of(name))
+            rows.append(row)
     return pa.Table.from_pylist(rows, schema=schema)
 
 

@@ -1,7 +1,7 @@
 """Prometheus metrics of one server, on an HTTP port: queries, model tokens, speed of light, errors by status.
 
 Rates come from the counters (tokens per second: rate(quail_tokens_total[1m]);
-the KV hit rate: cached over logical tokens). Each server owns its registry.
+the KV hit rate: rate of cached over rate of logical tokens). Each server owns its registry.
 """
 
 from __future__ import annotations
@@ -11,14 +11,20 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from quail.engine.runner import ModelRunner
+
 
 class Metrics:
     """The server's counters, gauges and histograms, in a registry of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, runner: ModelRunner) -> None:
         self.registry = CollectorRegistry()
         self.running = Gauge("quail_queries_running", "Queries executing or waiting for the model",
                              registry=self.registry)
+        Gauge("quail_queries_waiting", "Queries waiting for their turn on the device (for one forward pass)",
+              registry=self.registry).set_function(runner.turns.waiting)
+        Gauge("quail_kv_resident_bytes", "Bytes of KV kept between forward passes and still needed",
+              registry=self.registry).set_function(lambda: runner.ledger.resident_bytes)
         self.queries = Counter("quail_queries", "Queries finished, by gRPC status", ["status"],
                                registry=self.registry)
         self.tokens = Counter("quail_tokens", "Model tokens of finished queries: logical (every prompt in "

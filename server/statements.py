@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -16,6 +17,16 @@ from quail.engine.work import QueryWork
 from quail.planner.updates import UpdatePlan
 
 from .flight_messages import CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING, CANCEL_STATUS_NOT_CANCELLABLE
+
+
+@dataclass
+class Running:
+    """A query being executed: its work record (progress, cancel), text, user and start time."""
+
+    work: QueryWork
+    query: str
+    user: str
+    started: float = field(default_factory=time.time)
 
 
 @dataclass
@@ -33,8 +44,8 @@ class Statements:
         self._new_work = new_work
         self._lock = threading.Lock()
         self._prepared: dict[bytes, PreparedStatement] = {}
-        self._pending: OrderedDict[bytes, tuple[PhysicalPlan | UpdatePlan, pa.Schema]] = OrderedDict()
-        self._running: dict[bytes, QueryWork] = {}
+        self._pending: OrderedDict[bytes, tuple[PhysicalPlan | UpdatePlan, pa.Schema, str]] = OrderedDict()
+        self._running: dict[bytes, Running] = {}
         self._cancelled: OrderedDict[bytes, None] = OrderedDict()  # tickets cancelled before they were redeemed
         self._max_pending = max_pending
 
@@ -59,28 +70,40 @@ class Statements:
             if self._prepared.pop(handle, None) is None:
                 raise NotFound("unknown prepared statement handle")
 
-    def add_pending(self, plan: PhysicalPlan | UpdatePlan, schema: pa.Schema) -> bytes:
+    def add_pending(self, plan: PhysicalPlan | UpdatePlan, schema: pa.Schema, query: str) -> bytes:
         """Keep a planned query until its ticket is redeemed; the oldest go first when full."""
         handle = os.urandom(16)
         with self._lock:
-            self._pending[handle] = (plan, schema)
+            self._pending[handle] = (plan, schema, query)
             while len(self._pending) > self._max_pending:
                 self._pending.popitem(last=False)
         return handle
 
-    def start(self, handle: bytes) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema, QueryWork]:
+    def start(self, handle: bytes, user: str) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema, QueryWork]:
         """Redeem a ticket: its plan and schema, and the work record that cancelling it stops."""
         work = self._new_work()
         with self._lock:
             entry = self._pending.pop(handle, None)
             if entry is not None:
-                self._running[handle] = work
+                self._running[handle] = Running(work, entry[2], user)
             cancelled = self._cancelled.pop(handle, False) is None
         if cancelled:
             raise Cancelled("the query was cancelled before it ran")
         if entry is None:
             raise NotFound("unknown or already redeemed ticket")
-        return (*entry, work)
+        return entry[0], entry[1], work
+
+    def begin(self, query: str, user: str) -> tuple[bytes, QueryWork]:
+        """Register a statement run without a ticket (a DoPut update): its handle and work record."""
+        handle, work = os.urandom(16), self._new_work()
+        with self._lock:
+            self._running[handle] = Running(work, query, user)
+        return handle, work
+
+    def running(self) -> dict[bytes, Running]:
+        """The statements being executed, by handle."""
+        with self._lock:
+            return dict(self._running)
 
     def finish(self, handle: bytes) -> None:
         with self._lock:
@@ -94,8 +117,8 @@ class Statements:
                 while len(self._cancelled) > self._max_pending:
                     self._cancelled.popitem(last=False)
                 return CANCEL_STATUS_CANCELLED
-            work = self._running.get(handle)
-        if work is None:
+            running = self._running.get(handle)
+        if running is None:
             return CANCEL_STATUS_NOT_CANCELLABLE
-        work.cancel()
+        running.work.cancel()
         return CANCEL_STATUS_CANCELLING

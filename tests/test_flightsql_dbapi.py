@@ -110,3 +110,9 @@ def test_create_as_insert_select_and_drop_count_rows(client):
 def test_bad_sql_is_invalid_argument_with_its_position(client):
     with pytest.raises(pa.ArrowInvalid, match="(?i)line 1"):
         client.execute("SELECT id FROM notes WHERE")
+
+
+def test_running_queries_name_their_user(client):
+    watch = "SELECT user_name, query, tokens_planned FROM quail_queries"
+    assert rows(client, client.execute(watch)).to_pylist() == [{"user_name": "ann", "query": watch,
+                                                                 "tokens_planned": 0}]

@@ -8,7 +8,7 @@ import pytest
 from quail.engine.ai_ops import Question, build_requests
 from quail.engine.radix import build, collapse, common_prefix, ideal_stats, nodes
 from quail.engine.requests import LabelSet, Request, Segment
-from quail.engine.runner import Fill, pack
+from quail.engine.runner import Fill, ModelRunner, pack
 from quail.engine.work import QueryWork
 
 LABELS = LabelSet(("false", "true"), (0, 1), (0, 1))
@@ -95,6 +95,8 @@ def test_strategies_count_their_work(runtime, shared_requests):
         assert stats.logical_tokens == ideal.logical_tokens
     assert counts["naive"].fresh_tokens == ideal.logical_tokens
     assert counts["quail"].fresh_tokens == ideal.fresh_tokens, "the radix plan computes each prefix once"
+    assert counts["quail"].planned_tokens == counts["quail"].fresh_tokens, "progress ends at what was planned"
+    assert counts["prefix"].planned_tokens == counts["naive"].planned_tokens == ideal.logical_tokens
     assert counts["quail"].attention_pairs == ideal.attention_pairs
     assert ideal.fresh_tokens < counts["prefix"].fresh_tokens < counts["naive"].fresh_tokens
 
@@ -151,6 +153,23 @@ def test_passes_mix_continuations_with_new_roots(runtime):
     fresh = work.stats.fresh_tokens
     assert fresh == ideal_stats(requests).fresh_tokens
     assert work.stats.forward_passes <= -(-fresh // 512) + 2, "passes are filled across levels"
+
+
+def test_the_kv_ledger_counts_kept_kv_until_the_plan_is_done_with_it(runtime, monkeypatch):
+    rng = np.random.default_rng(4)
+    anchors = [rng.integers(1000, 2000, 100) for _ in range(6)]
+    requests = [request(anchor, [7, 8, p, 9]) for anchor in anchors for p in range(10, 22)]
+    seen, forward = [], ModelRunner._forward
+
+    def counting(self, rows, stats):
+        seen.append(self.ledger.resident_bytes)
+        return forward(self, rows, stats)
+
+    monkeypatch.setattr(ModelRunner, "_forward", counting)
+    quail = runtime.variant("quail", token_budget=256)
+    quail.score(requests, QueryWork())
+    assert max(seen) > 0, "anchors' KV was resident while their partners ran"
+    assert quail.runner.ledger is runtime.runner.ledger and runtime.runner.ledger.resident_bytes == 0
 
 
 def test_documents_below_a_shared_preamble_run_depth_first(runtime, monkeypatch):

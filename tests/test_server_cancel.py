@@ -1,5 +1,6 @@
-"""Cancelling queries on a real server process: CancelFlightInfo, the older CancelQuery, and an ADBC
-client ending its call. A cancelled query stops its model work (the next query does not wait for it)."""
+"""Running queries on a real server process: cancelling (CancelFlightInfo, the older CancelQuery, an
+ADBC client ending its call: the model work stops), sharing the model (forward passes take turns),
+watching them (the quail_queries system table), limits, metrics, many clients, shutdown."""
 
 from __future__ import annotations
 
@@ -90,6 +91,55 @@ def test_cancel_flight_info_stops_a_running_query(uri):
     _answers_quickly(uri)
 
 
+def _progress(cur, query: str) -> dict | None:
+    cur.execute("SELECT * FROM quail_queries")
+    return next((row for row in cur.fetch_arrow_table().to_pylist() if row["query"] == query), None)
+
+
+def test_queries_take_turns_and_show_their_progress(uri):
+    """While a long AI query runs, quail_queries shows its progress, and a short AI query sent after it
+    is answered while the long one still runs: their forward passes take turns."""
+    client = flight.FlightClient(uri)
+    info = _info(client, LONG)
+    thread, outcome = _reading(client, info)
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        for _ in range(240):
+            started = _progress(cur, LONG)
+            if started is not None and started["tokens_done"] > 0:
+                break
+            threading.Event().wait(0.25)
+        assert started is not None and started["requests"] == REVIEWS.num_rows * TOPICS.num_rows
+        assert 0 < started["tokens_done"] < started["tokens_planned"] and started["user_name"] == "-"
+        cur.execute(QUICK)
+        assert cur.fetch_arrow_table().num_rows <= TOPICS.num_rows
+        assert thread.is_alive(), "the short query was answered while the long one ran"
+        later = _progress(cur, LONG)
+        assert later["query_id"] == started["query_id"] and later["tokens_done"] > started["tokens_done"]
+        assert later["elapsed_s"] > started["elapsed_s"]
+        watching = _progress(cur, "SELECT * FROM quail_queries")
+        assert watching is not None and watching["tokens_planned"] == 0, "a query sees itself, no model work"
+    assert _cancel_flight_info(client, info) == CANCEL_STATUS_CANCELLING
+    thread.join(60)
+    assert not thread.is_alive() and isinstance(outcome[0], flight.FlightCancelledError)
+
+
+def test_system_tables_are_listed_and_read_only(uri):
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        assert "SYSTEM TABLE" in conn.adbc_get_table_types()
+        listed = conn.adbc_get_objects(table_types_filter=["SYSTEM TABLE"]).read_all().to_pylist()
+        tables = listed[0]["catalog_db_schemas"][0]["db_schema_tables"]
+        assert [(t["table_name"], t["table_type"]) for t in tables] == [("quail_queries", "SYSTEM TABLE")]
+        assert conn.adbc_get_table_schema("quail_queries").names[:3] == ["query_id", "user_name", "query"]
+        for statement in ("DROP TABLE quail_queries", "INSERT INTO quail_queries SELECT * FROM quail_queries",
+                          "CREATE TABLE quail_queries AS SELECT 1 AS x"):
+            with pytest.raises(adbc_driver_manager.Error, match="system table") as info:
+                cur.execute(statement)
+                cur.fetch_arrow_table()
+            assert info.value.vendor_code == 3, "gRPC INVALID_ARGUMENT"
+        with pytest.raises(adbc_driver_manager.Error, match="system table"):
+            cur.adbc_ingest("quail_queries", TOPICS, mode="append")
+
+
 def test_a_query_cancelled_before_its_ticket_is_redeemed_never_runs(uri):
     client = flight.FlightClient(uri)
     info = _info(client, LONG)
@@ -175,6 +225,7 @@ def test_prometheus_metrics(tmp_path):
     assert values['quail_tokens_total{kind="fresh"}'] > 0 and values['quail_tokens_total{kind="logical"}'] > 0
     assert values['quail_errors_total{status="NOT_FOUND"}'] == 1
     assert values["quail_query_sol_fraction_count"] >= 1 and values["quail_queries_running"] == 0
+    assert values["quail_queries_waiting"] == 0 and values["quail_kv_resident_bytes"] == 0, "all freed"
 
 
 def test_sixteen_clients_at_once(uri):

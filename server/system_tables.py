@@ -1,0 +1,62 @@
+"""System tables: live, read-only views of the server's state that any client reads with SQL."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import pyarrow as pa
+
+from quail.engine.catalog import Catalog
+from quail.engine.errors import InvalidArgument
+
+from .statements import Running
+
+QUERIES = "quail_queries"
+QUERIES_SCHEMA = pa.schema([
+    pa.field("query_id", pa.string(), False), pa.field("user_name", pa.string(), False),
+    pa.field("query", pa.string(), False), pa.field("started", pa.timestamp("ms", "UTC"), False),
+    pa.field("elapsed_s", pa.float64(), False), pa.field("requests", pa.int64(), False),
+    pa.field("forward_passes", pa.int64(), False), pa.field("ai_steps_done", pa.int64(), False),
+    pa.field("tokens_done", pa.int64(), False), pa.field("tokens_planned", pa.int64(), False),
+])
+
+
+def queries_table(running: dict[bytes, Running]) -> pa.Table:
+    """One row per statement being executed, its progress in fresh tokens: done of planned so far
+    (planned grows as each AI step hands its requests to the runtime)."""
+    now = time.time()
+    rows = [{"query_id": handle[:8].hex(), "user_name": r.user, "query": r.query, "started": int(r.started * 1000),
+             "elapsed_s": now - r.started, "requests": r.work.stats.requests,
+             "forward_passes": r.work.stats.forward_passes, "ai_steps_done": len(r.work.stages),
+             "tokens_done": r.work.stats.fresh_tokens, "tokens_planned": r.work.stats.planned_tokens}
+            for handle, r in sorted(running.items(), key=lambda item: item[1].started)]
+    return pa.Table.from_pylist(rows, schema=QUERIES_SCHEMA)
+
+
+class WithSystemTables:
+    """A catalog of stored tables plus system tables, each built when a query reads it."""
+
+    def __init__(self, stored: Catalog, system: dict[str, tuple[pa.Schema, Callable[[], pa.Table]]]) -> None:
+        self.stored = stored
+        self.system = system
+
+    def names(self) -> list[str]:
+        return self.stored.names()
+
+    def has(self, name: str) -> bool:
+        return name.lower() in self.system or self.stored.has(name)
+
+    def schema(self, name: str) -> pa.Schema:
+        entry = self.system.get(name.lower())
+        return entry[0] if entry is not None else self.stored.schema(name)
+
+    def table(self, name: str) -> pa.Table:
+        entry = self.system.get(name.lower())
+        return entry[1]() if entry is not None else self.stored.table(name)
+
+    def writable(self, name: str) -> str:
+        """The name, if it is not a system table's (InvalidArgument otherwise)."""
+        if name.lower() in self.system:
+            raise InvalidArgument(f"{name} is a system table: it cannot be written or dropped")
+        return name
