@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 from .ai_ops import Question, classify, yes_probabilities
 from .catalog import Catalog
-from .physical import PROBE_ROWS, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step, describe, filter_rank
+from .physical import CHUNK_ROWS, PROBE_ROWS, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step, describe, filter_rank
 from .relational import run_sql, stream_sql
 from .runtime import Runtime
 from .stats import Stats
@@ -42,11 +42,33 @@ def execute_stream(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None
                    sol: Callable[[Stats], float | None] | None = None,
                    rows_per_batch: int = 65536) -> Iterator[pa.RecordBatch]:
     """The result's batches as they are produced: a plan of one DuckDB statement (no AI work) streams
-    from DuckDB; any other runs its steps, then yields the final relation batch by batch."""
+    from DuckDB; a chunked plan yields each chunk's rows once its model work is done; any other runs
+    its steps, then yields the final relation batch by batch."""
     if not plan.analyze and len(plan.steps) == 1 and isinstance(plan.steps[0], SQLStep):
         yield from stream_sql(plan.steps[0].sql, {name: catalog.table(name) for name in plan.tables}, rows_per_batch)
-        return
-    yield from execute(plan, catalog, runtime, work, sol).to_batches(max_chunksize=rows_per_batch)
+    elif not plan.analyze and plan.chunked:
+        for chunk in _chunks(plan, catalog, runtime, work):
+            yield from chunk.to_batches(max_chunksize=rows_per_batch)
+    else:
+        yield from execute(plan, catalog, runtime, work, sol).to_batches(max_chunksize=rows_per_batch)
+
+
+def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
+            work: QueryWork | None) -> Iterator[pa.Table]:
+    """The result of a chunked plan, chunk by chunk: the leading SQL steps once, then the rest over
+    consecutive slices of their output, each twice the last (up to CHUNK_ROWS[1])."""
+    relations = {name: catalog.table(name) for name in plan.tables}
+    lead = next(i for i, step in enumerate(plan.steps) if not isinstance(step, SQLStep))
+    for step in plan.steps[:lead]:
+        _run_step(step, relations, runtime, work)
+    source = plan.steps[lead - 1].output
+    rows, start, size = relations[source], 0, CHUNK_ROWS[0]
+    while start < rows.num_rows:
+        chunk = {**relations, source: rows.slice(start, size)}
+        for step in plan.steps[lead:]:
+            _run_step(step, chunk, runtime, work)
+        yield chunk[plan.result]
+        start, size = start + size, min(2 * size, CHUNK_ROWS[1])
 
 
 def result_schema(plan: PhysicalPlan, catalog: Catalog) -> pa.Schema:
@@ -148,8 +170,23 @@ def _ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryW
             yes = int(pc.sum(pc.fill_null(answers, False).cast(pa.int64())).as_py() or 0)
             stage.update(rows_out=out.num_rows, selectivity_provided=step.selectivity,
                          selectivity_observed=yes / rows.num_rows)
-        work.stages.append(stage)
+        _record(work, stage)
     return out
+
+
+def _record(work: QueryWork, stage: dict) -> None:
+    """Add an AI operator's stage, or its counts to the stage of the same operator run before (chunks)."""
+    same = next((s for s in work.stages if s["operator"] == stage["operator"] and s["output"] == stage["output"]),
+                None)
+    if same is None:
+        work.stages.append(stage)
+        return
+    same["rows_in"] += stage["rows_in"]
+    if "rows_out" in stage:
+        yes = same["selectivity_observed"] * (same["rows_in"] - stage["rows_in"]) \
+            + stage["selectivity_observed"] * stage["rows_in"]
+        same["rows_out"] += stage["rows_out"]
+        same["selectivity_observed"] = yes / same["rows_in"]
 
 
 def _ai_chain(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:

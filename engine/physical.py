@@ -61,6 +61,7 @@ class AIFilterChain:
 
 
 PROBE_ROWS = 64
+CHUNK_ROWS = (64, 8192)  # a chunked plan's first and largest chunks: the first rows leave after a pass or two
 
 
 def filter_rank(template: str, selectivity: float) -> float:
@@ -120,7 +121,9 @@ class PhysicalPlan:
     `parameters` is how many `?` placeholders the query text had (bound before planning);
     `notes` are the planner's words on its choices (EXPLAIN shows them);
     `analyze`: run the steps, then return what each did instead of their rows
-    (EXPLAIN ANALYZE: one string column, `plan`).
+    (EXPLAIN ANALYZE: one string column, `plan`); `chunked`: the input of the
+    first non-SQL step may run through the remaining steps in consecutive chunks
+    of rows, each chunk's result rows complete (planner/streaming.py).
     """
 
     steps: tuple[Step, ...]
@@ -129,3 +132,4 @@ class PhysicalPlan:
     parameters: int = 0
     notes: tuple[str, ...] = ()
     analyze: bool = False
+    chunked: bool = False

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from sqlglot import exp
 
-from quail.engine.physical import PhysicalPlan, SQLStep, describe
+from quail.engine.physical import CHUNK_ROWS, PhysicalPlan, SQLStep, describe
 
 EXPLAIN = re.compile(r"^\s*EXPLAIN(\s+ANALYZE)?\b", re.IGNORECASE)
 COLUMN = "plan"
@@ -22,7 +22,9 @@ def split_explain(sql: str) -> tuple[str, bool] | None:
 
 def explain_lines(plan: PhysicalPlan) -> list[str]:
     """The planner's notes, then one line per step in execution order."""
-    return [f"note: {note}" for note in plan.notes] + [line for step in plan.steps for line in describe(step)]
+    chunked = [f"note: rows stream in chunks as their model work is done ({CHUNK_ROWS[0]} input rows first, "
+               f"doubling up to {CHUNK_ROWS[1]})"] if plan.chunked else []
+    return [f"note: {note}" for note in plan.notes] + chunked + [line for step in plan.steps for line in describe(step)]
 
 
 def explain_plan(plan: PhysicalPlan, analyze: bool) -> PhysicalPlan:

@@ -46,6 +46,7 @@ from .correlated import decorrelate
 from .dialects import DEFAULT_DIALECT, normalize, parse_statement, position
 from .explain import explain_plan, split_explain
 from .join_order import PLAIN_SELECTIVITY, Edge, Rank, Work, best_order, by_tokens, cost, pareto_orders
+from .streaming import stream_in_chunks
 from .subqueries import Names, Scope, ctes_of, innermost_ai_select, output_columns, reading, sources
 
 RESULT = "__quail_result"
@@ -99,7 +100,7 @@ def plan_query(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | N
         steps += _plan_select(AICorePlanner(tree, scope, names, RESULT, notes, join_order, rank), tree)
     else:
         steps.append(SQLStep(tree.sql("duckdb"), RESULT))
-    return PhysicalPlan(tuple(steps), tables, RESULT, parameters, tuple(notes))
+    return stream_in_chunks(PhysicalPlan(tuple(steps), tables, RESULT, parameters, tuple(notes)))
 
 
 def _plan_select(planner: "AICorePlanner", root: exp.Query) -> list[Step]:

@@ -423,3 +423,27 @@ def test_join_order_rechosen_by_the_cores_observed_rows(session):
         assert sorted(zip(*(c.to_pylist() for c in table.columns))) == want, order
     analyzed = session.sql("EXPLAIN ANALYZE " + sql).collect().column(0).to_pylist()
     assert any(line.startswith("stage join_order -> ") and "cores of [8, 3, 2] rows" in line for line in analyzed)
+
+
+def test_chunked_plans_stream_the_rows_a_whole_run_gives(session, monkeypatch):
+    """Chunks of two rows, then four: the same rows in the same order as one run over all rows, and
+    each AI operator's stage counts every row once."""
+    from quail.engine import executor
+    from quail.engine.work import QueryWork
+
+    monkeypatch.setattr(executor, "CHUNK_ROWS", (2, 4))
+    sql = (f"SELECT id, upper(body) AS loud, AI_CLASSIFY(body, ['food', 'price', 'place']) AS topic FROM reviews "
+           f"WHERE stars < 5 AND AI_FILTER(PROMPT('{FILTER}', body), {OPTS})")
+    query = session.sql(sql)
+    assert query.plan.chunked
+    inputs, ai_step = [], executor._ai_step
+    monkeypatch.setattr(executor, "_ai_step", lambda step, rows, *args: (
+        inputs.append((step.kind, rows.num_rows)), ai_step(step, rows, *args))[1])
+    work = QueryWork()
+    streamed = list(executor.execute_stream(query.plan, session.catalog, session.runtime, work))
+    assert [n for kind, n in inputs if kind == "filter"] == [2, 4], "the filter ran over two chunks"
+    whole = executor.execute(query.plan, session.catalog, session.runtime)
+    assert pa.Table.from_batches(streamed, whole.schema).to_pylist() == whole.to_pylist()
+    stages = {stage["operator"]: stage for stage in work.stages}
+    assert stages["ai_filter"]["rows_in"] == sum(1 for s in REVIEWS["stars"].to_pylist() if s < 5)
+    assert stages["ai_classify"]["rows_in"] == whole.num_rows

@@ -138,3 +138,26 @@ def test_explain_says_when_the_other_anchor_is_cheaper():
     notes = plan_sql(sql.replace("OPTIONS", ""), catalog).notes
     assert any("anchoring {1} would ask" in n and "add {'anchor': 1}" in n for n in notes)
     assert not any("anchoring" in n for n in plan_sql(sql.replace("OPTIONS", ", {'anchor': 1}"), catalog).notes)
+
+
+@pytest.mark.parametrize("sql, chunked", [
+    ("SELECT id, upper(body) AS b FROM reviews WHERE stars > 1 AND AI_FILTER(PROMPT('Is {0} kind?', body))", True),
+    ("SELECT id, AI_CLASSIFY(body, ['good', 'bad']) AS c FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body))",
+     True),
+    ("SELECT id, AI_FILTER(PROMPT('Is {0} kind?', body)) AS kind FROM reviews", True),
+    ("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body)) "
+     "AND AI_FILTER(PROMPT('Is {0} long?', body))", True),
+    ("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body)) ORDER BY id", False),
+    ("SELECT count(*) FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body))", False),
+    ("SELECT DISTINCT stars FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body))", False),
+    ("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body)) LIMIT 1", False),
+    ("SELECT id, row_number() OVER () AS n FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body))", False),
+    ("SELECT a.id FROM reviews a JOIN reviews b ON AI_FILTER(PROMPT('Is {0} like {1}?', a.body, b.body))", False),
+])
+def test_plans_stream_in_chunks_only_when_each_row_stands_alone(store, sql, chunked):
+    """One table's rows through AI steps and a tail that maps rows one to one: chunks; anything that
+    needs all rows at once (order, aggregates, DISTINCT, LIMIT, windows, joins): whole."""
+    plan = plan_sql(sql, store)
+    assert plan.chunked is chunked
+    assert any("stream in chunks" in line for line in plan_sql("EXPLAIN " + sql, store).steps[0].sql.split("\n")) \
+        is chunked

@@ -123,6 +123,22 @@ def test_queries_take_turns_and_show_their_progress(uri):
     assert not thread.is_alive() and isinstance(outcome[0], flight.FlightCancelledError)
 
 
+def test_ai_rows_stream_before_the_query_ends(uri):
+    """An AI projection over 600 rows: the client holds the first chunk's rows while the query still
+    runs (quail_queries lists it), then the rest arrive, in table order."""
+    from quail.engine.physical import CHUNK_ROWS
+
+    query = "SELECT id, AI_FILTER(PROMPT('Is {0} about food?', body)) AS food FROM reviews"
+    client = flight.FlightClient(uri)
+    reader = client.do_get(_info(client, query).endpoints[0].ticket)
+    first = reader.read_chunk().data
+    assert first.num_rows == CHUNK_ROWS[0]
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        assert _progress(cur, query) is not None, "the first rows left before the query finished"
+    rest = reader.read_all()
+    assert first.column("id").to_pylist() + rest.column("id").to_pylist() == list(range(REVIEWS.num_rows))
+
+
 def test_system_tables_are_listed_and_read_only(uri):
     with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
         assert "SYSTEM TABLE" in conn.adbc_get_table_types()
