@@ -105,6 +105,8 @@ def run_engines(query: str, sql: str, sessions: dict[str, quail.Session], usd_pe
     engines: dict[str, Any] = {}
     reference = None
     for engine, session in sessions.items():
+        if session.runtime.runner.cache is not None:
+            session.runtime.runner.cache.clear()  # each figure is one query's: no KV from those before
         started = time.perf_counter()
         rows, report = run_query(session, sql)
         if engine == "quail":

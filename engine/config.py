@@ -65,7 +65,9 @@ class EngineConfig:
     decisions: "model", or "hash" for random weights; tokenizer: an HF tokenizer
     directory (tokenizer.json, chat_template.jinja) for dummy weights (None: the
     embedded model's); sol_device: the device constants the speed of light uses
-    ("cpu", "h100-sxm", "h200"; None: "cpu" on the CPU, else none).
+    ("cpu", "h100-sxm", "h200"; None: "cpu" on the CPU, else none); kv_cache_bytes:
+    the documents' KV kept between AI steps and queries (kv_cache.py; None: a
+    quarter of the GPU's memory, 1 GiB on the CPU; 0: none).
     """
 
     model: str | None = None
@@ -78,6 +80,7 @@ class EngineConfig:
     tokenizer: str | None = None
     sol_device: str | None = None
     compile: bool | None = None
+    kv_cache_bytes: int | None = None
     backend: str | None = None
 
     @property

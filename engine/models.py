@@ -14,6 +14,7 @@ from .errors import InvalidArgument, NotFound
 from .fp8 import to_fp8
 from .gguf_weights import load_gguf, read_vocab
 from .hf_weights import TEMPLATE_FILE, cached_snapshot, chat_template, download, is_model_directory, load_directory
+from .kv_cache import PrefixCache, default_budget
 from .model import Decoder
 from .prompt import ChatFrame
 from .runtime import Runtime
@@ -156,4 +157,8 @@ def load_runtime(config: EngineConfig | None = None) -> Runtime:
 
 
 def _runtime(model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame, config: EngineConfig) -> Runtime:
-    return Runtime(model_id, model, tokenizer, frame, config.strategy, config.token_budget, config.decisions)
+    budget = config.kv_cache_bytes
+    if budget is None:
+        budget = default_budget(next(model.parameters()).device)
+    return Runtime(model_id, model, tokenizer, frame, config.strategy, config.token_budget, config.decisions,
+                   cache=PrefixCache(budget) if budget > 0 else None)

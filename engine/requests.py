@@ -47,6 +47,11 @@ class Request:
     def ids(self) -> np.ndarray:
         return np.concatenate([s.ids for s in self.segments])
 
+    def prefix(self, segments: int) -> tuple[int, bytes]:
+        """Length and content key of the first `segments` segments."""
+        head = self.segments[:segments]
+        return sum(len(s) for s in head), hashlib.blake2b(b"".join(s.key for s in head), digest_size=16).digest()
+
     def tokens(self, start: int, end: int) -> np.ndarray:
         """ids()[start:end] without concatenating the whole prompt."""
         parts, offset = [], 0

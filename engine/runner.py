@@ -11,6 +11,7 @@ import torch
 
 from .attention import Rows, padded_shape, width_class
 from .kv import KV, KVLedger
+from .kv_cache import PrefixCache
 from .model import Decoder
 from .requests import LabelSet
 from .stats import Stats, causal_pairs
@@ -100,22 +101,26 @@ def _kept(rows: list[Row], layout: Rows, keys: list[torch.Tensor], values: list[
 class ModelRunner:
     """Runs forward passes of a decoder over packed rows and the head cut to label tokens.
 
-    Runners over one model share its `turns` and KV `ledger`: each pass takes a turn, so concurrent queries' passes interleave in arrival order. `check`
+    Runners over one model share its `turns`, KV `ledger` and prefix `cache` (kv_cache.py; None:
+    none): each pass takes a turn, so concurrent queries' passes interleave in arrival order. `check`
     raises to stop a query before its next pass (see `for_query`).
     """
 
     def __init__(self, model: Decoder, token_budget: int = 4096, turns: Turns | None = None,
-                 check: Callable[[], None] = go_on, ledger: KVLedger | None = None) -> None:
+                 check: Callable[[], None] = go_on, ledger: KVLedger | None = None,
+                 cache: PrefixCache | None = None) -> None:
         self.model = model
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
         self.turns = turns or Turns()
         self.check = check
         self.ledger = ledger or KVLedger()
+        self.cache = cache
 
     def for_query(self, check: Callable[[], None]) -> "ModelRunner":
-        """This runner for one query: same model, budget, turns and KV ledger; `check` before each pass."""
-        return ModelRunner(self.model, self.token_budget, self.turns, check, self.ledger)
+        """This runner for one query: same model, budget, turns, KV ledger and prefix cache; `check`
+        before each pass."""
+        return ModelRunner(self.model, self.token_budget, self.turns, check, self.ledger, self.cache)
 
     def _inputs(self, rows: list[Row], layout: Rows, resident: list[int]) -> tuple[torch.Tensor, ...]:
         """Packed token ids, their positions (after each row's resident KV), each row's last index."""

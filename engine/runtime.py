@@ -10,6 +10,7 @@ import torch
 from .model import Decoder
 from .prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
 from .requests import LabelSet, Request, Segment
+from .kv_cache import PrefixCache
 from .runner import ModelRunner
 from .work import QueryWork
 from .strategies import STRATEGIES, Strategy
@@ -24,12 +25,13 @@ class Runtime:
     or a Strategy function (a benchmark baseline).
     `decisions` is "model" (answers from the model) or "hash" (random weights:
     answers by content hash, forward passes still run in full).
-    `device_of`: a runner on the same device, whose turns and KV ledger this runtime's runner shares.
+    `device_of`: a runner on the same device, whose turns, KV ledger and prefix cache this runtime's
+    runner shares; else `cache` holds documents' KV between steps and queries (kv_cache.py).
     """
 
     def __init__(self, model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame,
                  strategy: str | Strategy = "quail", token_budget: int = 4096, decisions: str = "model",
-                 device_of: ModelRunner | None = None) -> None:
+                 device_of: ModelRunner | None = None, cache: PrefixCache | None = None) -> None:
         if isinstance(strategy, str) and strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
         if decisions not in ("model", "hash"):
@@ -39,8 +41,8 @@ class Runtime:
         self.config = model.config
         self.tokenizer = tokenizer
         self.layout = PromptLayout(frame)
-        self.runner = ModelRunner(model, token_budget) if device_of is None else \
-            ModelRunner(model, token_budget, device_of.turns, ledger=device_of.ledger)
+        self.runner = ModelRunner(model, token_budget, cache=cache) if device_of is None else \
+            ModelRunner(model, token_budget, device_of.turns, ledger=device_of.ledger, cache=device_of.cache)
         self.strategy = strategy
         self.yes_no = self._yes_no_labels()
 

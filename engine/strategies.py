@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .kv import KV
+from .kv_cache import DOCUMENT_PREFIX, PrefixCache, single_piece
 from .radix import RadixNode, build, collapse, nodes
 from .requests import Request
 from .runner import Fill, ModelRunner, Row, pack
@@ -36,29 +37,72 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
     longest first. The children of a pass's nodes go to the front, grouped by
     parent (each parent's KV one run): depth first, so a parent's KV is
     dropped as soon as its last child ran, and a pass mixes one level's
-    continuations with the next nodes waiting behind them.
+    continuations with the next nodes waiting behind them. With the runner's
+    prefix cache, requests whose document prefix is cached continue from it,
+    and every document prefix computed is stored there (kv_cache.py).
     """
     hidden: list[torch.Tensor | None] = [None] * len(requests)
-    root = collapse(build(requests))
-    stats.planned_tokens += sum(len(node) for node in nodes(root))
+    prefixes = [r.prefix(DOCUMENT_PREFIX) if len(r.segments) > DOCUMENT_PREFIX else None for r in requests]
     frontier: deque[tuple[RadixNode, KV | None]] = deque(
-        (node, None) for node in sorted(root.children, key=len, reverse=True))
+        sorted(_roots(runner.cache, requests, prefixes), key=lambda item: len(item[0]), reverse=True))
+    stats.planned_tokens += sum(len(node) for root, _ in frontier for node in [root, *nodes(root)])
     while frontier:
         fill, items = Fill(runner.token_budget), []
         while frontier and fill.admits(len(frontier[0][0])):
             items.append(frontier.popleft())
             fill.add(len(items[-1][0]))
-        rows = [Row(requests[c.rep].tokens(c.start, c.end), kv, keep_kv=bool(c.children)) for c, kv in items]
+        stored = [_stores(runner.cache, prefixes[node.rep], node) for node, _ in items]
+        rows = [Row(requests[c.rep].tokens(c.start, c.end), kv, keep_kv=bool(c.children) or store)
+                for (c, kv), store in zip(items, stored)]
         last, kept = runner.forward(rows, stats)
         children = []
-        for (node, kv), h, new in zip(items, last, kept):
+        for (node, kv), h, new, store in zip(items, last, kept, stored):
             for i in node.ends:
                 hidden[i] = h
+            run = None if new is None else new if kv is None else kv.then(new)
+            if store:
+                length, key = prefixes[node.rep]
+                runner.cache.put(key, single_piece(run, length))
             if node.children:
-                run = new if kv is None else kv.then(new)
                 children.extend((child, run) for child in sorted(node.children, key=len, reverse=True))
         frontier.extendleft(reversed(children))
     return hidden
+
+
+def _roots(cache: PrefixCache | None, requests: Sequence[Request],
+           prefixes: list[tuple[int, bytes] | None]) -> list[tuple[RadixNode, KV | None]]:
+    """The first nodes to compute, with the KV they continue: one radix tree over the requests whose
+    document prefix is not cached, one per cached prefix over the requests continuing it."""
+    groups: dict[bytes | None, list[int]] = {}
+    hits: dict[bytes, KV] = {}  # fetched once: another query may evict an entry meanwhile
+    for i, prefix in enumerate(prefixes):
+        found = hits.get(prefix[1]) or cache.get(prefix[1]) if prefix is not None and cache is not None else None
+        if found is not None:
+            hits[prefix[1]] = found
+        groups.setdefault(prefix[1] if found is not None else None, []).append(i)
+    out: list[tuple[RadixNode, KV | None]] = []
+    for key, members in groups.items():
+        root = collapse(build([requests[i] for i in members]))
+        for node in nodes(root):
+            node.rep, node.ends = members[node.rep], [members[i] for i in node.ends]
+        if key is None:
+            out.extend((node, None) for node in root.children)
+            continue
+        cached, length = hits[key], prefixes[members[0]][0]
+        todo = list(root.children)  # each continues the cached prefix: all its requests share it
+        while todo:
+            node = todo.pop()
+            node.start = max(node.start, length)
+            if len(node):
+                out.append((node, cached))
+            else:
+                todo.extend(node.children)
+    return out
+
+
+def _stores(cache: PrefixCache | None, prefix: tuple[int, bytes] | None, node: RadixNode) -> bool:
+    """Whether computing this node completes its requests' document prefix (then it is cached)."""
+    return cache is not None and prefix is not None and node.start < prefix[0] <= node.end
 
 
 def independent(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:

@@ -46,7 +46,8 @@ class QueryWork:
                                     f"(the server's --max-requests per query)")
 
     def ideal(self) -> Stats:
-        """Each distinct prefix of all the query's prompts computed once (unlimited KV)."""
+        """Each distinct prefix of all the query's prompts computed once (unlimited KV, nothing resident
+        before the query: KV kept from earlier queries can make the fresh tokens fewer, the regret 0)."""
         return ideal_stats(self.requests)
 
     def report(self, wall_s: float, sol: Callable[[Stats], float | None] | None = None) -> dict[str, Any]:
@@ -54,6 +55,6 @@ class QueryWork:
         stats, ideal = self.stats, self.ideal()
         return {"wall_s": wall_s, "logical_tokens": stats.logical_tokens, "fresh_tokens": stats.fresh_tokens,
                 "cached_tokens": stats.cached_tokens, "padded_tokens": stats.padded_tokens,
-                "physical_tokens": stats.physical_tokens, "kv_regret_tokens": stats.fresh_tokens - ideal.fresh_tokens,
+                "physical_tokens": stats.physical_tokens, "kv_regret_tokens": max(0, stats.fresh_tokens - ideal.fresh_tokens),
                 "requests": stats.requests, "forward_passes": stats.forward_passes, "stages": self.stages,
                 "ideal": ideal.as_dict(), "sol_s": sol(ideal) if sol is not None else None}

@@ -25,6 +25,8 @@ class Metrics:
               registry=self.registry).set_function(runner.turns.waiting)
         Gauge("quail_kv_resident_bytes", "Bytes of KV kept between forward passes and still needed",
               registry=self.registry).set_function(lambda: runner.ledger.resident_bytes)
+        Gauge("quail_kv_cached_bytes", "Bytes of documents' KV kept between AI steps and queries",
+              registry=self.registry).set_function(lambda: runner.cache.resident_bytes if runner.cache else 0)
         self.queries = Counter("quail_queries", "Queries finished, by gRPC status", ["status"],
                                registry=self.registry)
         self.tokens = Counter("quail_tokens", "Model tokens of finished queries: logical (every prompt in "

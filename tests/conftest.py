@@ -17,6 +17,13 @@ def runtime():
     return load_runtime()
 
 
+@pytest.fixture(autouse=True)
+def _no_kv_from_other_tests(request):
+    """Each test starts with an empty prefix cache, so its token counts do not depend on test order."""
+    if "runtime" in request.fixturenames:
+        request.getfixturevalue("runtime").runner.cache.clear()
+
+
 @pytest.fixture(scope="session")
 def hf_model():
     """SmolLM2 as transformers loads it from the same GGUF (its own dequantization), fp32."""

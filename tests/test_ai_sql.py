@@ -447,3 +447,20 @@ def test_chunked_plans_stream_the_rows_a_whole_run_gives(session, monkeypatch):
     stages = {stage["operator"]: stage for stage in work.stages}
     assert stages["ai_filter"]["rows_in"] == sum(1 for s in REVIEWS["stars"].to_pylist() if s < 5)
     assert stages["ai_classify"]["rows_in"] == whole.num_rows
+
+
+def test_a_chain_of_filters_reads_each_document_once(session, monkeypatch):
+    """The second filter continues the documents the first one computed (the prefix cache): without the
+    cache it computes them again; with it, only its question (the few question tokens the two filters
+    share are the regret left)."""
+    first = f"SELECT id FROM reviews WHERE AI_FILTER(PROMPT('{FILTER}', body), {OPTS})"
+    chain = first + " AND AI_FILTER(PROMPT('Does {0} mention the staff or the owner?', body), {'selectivity': 0.9})"
+    cached = session.sql(chain).run()
+    monkeypatch.setattr(session.runtime.runner, "cache", None)
+    uncached = session.sql(chain).run()
+    assert cached.collect() == uncached.collect()
+    alone = session.sql(first).run().report
+    second = cached.report.requests - alone.requests
+    assert second > 0 and cached.report.fresh_tokens < uncached.report.fresh_tokens
+    assert uncached.report.kv_regret_tokens > cached.report.kv_regret_tokens
+    assert cached.report.kv_regret_tokens - alone.kv_regret_tokens <= 4 * second

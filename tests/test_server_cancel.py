@@ -242,6 +242,7 @@ def test_prometheus_metrics(tmp_path):
     assert values['quail_errors_total{status="NOT_FOUND"}'] == 1
     assert values["quail_query_sol_fraction_count"] >= 1 and values["quail_queries_running"] == 0
     assert values["quail_queries_waiting"] == 0 and values["quail_kv_resident_bytes"] == 0, "all freed"
+    assert values["quail_kv_cached_bytes"] > 0, "the documents asked about stay cached for later queries"
 
 
 def test_sixteen_clients_at_once(uri):
