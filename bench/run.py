@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> Path:
     phases = {"data_s": time.perf_counter() - started}
     config = quail.EngineConfig(model=args.model, device=args.device, precision=args.precision,
                                 token_budget=args.token_budget, decisions=args.decisions,
-                                tokenizer=args.tokenizer, sol_device=args.sol_device,
+                                tokenizer=args.tokenizer, sol_device=args.sol_device, kv_cache_bytes=args.kv_cache_bytes,
                                 compile={"auto": None, "on": True, "off": False}[args.compile])
     base = quail.Session(config).runtime
     phases["model_s"] = time.perf_counter() - started - phases["data_s"]
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> Path:
         "decisions": args.decisions, "scale": args.scale, "length_scale": args.length_scale, "seed": args.seed,
         "git_commit": commit, "date": now.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
         "versions": versions(), "usd_per_gpu_hour": args.usd_per_gpu_hour, "token_budget": args.token_budget,
-        "compiled": config.compiled,
+        "compiled": config.compiled, "kv_cache_bytes": base.runner.cache.budget_bytes if base.runner.cache else 0,
         "sol_device": args.sol_device or ("cpu" if args.device == "cpu" else None),
         "table_rows": {name: t.num_rows for name, t in tables.items()},
         "engines_absent": [e for e in args.engines if e not in sessions], "start": phases,
@@ -218,6 +218,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decisions", default="model", choices=["model", "hash"])
     p.add_argument("--token-budget", type=int, default=4096)
     p.add_argument("--sol-device", default=None, choices=sorted(DEVICES))
+    p.add_argument("--kv-cache-bytes", type=int, default=None,
+                   help="documents' KV kept between a query's AI steps (default: a quarter of the GPU, 1 GiB on "
+                        "the CPU; 0: none); cleared before each query")
     p.add_argument("--usd-per-gpu-hour", type=float, default=3.95)
     p.add_argument("--queries", type=lambda s: s.split(","), default=ALL_QUERIES)
     p.add_argument("--engines", type=lambda s: s.split(","), default=["quail", "naive", "prefix", "hf"])
