@@ -11,7 +11,8 @@ import pyarrow.compute as pc
 
 from .ai_ops import Question, classify, yes_probabilities
 from .catalog import Catalog
-from .physical import CHUNK_ROWS, PROBE_ROWS, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step, describe, filter_rank
+from .physical import (CHUNK_ROWS, PROBE_ROWS, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step,
+                       ai_steps, describe, filter_rank)
 from .relational import run_sql, stream_sql
 from .runtime import Runtime
 from .stats import Stats
@@ -31,8 +32,9 @@ def execute(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work:
     the speed-of-light seconds of the ideal work, where the caller knows the device.
     """
     relations = {name: catalog.table(name) for name in plan.tables}
+    work = _hinted(plan, work)
     if plan.analyze:
-        return analyze(plan, relations, runtime, work or QueryWork(), sol)
+        return analyze(plan, relations, runtime, work, sol)
     for step in plan.steps:
         _run_step(step, relations, runtime, work)
     return relations[plan.result]
@@ -58,6 +60,7 @@ def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
     """The result of a chunked plan, chunk by chunk: the leading SQL steps once, then the rest over
     consecutive slices of their output, each twice the last (up to CHUNK_ROWS[1])."""
     relations = {name: catalog.table(name) for name in plan.tables}
+    work = _hinted(plan, work)
     lead = next(i for i, step in enumerate(plan.steps) if not isinstance(step, SQLStep))
     for step in plan.steps[:lead]:
         _run_step(step, relations, runtime, work)
@@ -69,6 +72,13 @@ def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
             _run_step(step, chunk, runtime, work)
         yield chunk[plan.result]
         start, size = start + size, min(2 * size, CHUNK_ROWS[1])
+
+
+def _hinted(plan: PhysicalPlan, work: QueryWork | None) -> QueryWork:
+    """The query's work record, told to keep documents' KV when it asks the model more than once."""
+    work = work if work is not None else QueryWork()
+    work.retain_documents = ai_steps(plan.steps) > 1
+    return work
 
 
 def result_schema(plan: PhysicalPlan, catalog: Catalog) -> pa.Schema:

@@ -1,8 +1,9 @@
 """Documents' KV kept between AI steps and queries: a byte-bounded, least-recently-used prefix cache.
 
 Every prompt begins [preamble][first document] (prompt.py): a filter's document
-and a join's anchor. The quail strategy stores the KV of that prefix here and
-looks it up before computing, so a later filter on the same document, a join
+and a join's anchor. The quail strategy looks that prefix up here before
+computing, and, in a query that asks the model more than once, stores the KV of
+the prefixes it computes; so a later filter on the same document, a join
 anchored on it, or a later query over the same table continues from it instead
 of computing it again. Keys name the prefix's content (its segments' keys).
 """

@@ -114,6 +114,19 @@ def describe(step: Step) -> list[str]:
     return [f"DuckDB -> {step.output}: {step.sql}"]
 
 
+def ai_steps(steps: tuple[Step, ...]) -> int:
+    """How many times the steps ask the model (a filter chain: once per filter; a join choice: its first order)."""
+    count = 0
+    for step in steps:
+        if isinstance(step, AIStep):
+            count += 1
+        elif isinstance(step, AIFilterChain):
+            count += len(step.filters)
+        elif isinstance(step, JoinChoice):
+            count += ai_steps(step.alternatives[0])
+    return count
+
+
 @dataclass(frozen=True)
 class PhysicalPlan:
     """Steps in execution order; `tables` are the stored tables they read, `result` the final relation.

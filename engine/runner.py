@@ -108,7 +108,7 @@ class ModelRunner:
 
     def __init__(self, model: Decoder, token_budget: int = 4096, turns: Turns | None = None,
                  check: Callable[[], None] = go_on, ledger: KVLedger | None = None,
-                 cache: PrefixCache | None = None) -> None:
+                 cache: PrefixCache | None = None, retain: bool = False) -> None:
         self.model = model
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
@@ -116,11 +116,13 @@ class ModelRunner:
         self.check = check
         self.ledger = ledger or KVLedger()
         self.cache = cache
+        self.retain = retain
 
-    def for_query(self, check: Callable[[], None]) -> "ModelRunner":
+    def for_query(self, check: Callable[[], None], retain: bool = False) -> "ModelRunner":
         """This runner for one query: same model, budget, turns, KV ledger and prefix cache; `check`
-        before each pass."""
-        return ModelRunner(self.model, self.token_budget, self.turns, check, self.ledger, self.cache)
+        before each pass; `retain`: store the documents' KV it computes in the cache (the query's later
+        AI steps may read them)."""
+        return ModelRunner(self.model, self.token_budget, self.turns, check, self.ledger, self.cache, retain)
 
     def _inputs(self, rows: list[Row], layout: Rows, resident: list[int]) -> tuple[torch.Tensor, ...]:
         """Packed token ids, their positions (after each row's resident KV), each row's last index."""

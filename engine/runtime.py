@@ -70,7 +70,7 @@ class Runtime:
         work.stats.logical_tokens += sum(len(r) for r in requests)
         work.check()
         strategy = STRATEGIES[self.strategy] if isinstance(self.strategy, str) else self.strategy
-        hidden = strategy(self.runner.for_query(work.check), requests, work.stats)
+        hidden = strategy(self.runner.for_query(work.check, work.retain_documents), requests, work.stats)
         out: list[np.ndarray] = [np.empty(0)] * len(requests)
         by_labels: dict[LabelSet, list[int]] = {}
         for i, request in enumerate(requests):

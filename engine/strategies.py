@@ -39,7 +39,8 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
     dropped as soon as its last child ran, and a pass mixes one level's
     continuations with the next nodes waiting behind them. With the runner's
     prefix cache, requests whose document prefix is cached continue from it,
-    and every document prefix computed is stored there (kv_cache.py).
+    and, where the runner retains them (a query asking the model again later),
+    the document prefixes computed are stored there (kv_cache.py).
     """
     hidden: list[torch.Tensor | None] = [None] * len(requests)
     prefixes = [r.prefix(DOCUMENT_PREFIX) if len(r.segments) > DOCUMENT_PREFIX else None for r in requests]
@@ -51,7 +52,7 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
         while frontier and fill.admits(len(frontier[0][0])):
             items.append(frontier.popleft())
             fill.add(len(items[-1][0]))
-        stored = [_stores(runner.cache, prefixes[node.rep], node) for node, _ in items]
+        stored = [runner.retain and _stores(runner.cache, prefixes[node.rep], node) for node, _ in items]
         rows = [Row(requests[c.rep].tokens(c.start, c.end), kv, keep_kv=bool(c.children) or store)
                 for (c, kv), store in zip(items, stored)]
         last, kept = runner.forward(rows, stats)

@@ -28,6 +28,7 @@ class QueryWork:
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     deadline: float | None = None
     max_requests: int | None = None
+    retain_documents: bool = False  # later AI steps may read the same documents: keep their KV (kv_cache.py)
 
     def cancel(self) -> None:
         self.cancelled.set()

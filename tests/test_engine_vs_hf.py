@@ -76,7 +76,7 @@ def test_documents_cached_by_one_step_serve_the_next_as_hf_computes_it(runtime, 
     steps = [requests[i * len(TEXTS):(i + 1) * len(TEXTS)] for i in range(len(TEMPLATES))]
     ours, fresh = [], []
     for step in steps:
-        work = QueryWork()
+        work = QueryWork(retain_documents=True)  # a query that asks again: keep the documents
         ours += [row[1] for row in quail.score(step, work)]
         fresh.append(work.stats.fresh_tokens)
     assert np.abs(np.exp(ours) - hf_probabilities).max() <= 1e-4

@@ -38,8 +38,11 @@ def test_in_process_remote_and_adbc_agree(sessions, server, dialect, sql):
     ran_here = local.sql(sql, dialect=dialect).run()
     here, there = ran_here.collect(), remote.sql(sql, dialect=dialect).run()
     assert there.collect().to_pylist() == here.to_pylist()
-    tokens = ["requests", "logical_tokens", "fresh_tokens", "cached_tokens", "kv_regret_tokens"]
+    tokens = ["requests", "logical_tokens"]
     assert {k: getattr(there.report, k) for k in tokens} == {k: getattr(ran_here.report, k) for k in tokens}
+    # The server keeps documents' KV across queries (kv_cache.py): it may compute fewer tokens than a fresh runtime.
+    assert there.report.fresh_tokens <= ran_here.report.fresh_tokens
+    assert there.report.kv_regret_tokens <= ran_here.report.kv_regret_tokens
     assert there.report.wall_s > 0 and there.report.sol_s is not None
     with quail.connect(server.uri, dialect=dialect) as conn, conn.cursor() as cursor:
         cursor.execute(sql)

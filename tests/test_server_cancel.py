@@ -232,6 +232,8 @@ def test_prometheus_metrics(tmp_path):
             cur.adbc_ingest("topics", TOPICS, mode="replace")
             cur.execute(QUICK)
             cur.fetch_arrow_table()
+            cur.execute(QUICK.replace(" ORDER BY", " AND AI_FILTER(PROMPT('Is {0} fun?', topic)) ORDER BY"))
+            cur.fetch_arrow_table()  # asks twice: keeps the topics' KV for its second filter and later queries
             with pytest.raises(adbc_driver_manager.Error):
                 cur.execute("SELECT * FROM no_such_table")
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -307,3 +309,29 @@ def test_sigterm_drains_and_an_interrupted_ingest_leaves_a_whole_table(tmp_path)
             cur.execute("SELECT count(*) AS n, max(id) AS top FROM big")
             (row,) = cur.fetch_arrow_table().to_pylist()
     assert (row["n"], row["top"]) in {(10, 9), (big.num_rows, big.num_rows - 1)}
+
+
+def test_an_ingest_cut_off_by_its_client_writes_nothing(uri):
+    """A client process dies in the middle of a replacing ingest: the table keeps its old rows."""
+    import subprocess
+    import sys
+
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.adbc_ingest("kept", TOPICS, mode="replace")
+    script = f"""
+import os, pyarrow as pa, pyarrow.flight as flight
+from quail.server import sql_messages as sql
+client = flight.FlightClient({uri!r})
+command = sql.pack(sql.new("CommandStatementIngest", table="kept", table_definition_options=sql.new(
+    "TableDefinitionOptions", if_not_exist=sql.TABLE_NOT_EXIST_CREATE, if_exists=sql.TABLE_EXISTS_REPLACE)))
+batch = pa.record_batch({{"id": list(range(1000)), "topic": ["x"] * 1000}})
+writer, _ = client.do_put(flight.FlightDescriptor.for_command(command), batch.schema)
+for _ in range(20):
+    writer.write_batch(batch)
+os._exit(1)  # no end of stream
+"""
+    assert subprocess.run([sys.executable, "-c", script], timeout=60).returncode == 1
+    threading.Event().wait(1.0)
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) AS n FROM kept")
+        assert cur.fetch_arrow_table().to_pylist() == [{"n": TOPICS.num_rows}]
