@@ -20,11 +20,13 @@ from .turns import Turns
 
 @dataclass
 class Row:
-    """New tokens to compute after `past` (None: from position 0); keep_kv returns their KV."""
+    """New tokens to compute after `past` (None: from position 0); keep_kv returns their KV, else
+    keep_tokens > 0 the KV of the first keep_tokens of them."""
 
     ids: np.ndarray
     past: KV | None = None
     keep_kv: bool = False
+    keep_tokens: int = 0
 
 
 PAD_FACTOR = 2  # attention pads each row to its bucket's longest: padded area ≤ PAD_FACTOR × budget
@@ -79,22 +81,34 @@ def go_on() -> None:
     """No reason to stop."""
 
 
-def _kept(rows: list[Row], layout: Rows, keys: list[torch.Tensor], values: list[torch.Tensor],
-          ledger: KVLedger) -> list[KV | None]:
-    """The KV of each row that asked to keep it: one gather per layer, each row a view of it."""
-    wanted = [b for b, row in enumerate(rows) if row.keep_kv]
-    index = torch.from_numpy(np.concatenate([np.arange(layout.starts[b], layout.starts[b + 1]) for b in wanted]))
+def _gathered(spans: list[tuple[int, int]], keys: list[torch.Tensor], values: list[torch.Tensor]) -> list[KV]:
+    """KV of each (first packed token, tokens) span: one gather per layer, each span a view of it."""
+    index = torch.from_numpy(np.concatenate([np.arange(first, first + n) for first, n in spans]))
     index = index.to(keys[0].device, non_blocking=True)
     kept_keys = [k.index_select(0, index) for k in keys]
     kept_values = [v.index_select(0, index) for v in values]
-    row_bytes = sum(k.nbytes + v.nbytes for k, v in zip(kept_keys, kept_values)) // len(index)
-    out: list[KV | None] = [None] * len(rows)
-    offset = 0
-    for b in wanted:
-        n = layout.lengths[b]
-        out[b] = KV([k[offset : offset + n] for k in kept_keys], [v[offset : offset + n] for v in kept_values])
-        ledger.keep(out[b], n * row_bytes)
+    out, offset = [], 0
+    for _, n in spans:
+        out.append(KV([k[offset : offset + n] for k in kept_keys], [v[offset : offset + n] for v in kept_values]))
         offset += n
+    return out
+
+
+def _kept(rows: list[Row], layout: Rows, keys: list[torch.Tensor], values: list[torch.Tensor],
+          ledger: KVLedger) -> list[KV | None]:
+    """The KV of each row that asked to keep it (all its tokens, or its first keep_tokens: those in a
+    gather of their own, so a cache holding them holds nothing else of the pass)."""
+    out: list[KV | None] = [None] * len(rows)
+    whole = [b for b, row in enumerate(rows) if row.keep_kv]
+    heads = [b for b, row in enumerate(rows) if not row.keep_kv and row.keep_tokens]
+    if whole:
+        row_bytes = sum(2 * k[0].nbytes for k in keys)
+        for b, kv in zip(whole, _gathered([(layout.starts[b], layout.lengths[b]) for b in whole], keys, values)):
+            out[b] = kv
+            ledger.keep(kv, layout.lengths[b] * row_bytes)
+    if heads:
+        for b, kv in zip(heads, _gathered([(layout.starts[b], rows[b].keep_tokens) for b in heads], keys, values)):
+            out[b] = kv
     return out
 
 
@@ -147,7 +161,7 @@ class ModelRunner:
         resident = [len(r.past) if r.past is not None else 0 for r in rows]
         layout = Rows.build(lengths, [r.past for r in rows], self.device)
         ids, positions, last = self._inputs(rows, layout, resident)
-        keep = any(r.keep_kv for r in rows)
+        keep = any(r.keep_kv or r.keep_tokens for r in rows)
         hidden, keys, values = self.model(ids, positions, layout, last, keep)
         kept = _kept(rows, layout, keys, values, self.ledger) if keep else [None] * len(rows)
         stats.forward_passes += 1

@@ -53,17 +53,17 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
             items.append(frontier.popleft())
             fill.add(len(items[-1][0]))
         stored = [runner.retain and _stores(runner.cache, prefixes[node.rep], node) for node, _ in items]
-        rows = [Row(requests[c.rep].tokens(c.start, c.end), kv, keep_kv=bool(c.children) or store)
+        rows = [_row(requests[c.rep], c, kv, prefixes[c.rep][0] if store else 0)
                 for (c, kv), store in zip(items, stored)]
         last, kept = runner.forward(rows, stats)
         children = []
-        for (node, kv), h, new, store in zip(items, last, kept, stored):
+        for (node, kv), row, h, new, store in zip(items, rows, last, kept, stored):
             for i in node.ends:
                 hidden[i] = h
             run = None if new is None else new if kv is None else kv.then(new)
             if store:
                 length, key = prefixes[node.rep]
-                runner.cache.put(key, single_piece(run, length))
+                runner.cache.put(key, new if row.keep_tokens else single_piece(run, length))
             if node.children:
                 children.extend((child, run) for child in sorted(node.children, key=len, reverse=True))
         frontier.extendleft(reversed(children))
@@ -99,6 +99,14 @@ def _roots(cache: PrefixCache | None, requests: Sequence[Request],
             else:
                 todo.extend(node.children)
     return out
+
+
+def _row(request: Request, node: RadixNode, past: KV | None, stored: int) -> Row:
+    """The node's tokens after `past`; its KV kept for its children, or (a leaf from position 0 whose
+    first `stored` tokens are a document prefix to cache) just that prefix's KV, gathered on its own."""
+    keep_tokens = stored if stored and past is None and not node.children else 0
+    keep_kv = bool(node.children) or bool(stored and not keep_tokens)
+    return Row(request.tokens(node.start, node.end), past, keep_kv, keep_tokens)
 
 
 def _stores(cache: PrefixCache | None, prefix: tuple[int, bytes] | None, node: RadixNode) -> bool:
