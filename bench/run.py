@@ -219,8 +219,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--token-budget", type=int, default=4096)
     p.add_argument("--sol-device", default=None, choices=sorted(DEVICES))
     p.add_argument("--kv-cache-bytes", type=int, default=None,
-                   help="documents' KV kept between a query's AI steps (default: a quarter of the GPU, 1 GiB on "
-                        "the CPU; 0: none); cleared before each query")
+                   help="documents' KV kept between a query's AI steps (default: 1 GiB on the CPU, none on a "
+                        "GPU; 0: none); cleared before each query")
     p.add_argument("--usd-per-gpu-hour", type=float, default=3.95)
     p.add_argument("--queries", type=lambda s: s.split(","), default=ALL_QUERIES)
     p.add_argument("--engines", type=lambda s: s.split(","), default=["quail", "naive", "prefix", "hf"])

@@ -66,8 +66,8 @@ class EngineConfig:
     directory (tokenizer.json, chat_template.jinja) for dummy weights (None: the
     embedded model's); sol_device: the device constants the speed of light uses
     ("cpu", "h100-sxm", "h200"; None: "cpu" on the CPU, else none); kv_cache_bytes:
-    the documents' KV kept between AI steps and queries (kv_cache.py; None: a
-    quarter of the GPU's memory, 1 GiB on the CPU; 0: none).
+    the documents' KV kept between AI steps and queries (kv_cache.py; None:
+    1 GiB on the CPU, none on a GPU; 0: none).
     """
 
     model: str | None = None
