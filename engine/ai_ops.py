@@ -97,13 +97,15 @@ def _ask(runtime: Runtime, question: Question, args: Sequence[Sequence[str | Non
 
 
 def yes_probabilities(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
-                      work: QueryWork | None = None, selectivity: float = 0.2, decide: bool = True) -> np.ndarray:
+                      work: QueryWork | None = None, selectivity: float = 0.2, decide: bool = True,
+                      forget_rejected: bool = False) -> np.ndarray:
     """P(yes) per row; args holds one column (list of texts) per PROMPT argument.
 
     A row with a NULL argument gets NaN: SQL's unknown. When the runtime decides
     by hash (random weights), the forward pass still runs in full; a decision
     (`decide`) is then yes for a `selectivity` fraction of prompts, and a score
-    the prompt's uniform content hash.
+    the prompt's uniform content hash. `forget_rejected`: a filter's rejected
+    rows leave the query, so their documents leave the prefix cache.
     """
     present, requests, answers = _ask(runtime, question, args, work)
     probs = np.full(len(args[0]) if args else 0, np.nan)
@@ -113,6 +115,8 @@ def yes_probabilities(runtime: Runtime, question: Question, args: Sequence[Seque
             probs[i] = float(u < selectivity) if decide else u
         else:
             probs[i] = float(np.exp(logp[1]))
+    if forget_rejected:
+        runtime.forget([request for i, request in zip(present, requests) if not probs[i] > 0.5])
     return probs
 
 

@@ -11,8 +11,8 @@ import pyarrow.compute as pc
 
 from .ai_ops import Question, classify, yes_probabilities
 from .catalog import Catalog
-from .physical import (CHUNK_ROWS, PROBE_ROWS, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step,
-                       ai_steps, describe, filter_rank)
+from .physical import (CHARS_PER_TOKEN, CHUNK_ROWS, PROBE_ROWS, AIFilterChain, AIStep, JoinChoice, PhysicalPlan,
+                       SQLStep, Step, ai_steps, describe, filter_rank)
 from .relational import run_sql, stream_sql
 from .runtime import Runtime
 from .stats import Stats
@@ -155,7 +155,8 @@ def _answers(step: AIStep, rows: pa.Table, runtime: Runtime, work: QueryWork | N
     args = [rows.column(c).to_pylist() for c in step.arg_columns]
     if step.kind == "classify":
         return pa.array(classify(runtime, question, args, work), pa.string())
-    probs = yes_probabilities(runtime, question, args, work, step.selectivity, decide=step.kind != "score")
+    probs = yes_probabilities(runtime, question, args, work, step.selectivity, decide=step.kind != "score",
+                              forget_rejected=step.kind == "filter" and work is not None and work.retain_documents)
     if step.kind == "score":
         return pa.array(probs, pa.float64(), from_pandas=True)
     return pa.array(np.where(np.isnan(probs), None, probs > 0.5).tolist(), pa.bool_())
@@ -223,7 +224,8 @@ def _ai_chain(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, wor
 
 def _reranked(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
     """The first PROBE_ROWS rows through the filters in plan order; the rest in the order their observed
-    selectivities rank best. A row passes when every filter keeps it, in either order."""
+    selectivities rank best, in parts whose documents the prefix cache holds at once (so every later
+    filter continues them). A row passes when every filter keeps it, in either order."""
     sample, observed = rows.slice(0, PROBE_ROWS), []
     for step in chain.filters:
         asked = sample.num_rows
@@ -234,7 +236,20 @@ def _reranked(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, wor
         work.stages.append({"operator": "ai_filter_rerank", "output": chain.output,
                             "order": [chain.filters[i].template for i in order],
                             "selectivity_observed": [round(observed[i], 4) for i in order]})
-    rest = rows.slice(PROBE_ROWS)
-    for i in order:
-        rest = _ai_step(chain.filters[i], rest, runtime, work)
-    return pa.concat_tables([sample, rest])
+    rest, kept = rows.slice(PROBE_ROWS), [sample]
+    size = (_cached_rows(chain.filters[order[0]], rest, runtime) if len(order) > 1 else None) or max(rest.num_rows, 1)
+    for start in range(0, rest.num_rows, size):  # each part's documents stay cached through every filter
+        part = rest.slice(start, size)
+        for i in order:
+            part = _ai_step(chain.filters[i], part, runtime, work)
+        kept.append(part)
+    return pa.concat_tables(kept)
+
+
+def _cached_rows(step: AIStep, rows: pa.Table, runtime: Runtime | None) -> int | None:
+    """Rows whose documents the prefix cache holds at once (None: no cache), their length estimated from
+    the first document's characters."""
+    if runtime is None or not rows.num_rows:
+        return None
+    chars = pc.mean(pc.utf8_length(rows.column(step.arg_columns[step.anchor]).cast(pa.string()))).as_py()
+    return runtime.rows_cached((chars or 0) / CHARS_PER_TOKEN)

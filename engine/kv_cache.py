@@ -65,6 +65,12 @@ class PrefixCache:
             self._entries[key] = (kv, size)
             self.resident_bytes += size
 
+    def drop(self, key: bytes) -> None:
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            if entry is not None:
+                self.resident_bytes -= entry[1]
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

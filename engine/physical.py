@@ -61,6 +61,7 @@ class AIFilterChain:
 
 
 PROBE_ROWS = 64
+CHARS_PER_TOKEN = 4.0  # for estimates only: English text in a BPE vocabulary
 CHUNK_ROWS = (64, 8192)  # a chunked plan's first and largest chunks: the first rows leave after a pass or two
 
 

@@ -10,7 +10,7 @@ import torch
 from .model import Decoder
 from .prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
 from .requests import LabelSet, Request, Segment
-from .kv_cache import PrefixCache
+from .kv_cache import DOCUMENT_PREFIX, PrefixCache
 from .runner import ModelRunner
 from .work import QueryWork
 from .strategies import STRATEGIES, Strategy
@@ -45,6 +45,7 @@ class Runtime:
             ModelRunner(model, token_budget, device_of.turns, ledger=device_of.ledger, cache=device_of.cache)
         self.strategy = strategy
         self.yes_no = self._yes_no_labels()
+        self._preamble_tokens: int | None = None
 
     def variant(self, strategy: str | Strategy, token_budget: int | None = None) -> "Runtime":
         """Another runtime over the same weights and tokenizer (and the device's turns and KV ledger),
@@ -80,6 +81,31 @@ class Runtime:
             for i, row in zip(members, self.runner.answer_logprobs(stacked, labels)):
                 out[i] = row
         return out
+
+    def forget(self, requests: Sequence[Request]) -> None:
+        """Drop the requests' document prefixes from the prefix cache: the plan will not ask about them again."""
+        if self.runner.cache is not None:
+            for request in requests:
+                if len(request.segments) > DOCUMENT_PREFIX:
+                    self.runner.cache.drop(request.prefix(DOCUMENT_PREFIX)[1])
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of one token's keys and values over all layers."""
+        config = self.config
+        return 2 * config.num_layers * config.num_kv_heads * config.head_dim \
+            * self.runner.model.embed_tokens.weight.element_size()
+
+    def rows_cached(self, tokens_per_document: float) -> int | None:
+        """How many rows' document prefixes (the preamble and a document of this many tokens) the prefix
+        cache holds at once (None: no cache)."""
+        cache = self.runner.cache
+        if cache is None:
+            return None
+        if self._preamble_tokens is None:
+            self._preamble_tokens = len(self.tokenizer.encode(self.layout.preamble()))
+        per_row = self.kv_bytes_per_token * (self._preamble_tokens + tokens_per_document)
+        return max(1, int(cache.budget_bytes // per_row))
 
     def letters(self, count: int, names: tuple[str, ...]) -> LabelSet:
         """Answers A, B, ... (one per category name), each spelled by its single-token letter."""

@@ -38,7 +38,8 @@ from sqlglot import exp
 
 from quail.engine.catalog import Catalog
 from quail.engine.errors import InvalidArgument
-from quail.engine.physical import AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step, filter_rank
+from quail.engine.physical import (CHARS_PER_TOKEN, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step,
+                                   filter_rank)
 
 from .ai_functions import AICall, ai_calls, ai_name, ancestors, bind, contains_ai
 from .binder import bind_parameters, bind_tables
@@ -50,7 +51,6 @@ from .streaming import stream_in_chunks
 from .subqueries import Names, Scope, ctes_of, innermost_ai_select, output_columns, reading, sources
 
 RESULT = "__quail_result"
-CHARS_PER_TOKEN = 4.0  # for estimates only: English text in a BPE vocabulary
 FRAME_TOKENS = 30  # preamble, document labels, answer cue
 SHORT_TOKENS = 8  # an argument that is not a column of a stored table
 UNKNOWN_ROWS = 1000  # a relation materialized earlier in the same query

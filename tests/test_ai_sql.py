@@ -464,3 +464,33 @@ def test_a_chain_of_filters_reads_each_document_once(session, monkeypatch):
     assert second > 0 and cached.report.fresh_tokens < uncached.report.fresh_tokens
     assert uncached.report.kv_regret_tokens > cached.report.kv_regret_tokens
     assert cached.report.kv_regret_tokens - alone.kv_regret_tokens <= 4 * second
+
+
+def test_a_chain_keeps_only_the_documents_still_in_play(session, monkeypatch):
+    """With room in the cache for two documents, the chain runs in parts of two rows after its probe,
+    every later filter continues its part's documents, and the documents a filter rejected leave the
+    cache: what stays is the rows that passed."""
+    from quail.engine import executor
+
+    cache = session.runtime.runner.cache
+    cache.clear()
+    asked = build_requests(session.runtime, Question(FILTER), [[b] for b in REVIEWS["body"].to_pylist() if b])
+    longest = max(r.prefix(2)[0] for r in asked)
+    monkeypatch.setattr(cache, "budget_bytes", session.runtime.kv_bytes_per_token * (2 * longest + 1))
+    monkeypatch.setattr(executor, "PROBE_ROWS", 2)
+    parts, ai_step = [], executor._ai_step
+    monkeypatch.setattr(executor, "_ai_step", lambda step, rows, *args: (
+        parts.append(rows.num_rows), ai_step(step, rows, *args))[1])
+    chain = (f"SELECT id, body FROM reviews WHERE AI_FILTER(PROMPT('{FILTER}', body), {{'selectivity': 0.8}}) "
+             f"AND AI_FILTER(PROMPT('Does {{0}} mention the staff or the owner?', body), {{'selectivity': 0.8}})")
+    result = session.sql(chain).run()
+    kept = result.collect()
+    assert max(parts[2:]) <= 3 < REVIEWS.num_rows - 3, "after the probe, parts of the rows the cache holds"
+    passed = set(kept.column("body").to_pylist())
+    rejected = [r for r, b in zip(asked, [b for b in REVIEWS["body"].to_pylist() if b]) if b not in passed]
+    assert rejected and all(cache.get(r.prefix(2)[1]) is None for r in rejected), "rejected documents left"
+    assert len(cache) == min(kept.num_rows, 2), "the cache is full of documents that passed"
+    monkeypatch.setattr(session.runtime.runner, "cache", None)
+    uncached = session.sql(chain).run()
+    assert uncached.collect() == kept
+    assert result.report.fresh_tokens < uncached.report.fresh_tokens
