@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import threading
 import time
 from typing import Any, Callable, Iterable, Iterator
 
@@ -205,7 +206,7 @@ class FlightSQLHandler:
         name, cmd = self._command(descriptor.cmd, "DoPut")
         table = pa.Table.from_batches(batches, schema)
         if name == "CommandStatementIngest":
-            rows = self._ingest(cmd, table)
+            rows = self._ingest(cmd, table, context)
             return [sql.new("DoPutUpdateResult", record_count=rows).SerializeToString()]
         if name == "CommandPreparedStatementQuery":
             handle = cmd.prepared_statement_handle
@@ -224,7 +225,8 @@ class FlightSQLHandler:
             return [sql.new("DoPutUpdateResult", record_count=rows).SerializeToString()]
         raise Unimplemented(f"DoPut: unsupported command {name}")
 
-    def _ingest(self, cmd: Message, table: pa.Table) -> int:
+    def _ingest(self, cmd: Message, table: pa.Table, context) -> int:
+        """Write an ingested stream: one atomic commit, and none for a stream cut off (_whole)."""
         if cmd.temporary:
             raise InvalidArgument("temporary tables are not supported")
         if not table.schema.names:
@@ -233,7 +235,9 @@ class FlightSQLHandler:
         if catalog not in (None, "", CATALOG_NAME) or schema not in (None, "", SCHEMA_NAME):
             raise NotFound(f"schema {catalog or CATALOG_NAME}.{schema or SCHEMA_NAME} does not exist")
         options = cmd.table_definition_options
-        rows = self.store.write(self.catalog.writable(cmd.table), table, if_exists=_IF_EXISTS.get(options.if_exists, "fail"),
+        _whole(context)
+        rows = self.store.write(self.catalog.writable(cmd.table), table,
+                                if_exists=_IF_EXISTS.get(options.if_exists, "fail"),
                                 if_missing=_IF_MISSING.get(options.if_not_exist, "fail"))
         log.info("ingest: %d rows into %s", rows, cmd.table)
         return rows
@@ -288,6 +292,17 @@ class FlightSQLHandler:
 
     def list_actions(self) -> list[tuple[str, str]]:
         return list(_ACTIONS)
+
+
+CUT_OFF_WAIT_S = 0.25  # gRPC ends a cut-off stream's messages a moment before it marks the call cancelled
+
+
+def _whole(context) -> None:
+    """Raise Cancelled unless the client ended its DoPut stream itself: a stream cut off (the client
+    died, or the server is stopping) ends like a finished one, and only its cancellation tells them apart."""
+    ended = threading.Event()
+    if not context.add_callback(ended.set) or ended.wait(CUT_OFF_WAIT_S):
+        raise Cancelled("the DoPut stream ended before the client finished it: nothing was written")
 
 
 def _optional(message: Message, field: str) -> Any:

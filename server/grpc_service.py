@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Iterator, Protocol
 import grpc
 import pyarrow as pa
 
-from quail.engine.errors import Cancelled, InvalidArgument, QuailError, Unimplemented
+from quail.engine.errors import InvalidArgument, QuailError, Unimplemented
 
 from .auth import Authenticator
 from .flight_messages import FLIGHT, SERVICE
@@ -162,8 +162,6 @@ class FlightService:
         stream = [first, *messages] if self.handler.reads_data(first.flight_descriptor) else [first]
         try:
             schema, batches, _ = decode(stream)
-            if not context.is_active():  # the stream was cut off (the client went, or the server is stopping)
-                raise Cancelled("the DoPut stream ended before the client finished it: nothing was written")
         except (ValueError, pa.ArrowException) as err:
             raise InvalidArgument(f"DoPut data is not a valid Arrow IPC stream: {err}") from None
         for metadata in self.handler.do_put(first.flight_descriptor, schema, batches, context):
