@@ -16,8 +16,14 @@ from collections import OrderedDict
 import torch
 
 from .kv import KV
+from .requests import Request
 
 DOCUMENT_PREFIX = 2  # segments kept: the preamble and the first document (or join anchor)
+
+
+def document_prefix(request: Request) -> tuple[int, bytes] | None:
+    """Length and content key of a request's [preamble][first document] (None: nothing follows them)."""
+    return request.prefix(DOCUMENT_PREFIX) if len(request.segments) > DOCUMENT_PREFIX else None
 
 
 def single_piece(run: KV, length: int) -> KV:

@@ -10,7 +10,7 @@ import torch
 from .model import Decoder
 from .prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
 from .requests import LabelSet, Request, Segment
-from .kv_cache import DOCUMENT_PREFIX, PrefixCache
+from .kv_cache import PrefixCache, document_prefix
 from .runner import ModelRunner
 from .work import QueryWork
 from .strategies import STRATEGIES, Strategy
@@ -86,8 +86,9 @@ class Runtime:
         """Drop the requests' document prefixes from the prefix cache: the plan will not ask about them again."""
         if self.runner.cache is not None:
             for request in requests:
-                if len(request.segments) > DOCUMENT_PREFIX:
-                    self.runner.cache.drop(request.prefix(DOCUMENT_PREFIX)[1])
+                prefix = document_prefix(request)
+                if prefix is not None:
+                    self.runner.cache.drop(prefix[1])
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .kv import KV
-from .kv_cache import DOCUMENT_PREFIX, PrefixCache, single_piece
+from .kv_cache import PrefixCache, document_prefix, single_piece
 from .radix import RadixNode, build, collapse, nodes
 from .requests import Request
 from .runner import Fill, ModelRunner, Row, pack
@@ -43,7 +43,7 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
     the document prefixes computed are stored there (kv_cache.py).
     """
     hidden: list[torch.Tensor | None] = [None] * len(requests)
-    prefixes = [r.prefix(DOCUMENT_PREFIX) if len(r.segments) > DOCUMENT_PREFIX else None for r in requests]
+    prefixes = [document_prefix(r) if runner.cache is not None else None for r in requests]
     frontier: deque[tuple[RadixNode, KV | None]] = deque(
         sorted(_roots(runner.cache, requests, prefixes), key=lambda item: len(item[0]), reverse=True))
     stats.planned_tokens += sum(len(node) for root, _ in frontier for node in [root, *nodes(root)])
@@ -74,10 +74,12 @@ def _roots(cache: PrefixCache | None, requests: Sequence[Request],
            prefixes: list[tuple[int, bytes] | None]) -> list[tuple[RadixNode, KV | None]]:
     """The first nodes to compute, with the KV they continue: one radix tree over the requests whose
     document prefix is not cached, one per cached prefix over the requests continuing it."""
+    if cache is None:
+        return [(node, None) for node in collapse(build(requests)).children]
     groups: dict[bytes | None, list[int]] = {}
     hits: dict[bytes, KV] = {}  # fetched once: another query may evict an entry meanwhile
     for i, prefix in enumerate(prefixes):
-        found = hits.get(prefix[1]) or cache.get(prefix[1]) if prefix is not None and cache is not None else None
+        found = hits.get(prefix[1]) or cache.get(prefix[1]) if prefix is not None else None
         if found is not None:
             hits[prefix[1]] = found
         groups.setdefault(prefix[1] if found is not None else None, []).append(i)

@@ -184,9 +184,9 @@ class FlightSQLHandler:
         if name == "CommandGetDbSchemas":
             return metadata.db_schemas(_optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern"))
         if name == "CommandGetTables":
-            return metadata.tables(self.store, {QUERIES: QUERIES_SCHEMA}, _optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern"),
-                                   _optional(cmd, "table_name_filter_pattern"), list(cmd.table_types),
-                                   cmd.include_schema)
+            return metadata.tables(self.store, self.catalog.system_schemas(), _optional(cmd, "catalog"),
+                                   _optional(cmd, "db_schema_filter_pattern"), _optional(cmd, "table_name_filter_pattern"),
+                                   list(cmd.table_types), cmd.include_schema)
         if name == "CommandGetTableTypes":
             return metadata.table_types()
         if name == "CommandGetSqlInfo":

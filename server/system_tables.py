@@ -55,6 +55,9 @@ class WithSystemTables:
         entry = self.system.get(name.lower())
         return entry[1]() if entry is not None else self.stored.table(name)
 
+    def system_schemas(self) -> dict[str, pa.Schema]:
+        return {name: schema for name, (schema, _) in self.system.items()}
+
     def writable(self, name: str) -> str:
         """The name, if it is not a system table's (InvalidArgument otherwise)."""
         if name.lower() in self.system:
