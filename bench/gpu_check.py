@@ -5,7 +5,8 @@
 Reference: the plain path (every prompt in full), fp32, eager, the attention in
 plain torch. Against it, for dummy weights of a named shape: fp32 through the
 shared-prefix and block-prefix paths (must match to float round-off); bf16 eager
-and compiled, and fp8 compiled, through all three paths. Per path: relative
+and compiled, and fp8 compiled, through all three paths (compiled bf16 and fp8
+also with own-token attention by flash varlen). Per path: relative
 error of the final hidden state, absolute error of the yes/no log-probabilities
 and of P(yes), and how many decisions agree. The kernels on their own: cuDNN
 attention with its log-sum-exp and the LSE merge against the fp32 reference, and
@@ -32,7 +33,8 @@ from quail.engine.stats import Stats
 
 from .datagen import Workload, generate
 
-VARIANTS = [("fp32", False), ("bf16", False), ("bf16", True), ("fp8", True)]
+VARIANTS = [("fp32", False, "buckets"), ("bf16", False, "buckets"), ("bf16", True, "buckets"),
+            ("bf16", True, "varlen"), ("fp8", True, "buckets"), ("fp8", True, "varlen")]
 PATHS = {"naive": "plain", "quail": "shared-prefix", "prefix": "block-prefix"}
 
 
@@ -74,10 +76,11 @@ def kernels(device: str) -> dict:
     v = torch.randn(t, hkv, d, device=device, dtype=torch.bfloat16)
     as_fp32 = {id(r): KV([r.keys[0].float()], [r.values[0].float()]) for r in runs}
     for name, chosen in [("one-run", [runs[0], runs[0], None, None, None]), ("several-runs", pasts)]:
-        got = attention(q, k, v, Rows.build(lengths, chosen, torch.device(device)), 0)
         want = attention(q.float(), k.float(), v.float(),
                          Rows.build(lengths, [None if p is None else as_fp32[id(p)] for p in chosen], torch.device(device)), 0)
-        out[f"shared-prefix-attention-{name}"] = {"out_rel_err": _rel(got, want)}
+        for layout, padded in [("", True), ("-varlen", False)]:
+            got = attention(q, k, v, Rows.build(lengths, chosen, torch.device(device), padded), 0)
+            out[f"shared-prefix-attention-{name}{layout}"] = {"out_rel_err": _rel(got, want)}
     return out
 
 
@@ -105,9 +108,11 @@ def check(model: str, device: str, tokenizer: str | None) -> dict:
     result: dict = {"model": model, "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else device,
                     "kernels": kernels(device) if device.startswith("cuda") else {}, "paths": {}}
     reference = None
-    for precision, compiled in VARIANTS:
+    for precision, compiled, attention_kind in VARIANTS:
+        if attention_kind == "varlen" and not device.startswith("cuda"):
+            continue
         config = quail.EngineConfig(model=model, device=device, precision=precision, tokenizer=tokenizer,
-                                    compile=compiled)
+                                    compile=compiled, attention=attention_kind)
         runtime = load_runtime(config)
         if reference is None:
             requests = _requests(runtime)
@@ -120,7 +125,8 @@ def check(model: str, device: str, tokenizer: str | None) -> dict:
             hidden, logp = _run(runtime, requests, strategy)
             rel = ((hidden - ref_hidden).norm(dim=-1) / ref_hidden.norm(dim=-1)).cpu().numpy()
             p, ref_p = np.exp(logp[:, 1]), np.exp(ref_logp[:, 1])
-            result["paths"][f"{precision}{'-compiled' if compiled else ''}-{path}"] = {
+            variant = f"{precision}{'-compiled' if compiled else ''}{'-varlen' if attention_kind == 'varlen' else ''}"
+            result["paths"][f"{variant}-{path}"] = {
                 "hidden_rel_err_max": float(rel.max()), "hidden_rel_err_mean": float(rel.mean()),
                 "logprob_abs_err_max": float(np.abs(logp - ref_logp).max()),
                 "p_yes_abs_err_max": float(np.abs(p - ref_p).max()),

@@ -4,7 +4,10 @@ Kernels, as measured on the H200 (bench/results/2026-11-29-h200-attention-probe.
 64 rows of 200-400 tokens, 32/8 heads, d=128, bf16):
 - own tokens: cuDNN over right-padded rows 0.36 ms, flash varlen (no padding)
   0.58 ms, flash padded 0.91 ms. cuDNN pays for its padding, so rows are padded
-  for attention only (the linear layers never see padding).
+  for attention only (the linear layers never see padding). But cuDNN builds
+  a plan per new shape (43-61 ms the first call), so a query's first passes pay
+  for every new bucket shape; `padded=False` runs own tokens as one flash
+  varlen call instead (no padding, no plans).
 - resident KV (5,000 query tokens over a 2,500-token anchor, non-causal): cuDNN
   0.36 ms (575 TFLOP/s), flash 0.61 ms. One call per resident run serves every
   row that continues it; the run is never copied per row.
@@ -52,6 +55,27 @@ def padded_shape(rows: int, width: int) -> tuple[int, int]:
     return _step_up(rows, 1), _step_up(width, 16)
 
 
+def _on(device: torch.device, array: np.ndarray) -> torch.Tensor:
+    """A host array on the device without waiting for the work queued there (pinned, non-blocking)."""
+    host = torch.from_numpy(array)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+
+def _buckets(lengths: list[int], starts: np.ndarray, device: torch.device) -> tuple[list[tuple[int, int, int]], torch.Tensor]:
+    """Each padding bucket's (offset, rows, width) in one flat buffer, and each packed token's place there."""
+    members: dict[int, list[int]] = {}
+    for b, n in enumerate(lengths):
+        members.setdefault(width_class(n), []).append(b)
+    buckets, base, offset = [], np.zeros(len(lengths), dtype=np.int64), 0
+    for _, rows in sorted(members.items()):
+        count, width = padded_shape(len(rows), max(lengths[b] for b in rows))
+        base[rows] = offset + width * np.arange(len(rows))
+        buckets.append((offset, count, width))
+        offset += count * width
+    within = np.arange(starts[-1]) - np.repeat(starts[:-1], lengths)
+    return buckets, _on(device, np.repeat(base, lengths) + within)
+
+
 @dataclass
 class Rows:
     """Where each row's new tokens sit in the packed batch, and which resident KV they continue.
@@ -64,31 +88,25 @@ class Rows:
     consecutive rows that continue one resident KV run; past_index: the packed
     tokens that continue a run, in run order (None when no row does);
     run_offsets: (cumulative query tokens, cumulative keys) of the runs laid end
-    to end, for a varlen kernel.
+    to end, for a varlen kernel. Unpadded (own tokens by one varlen call):
+    no buckets; own_offsets are the rows' cumulative token counts on the device.
     """
 
     lengths: list[int]
     starts: list[int]
     buckets: list[tuple[int, int, int]]
-    pad_index: torch.Tensor
+    pad_index: torch.Tensor | None
     runs: list[tuple[int, int, KV]]
     past_index: torch.Tensor | None = None
     run_offsets: tuple[torch.Tensor, torch.Tensor] | None = None
+    own_offsets: torch.Tensor | None = None
 
     @classmethod
-    def build(cls, lengths: list[int], pasts: list[KV | None], device: torch.device) -> "Rows":
+    def build(cls, lengths: list[int], pasts: list[KV | None], device: torch.device, padded: bool = True) -> "Rows":
+        """The layout of rows of `lengths` new tokens after `pasts`; padded: per bucket, else for one varlen call."""
         starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        members: dict[int, list[int]] = {}
-        for b, n in enumerate(lengths):
-            members.setdefault(width_class(n), []).append(b)
-        buckets, base, offset = [], np.zeros(len(lengths), dtype=np.int64), 0
-        for _, rows in sorted(members.items()):
-            count, width = padded_shape(len(rows), max(lengths[b] for b in rows))
-            base[rows] = offset + width * np.arange(len(rows))
-            buckets.append((offset, count, width))
-            offset += count * width
-        within = np.arange(starts[-1]) - np.repeat(starts[:-1], lengths)
-        pad_index = torch.from_numpy(np.repeat(base, lengths) + within).to(device)
+        buckets, pad_index = _buckets(lengths, starts, device) if padded else ([], None)
+        own_offsets = None if padded else _on(device, starts.astype(np.int32))
         runs: list[tuple[int, int, KV]] = []
         for b, past in enumerate(pasts):
             if past is None:
@@ -100,11 +118,11 @@ class Rows:
                 runs.append((first, end, past))
         starts_list = starts.tolist()
         if not runs:
-            return cls(lengths, starts_list, buckets, pad_index, runs)
-        past_index = torch.cat([torch.arange(a, e) for a, e, _ in runs]).to(device)
-        sizes = torch.tensor([[0, 0]] + [[e - a, len(run)] for a, e, run in runs], dtype=torch.int32)
-        cu_q, cu_k = sizes.cumsum(0, dtype=torch.int32).T.contiguous().to(device)
-        return cls(lengths, starts_list, buckets, pad_index, runs, past_index, (cu_q, cu_k))
+            return cls(lengths, starts_list, buckets, pad_index, runs, own_offsets=own_offsets)
+        past_index = _on(device, np.concatenate([np.arange(a, e) for a, e, _ in runs]))
+        sizes = np.array([[0, 0]] + [[e - a, len(run)] for a, e, run in runs], dtype=np.int32).cumsum(0, dtype=np.int32)
+        run_offsets = (_on(device, sizes[:, 0].copy()), _on(device, sizes[:, 1].copy()))
+        return cls(lengths, starts_list, buckets, pad_index, runs, past_index, run_offsets, own_offsets)
 
     def pad(self, x: torch.Tensor) -> list[torch.Tensor]:
         """(tokens, heads, d) packed → per bucket (rows, heads, width, d), right-padded with zeros."""
@@ -155,16 +173,25 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> t
     return out, lse.view(q.shape[:3])
 
 
+def own_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's causal attention to its own tokens, all rows in one flash varlen call: (n, h, d), (n, h)."""
+    longest = max(rows.lengths)
+    out, lse = torch.ops.aten._flash_attention_forward(
+        q, k, v, rows.own_offsets, rows.own_offsets, longest, longest, 0.0, True, False,
+        scale=q.shape[-1] ** -0.5)[:2]
+    return out, lse.transpose(0, 1)
+
+
 def over_runs(q: torch.Tensor, rows: Rows, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of the tokens in rows.past_index to their runs' keys (non-causal): (n, h, d), (n, h).
 
-    One run: one cuDNN call. Several: one flash varlen call over the runs' keys
-    laid end to end. fp32: the reference, run by run.
+    One run of padded rows: one cuDNN call. Several, or unpadded rows: one flash
+    varlen call over the runs' keys laid end to end. fp32: the reference, run by run.
     """
     def packed(t: torch.Tensor) -> torch.Tensor:  # (n, h, d) → (1, h, n, d) view
         return t.transpose(0, 1)[None]
 
-    if len(rows.runs) == 1 or not _fused(q):
+    if not _fused(q) or (len(rows.runs) == 1 and rows.own_offsets is None):
         outs, lses = [], []
         for first, end, run in rows.runs:
             keys, values = run.layer(layer)
@@ -194,17 +221,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
     """Packed q (tokens, heads, d) and k/v (tokens, kv_heads, d) → output (tokens, heads, d).
 
     Each row attends causally to its own tokens (one kernel call per padding
-    bucket) and, where it continues a resident run, to all of that run's keys
+    bucket, or one varlen call for them all) and, where it continues a resident run, to all of that run's keys
     in `layer`; `merger` is `merge` or a compiled (fused) version of it.
     """
-    blocks = zip(rows.pad(q), rows.pad(k), rows.pad(v))
-    if not rows.runs and not _fused(q):
-        return rows.unpad([F.scaled_dot_product_attention(*b, is_causal=True, enable_gqa=True) for b in blocks])
-    own = [attend(*b, causal=True) for b in blocks]
-    out = rows.unpad([o for o, _ in own])
-    if not rows.runs:
-        return out
+    if rows.own_offsets is not None:
+        out, lse = own_varlen(q, k, v, rows)
+        if not rows.runs:
+            return out
+    else:
+        blocks = zip(rows.pad(q), rows.pad(k), rows.pad(v))
+        if not rows.runs and not _fused(q):
+            return rows.unpad([F.scaled_dot_product_attention(*b, is_causal=True, enable_gqa=True) for b in blocks])
+        own = [attend(*b, causal=True) for b in blocks]
+        out = rows.unpad([o for o, _ in own])
+        if not rows.runs:
+            return out
+        lse = rows.unpad([l[..., None] for _, l in own])[..., 0]
     index = rows.past_index
-    lse = rows.unpad([l[..., None] for _, l in own])[..., 0].index_select(0, index)
+    lse = lse.index_select(0, index)
     past, past_lse = over_runs(q, rows, layer)
     return out.index_copy_(0, index, merger(out.index_select(0, index), lse, past, past_lse))

@@ -67,7 +67,9 @@ class EngineConfig:
     embedded model's); sol_device: the device constants the speed of light uses
     ("cpu", "h100-sxm", "h200"; None: "cpu" on the CPU, else none); kv_cache_bytes:
     the documents' KV kept between AI steps and queries (kv_cache.py; None:
-    1 GiB on the CPU, none on a GPU; 0: none).
+    1 GiB on the CPU, none on a GPU; 0: none); attention: how rows attend to their own
+    tokens on a GPU: "buckets" (cuDNN over rows padded per length bucket) or "varlen"
+    (one flash varlen call, no padding; CUDA in bf16 or fp8 only).
     """
 
     model: str | None = None
@@ -81,6 +83,7 @@ class EngineConfig:
     sol_device: str | None = None
     compile: bool | None = None
     kv_cache_bytes: int | None = None
+    attention: str = "buckets"
     backend: str | None = None
 
     @property

@@ -103,6 +103,8 @@ class Decoder(nn.Module):
 
     Parameter names follow the HF layout (`embed_tokens`, `layers.N.self_attn.q_proj`,
     ...) without the `model.` prefix, so HF state dicts load after stripping it.
+    `padded_attention`: rows are padded per length bucket for attention (cuDNN;
+    the only layout on the CPU), else attended by flash varlen calls (CUDA, bf16/fp8).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -114,6 +116,7 @@ class Decoder(nn.Module):
         if not cfg.tie_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._qkv, self._finish, self._merge = DecoderLayer.qkv, DecoderLayer.finish, merge
+        self.padded_attention = True
 
     def compile_layers(self) -> None:
         """Compile the token-wise parts of a layer (one graph for every layer, any token count).

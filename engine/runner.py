@@ -34,11 +34,13 @@ PAD_FACTOR = 2  # attention pads each row to its bucket's longest: padded area â
 
 @dataclass
 class Fill:
-    """A forward pass being filled: new tokens, and each padding bucket's rows and longest row."""
+    """A forward pass being filled: new tokens, and each padding bucket's rows and longest row (padded:
+    attention pads rows per bucket, so the padded area is bounded too)."""
 
     budget: int
     tokens: int = 0
     buckets: dict[int, tuple[int, int]] = field(default_factory=dict)
+    padded: bool = True
 
     def _area(self, length: int) -> int:
         """The padded attention area with one more row of `length` tokens."""
@@ -51,7 +53,8 @@ class Fill:
         """Whether a row of `length` new tokens still fits (an empty pass takes any row)."""
         if not self.buckets:
             return True
-        return self.tokens + length <= self.budget and self._area(length) <= PAD_FACTOR * self.budget
+        fits = self.tokens + length <= self.budget
+        return fits and (not self.padded or self._area(length) <= PAD_FACTOR * self.budget)
 
     def add(self, length: int) -> None:
         key = width_class(length)
@@ -60,18 +63,18 @@ class Fill:
         self.tokens += length
 
 
-def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
+def pack(lengths: Sequence[int], budget: int, padded: bool = True) -> list[list[int]]:
     """Consecutive index runs that fit the budget (one row at least).
 
     The linear layers see packed tokens only; attention pads each row to the
     longest of its bucket, a waste `Fill` bounds.
     """
     batches: list[list[int]] = []
-    fill = Fill(budget)
+    fill = Fill(budget, padded=padded)
     for i, length in enumerate(lengths):
         if not batches or not fill.admits(length):
             batches.append([])
-            fill = Fill(budget)
+            fill = Fill(budget, padded=padded)
         batches[-1].append(i)
         fill.add(length)
     return batches
@@ -138,6 +141,10 @@ class ModelRunner:
         AI steps may read them)."""
         return ModelRunner(self.model, self.token_budget, self.turns, check, self.ledger, self.cache, retain)
 
+    def fill(self) -> Fill:
+        """An empty forward pass of this runner's budget and attention layout."""
+        return Fill(self.token_budget, padded=self.model.padded_attention)
+
     def _inputs(self, rows: list[Row], layout: Rows, resident: list[int]) -> tuple[torch.Tensor, ...]:
         """Packed token ids, their positions (after each row's resident KV), each row's last index."""
         starts = np.array(layout.starts)
@@ -159,7 +166,7 @@ class ModelRunner:
     def _forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:
         lengths = [len(r.ids) for r in rows]
         resident = [len(r.past) if r.past is not None else 0 for r in rows]
-        layout = Rows.build(lengths, [r.past for r in rows], self.device)
+        layout = Rows.build(lengths, [r.past for r in rows], self.device, self.model.padded_attention)
         ids, positions, last = self._inputs(rows, layout, resident)
         keep = any(r.keep_kv or r.keep_tokens for r in rows)
         hidden, keys, values = self.model(ids, positions, layout, last, keep)

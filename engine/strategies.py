@@ -24,7 +24,7 @@ from .kv import KV
 from .kv_cache import PrefixCache, document_prefix, single_piece
 from .radix import RadixNode, build, collapse, nodes
 from .requests import Request
-from .runner import Fill, ModelRunner, Row, pack
+from .runner import ModelRunner, Row, pack
 from .stats import Stats
 
 Strategy = Callable[[ModelRunner, Sequence[Request], Stats], list[torch.Tensor]]
@@ -48,7 +48,7 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
         sorted(_roots(runner.cache, requests, prefixes), key=lambda item: len(item[0]), reverse=True))
     stats.planned_tokens += sum(len(node) for root, _ in frontier for node in [root, *nodes(root)])
     while frontier:
-        fill, items = Fill(runner.token_budget), []
+        fill, items = runner.fill(), []
         while frontier and fill.admits(len(frontier[0][0])):
             items.append(frontier.popleft())
             fill.add(len(items[-1][0]))
@@ -121,7 +121,7 @@ def independent(runner: ModelRunner, requests: Sequence[Request], stats: Stats) 
     order = sorted(range(len(requests)), key=lambda i: -len(requests[i]))
     stats.planned_tokens += sum(len(r) for r in requests)
     hidden: list[torch.Tensor | None] = [None] * len(requests)
-    for batch in pack([len(requests[i]) for i in order], runner.token_budget):
+    for batch in pack([len(requests[i]) for i in order], runner.token_budget, runner.model.padded_attention):
         members = [order[i] for i in batch]
         last, _ = runner.forward([Row(requests[i].ids()) for i in members], stats)
         for i, h in zip(members, last):
@@ -175,7 +175,7 @@ def block_prefix(runner: ModelRunner, requests: Sequence[Request], stats: Stats,
     hidden: list[torch.Tensor | None] = [None] * len(requests)
     size = cache.block_size
     pending: list[tuple[int, list[bytes], int, Row]] = []
-    fill = Fill(runner.token_budget)
+    fill = runner.fill()
 
     def flush() -> None:
         last, kept = runner.forward([row for *_, row in pending], stats)
@@ -193,7 +193,7 @@ def block_prefix(runner: ModelRunner, requests: Sequence[Request], stats: Stats,
         row = Row(ids[len(hit) * size :], functools.reduce(KV.then, hit) if hit else None, keep_kv=True)
         if not fill.admits(len(row.ids)):
             flush()
-            fill = Fill(runner.token_budget)
+            fill = runner.fill()
         fill.add(len(row.ids))
         pending.append((i, keys, len(hit), row))
     if pending:

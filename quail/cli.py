@@ -18,7 +18,7 @@ def _serve(args: argparse.Namespace) -> int:
     optional_path = lambda value: Path(value) if value else None  # noqa: E731
     engine = EngineConfig(model=args.model, device=args.device, precision=args.precision,
                           token_budget=args.token_budget, tokenizer=args.tokenizer, sol_device=args.sol_device,
-                          kv_cache_bytes=args.kv_cache_bytes)
+                          kv_cache_bytes=args.kv_cache_bytes, attention=args.attention)
     serve(ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), engine=engine,
                        dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
                        tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
@@ -47,6 +47,8 @@ def parser() -> argparse.ArgumentParser:
                        help="device constants of the speed-of-light figures (default: cpu on the CPU, else none)")
     serve.add_argument("--kv-cache-bytes", type=int, default=None,
                        help="documents' KV kept between AI steps and queries (default 1 GiB on the CPU, none on a GPU)")
+    serve.add_argument("--attention", default="buckets", choices=["buckets", "varlen"],
+                       help="own-token attention on a GPU: cuDNN over length buckets, or one flash varlen call")
     serve.add_argument("--dialect", default="snowflake", help="SQL dialect: snowflake, bigquery or duckdb")
     serve.add_argument("--users", default=None, help="file of user:password lines: clients must log in")
     serve.add_argument("--token-ttl", type=float, default=3600.0, help="seconds a login token lasts (default 3600)")

@@ -141,6 +141,9 @@ def test_passes_bound_padding_per_bucket():
         fill.add(n)
     assert not Fill(16384, 16000, {512: (1, 400)}).admits(400), "the token budget still binds"
     assert pack([4000] + [15] * 1000, 16384) == [[0] + list(range(1, 826)), list(range(826, 1001))]
+    crowded = {128: (300, 128)}  # 300 rows padded to 128 tokens: more than twice the budget's area
+    assert not Fill(16384, 10000, dict(crowded)).admits(65)
+    assert Fill(16384, 10000, dict(crowded), padded=False).admits(65), "unpadded (flash varlen): tokens bind"
 
 
 def test_passes_mix_continuations_with_new_roots(runtime):

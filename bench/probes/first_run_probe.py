@@ -2,7 +2,9 @@
 
 Times cuDNN attention's first call on a new shape against a warm call, then runs
 queries twice in one process, with attention's bucket shapes rounded (as
-shipped) or exact (`--exact-shapes`). Writes JSON to --out.
+shipped) or exact (`--exact-shapes`), or with own-token attention by flash
+varlen (`--attention varlen`). Each pass is timed by CUDA events (its GPU span,
+and the GPU's idle gap before the next pass) without a sync. Writes JSON to --out.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 import quail
 import quail.engine.attention as attention
 from quail.engine.attention import attend
+from quail.engine.runner import ModelRunner
 
 from bench.datagen import Workload, generate
 from bench.run import corpora_for, query_text, run_query, warm_up
@@ -45,34 +48,34 @@ def main() -> None:
     p.add_argument("--scale", type=float, default=0.1)
     p.add_argument("--tokenizer", default=".carry/tokenizer")
     p.add_argument("--exact-shapes", action="store_true")
+    p.add_argument("--attention", default="buckets", choices=["buckets", "varlen"])
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--out", default=".")
     args = p.parse_args()
     if args.exact_shapes:
         attention.padded_shape = lambda rows, width: (rows, width)
-    result: dict = {"exact_shapes": args.exact_shapes,
+    result: dict = {"exact_shapes": args.exact_shapes, "attention": args.attention,
                     "first_calls": first_calls([(40 + i, 300 + 7 * i) for i in range(8)])}
     queries = args.queries.split(",")
     tables = generate(Workload(args.scale, 0, 1.0), corpora_for(queries))
     config = quail.EngineConfig(model="dummy:qwen3-4b", device="cuda", precision="bf16", token_budget=16384,
-                                decisions="hash", tokenizer=args.tokenizer, sol_device="h200")
+                                decisions="hash", tokenizer=args.tokenizer, sol_device="h200",
+                                attention=args.attention)
     session = quail.Session(config)
-    runner = session.runtime.runner
     passes: list[dict] = []
-    forward = runner.forward
+    forward = ModelRunner.forward
 
-    def timed(rows, stats):  # each pass on its own: milliseconds and the attention buckets it ran
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = forward(rows, stats)
-        torch.cuda.synchronize()
-        lengths = [len(r.ids) for r in rows]
-        passes.append({"ms": 1000 * (time.perf_counter() - start), "tokens": sum(lengths),
-                       "buckets": [(r, w) for _, r, w in attention.Rows.build(lengths, [r.past for r in rows],
-                                                                            torch.device("cpu")).buckets]})
+    def timed(runner, rows, stats):  # CUDA events around each pass: its GPU span, without a sync
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        host = time.perf_counter()
+        start.record()
+        out = forward(runner, rows, stats)
+        end.record()
+        passes.append({"start": start, "end": end, "host_ms": 1000 * (time.perf_counter() - host),
+                       "tokens": sum(len(r.ids) for r in rows), "rows": len(rows)})
         return out
 
-    runner.forward = timed
+    ModelRunner.forward = timed
     warm_up(session.runtime)
     for name, table in tables.items():
         session.register(name, table)
@@ -81,12 +84,18 @@ def main() -> None:
         for _ in range(args.runs):
             passes.clear()
             _, report = run_query(session, query_text(query))
-            runs.append({"wall_s": report.wall_s, "sol_fraction": report.sol_fraction,
-                         "forward_passes": report.forward_passes, "passes": list(passes)})
-            slow = sorted(passes, key=lambda x: -x["ms"])[:5]
-            print(query, report.wall_s, "slowest passes:", slow, flush=True)
+            torch.cuda.synchronize()
+            spans = [{"gpu_ms": x["start"].elapsed_time(x["end"]), "host_ms": x["host_ms"], "tokens": x["tokens"],
+                      "rows": x["rows"]} for x in passes]
+            gaps = [a["end"].elapsed_time(b["start"]) for a, b in zip(passes, passes[1:])]
+            summary = {"wall_s": report.wall_s, "sol_fraction": report.sol_fraction,
+                       "forward_passes": report.forward_passes, "pass_gpu_s": sum(x["gpu_ms"] for x in spans) / 1000,
+                       "host_in_forward_s": sum(x["host_ms"] for x in spans) / 1000,
+                       "gaps_between_passes_s": sum(gaps) / 1000, "fresh_tokens": sum(x["tokens"] for x in spans)}
+            print(query, summary, flush=True)
+            runs.append({**summary, "passes": spans, "gaps_ms": gaps})
         result[query] = runs
-    tag = "exact" if args.exact_shapes else "rounded"
+    tag = ("exact" if args.exact_shapes else "rounded") if args.attention == "buckets" else "varlen"
     Path(args.out, f"first-run-{tag}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
