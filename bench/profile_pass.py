@@ -2,11 +2,13 @@
 
     python -m bench.profile_pass --model dummy:qwen3-4b --tokenizer DIR --out DIR
 
-Shapes: `filter` (44 rows of 370 new tokens, no resident KV: F1's passes),
+Shapes: `filter` (44 rows of 370 new tokens, no resident KV), `filter-mixed`
+(rows of lognormal lengths around 330 tokens up to 16,384: F1's passes),
 `join` (90 resident runs of 300 tokens, 12 rows of 15 tokens after each: J1's),
 `anchor` (one 2,500-token run, 300 rows of 12 tokens after it: BIG's). For each
-precision and compile setting: milliseconds per pass, new tokens per second,
-and the time the pass's GEMMs alone take (the floor of the linear layers).
+precision and attention layout (compiled): milliseconds per pass, new tokens per
+second, the time the pass's GEMMs alone take (the floor of the linear layers),
+and the kernels' total time (below the pass's milliseconds: the GPU waited for the host).
 Writes profile-<model>.json with the top kernels of each pass.
 """
 
@@ -26,7 +28,7 @@ from quail.engine.models import load_runtime
 from quail.engine.runner import Row
 from quail.engine.stats import Stats
 
-VARIANTS = [("bf16", False), ("bf16", True), ("fp8", True)]
+VARIANTS = [("bf16", True, "buckets"), ("bf16", True, "varlen"), ("fp8", True, "varlen")]
 
 
 def shapes(cfg, device) -> dict[str, list[Row]]:
@@ -43,7 +45,10 @@ def shapes(cfg, device) -> dict[str, list[Row]]:
 
     joins = [run(300) for _ in range(90)]
     anchor = run(2500)
+    mixed = np.maximum(8, rng.lognormal(np.log(330) - 0.08, 0.4, 60).astype(int))
+    mixed = mixed[np.cumsum(mixed) <= 16384]
     return {"filter": [Row(ids(370)) for _ in range(44)],
+            "filter-mixed": [Row(ids(n)) for n in mixed],
             "join": [Row(ids(15), kv) for kv in joins for _ in range(12)],
             "anchor": [Row(ids(12), anchor) for _ in range(300)]}
 
@@ -71,12 +76,14 @@ def gemm_floor(cfg, tokens: int, device: str) -> float:
     return cfg.num_layers * timed(lambda: [x[:, : w.shape[1]] @ w.T for w in weights])
 
 
-def top_kernels(fn, count: int = 15) -> list[tuple[str, float]]:
+def top_kernels(fn, count: int = 15) -> tuple[float, list[tuple[str, float]]]:
+    """Milliseconds of all the pass's kernels together, and of the `count` largest."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
-    return [(e.key[:90], round(e.device_time_total / 1e3, 3)) for e in events[:count]]
+    total = sum(e.device_time_total for e in events) / 1e3
+    return total, [(e.key[:90], round(e.device_time_total / 1e3, 3)) for e in events[:count]]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -86,9 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=".")
     args = p.parse_args(argv)
     result: dict = {"model": args.model, "device": torch.cuda.get_device_name(0), "passes": {}}
-    for precision, compiled in VARIANTS:
+    for precision, compiled, attention in VARIANTS:
         runtime = load_runtime(EngineConfig(model=args.model, device="cuda", precision=precision,
-                                            tokenizer=args.tokenizer, compile=compiled))
+                                            tokenizer=args.tokenizer, compile=compiled, attention=attention))
         cfg = runtime.config
         for name, rows in shapes(cfg, "cuda").items():
             tokens = sum(len(r.ids) for r in rows)
@@ -97,8 +104,9 @@ def main(argv: list[str] | None = None) -> None:
             if precision == "bf16":
                 entry["gemm_floor_ms"] = gemm_floor(cfg, tokens, "cuda")
             if compiled:
-                entry["kernels_ms"] = top_kernels(lambda: runtime.runner.forward(rows, Stats()))
-            result["passes"][f"{name}-{precision}{'-compiled' if compiled else ''}"] = entry
+                entry["kernels_total_ms"], entry["kernels_ms"] = top_kernels(
+                    lambda: runtime.runner.forward(rows, Stats()))
+            result["passes"][f"{name}-{precision}{'-compiled' if compiled else ''}-{attention}"] = entry
             print(name, precision, compiled, {k: v for k, v in entry.items() if k != "kernels_ms"}, flush=True)
         runtime = None  # free the weights before the next variant loads
         gc.collect()
