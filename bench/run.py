@@ -183,7 +183,8 @@ def run(args: argparse.Namespace) -> Path:
         "decisions": args.decisions, "scale": args.scale, "length_scale": args.length_scale, "seed": args.seed,
         "git_commit": commit, "date": now.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
         "versions": versions(), "usd_per_gpu_hour": args.usd_per_gpu_hour, "token_budget": args.token_budget,
-        "compiled": config.compiled, "attention": args.attention, "kv_cache_bytes": base.runner.cache.budget_bytes if base.runner.cache else 0,
+        "compiled": config.compiled, "attention": config.attention_layout,
+        "kv_cache_bytes": base.runner.cache.budget_bytes if base.runner.cache else 0,
         "sol_device": args.sol_device or ("cpu" if args.device == "cpu" else None),
         "table_rows": {name: t.num_rows for name, t in tables.items()},
         "engines_absent": [e for e in args.engines if e not in sessions], "start": phases,
@@ -221,8 +222,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-bytes", type=int, default=None,
                    help="documents' KV kept between a query's AI steps (default: 1 GiB on the CPU, none on a "
                         "GPU; 0: none); cleared before each query")
-    p.add_argument("--attention", default="buckets", choices=["buckets", "varlen"],
-                   help="own-token attention on a GPU: cuDNN over length buckets, or one flash varlen call")
+    p.add_argument("--attention", default=None, choices=["buckets", "varlen"],
+                   help="own-token attention: rows padded per length bucket (cuDNN), or one flash varlen "
+                        "call (default: varlen on CUDA in bf16/fp8)")
     p.add_argument("--usd-per-gpu-hour", type=float, default=3.95)
     p.add_argument("--queries", type=lambda s: s.split(","), default=ALL_QUERIES)
     p.add_argument("--engines", type=lambda s: s.split(","), default=["quail", "naive", "prefix", "hf"])

@@ -68,8 +68,9 @@ class EngineConfig:
     ("cpu", "h100-sxm", "h200"; None: "cpu" on the CPU, else none); kv_cache_bytes:
     the documents' KV kept between AI steps and queries (kv_cache.py; None:
     1 GiB on the CPU, none on a GPU; 0: none); attention: how rows attend to their own
-    tokens on a GPU: "buckets" (cuDNN over rows padded per length bucket) or "varlen"
-    (one flash varlen call, no padding; CUDA in bf16 or fp8 only).
+    tokens: "buckets" (rows padded per length bucket; cuDNN on a GPU) or "varlen" (one
+    flash varlen call, no padding; CUDA in bf16 or fp8 only; None: varlen where it runs,
+    else buckets).
     """
 
     model: str | None = None
@@ -83,12 +84,20 @@ class EngineConfig:
     sol_device: str | None = None
     compile: bool | None = None
     kv_cache_bytes: int | None = None
-    attention: str = "buckets"
+    attention: str | None = None
     backend: str | None = None
 
     @property
     def compiled(self) -> bool:
         return self.compile if self.compile is not None else self.device.startswith("cuda")
+
+    @property
+    def attention_layout(self) -> str:
+        """attention, else "varlen" on CUDA in bf16 or fp8 (no cuDNN plan per new shape: faster first
+        runs, bench/GPU_NOTES.md), else "buckets"."""
+        if self.attention:
+            return self.attention
+        return "varlen" if self.device.startswith("cuda") and self.precision != "fp32" else "buckets"
 
     @property
     def speed_of_light_device(self) -> str | None:

@@ -131,7 +131,7 @@ def prepare(model: Decoder, config: EngineConfig) -> Decoder:
         to_fp8(model.layers)
     if config.compiled:
         model.compile_layers()
-    model.padded_attention = config.attention == "buckets"
+    model.padded_attention = config.attention_layout == "buckets"
     return model
 
 
@@ -140,9 +140,9 @@ def load_runtime(config: EngineConfig | None = None) -> Runtime:
     config = config or EngineConfig()
     if config.precision not in DTYPES:
         raise InvalidArgument(f"precision {config.precision!r} is not available; use one of {', '.join(DTYPES)}")
-    if config.attention not in ATTENTION:
+    if config.attention_layout not in ATTENTION:
         raise InvalidArgument(f"attention {config.attention!r} is not available; use one of {', '.join(ATTENTION)}")
-    if config.attention == "varlen" and (not config.device.startswith("cuda") or config.precision == "fp32"):
+    if config.attention_layout == "varlen" and (not config.device.startswith("cuda") or config.precision == "fp32"):
         raise InvalidArgument("attention 'varlen' runs on a CUDA device in bf16 or fp8")
     if config.model and config.model.startswith("dummy:"):
         shape = config.model.removeprefix("dummy:")

@@ -47,8 +47,9 @@ def parser() -> argparse.ArgumentParser:
                        help="device constants of the speed-of-light figures (default: cpu on the CPU, else none)")
     serve.add_argument("--kv-cache-bytes", type=int, default=None,
                        help="documents' KV kept between AI steps and queries (default 1 GiB on the CPU, none on a GPU)")
-    serve.add_argument("--attention", default="buckets", choices=["buckets", "varlen"],
-                       help="own-token attention on a GPU: cuDNN over length buckets, or one flash varlen call")
+    serve.add_argument("--attention", default=None, choices=["buckets", "varlen"],
+                       help="own-token attention: rows padded per length bucket (cuDNN), or one flash varlen "
+                            "call (default: varlen on CUDA in bf16/fp8)")
     serve.add_argument("--dialect", default="snowflake", help="SQL dialect: snowflake, bigquery or duckdb")
     serve.add_argument("--users", default=None, help="file of user:password lines: clients must log in")
     serve.add_argument("--token-ttl", type=float, default=3600.0, help="seconds a login token lasts (default 3600)")
