@@ -17,7 +17,7 @@ algorithm in plain torch, exact to float round-off.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -77,6 +77,66 @@ def _buckets(lengths: list[int], starts: np.ndarray, device: torch.device) -> tu
 
 
 @dataclass
+class Packed:
+    """Rows laid out for one flash varlen call (no padding), with short resident runs copied in.
+
+    A run no longer than its rows' own tokens together (a preamble before
+    documents) is cheaper to copy before each of its rows than to attend
+    separately and merge: those rows' keys are [run, own tokens]. offsets and
+    key_offsets: (rows + 1) cumulative query and key counts on the device,
+    longest and longest_keys their largest steps, key_total the last;
+    own_index: where the packed tokens' keys go in the key buffer (None: the
+    buffer is the packed keys themselves); inlined: each copied run and how
+    many rows it precedes; inline_index: where those copies go, in that order.
+    """
+
+    offsets: torch.Tensor
+    key_offsets: torch.Tensor
+    longest: int
+    longest_keys: int
+    key_total: int
+    own_index: torch.Tensor | None = None
+    inlined: list[tuple[KV, int]] = field(default_factory=list)
+    inline_index: torch.Tensor | None = None
+
+    def keys(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers of the varlen call: each row's copied run (if any), then its own."""
+        if self.own_index is None:
+            return k, v
+        out = []
+        for own, pick in ((k, 0), (v, 1)):
+            buffer = own.new_empty(self.key_total, *own.shape[1:])
+            buffer.index_copy_(0, self.own_index, own)
+            copies = torch.cat([run.layer(layer)[pick].repeat(count, 1, 1) for run, count in self.inlined])
+            out.append(buffer.index_copy_(0, self.inline_index, copies))
+        return out[0], out[1]
+
+
+def _packed(lengths: list[int], starts: np.ndarray, row_runs: list[tuple[int, int, KV]], device: torch.device
+            ) -> tuple[Packed, list[tuple[int, int, KV]]]:
+    """The varlen layout of the rows, and the runs (first row, end row, KV) left to attend separately."""
+    lengths_a = np.asarray(lengths, dtype=np.int64)
+    before = np.zeros(len(lengths), dtype=np.int64)
+    inlined, kept = [], []
+    for first, end, run in row_runs:
+        if len(run) * (end - first) <= lengths_a[first:end].sum():
+            before[first:end] = len(run)
+            inlined.append((first, end, run))
+        else:
+            kept.append((first, end, run))
+    key_offsets = np.concatenate([[0], np.cumsum(before + lengths_a)])
+    packed = Packed(_on(device, starts.astype(np.int32)), _on(device, key_offsets.astype(np.int32)),
+                    int(lengths_a.max()), int((before + lengths_a).max()), int(key_offsets[-1]))
+    if inlined:
+        own = np.repeat(key_offsets[:-1] + before - starts[:-1], lengths_a) + np.arange(starts[-1])
+        copies = np.concatenate([key_offsets[b] + np.arange(len(run)) for first, end, run in inlined
+                                 for b in range(first, end)])
+        packed.own_index, packed.inline_index = _on(device, own), _on(device, copies)
+        packed.inlined = [(run, end - first) for first, end, run in inlined]
+    return packed, kept
+
+
+@dataclass
 class Rows:
     """Where each row's new tokens sit in the packed batch, and which resident KV they continue.
 
@@ -85,11 +145,11 @@ class Rows:
     holds (offset, rows, width) of each bucket's (rows × width) block in one
     flat padded buffer, and pad_index (tokens,) the flat position of each packed
     token there. runs: (first token, end token, KV) for each stretch of
-    consecutive rows that continue one resident KV run; past_index: the packed
-    tokens that continue a run, in run order (None when no row does);
-    run_offsets: (cumulative query tokens, cumulative keys) of the runs laid end
-    to end, for a varlen kernel. Unpadded (own tokens by one varlen call):
-    no buckets; own_offsets are the rows' cumulative token counts on the device.
+    consecutive rows that continue one resident KV run attended separately;
+    past_index: the packed tokens that continue such a run, in run order (None
+    when no row does); run_offsets: (cumulative query tokens, cumulative keys)
+    of those runs laid end to end, for a varlen kernel. Unpadded: no buckets;
+    `packed` lays the rows out for one varlen call, short runs copied in.
     """
 
     lengths: list[int]
@@ -99,30 +159,33 @@ class Rows:
     runs: list[tuple[int, int, KV]]
     past_index: torch.Tensor | None = None
     run_offsets: tuple[torch.Tensor, torch.Tensor] | None = None
-    own_offsets: torch.Tensor | None = None
+    packed: Packed | None = None
 
     @classmethod
     def build(cls, lengths: list[int], pasts: list[KV | None], device: torch.device, padded: bool = True) -> "Rows":
         """The layout of rows of `lengths` new tokens after `pasts`; padded: per bucket, else for one varlen call."""
         starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        buckets, pad_index = _buckets(lengths, starts, device) if padded else ([], None)
-        own_offsets = None if padded else _on(device, starts.astype(np.int32))
-        runs: list[tuple[int, int, KV]] = []
+        row_runs: list[tuple[int, int, KV]] = []  # (first row, end row, KV) of consecutive rows after one run
         for b, past in enumerate(pasts):
             if past is None:
                 continue
-            first, end = int(starts[b]), int(starts[b + 1])
-            if runs and runs[-1][2] is past and runs[-1][1] == first:
-                runs[-1] = (runs[-1][0], end, past)
+            if row_runs and row_runs[-1][2] is past and row_runs[-1][1] == b:
+                row_runs[-1] = (row_runs[-1][0], b + 1, past)
             else:
-                runs.append((first, end, past))
+                row_runs.append((b, b + 1, past))
+        buckets, pad_index, packed = [], None, None
+        if padded:
+            buckets, pad_index = _buckets(lengths, starts, device)
+        else:
+            packed, row_runs = _packed(lengths, starts, row_runs, device)
+        runs = [(int(starts[first]), int(starts[end]), run) for first, end, run in row_runs]
         starts_list = starts.tolist()
         if not runs:
-            return cls(lengths, starts_list, buckets, pad_index, runs, own_offsets=own_offsets)
+            return cls(lengths, starts_list, buckets, pad_index, runs, packed=packed)
         past_index = _on(device, np.concatenate([np.arange(a, e) for a, e, _ in runs]))
         sizes = np.array([[0, 0]] + [[e - a, len(run)] for a, e, run in runs], dtype=np.int32).cumsum(0, dtype=np.int32)
         run_offsets = (_on(device, sizes[:, 0].copy()), _on(device, sizes[:, 1].copy()))
-        return cls(lengths, starts_list, buckets, pad_index, runs, past_index, run_offsets, own_offsets)
+        return cls(lengths, starts_list, buckets, pad_index, runs, past_index, run_offsets, packed)
 
     def pad(self, x: torch.Tensor) -> list[torch.Tensor]:
         """(tokens, heads, d) packed → per bucket (rows, heads, width, d), right-padded with zeros."""
@@ -173,12 +236,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> t
     return out, lse.view(q.shape[:3])
 
 
-def own_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's causal attention to its own tokens, all rows in one flash varlen call: (n, h, d), (n, h)."""
-    longest = max(rows.lengths)
+def own_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed, layer: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's causal attention to its own tokens (after its copied run, if any), all rows in one
+    flash varlen call: (n, h, d), (n, h). Causal masks align bottom-right: token i of a row after a
+    copied run of p sees keys up to p + i."""
+    keys, values = packed.keys(k, v, layer)
     out, lse = torch.ops.aten._flash_attention_forward(
-        q, k, v, rows.own_offsets, rows.own_offsets, longest, longest, 0.0, True, False,
-        scale=q.shape[-1] ** -0.5)[:2]
+        q, keys, values, packed.offsets, packed.key_offsets, packed.longest, packed.longest_keys, 0.0, True,
+        False, scale=q.shape[-1] ** -0.5)[:2]
     return out, lse.transpose(0, 1)
 
 
@@ -191,7 +257,7 @@ def over_runs(q: torch.Tensor, rows: Rows, layer: int) -> tuple[torch.Tensor, to
     def packed(t: torch.Tensor) -> torch.Tensor:  # (n, h, d) → (1, h, n, d) view
         return t.transpose(0, 1)[None]
 
-    if not _fused(q) or (len(rows.runs) == 1 and rows.own_offsets is None):
+    if not _fused(q) or (len(rows.runs) == 1 and rows.packed is None):
         outs, lses = [], []
         for first, end, run in rows.runs:
             keys, values = run.layer(layer)
@@ -224,8 +290,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
     bucket, or one varlen call for them all) and, where it continues a resident run, to all of that run's keys
     in `layer`; `merger` is `merge` or a compiled (fused) version of it.
     """
-    if rows.own_offsets is not None:
-        out, lse = own_varlen(q, k, v, rows)
+    if rows.packed is not None:
+        out, lse = own_varlen(q, k, v, rows.packed, layer)
         if not rows.runs:
             return out
     else:

@@ -80,3 +80,29 @@ def test_bucket_shapes_are_few_and_close_to_exact():
         assert len({w for _, w in shapes.values() if 2 ** (octave - 1) < w <= 2 ** octave}) <= 8
         assert len({r for r, _ in shapes.values() if 2 ** (octave - 1) < r <= 2 ** octave}) <= 8
     assert padded_shape(12, 40) == (12, 40), "short rows (two matmuls) are not padded"
+
+
+def test_unpadded_rows_copy_short_runs_before_their_rows_and_attend_long_ones_apart():
+    """The varlen layout (flash on the GPU; bench/gpu_check.py checks the kernel): a run no longer than its
+    rows' own tokens is copied before each row, so each row's keys are [run, own]; longer runs stay apart."""
+    torch.manual_seed(3)
+    preamble, anchor = _kv(5), _kv(40)
+    lengths = [9, 12, 3, 4, 6]
+    pasts = [preamble, preamble, anchor, anchor, None]
+    rows = Rows.build(lengths, pasts, torch.device("cpu"), padded=False)
+    assert rows.buckets == [] and [(a, e, len(kv)) for a, e, kv in rows.runs] == [(21, 28, 40)]
+    packed = rows.packed
+    assert packed.offsets.tolist() == [0, 9, 21, 24, 28, 34] and packed.longest == 12
+    assert packed.key_offsets.tolist() == [0, 14, 31, 34, 38, 44] and packed.longest_keys == 17
+    k, v = torch.randn(sum(lengths), HKV, D), torch.randn(sum(lengths), HKV, D)
+    keys, values = packed.keys(k, v, 0)
+    pk, pv = preamble.layer(0)
+    starts, key_starts = packed.offsets.tolist(), packed.key_offsets.tolist()
+    for b, past in enumerate(pasts):
+        own = slice(starts[b], starts[b + 1])
+        want_k = torch.cat([pk, k[own]]) if past is preamble else k[own]
+        want_v = torch.cat([pv, v[own]]) if past is preamble else v[own]
+        assert torch.equal(keys[key_starts[b] : key_starts[b + 1]], want_k)
+        assert torch.equal(values[key_starts[b] : key_starts[b + 1]], want_v)
+    plain = Rows.build(lengths, [None] * 5, torch.device("cpu"), padded=False).packed
+    assert plain.own_index is None and plain.keys(k, v, 0)[0] is k, "no copies without a short run"
