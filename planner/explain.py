@@ -1,23 +1,34 @@
-"""EXPLAIN [ANALYZE]: a physical plan as lines of text, and `EXPLAIN <query>` as a query returning them."""
+"""EXPLAIN [ANALYZE | (FORMAT TEXT | SUBSTRAIT)]: a plan as text lines or Substrait, as a query returning them."""
 
 from __future__ import annotations
 
+import base64
 import re
 from dataclasses import replace
 
 from sqlglot import exp
 
+from quail.engine.catalog import Catalog
+from quail.engine.errors import InvalidArgument
 from quail.engine.physical import CHUNK_ROWS, PhysicalPlan, SQLStep, describe
 
-EXPLAIN = re.compile(r"^\s*EXPLAIN(\s+ANALYZE)?\b", re.IGNORECASE)
+from .substrait_export import export_plan
+
+EXPLAIN = re.compile(r"^\s*EXPLAIN\b(?:\s+(ANALYZE)\b|\s*\(\s*FORMAT\s+(\w+)\s*\))?", re.IGNORECASE)
 COLUMN = "plan"
+FORMATS = ("text", "substrait")
 
 
-def split_explain(sql: str) -> tuple[str, bool] | None:
-    """(the query after a leading EXPLAIN [ANALYZE], blanked so error positions still point into the
-    text; whether ANALYZE was asked), or None when the text is not an EXPLAIN."""
+def split_explain(sql: str) -> tuple[str, str] | None:
+    """(the query after a leading EXPLAIN [ANALYZE | (FORMAT ...)], blanked so error positions still point
+    into the text; how to explain it: "text", "analyze" or "substrait"), or None when the text is not an EXPLAIN."""
     match = EXPLAIN.match(sql)
-    return (" " * match.end() + sql[match.end():], bool(match.group(1))) if match else None
+    if match is None:
+        return None
+    mode = "analyze" if match.group(1) else (match.group(2) or "text").lower()
+    if match.group(2) and mode not in FORMATS:
+        raise InvalidArgument(f"EXPLAIN (FORMAT {match.group(2)}) is not supported: use TEXT or SUBSTRAIT")
+    return " " * match.end() + sql[match.end():], mode
 
 
 def explain_lines(plan: PhysicalPlan) -> list[str]:
@@ -27,11 +38,16 @@ def explain_lines(plan: PhysicalPlan) -> list[str]:
     return [f"note: {note}" for note in plan.notes] + chunked + [line for step in plan.steps for line in describe(step)]
 
 
-def explain_plan(plan: PhysicalPlan, analyze: bool) -> PhysicalPlan:
-    """A plan whose result is the explained plan's lines, one row each, in a column `plan`;
-    with analyze, the plan itself, run for what each step does (executor.analyze)."""
-    if analyze:
+def explain_plan(plan: PhysicalPlan, mode: str, catalog: Catalog) -> PhysicalPlan:
+    """A plan whose result is the explained plan's lines, one row each, in a column `plan`; with "analyze",
+    the plan itself, run for what each step does (executor.analyze); with "substrait", one row holding
+    the serialized Substrait plan (binary)."""
+    if mode == "analyze":
         return replace(plan, analyze=True)
+    if mode == "substrait":
+        encoded = base64.b64encode(export_plan(plan, catalog).SerializeToString()).decode()
+        sql = exp.select(exp.alias_(exp.FromBase64(this=exp.Literal.string(encoded)), COLUMN)).sql("duckdb")
+        return PhysicalPlan((SQLStep(sql, plan.result),), (), plan.result, plan.parameters)
     rows = exp.Values(expressions=[exp.Tuple(expressions=[exp.Literal.string(line)]) for line in explain_lines(plan)],
                       alias=exp.TableAlias(this=exp.to_identifier("t"), columns=[exp.to_identifier(COLUMN)]))
     sql = exp.select(exp.column(COLUMN)).from_(rows).sql("duckdb")

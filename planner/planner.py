@@ -66,7 +66,8 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
     """The physical plan of one query; params bind its `?` placeholders (None binds NULLs).
 
     `EXPLAIN <query>` plans the query and returns a plan listing its steps;
-    `EXPLAIN ANALYZE <query>` a plan that runs it and reports what each step did.
+    `EXPLAIN ANALYZE <query>` a plan that runs it and reports what each step did;
+    `EXPLAIN (FORMAT SUBSTRAIT) <query>` one returning its Substrait plan (one binary value).
     join_order forces the order (table aliases) in which the query's AI core
     joins its tables, instead of the cheapest (tests and comparisons); `rank`
     prices a join order's model work (cost.rank_by_sol: the speed of light on
@@ -74,8 +75,8 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
     """
     explained = split_explain(sql)
     if explained is not None:
-        inner, analyze = explained
-        return explain_plan(plan_sql(inner, catalog, dialect, params, join_order, rank), analyze)
+        inner, mode = explained
+        return explain_plan(plan_sql(inner, catalog, dialect, params, join_order, rank), mode, catalog)
     return plan_query(parse_statement(sql, dialect), catalog, params, join_order, rank)
 
 

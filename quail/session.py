@@ -33,6 +33,8 @@ from quail.planner.cost import DEVICES, rank_by_sol, sol_seconds
 from quail.planner.dialects import DEFAULT_DIALECT
 from quail.planner.explain import explain_lines
 from quail.planner.planner import plan_sql
+from quail.planner.substrait_export import export_plan
+from quail.planner.substrait_import import import_plan
 
 
 class DocumentProvider:
@@ -163,7 +165,19 @@ class Session:
         self.catalog.register(name, table, replace)
 
     def sql(self, text: str, dialect: str = DEFAULT_DIALECT, params: list[Any] | None = None) -> Query:
+        return self._query(text, plan_sql(text, self.catalog, dialect, params, rank=rank_by_sol(self._sol)))
+
+    def substrait(self, text: str, dialect: str = DEFAULT_DIALECT, params: list[Any] | None = None) -> bytes:
+        """The query's optimized plan as a serialized Substrait plan (`EXPLAIN (FORMAT SUBSTRAIT)` returns it too)."""
         plan = plan_sql(text, self.catalog, dialect, params, rank=rank_by_sol(self._sol))
+        return export_plan(plan, self.catalog).SerializeToString()
+
+    def execute_substrait(self, plan: bytes) -> Result:
+        """Run a serialized Substrait plan over the registered tables: one `substrait` made, or one written
+        by hand within the same subset (AI work as calls of Quail's AI extension functions)."""
+        return self._query("<Substrait plan>", import_plan(plan, self.catalog)).run()
+
+    def _query(self, text: str, plan: PhysicalPlan) -> Query:
         return Query(self, text, plan, result_schema(plan, self.catalog))
 
     def _sol(self, ideal: Stats) -> float | None:

@@ -22,6 +22,7 @@ from quail.engine.storage import TableStore
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
 from quail.planner.cost import rank_by_sol
 from quail.planner.dialects import DIALECTS
+from quail.planner.substrait_import import import_plan
 from quail.planner.updates import UpdatePlan, plan_statement
 
 from . import metadata
@@ -45,6 +46,7 @@ _IF_MISSING = {sql.TABLE_NOT_EXIST_UNSPECIFIED: "fail", sql.TABLE_NOT_EXIST_CREA
                sql.TABLE_NOT_EXIST_FAIL: "fail"}
 _UPDATES = ("CommandStatementUpdate", "CommandPreparedStatementUpdate")
 UPDATE_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
+SUBSTRAIT_QUERY = "<Substrait plan>"  # a Substrait plan's query text where queries are listed
 _ACTIONS = [
     ("CreatePreparedStatement", "Prepare a SQL query; returns its handle and result schema"),
     ("ClosePreparedStatement", "Release a prepared statement"),
@@ -89,6 +91,11 @@ class FlightSQLHandler:
                               rank_by_sol(self.sol))
         if isinstance(plan, UpdatePlan):
             return plan, UPDATE_SCHEMA
+        return plan, plain_schema(result_schema(plan, self.catalog))
+
+    def _substrait(self, cmd: Message) -> tuple[PhysicalPlan, pa.Schema]:
+        """A CommandStatementSubstraitPlan's plan and result schema."""
+        plan = import_plan(cmd.plan.plan, self.catalog)
         return plan, plain_schema(result_schema(plan, self.catalog))
 
     def _stream(self, plan: PhysicalPlan | UpdatePlan, schema: pa.Schema, work: QueryWork, context,
@@ -144,24 +151,28 @@ class FlightSQLHandler:
         return FLIGHT["FlightInfo"](schema=schema_bytes(schema), flight_descriptor=descriptor,
                                     endpoint=[endpoint], total_records=-1, total_bytes=-1)
 
-    def _query_info(self, descriptor, query: str, params: list[Any] | None, context) -> Message:
-        plan, schema = self._plan(query, params, context)
+    def _query_info(self, descriptor, query: str, planned: tuple[PhysicalPlan | UpdatePlan, pa.Schema]) -> Message:
+        plan, schema = planned
         handle = self.statements.add_pending(plan, schema, query)
         return self._info(descriptor, schema, sql.pack(sql.new("TicketStatementQuery", statement_handle=handle)))
 
     def get_flight_info(self, descriptor, context) -> Message:
         name, cmd = self._command(descriptor.cmd, "GetFlightInfo")
         if name == "CommandStatementQuery":
-            return self._query_info(descriptor, cmd.query, None, context)
+            return self._query_info(descriptor, cmd.query, self._plan(cmd.query, None, context))
+        if name == "CommandStatementSubstraitPlan":
+            return self._query_info(descriptor, SUBSTRAIT_QUERY, self._substrait(cmd))
         if name == "CommandPreparedStatementQuery":
             statement = self.statements.prepared(cmd.prepared_statement_handle)
-            return self._query_info(descriptor, statement.query, statement.params, context)
+            return self._query_info(descriptor, statement.query, self._plan(statement.query, statement.params, context))
         return self._info(descriptor, self._metadata(name, cmd).schema, descriptor.cmd)
 
     def get_schema(self, descriptor, context) -> pa.Schema:
         name, cmd = self._command(descriptor.cmd, "GetSchema")
         if name == "CommandStatementQuery":
             return self._plan(cmd.query, None, context)[1]
+        if name == "CommandStatementSubstraitPlan":
+            return self._substrait(cmd)[1]
         if name == "CommandPreparedStatementQuery":
             statement = self.statements.prepared(cmd.prepared_statement_handle)
             return self._plan(statement.query, statement.params, context)[1]

@@ -9,6 +9,7 @@ import pyarrow as pa
 import quail
 from quail.engine.storage import TableStore
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
+from quail.planner.substrait_export import SUBSTRAIT_VERSION
 
 from .ipc import schema_bytes
 
@@ -47,7 +48,9 @@ SQL_INFO = {
     2: (_STRING, pa.__version__),                # FLIGHT_SQL_SERVER_ARROW_VERSION
     3: (_BOOL, False),                           # FLIGHT_SQL_SERVER_READ_ONLY
     4: (_BOOL, True),                            # FLIGHT_SQL_SERVER_SQL
-    5: (_BOOL, False),                           # FLIGHT_SQL_SERVER_SUBSTRAIT
+    5: (_BOOL, True),                            # FLIGHT_SQL_SERVER_SUBSTRAIT
+    6: (_STRING, SUBSTRAIT_VERSION),             # FLIGHT_SQL_SERVER_SUBSTRAIT_MIN_VERSION: the one plans are read in
+    7: (_STRING, SUBSTRAIT_VERSION),             # FLIGHT_SQL_SERVER_SUBSTRAIT_MAX_VERSION
     8: (_INT32, 0),                              # FLIGHT_SQL_SERVER_TRANSACTION: none
     9: (_BOOL, True),                            # FLIGHT_SQL_SERVER_CANCEL
     10: (_BOOL, True),                           # FLIGHT_SQL_SERVER_BULK_INGESTION

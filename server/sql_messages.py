@@ -46,6 +46,8 @@ _MESSAGES = {
     "ActionCancelQueryRequest": [("info", 1, "bytes", "")],
     "ActionCancelQueryResult": [("result", 1, "int32", "")],
     "CommandStatementQuery": [("query", 1, "string", ""), ("transaction_id", 2, "bytes", "optional")],
+    "SubstraitPlan": [("plan", 1, "bytes", ""), ("version", 2, "string", "")],
+    "CommandStatementSubstraitPlan": [("plan", 1, ".SubstraitPlan", ""), ("transaction_id", 2, "bytes", "optional")],
     "TicketStatementQuery": [("statement_handle", 1, "bytes", "")],
     "CommandPreparedStatementQuery": [("prepared_statement_handle", 1, "bytes", "")],
     "CommandStatementUpdate": [("query", 1, "string", ""), ("transaction_id", 2, "bytes", "optional")],

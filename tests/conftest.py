@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+import quail
 from quail.clients.server_process import ServerProcess
 from quail.engine.models import embedded_gguf, load_runtime
 
@@ -22,6 +23,20 @@ def _no_kv_from_other_tests(request):
     """Each test starts with an empty prefix cache, so its token counts do not depend on test order."""
     if "runtime" in request.fixturenames:
         request.getfixturevalue("runtime").runner.cache.clear()
+
+
+@pytest.fixture(scope="module")
+def hash_session(runtime):
+    """Sessions over the embedded model that answer yes / no by a hash of each prompt's content (the forward
+    passes still run): row sets non-trivial at a stated selectivity, checkable independently of a tiny model."""
+    def session(**tables) -> quail.Session:
+        made = quail.Session(runtime=runtime.variant("quail"))
+        made.runtime.decisions = "hash"
+        for name, table in tables.items():
+            made.register(name, table)
+        return made
+
+    return session
 
 
 @pytest.fixture(scope="session")

@@ -33,12 +33,8 @@ SELECTIVITY = 0.5
 
 
 @pytest.fixture(scope="module")
-def session(runtime):
-    s = quail.Session(runtime=runtime.variant("quail"))
-    s.runtime.decisions = "hash"
-    s.register("reviews", REVIEWS)
-    s.register("aspects", ASPECTS)
-    return s
+def session(hash_session):
+    return hash_session(reviews=REVIEWS, aspects=ASPECTS)
 
 
 def decide(runtime, template: str, layout: str, docs: list[str], anchor: int = 0) -> bool:

@@ -16,7 +16,7 @@ def test_wheel_installs_and_runs(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("quail_server-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     for module in ["quail/cli.py", "quail/server/app.py", "quail/planner/planner.py", "quail/engine/model.py",
-                   "quail/clients/demo.py"]:
+                   "quail/clients/demo.py", "quail/planner/quail_ai_functions.yaml"]:
         assert module in names
     assert not any(n.startswith(("server/", "engine/", "planner/", "tests/")) for n in names)
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
