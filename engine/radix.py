@@ -93,10 +93,13 @@ def build(requests: Sequence[Request]) -> RadixNode:
 def worth_keeping(path: int, children: list[RadixNode]) -> bool:
     """Whether children should continue from a prefix's resident KV rather than recompute it.
 
-    Attending to resident KV costs the children a slower attention path, so a
-    prefix is kept only when it is at least as long as the mean new tokens of
-    its children (an anchor document before short questions, a long shared
-    history), not when it is a short preamble before long documents.
+    A prefix is kept when it is at least as long as the mean of its children's
+    own edges: an anchor document before short questions, a long shared
+    history, and also the preamble before documents, whose children are branch
+    points (the documents' common first words), not whole documents. A long
+    resident run costs its rows a second attention call and a merge; a short
+    one is copied before each of its rows on the GPU (attention.Packed), so
+    keeping it costs ~nothing and saves its tokens in every row.
     """
     return path * len(children) >= sum(len(c) for c in children)
 
