@@ -1,0 +1,148 @@
+"""GPU probe: kernels for rows attending causally to their own tokens, packed without padding (H200).
+
+Flash varlen (FA2, the shipped layout) spends ~0.6 ms a layer on F1's passes
+(16K tokens of ~330-token rows): ~70 TFLOP/s, a tenth of the pass. Candidates,
+each on several F1-like pass compositions (new shapes every time, as a query
+brings them): its first call and warm calls in milliseconds, TFLOP/s of useful
+(causal) work, and its error against an fp32 reference on sample rows:
+- `flash`: torch's FA2 varlen (`_flash_attention_forward`);
+- `cudnn`: cuDNN over the same packed rows (`_cudnn_attention_forward` with
+  cumulative offsets: ragged, no padding);
+- `flex`: FlexAttention with a document mask (compiled Triton);
+- `fa4`: flash-attn-4 (CuTe DSL, sm90 forward) through torch's FA4 registration,
+  where its wheels were carried.
+Run once plainly and once with TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (cuDNN then
+builds one plan for many shapes). Writes own-attention[-avoid-recompile].json to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+H, HKV, D = 32, 8, 128
+
+
+def compositions(count: int, budget: int = 16384, seed: int = 0) -> list[list[int]]:
+    """Row lengths of `count` passes: lognormal around 330 tokens (F1's reviews), up to the budget."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        lengths = np.maximum(8, rng.lognormal(np.log(330) - 0.08, 0.4, 100).astype(int))
+        out.append(lengths[np.cumsum(lengths) <= budget].tolist())
+    return out
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One row, fp32: q (n, H, D), k/v (n, HKV, D) → causal attention output (n, H, D)."""
+    k, v = (t.float().repeat_interleave(H // HKV, 1).transpose(0, 1) for t in (k, v))
+    scores = (q.float().transpose(0, 1) @ k.transpose(-1, -2)) * D ** -0.5
+    n = q.shape[0]
+    scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    return (torch.softmax(scores, -1) @ v).transpose(0, 1)
+
+
+def flash(q, k, v, cu, longest):
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, longest, longest, 0.0, True, False,
+                                                   scale=D ** -0.5)[0]
+
+
+def cudnn(q, k, v, cu, longest):
+    return torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, longest, longest, True, 0.0, True, False,
+                                                   scale=D ** -0.5)[0]
+
+
+def flex_kernel() -> Callable:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = torch.compile(flex_attention, dynamic=False)
+
+    def run(q, k, v, cu, longest):
+        tokens = q.shape[0]
+        doc = torch.repeat_interleave(torch.arange(len(cu) - 1, device=q.device), cu[1:] - cu[:-1])
+
+        def causal_in_row(b, h, qi, ki):
+            return (doc[qi] == doc[ki]) & (qi >= ki)
+
+        mask = create_block_mask(causal_in_row, None, None, tokens, tokens, device=q.device)
+        out = compiled(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                       block_mask=mask, enable_gqa=True, scale=D ** -0.5)
+        return out[0].transpose(0, 1)
+
+    return run
+
+
+def fa4_kernel() -> Callable:
+    from torch.nn.attention import activate_flash_attention_impl
+
+    importlib.import_module("torch.nn.attention._fa4")  # registers "FA4"; needs the flash-attn-4 wheels
+    activate_flash_attention_impl("FA4")
+    return flash
+
+
+def timed(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return 1000 * (time.perf_counter() - start), out
+
+
+def measure(kernel: Callable, passes: list[list[int]]) -> dict:
+    firsts, warms, errors, tflops = [], [], [], []
+    for lengths in passes:
+        tokens = sum(lengths)
+        q = torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(tokens, HKV, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(tokens, HKV, D, device="cuda", dtype=torch.bfloat16)
+        cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device="cuda")
+        first, out = timed(lambda: kernel(q, k, v, cu, max(lengths)))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            kernel(q, k, v, cu, max(lengths))
+        end.record()
+        torch.cuda.synchronize()
+        firsts.append(first)
+        warms.append(start.elapsed_time(end) / 5)
+        tflops.append(sum(4 * H * D * n * (n + 1) / 2 for n in lengths) / warms[-1] / 1e9)
+        for b in (0, len(lengths) // 2):
+            a, e = int(cu[b]), int(cu[b + 1])
+            want = reference(q[a:e], k[a:e], v[a:e])
+            errors.append(float((out[a:e].float() - want).norm() / want.norm()))
+    return {"first_ms": firsts, "warm_ms": warms, "warm_tflops_median": float(np.median(tflops)),
+            "rel_err_max": max(errors)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--passes", type=int, default=8)
+    p.add_argument("--kernels", default="flash,cudnn,flex,fa4")
+    p.add_argument("--out", default=".")
+    args = p.parse_args()
+    passes = compositions(args.passes)
+    makers = {"flash": lambda: flash, "cudnn": lambda: cudnn, "flex": flex_kernel, "fa4": fa4_kernel}
+    avoid = os.environ.get("TORCH_CUDNN_SDPA_AVOID_RECOMPILE") == "1"
+    result: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "avoid_recompile": avoid,
+                    "rows_per_pass": [len(x) for x in passes], "tokens_per_pass": [sum(x) for x in passes]}
+    for name in args.kernels.split(","):  # fa4 last: it replaces the flash kernel for the rest of the process
+        try:
+            result[name] = measure(makers[name](), passes)
+        except Exception:
+            result[name] = {"error": traceback.format_exc()[-1500:]}
+        print(name, json.dumps(result[name])[:600], flush=True)
+    tag = "-avoid-recompile" if avoid else ""
+    Path(args.out, f"own-attention{tag}.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
