@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from quail.engine.config import EngineConfig
-from quail.engine.errors import NotFound
+from quail.engine.errors import InvalidArgument, NotFound
 from quail.engine.fp8 import Fp8Linear
 from quail.engine.models import export_embedded_tokenizer, load_runtime
 from quail.engine.requests import Request
@@ -96,3 +96,15 @@ def test_fp8_runtime_agrees_with_bf16(saved):
         assert any(isinstance(m, Fp8Linear) for m in runtime.runner.model.modules()) == (precision == "fp8")
         answers[precision] = np.array(runtime.score(_requests(runtime)))
     assert np.abs(np.exp(answers["fp8"]) - np.exp(answers["bf16"])).max() < 0.05
+
+
+def test_attention_layout_is_varlen_on_cuda_in_bf16_and_fp8_only():
+    assert EngineConfig().attention_layout == "buckets"
+    assert EngineConfig(device="cuda", precision="bf16").attention_layout == "varlen"
+    assert EngineConfig(device="cuda", precision="fp8").attention_layout == "varlen"
+    assert EngineConfig(device="cuda", precision="fp32").attention_layout == "buckets"
+    assert EngineConfig(device="cuda", precision="bf16", attention="buckets").attention_layout == "buckets"
+    with pytest.raises(InvalidArgument, match="runs on a CUDA device in bf16 or fp8"):
+        load_runtime(EngineConfig(attention="varlen"))
+    with pytest.raises(InvalidArgument, match="attention 'dense' is not available"):
+        load_runtime(EngineConfig(attention="dense"))
