@@ -121,7 +121,9 @@ def run_engines(query: str, sql: str, sessions: dict[str, quail.Session], usd_pe
 
 
 def warm_up(runtime: Runtime) -> None:
-    """One small forward pass, so no engine pays for first-call setup."""
+    """The runtime's warm-up passes and one question through the tokenizer, so no engine pays for
+    first-call setup."""
+    runtime.warm_up()
     yes_probabilities(runtime, Question("Is {0} short?"), [["warm-up text"]])
 
 

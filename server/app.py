@@ -75,6 +75,7 @@ class QuailServer:
         self.store = TableStore(config.data_dir)
         engine = config.engine
         self.runtime = load_runtime(engine)
+        self.runtime.warm_up()
         self.metrics = Metrics(self.runtime.runner)
         device = engine.speed_of_light_device
         sol = partial(sol_seconds, model=self.runtime.config, device=DEVICES[device], precision=engine.precision,

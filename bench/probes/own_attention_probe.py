@@ -43,22 +43,23 @@ def compositions(count: int, budget: int = 16384, seed: int = 0) -> list[list[in
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """One row, fp32: q (n, H, D), k/v (n, HKV, D) → causal attention output (n, H, D)."""
+    """One row, fp32: q (n, H, D), k/v (m ≥ n, HKV, D) → causal attention aligned bottom-right (query i
+    sees keys up to m − n + i): (n, H, D)."""
     k, v = (t.float().repeat_interleave(H // HKV, 1).transpose(0, 1) for t in (k, v))
     scores = (q.float().transpose(0, 1) @ k.transpose(-1, -2)) * D ** -0.5
-    n = q.shape[0]
-    scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), float("-inf"))
-    return (torch.softmax(scores, -1) @ v).transpose(0, 1)
+    n, m = q.shape[0], k.shape[1]
+    allowed = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n)
+    return (torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v).transpose(0, 1)
 
 
-def flash(q, k, v, cu, longest):
-    return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, longest, longest, 0.0, True, False,
+def flash(q, k, v, cu_q, cu_k, max_q, max_k):
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False,
                                                    scale=D ** -0.5)[0]
 
 
-def cudnn(q, k, v, cu, longest):
-    return torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, longest, longest, True, 0.0, True, False,
-                                                   scale=D ** -0.5)[0]
+def cudnn(q, k, v, cu_q, cu_k, max_q, max_k):
+    return torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu_q, cu_k, max_q, max_k, True, 0.0, True,
+                                                   False, scale=D ** -0.5)[0]
 
 
 def flex_kernel() -> Callable:
@@ -66,14 +67,17 @@ def flex_kernel() -> Callable:
 
     compiled = torch.compile(flex_attention, dynamic=False)
 
-    def run(q, k, v, cu, longest):
-        tokens = q.shape[0]
-        doc = torch.repeat_interleave(torch.arange(len(cu) - 1, device=q.device), cu[1:] - cu[:-1])
+    def run(q, k, v, cu_q, cu_k, max_q, max_k):
+        rows = torch.arange(len(cu_q) - 1, device=q.device)
+        doc_q = torch.repeat_interleave(rows, cu_q[1:] - cu_q[:-1])
+        doc_k = torch.repeat_interleave(rows, cu_k[1:] - cu_k[:-1])
+        shift = (cu_k[1:] - cu_k[:-1]) - (cu_q[1:] - cu_q[:-1])  # keys before each row's first query
 
         def causal_in_row(b, h, qi, ki):
-            return (doc[qi] == doc[ki]) & (qi >= ki)
+            row = doc_q[qi]
+            return (row == doc_k[ki]) & (ki - cu_k[row] <= qi - cu_q[row] + shift[row])
 
-        mask = create_block_mask(causal_in_row, None, None, tokens, tokens, device=q.device)
+        mask = create_block_mask(causal_in_row, None, None, q.shape[0], k.shape[0], device=q.device)
         out = compiled(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                        block_mask=mask, enable_gqa=True, scale=D ** -0.5)
         return out[0].transpose(0, 1)
@@ -97,30 +101,48 @@ def timed(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
     return 1000 * (time.perf_counter() - start), out
 
 
+def _inputs(lengths: list[int], before: int) -> tuple[torch.Tensor, ...]:
+    """Packed q, k, v and offsets of rows of `lengths` queries, each after `before` extra keys."""
+    keys = [n + before for n in lengths]
+    q = torch.randn(sum(lengths), H, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(keys), HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    cu_q, cu_k = (torch.tensor(np.concatenate([[0], np.cumsum(x)]), dtype=torch.int32, device="cuda")
+                  for x in (lengths, keys))
+    return q, k, v, cu_q, cu_k
+
+
+def _errors(out, q, k, v, cu_q, cu_k, rows) -> list[float]:
+    errors = []
+    for b in rows:
+        span_q, span_k = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        want = reference(q[span_q], k[span_k], v[span_k])
+        errors.append(float((out[span_q].float() - want).norm() / want.norm()))
+    return errors
+
+
 def measure(kernel: Callable, passes: list[list[int]]) -> dict:
+    """First and warm milliseconds on each pass composition, useful TFLOP/s, and the error against fp32,
+    also for rows after 40 keys of a copied prefix (queries aligned to the end of their keys)."""
     firsts, warms, errors, tflops = [], [], [], []
     for lengths in passes:
-        tokens = sum(lengths)
-        q = torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(tokens, HKV, D, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(tokens, HKV, D, device="cuda", dtype=torch.bfloat16)
-        cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device="cuda")
-        first, out = timed(lambda: kernel(q, k, v, cu, max(lengths)))
+        inputs = _inputs(lengths, 0)
+        call = lambda: kernel(*inputs, max(lengths), max(lengths))  # noqa: E731
+        first, out = timed(call)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(5):
-            kernel(q, k, v, cu, max(lengths))
+            call()
         end.record()
         torch.cuda.synchronize()
         firsts.append(first)
         warms.append(start.elapsed_time(end) / 5)
         tflops.append(sum(4 * H * D * n * (n + 1) / 2 for n in lengths) / warms[-1] / 1e9)
-        for b in (0, len(lengths) // 2):
-            a, e = int(cu[b]), int(cu[b + 1])
-            want = reference(q[a:e], k[a:e], v[a:e])
-            errors.append(float((out[a:e].float() - want).norm() / want.norm()))
+        errors += _errors(out, *inputs, (0, len(lengths) // 2))
+    lengths = passes[0][:6]
+    inputs = _inputs(lengths, 40)
+    prefix = _errors(kernel(*inputs, max(lengths), max(lengths) + 40), *inputs, range(6))
     return {"first_ms": firsts, "warm_ms": warms, "warm_tflops_median": float(np.median(tflops)),
-            "rel_err_max": max(errors)}
+            "rel_err_max": max(errors), "after_prefix_rel_err_max": max(prefix)}
 
 
 def main() -> None:
