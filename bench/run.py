@@ -28,6 +28,7 @@ from typing import Any
 
 import quail
 from quail.engine.ai_ops import Question, yes_probabilities
+from quail.engine.config import ATTENTION
 from quail.engine.errors import QuailError
 from quail.engine.runtime import Runtime
 from quail.planner.cost import DEVICES
@@ -224,7 +225,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-bytes", type=int, default=None,
                    help="documents' KV kept between a query's AI steps (default: 1 GiB on the CPU, none on a "
                         "GPU; 0: none); cleared before each query")
-    p.add_argument("--attention", default=None, choices=["buckets", "varlen"],
+    p.add_argument("--attention", default=None, choices=ATTENTION,
                    help="own-token attention: rows padded per length bucket (cuDNN), or one flash varlen "
                         "call (default: varlen on CUDA in bf16/fp8)")
     p.add_argument("--usd-per-gpu-hour", type=float, default=3.95)

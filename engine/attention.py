@@ -103,11 +103,12 @@ class Packed:
         """The key and value buffers of the varlen call: each row's copied run (if any), then its own."""
         if self.own_index is None:
             return k, v
+        runs = [(run.layer(layer), count) for run, count in self.inlined]  # a chained run's pieces joined once
         out = []
         for own, pick in ((k, 0), (v, 1)):
             buffer = own.new_empty(self.key_total, *own.shape[1:])
             buffer.index_copy_(0, self.own_index, own)
-            copies = torch.cat([run.layer(layer)[pick].repeat(count, 1, 1) for run, count in self.inlined])
+            copies = torch.cat([kv[pick].repeat(count, 1, 1) for kv, count in runs])
             out.append(buffer.index_copy_(0, self.inline_index, copies))
         return out[0], out[1]
 

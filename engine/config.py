@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+ATTENTION = ("buckets", "varlen")  # rows padded per length bucket for cuDNN, or one flash varlen call
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -92,12 +94,17 @@ class EngineConfig:
         return self.compile if self.compile is not None else self.device.startswith("cuda")
 
     @property
+    def flash_capable(self) -> bool:
+        """Whether flash kernels run here: CUDA in bf16 or fp8."""
+        return self.device.startswith("cuda") and self.precision != "fp32"
+
+    @property
     def attention_layout(self) -> str:
-        """attention, else "varlen" on CUDA in bf16 or fp8 (no cuDNN plan per new shape: faster first
-        runs, bench/GPU_NOTES.md), else "buckets"."""
+        """attention, else "varlen" where flash runs (no cuDNN plan per new shape: faster first runs,
+        bench/GPU_NOTES.md), else "buckets"."""
         if self.attention:
             return self.attention
-        return "varlen" if self.device.startswith("cuda") and self.precision != "fp32" else "buckets"
+        return "varlen" if self.flash_capable else "buckets"
 
     @property
     def speed_of_light_device(self) -> str | None:

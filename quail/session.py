@@ -34,7 +34,7 @@ from quail.planner.dialects import DEFAULT_DIALECT
 from quail.planner.explain import explain_lines
 from quail.planner.planner import plan_sql
 from quail.planner.substrait_export import export_plan
-from quail.planner.substrait_import import import_plan
+from quail.planner.substrait_import import QUERY_TEXT, import_plan
 
 
 class DocumentProvider:
@@ -175,7 +175,7 @@ class Session:
     def execute_substrait(self, plan: bytes) -> Result:
         """Run a serialized Substrait plan over the registered tables: one `substrait` made, or one written
         by hand within the same subset (AI work as calls of Quail's AI extension functions)."""
-        return self._query("<Substrait plan>", import_plan(plan, self.catalog)).run()
+        return self._query(QUERY_TEXT, import_plan(plan, self.catalog)).run()
 
     def _query(self, text: str, plan: PhysicalPlan) -> Query:
         return Query(self, text, plan, result_schema(plan, self.catalog))

@@ -22,7 +22,7 @@ from quail.engine.storage import TableStore
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
 from quail.planner.cost import rank_by_sol
 from quail.planner.dialects import DIALECTS
-from quail.planner.substrait_import import import_plan
+from quail.planner.substrait_import import QUERY_TEXT, import_plan
 from quail.planner.updates import UpdatePlan, plan_statement
 
 from . import metadata
@@ -46,7 +46,6 @@ _IF_MISSING = {sql.TABLE_NOT_EXIST_UNSPECIFIED: "fail", sql.TABLE_NOT_EXIST_CREA
                sql.TABLE_NOT_EXIST_FAIL: "fail"}
 _UPDATES = ("CommandStatementUpdate", "CommandPreparedStatementUpdate")
 UPDATE_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
-SUBSTRAIT_QUERY = "<Substrait plan>"  # a Substrait plan's query text where queries are listed
 _ACTIONS = [
     ("CreatePreparedStatement", "Prepare a SQL query; returns its handle and result schema"),
     ("ClosePreparedStatement", "Release a prepared statement"),
@@ -161,7 +160,7 @@ class FlightSQLHandler:
         if name == "CommandStatementQuery":
             return self._query_info(descriptor, cmd.query, self._plan(cmd.query, None, context))
         if name == "CommandStatementSubstraitPlan":
-            return self._query_info(descriptor, SUBSTRAIT_QUERY, self._substrait(cmd))
+            return self._query_info(descriptor, QUERY_TEXT, self._substrait(cmd))
         if name == "CommandPreparedStatementQuery":
             statement = self.statements.prepared(cmd.prepared_statement_handle)
             return self._query_info(descriptor, statement.query, self._plan(statement.query, statement.params, context))

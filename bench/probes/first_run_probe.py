@@ -19,6 +19,7 @@ import torch
 import quail
 import quail.engine.attention as attention
 from quail.engine.attention import attend
+from quail.engine.config import ATTENTION
 from quail.engine.runner import ModelRunner
 
 from bench.datagen import Workload, generate
@@ -48,7 +49,7 @@ def main() -> None:
     p.add_argument("--scale", type=float, default=0.1)
     p.add_argument("--tokenizer", default=".carry/tokenizer")
     p.add_argument("--exact-shapes", action="store_true")
-    p.add_argument("--attention", default="buckets", choices=["buckets", "varlen"])
+    p.add_argument("--attention", default="buckets", choices=ATTENTION)
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--out", default=".")
     args = p.parse_args()
