@@ -28,13 +28,15 @@ serve: $(STAMP)
 
 # What a GPU run carries (ignored by git): wheels of this tree and of what the GPU image lacks, and
 # the embedded model's tokenizer for dummy weights. Then: device run, carry [".whl", ".carry"].
+# Not protobuf: the image's own (7.36, with its C module) serves the Substrait messages; a carried
+# pure-Python protobuf would meet that C module and fail to import.
 gpu-carry: $(STAMP)
 	rm -rf .whl/quail_server-*.whl
 	$(BIN)/python -m pip wheel --quiet --no-deps -w .whl .
 	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
 		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 		-d .whl duckdb==2.0.1 sqlglot==30.30.0 substrait==0.37.1 substrait-protobuf==0.106.0 \
-		substrait-extensions==0.106.0 substrait-antlr==0.106.0 antlr4-python3-runtime==4.13.2 protobuf==6.33.6 \
+		substrait-extensions==0.106.0 substrait-antlr==0.106.0 antlr4-python3-runtime==4.13.2 \
 		pyyaml==6.0.3
 	$(BIN)/python -c "from quail.engine.models import export_embedded_tokenizer; export_embedded_tokenizer('.carry/tokenizer')"
 

@@ -75,11 +75,14 @@ def kernels(device: str) -> dict:
     k = torch.randn(t, hkv, d, device=device, dtype=torch.bfloat16)
     v = torch.randn(t, hkv, d, device=device, dtype=torch.bfloat16)
     as_fp32 = {id(r): KV([r.keys[0].float()], [r.values[0].float()]) for r in runs}
-    for name, chosen in [("one-run", [runs[0], runs[0], None, None, None]), ("several-runs", pasts)]:
+    cases = [("one-run", [runs[0], runs[0], None, None, None], None), ("several-runs", pasts, None),
+             ("in-pass", [None, None, None, runs[1], runs[1]], [None, 0, 0, None, 3])]  # rows after earlier rows
+    for name, chosen, parents in cases:
         want = attention(q.float(), k.float(), v.float(),
-                         Rows.build(lengths, [None if p is None else as_fp32[id(p)] for p in chosen], torch.device(device)), 0)
+                         Rows.build(lengths, [None if p is None else as_fp32[id(p)] for p in chosen], torch.device(device),
+                                    parents=parents), 0)
         for layout, padded in [("", True), ("-varlen", False)]:
-            got = attention(q, k, v, Rows.build(lengths, chosen, torch.device(device), padded), 0)
+            got = attention(q, k, v, Rows.build(lengths, chosen, torch.device(device), padded, parents), 0)
             out[f"shared-prefix-attention-{name}{layout}"] = {"out_rel_err": _rel(got, want)}
     return out
 

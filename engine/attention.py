@@ -1,4 +1,4 @@
-"""Attention of packed rows: causal over each row's own tokens, merged by log-sum-exp with resident KV.
+"""Attention of packed rows: causal over each row's own tokens, merged by log-sum-exp with what they continue.
 
 Kernels, as measured on the H200 (bench/results/2026-11-29-h200-attention-probe.json,
 64 rows of 200-400 tokens, 32/8 heads, d=128, bf16):
@@ -76,18 +76,41 @@ def _buckets(lengths: list[int], starts: np.ndarray, device: torch.device) -> tu
     return buckets, _on(device, np.repeat(base, lengths) + within)
 
 
+@dataclass(eq=False)
+class Before:
+    """What a stretch of rows continues: resident KV (`past`) and/or tokens earlier in the same pass
+    (`chain`: their packed indices on the device, `chain_len` of them), in that order."""
+
+    past: KV | None
+    chain: torch.Tensor | None = None
+    chain_len: int = 0
+
+    def __len__(self) -> int:
+        return (len(self.past) if self.past is not None else 0) + self.chain_len
+
+    def pieces(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Its keys and values in `layer`, piece by piece (k, v: the pass's own, for the chain)."""
+        out = [(piece.keys[layer], piece.values[layer]) for piece in self.past.chunks()] if self.past else []
+        if self.chain is not None:
+            out.append((k.index_select(0, self.chain), v.index_select(0, self.chain)))
+        return out
+
+
 @dataclass
 class Packed:
-    """Rows laid out for one flash varlen call (no padding), with short resident runs copied in.
+    """Rows laid out for one flash varlen call (no padding), with short runs before them copied in.
 
-    A run no longer than its rows' own tokens together (a preamble before
-    documents) is cheaper to copy before each of its rows than to attend
-    separately and merge: those rows' keys are [run, own tokens]. offsets and
-    key_offsets: (rows + 1) cumulative query and key counts on the device,
-    longest and longest_keys their largest steps, key_total the last;
-    own_index: where the packed tokens' keys go in the key buffer (None: the
-    buffer is the packed keys themselves); inlined: each copied run and how
-    many rows it precedes; inline_index: where those copies go, in that order.
+    A resident run no longer than its rows' own tokens together (a preamble
+    before documents) is cheaper to copy before each of its rows than to attend
+    separately and merge; so are the tokens of earlier rows of the pass that a
+    row continues (its chain, short by the strategy's choice). Each row's keys
+    are [copied run, chain, own tokens]. offsets and key_offsets: (rows + 1)
+    cumulative query and key counts on the device, longest and longest_keys
+    their largest steps, key_total the last; own_index: where the packed
+    tokens' keys go in the key buffer (None: the buffer is the packed keys
+    themselves); inlined: each copied run and how many rows it precedes;
+    inline_index: where those copies go, in that order; chain_from and
+    chain_to: which packed tokens' keys are copied where as chains.
     """
 
     offsets: torch.Tensor
@@ -98,9 +121,11 @@ class Packed:
     own_index: torch.Tensor | None = None
     inlined: list[tuple[KV, int]] = field(default_factory=list)
     inline_index: torch.Tensor | None = None
+    chain_from: torch.Tensor | None = None
+    chain_to: torch.Tensor | None = None
 
     def keys(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The key and value buffers of the varlen call: each row's copied run (if any), then its own."""
+        """The key and value buffers of the varlen call: each row's copied run and chain (if any), then its own."""
         if self.own_index is None:
             return k, v
         runs = [(run.layer(layer), count) for run, count in self.inlined]  # a chained run's pieces joined once
@@ -108,85 +133,131 @@ class Packed:
         for own, pick in ((k, 0), (v, 1)):
             buffer = own.new_empty(self.key_total, *own.shape[1:])
             buffer.index_copy_(0, self.own_index, own)
-            copies = torch.cat([kv[pick].repeat(count, 1, 1) for kv, count in runs])
-            out.append(buffer.index_copy_(0, self.inline_index, copies))
+            if runs:
+                copies = torch.cat([kv[pick].repeat(count, 1, 1) for kv, count in runs])
+                buffer.index_copy_(0, self.inline_index, copies)
+            if self.chain_from is not None:
+                buffer.index_copy_(0, self.chain_to, own.index_select(0, self.chain_from))
+            out.append(buffer)
         return out[0], out[1]
 
 
-def _packed(lengths: list[int], starts: np.ndarray, row_runs: list[tuple[int, int, KV]], device: torch.device
-            ) -> tuple[Packed, list[tuple[int, int, KV]]]:
+def _chains(starts: np.ndarray, parents: list[int | None]) -> list[np.ndarray]:
+    """Each row's chain: the packed tokens of the earlier rows it continues, first ancestor first."""
+    chains: list[np.ndarray] = []
+    for b, parent in enumerate(parents):
+        if parent is None:
+            chains.append(np.zeros(0, dtype=np.int64))
+            continue
+        if not 0 <= parent < b:
+            raise ValueError(f"row {b} continues row {parent}: a row continues an earlier row of its pass")
+        chains.append(np.concatenate([chains[parent], np.arange(starts[parent], starts[parent + 1])]))
+    return chains
+
+
+def _packed(lengths: list[int], starts: np.ndarray, row_runs: list[tuple[int, int, KV]], chains: list[np.ndarray],
+            device: torch.device) -> tuple[Packed, list[tuple[int, int, KV]]]:
     """The varlen layout of the rows, and the runs (first row, end row, KV) left to attend separately."""
     lengths_a = np.asarray(lengths, dtype=np.int64)
-    before = np.zeros(len(lengths), dtype=np.int64)
+    copied = np.zeros(len(lengths), dtype=np.int64)
+    chained = np.array([len(c) for c in chains], dtype=np.int64)
     inlined, kept = [], []
     for first, end, run in row_runs:
         if len(run) * (end - first) <= lengths_a[first:end].sum():
-            before[first:end] = len(run)
+            copied[first:end] = len(run)
             inlined.append((first, end, run))
         else:
             kept.append((first, end, run))
+    before = copied + chained
     key_offsets = np.concatenate([[0], np.cumsum(before + lengths_a)])
     packed = Packed(_on(device, starts.astype(np.int32)), _on(device, key_offsets.astype(np.int32)),
                     int(lengths_a.max()), int((before + lengths_a).max()), int(key_offsets[-1]))
+    if not before.any():
+        return packed, kept
+    own = np.repeat(key_offsets[:-1] + before - starts[:-1], lengths_a) + np.arange(starts[-1])
+    packed.own_index = _on(device, own)
     if inlined:
-        own = np.repeat(key_offsets[:-1] + before - starts[:-1], lengths_a) + np.arange(starts[-1])
         copies = np.concatenate([key_offsets[b] + np.arange(len(run)) for first, end, run in inlined
                                  for b in range(first, end)])
-        packed.own_index, packed.inline_index = _on(device, own), _on(device, copies)
+        packed.inline_index = _on(device, copies)
         packed.inlined = [(run, end - first) for first, end, run in inlined]
+    if chained.any():
+        packed.chain_from = _on(device, np.concatenate(chains))
+        packed.chain_to = _on(device, np.concatenate([key_offsets[b] + copied[b] + np.arange(n)
+                                                      for b, n in enumerate(chained)]))
     return packed, kept
+
+
+def _stretches(keys: list[tuple[int, ...]]) -> list[tuple[int, int]]:
+    """(first row, end row) of each stretch of consecutive rows with equal keys."""
+    out: list[tuple[int, int]] = []
+    for b, key in enumerate(keys):
+        if out and keys[out[-1][0]] == key:
+            out[-1] = (out[-1][0], b + 1)
+        else:
+            out.append((b, b + 1))
+    return out
 
 
 @dataclass
 class Rows:
-    """Where each row's new tokens sit in the packed batch, and which resident KV they continue.
+    """Where each row's new tokens sit in the packed batch, and what they continue.
 
-    starts: (rows + 1) offsets into the packed tokens. For attention, rows are
+    starts: (rows + 1) offsets into the packed tokens; context: how many tokens
+    come before each row's own (its resident KV, then its chain: the tokens of
+    the earlier rows of the pass it continues). For attention, rows are
     padded per bucket (width_class), not to the pass's longest row: buckets
     holds (offset, rows, width) of each bucket's (rows × width) block in one
     flat padded buffer, and pad_index (tokens,) the flat position of each packed
-    token there. runs: (first token, end token, KV) for each stretch of
-    consecutive rows that continue one resident KV run attended separately;
-    past_index: the packed tokens that continue such a run, in run order (None
-    when no row does); run_offsets: (cumulative query tokens, cumulative keys)
+    token there. runs: (first token, end token, Before) for each stretch of
+    consecutive rows that continue the same keys attended separately;
+    past_index: the packed tokens in such stretches, in run order (None
+    when no row is); run_offsets: (cumulative query tokens, cumulative keys)
     of those runs laid end to end, for a varlen kernel. Unpadded: no buckets;
-    `packed` lays the rows out for one varlen call, short runs copied in.
+    `packed` lays the rows out for one varlen call, short runs and chains copied in.
     """
 
     lengths: list[int]
     starts: list[int]
+    context: list[int]
     buckets: list[tuple[int, int, int]]
     pad_index: torch.Tensor | None
-    runs: list[tuple[int, int, KV]]
+    runs: list[tuple[int, int, Before]]
     past_index: torch.Tensor | None = None
     run_offsets: tuple[torch.Tensor, torch.Tensor] | None = None
     packed: Packed | None = None
 
     @classmethod
-    def build(cls, lengths: list[int], pasts: list[KV | None], device: torch.device, padded: bool = True) -> "Rows":
-        """The layout of rows of `lengths` new tokens after `pasts`; padded: per bucket, else for one varlen call."""
+    def build(cls, lengths: list[int], pasts: list[KV | None], device: torch.device, padded: bool = True,
+              parents: list[int | None] | None = None) -> "Rows":
+        """The layout of rows of `lengths` new tokens after `pasts` and, where `parents` names one, after
+        that earlier row of the pass (and what it continues: its past is theirs); padded: per bucket, else
+        for one varlen call."""
         starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        row_runs: list[tuple[int, int, KV]] = []  # (first row, end row, KV) of consecutive rows after one run
-        for b, past in enumerate(pasts):
-            if past is None:
-                continue
-            if row_runs and row_runs[-1][2] is past and row_runs[-1][1] == b:
-                row_runs[-1] = (row_runs[-1][0], b + 1, past)
-            else:
-                row_runs.append((b, b + 1, past))
+        parents = parents or [None] * len(lengths)
+        if any(p is not None and pasts[b] is not pasts[p] for b, p in enumerate(parents)):
+            raise ValueError("a row continuing an earlier row of its pass continues that row's past too")
+        chains = _chains(starts, parents)
+        context = [(len(past) if past is not None else 0) + len(chain) for past, chain in zip(pasts, chains)]
         buckets, pad_index, packed = [], None, None
         if padded:
             buckets, pad_index = _buckets(lengths, starts, device)
+            stretches = _stretches([(id(past), parent) for past, parent in zip(pasts, parents)])
+            runs = [(first, end, Before(pasts[first], _on(device, chains[first]) if len(chains[first]) else None,
+                                        len(chains[first])))
+                    for first, end in stretches if context[first]]
         else:
-            packed, row_runs = _packed(lengths, starts, row_runs, device)
-        runs = [(int(starts[first]), int(starts[end]), run) for first, end, run in row_runs]
-        starts_list = starts.tolist()
-        if not runs:
-            return cls(lengths, starts_list, buckets, pad_index, runs, packed=packed)
-        past_index = _on(device, np.concatenate([np.arange(a, e) for a, e, _ in runs]))
-        sizes = np.array([[0, 0]] + [[e - a, len(run)] for a, e, run in runs], dtype=np.int32).cumsum(0, dtype=np.int32)
-        run_offsets = (_on(device, sizes[:, 0].copy()), _on(device, sizes[:, 1].copy()))
-        return cls(lengths, starts_list, buckets, pad_index, runs, past_index, run_offsets, packed)
+            stretches = _stretches([(id(past),) for past in pasts])
+            row_runs = [(first, end, pasts[first]) for first, end in stretches if pasts[first] is not None]
+            packed, kept = _packed(lengths, starts, row_runs, chains, device)
+            runs = [(first, end, Before(run)) for first, end, run in kept]
+        runs = [(int(starts[first]), int(starts[end]), before) for first, end, before in runs]
+        layout = cls(lengths, starts.tolist(), context, buckets, pad_index, runs, packed=packed)
+        if runs:
+            layout.past_index = _on(device, np.concatenate([np.arange(a, e) for a, e, _ in runs]))
+            sizes = np.array([[0, 0]] + [[e - a, len(run)] for a, e, run in runs], dtype=np.int32).cumsum(0, dtype=np.int32)
+            layout.run_offsets = (_on(device, sizes[:, 0].copy()), _on(device, sizes[:, 1].copy()))
+        return layout
 
     def pad(self, x: torch.Tensor) -> list[torch.Tensor]:
         """(tokens, heads, d) packed → per bucket (rows, heads, width, d), right-padded with zeros."""
@@ -239,9 +310,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> t
 
 def own_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed, layer: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's causal attention to its own tokens (after its copied run, if any), all rows in one
-    flash varlen call: (n, h, d), (n, h). Causal masks align bottom-right: token i of a row after a
-    copied run of p sees keys up to p + i."""
+    """Each row's causal attention to its own tokens (after its copied run and chain, if any), all rows
+    in one flash varlen call: (n, h, d), (n, h). Causal masks align bottom-right: token i of a row
+    after p copied keys sees keys up to p + i."""
     keys, values = packed.keys(k, v, layer)
     out, lse = torch.ops.aten._flash_attention_forward(
         q, keys, values, packed.offsets, packed.key_offsets, packed.longest, packed.longest_keys, 0.0, True,
@@ -249,11 +320,13 @@ def own_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed
     return out, lse.transpose(0, 1)
 
 
-def over_runs(q: torch.Tensor, rows: Rows, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+def over_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, layer: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of the tokens in rows.past_index to their runs' keys (non-causal): (n, h, d), (n, h).
 
-    One run of padded rows: one cuDNN call. Several, or unpadded rows: one flash
-    varlen call over the runs' keys laid end to end. fp32: the reference, run by run.
+    k and v: the pass's own (a run's chain is theirs). One run of padded rows:
+    one cuDNN call. Several, or unpadded rows: one flash varlen call over the
+    runs' keys laid end to end. fp32: the reference, run by run.
     """
     def packed(t: torch.Tensor) -> torch.Tensor:  # (n, h, d) → (1, h, n, d) view
         return t.transpose(0, 1)[None]
@@ -261,14 +334,14 @@ def over_runs(q: torch.Tensor, rows: Rows, layer: int) -> tuple[torch.Tensor, to
     if not _fused(q) or (len(rows.runs) == 1 and rows.packed is None):
         outs, lses = [], []
         for first, end, run in rows.runs:
-            keys, values = run.layer(layer)
+            pieces = run.pieces(k, v, layer)
+            keys, values = (torch.cat([piece[i] for piece in pieces]) for i in (0, 1))
             out, lse = attend(packed(q[first:end]), packed(keys), packed(values), causal=False)
             outs.append(out[0].transpose(0, 1))
             lses.append(lse[0].transpose(0, 1))
         return torch.cat(outs), torch.cat(lses)
-    pieces = [piece for *_, run in rows.runs for piece in run.chunks()]
-    keys = torch.cat([piece.keys[layer] for piece in pieces])
-    values = torch.cat([piece.values[layer] for piece in pieces])
+    pieces = [piece for *_, run in rows.runs for piece in run.pieces(k, v, layer)]
+    keys, values = (torch.cat([piece[i] for piece in pieces]) for i in (0, 1))
     cu_q, cu_k = rows.run_offsets
     out, lse = torch.ops.aten._flash_attention_forward(
         q.index_select(0, rows.past_index), keys, values, cu_q, cu_k, max(e - a for a, e, _ in rows.runs),
@@ -288,8 +361,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
     """Packed q (tokens, heads, d) and k/v (tokens, kv_heads, d) → output (tokens, heads, d).
 
     Each row attends causally to its own tokens (one kernel call per padding
-    bucket, or one varlen call for them all) and, where it continues a resident run, to all of that run's keys
-    in `layer`; `merger` is `merge` or a compiled (fused) version of it.
+    bucket, or one varlen call for them all) and to every key it continues in
+    `layer`: a resident run's, and its chain's (earlier rows of the pass, whose
+    keys are in k and v); `merger` is `merge` or a compiled (fused) version of it.
     """
     if rows.packed is not None:
         out, lse = own_varlen(q, k, v, rows.packed, layer)
@@ -306,5 +380,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
         lse = rows.unpad([l[..., None] for _, l in own])[..., 0]
     index = rows.past_index
     lse = lse.index_select(0, index)
-    past, past_lse = over_runs(q, rows, layer)
+    past, past_lse = over_runs(q, k, v, rows, layer)
     return out.index_copy_(0, index, merger(out.index_select(0, index), lse, past, past_lse))

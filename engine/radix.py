@@ -33,6 +33,10 @@ class RadixNode:
     def __len__(self) -> int:
         return self.end - self.start
 
+    def tokens_below(self) -> int:
+        """Tokens of this edge and of every edge below it."""
+        return len(self) + sum(child.tokens_below() for child in self.children)
+
 
 def _token_lcp(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))

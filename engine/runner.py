@@ -1,4 +1,4 @@
-"""The model runner: packed prefill batches, each row after its own resident KV."""
+"""The model runner: packed prefill batches, each row after its resident KV and earlier rows of its pass."""
 
 from __future__ import annotations
 
@@ -20,13 +20,15 @@ from .turns import Turns
 
 @dataclass
 class Row:
-    """New tokens to compute after `past` (None: from position 0); keep_kv returns their KV, else
+    """New tokens to compute after `past` (None: from position 0) and, where `parent` names one, after
+    that earlier row of the same pass (whose past is this row's too); keep_kv returns their KV, else
     keep_tokens > 0 the KV of the first keep_tokens of them."""
 
     ids: np.ndarray
     past: KV | None = None
     keep_kv: bool = False
     keep_tokens: int = 0
+    parent: int | None = None
 
 
 PAD_FACTOR = 2  # attention pads each row to its bucket's longest: padded area ≤ PAD_FACTOR × budget
@@ -145,11 +147,11 @@ class ModelRunner:
         """An empty forward pass of this runner's budget and attention layout."""
         return Fill(self.token_budget, padded=self.model.padded_attention)
 
-    def _inputs(self, rows: list[Row], layout: Rows, resident: list[int]) -> tuple[torch.Tensor, ...]:
-        """Packed token ids, their positions (after each row's resident KV), each row's last index."""
+    def _inputs(self, rows: list[Row], layout: Rows) -> tuple[torch.Tensor, ...]:
+        """Packed token ids, their positions (after what each row continues), each row's last index."""
         starts = np.array(layout.starts)
         ids = np.concatenate([r.ids for r in rows]).astype(np.int64)
-        positions = np.arange(starts[-1]) - np.repeat(starts[:-1] - np.array(resident), layout.lengths)
+        positions = np.arange(starts[-1]) - np.repeat(starts[:-1] - np.array(layout.context), layout.lengths)
         host = torch.from_numpy(np.stack([ids, positions]))
         if self.device.type == "cuda":
             host = host.pin_memory()
@@ -165,16 +167,16 @@ class ModelRunner:
 
     def _forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:
         lengths = [len(r.ids) for r in rows]
-        resident = [len(r.past) if r.past is not None else 0 for r in rows]
-        layout = Rows.build(lengths, [r.past for r in rows], self.device, self.model.padded_attention)
-        ids, positions, last = self._inputs(rows, layout, resident)
+        layout = Rows.build(lengths, [r.past for r in rows], self.device, self.model.padded_attention,
+                            [r.parent for r in rows])
+        ids, positions, last = self._inputs(rows, layout)
         keep = any(r.keep_kv or r.keep_tokens for r in rows)
         hidden, keys, values = self.model(ids, positions, layout, last, keep)
         kept = _kept(rows, layout, keys, values, self.ledger) if keep else [None] * len(rows)
         stats.forward_passes += 1
         stats.fresh_tokens += sum(lengths)
-        stats.attention_pairs += sum(causal_pairs(q, c) for q, c in zip(lengths, resident))
-        stats.kv_read += sum(resident)
+        stats.attention_pairs += sum(causal_pairs(q, c) for q, c in zip(lengths, layout.context))
+        stats.kv_read += sum(layout.context)
         stats.kv_written += sum(q for q, r in zip(lengths, rows) if r.keep_kv)
         return hidden, kept
 

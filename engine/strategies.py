@@ -30,44 +30,73 @@ from .stats import Stats
 Strategy = Callable[[ModelRunner, Sequence[Request], Stats], list[torch.Tensor]]
 
 
+Item = tuple[RadixNode, "KV | None", "int | None"]  # a node, the resident KV it continues, its parent's row in the pass
+
+
 def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
     """Last hidden state per request, each distinct prefix computed once.
 
     Passes are filled from the front of a frontier that starts as the roots,
-    longest first. The children of a pass's nodes go to the front, grouped by
-    parent (each parent's KV one run): depth first, so a parent's KV is
-    dropped as soon as its last child ran, and a pass mixes one level's
-    continuations with the next nodes waiting behind them. With the runner's
-    prefix cache, requests whose document prefix is cached continue from it,
-    and, where the runner retains them (a query asking the model again later),
-    the document prefixes computed are stored there (kv_cache.py).
+    longest first. A short node's children join its own pass right behind it
+    (`_shares`: they attend to its keys there, copied before each of them);
+    the children of other nodes, and those that did not fit, go to the front
+    once the pass ran, grouped by parent (each parent's KV one run): depth
+    first, so a parent's KV is dropped as soon as its last child ran. With the
+    runner's prefix cache, requests whose document prefix is cached continue
+    from it, and, where the runner retains them (a query asking the model again
+    later), the document prefixes computed are stored there (kv_cache.py).
     """
     hidden: list[torch.Tensor | None] = [None] * len(requests)
     prefixes = [document_prefix(r) if runner.cache is not None else None for r in requests]
-    frontier: deque[tuple[RadixNode, KV | None]] = deque(
-        sorted(_roots(runner.cache, requests, prefixes), key=lambda item: len(item[0]), reverse=True))
-    stats.planned_tokens += sum(len(node) for root, _ in frontier for node in [root, *nodes(root)])
+    frontier: deque[Item] = deque((node, kv, None) for node, kv in sorted(
+        _roots(runner.cache, requests, prefixes), key=lambda item: len(item[0]), reverse=True))
+    stats.planned_tokens += sum(len(node) for root, *_ in frontier for node in [root, *nodes(root)])
     while frontier:
-        fill, items = runner.fill(), []
-        while frontier and fill.admits(len(frontier[0][0])):
-            items.append(frontier.popleft())
-            fill.add(len(items[-1][0]))
-        stored = [runner.retain and _stores(runner.cache, prefixes[node.rep], node) for node, _ in items]
-        rows = [_row(requests[c.rep], c, kv, prefixes[c.rep][0] if store else 0)
-                for (c, kv), store in zip(items, stored)]
+        items, shared = _fill(runner, frontier)
+        stored = [runner.retain and _stores(runner.cache, prefixes[node.rep], node) for node, *_ in items]
+        rows = [_row(requests[c.rep], c, kv, parent, prefixes[c.rep][0] if store else 0)
+                for (c, kv, parent), store in zip(items, stored)]
         last, kept = runner.forward(rows, stats)
-        children = []
-        for (node, kv), row, h, new, store in zip(items, rows, last, kept, stored):
+        runs: list[KV | None] = []
+        children: list[Item] = []
+        for (node, kv, parent), row, h, new, store, joined in zip(items, rows, last, kept, stored, shared):
             for i in node.ends:
                 hidden[i] = h
-            run = None if new is None else new if kv is None else kv.then(new)
+            base = runs[parent] if parent is not None else kv
+            runs.append(None if new is None else new if base is None else base.then(new))
             if store:
                 length, key = prefixes[node.rep]
-                runner.cache.put(key, new if row.keep_tokens else single_piece(run, length))
-            if node.children:
-                children.extend((child, run) for child in sorted(node.children, key=len, reverse=True))
+                runner.cache.put(key, new if row.keep_tokens else single_piece(runs[-1], length))
+            if node.children and not joined:
+                children.extend((child, runs[-1], None) for child in sorted(node.children, key=len, reverse=True))
+        while frontier and frontier[0][2] is not None:  # children that joined a pass they did not fit in
+            node, _, parent = frontier.popleft()
+            children.append((node, runs[parent], None))
         frontier.extendleft(reversed(children))
     return hidden
+
+
+def _fill(runner: ModelRunner, frontier: deque[Item]) -> tuple[list[Item], list[bool]]:
+    """A pass's items from the frontier's front, and whether each one's children joined the frontier's
+    front to follow it in the same pass (parent: its index in the pass)."""
+    fill, items, shared, chain = runner.fill(), [], [], []
+    while frontier and fill.admits(len(frontier[0][0])):
+        node, kv, parent = frontier.popleft()
+        fill.add(len(node))
+        chain.append(0 if parent is None else chain[parent] + len(items[parent][0]))
+        items.append((node, kv, parent))
+        shared.append(bool(node.children) and _shares(chain[-1] + len(node), node.children))
+        if shared[-1]:
+            frontier.extendleft((child, kv, len(items) - 1) for child in sorted(node.children, key=len))
+    return items, shared
+
+
+def _shares(chain: int, children: list[RadixNode]) -> bool:
+    """Whether children attend to a prefix of `chain` tokens computed in their own pass (copied before
+    each of them, as a short resident run is: attention.Packed) rather than to its KV in a later pass:
+    when the copies are no more than the tokens of the children and of all below them. A preamble
+    joins the documents below it; an anchor does not join its partners' short questions."""
+    return chain * len(children) <= sum(child.tokens_below() for child in children)
 
 
 def _roots(cache: PrefixCache | None, requests: Sequence[Request],
@@ -103,12 +132,13 @@ def _roots(cache: PrefixCache | None, requests: Sequence[Request],
     return out
 
 
-def _row(request: Request, node: RadixNode, past: KV | None, stored: int) -> Row:
-    """The node's tokens after `past`; its KV kept for its children, or (a leaf from position 0 whose
-    first `stored` tokens are a document prefix to cache) just that prefix's KV, gathered on its own."""
-    keep_tokens = stored if stored and past is None and not node.children else 0
+def _row(request: Request, node: RadixNode, past: KV | None, parent: int | None, stored: int) -> Row:
+    """The node's tokens after `past` and its parent's row; its KV kept for its children, or (a leaf
+    from position 0 whose first `stored` tokens are a document prefix to cache) just that prefix's KV,
+    gathered on its own."""
+    keep_tokens = stored if stored and past is None and parent is None and not node.children else 0
     keep_kv = bool(node.children) or bool(stored and not keep_tokens)
-    return Row(request.tokens(node.start, node.end), past, keep_kv, keep_tokens)
+    return Row(request.tokens(node.start, node.end), past, keep_kv, keep_tokens, parent)
 
 
 def _stores(cache: PrefixCache | None, prefix: tuple[int, bytes] | None, node: RadixNode) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -15,8 +16,11 @@ def _kv(n: int) -> KV:
     return KV([torch.randn(n, HKV, D)], [torch.randn(n, HKV, D)])
 
 
-def _dense(q, k, v, past: KV | None) -> torch.Tensor:
-    """One row: causal over its own tokens after every key of its past, by SDPA with an explicit mask."""
+def _dense(q, k, v, past: KV | None, before: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """One row: causal over its own tokens after every key of its past (and of `before`, keys and values
+    that follow the past), by SDPA with an explicit mask."""
+    if before is not None:
+        k, v = torch.cat([before[0], k]), torch.cat([before[1], v])
     if past is not None:
         pk, pv = past.layer(0)
         k, v = torch.cat([pk, k]), torch.cat([pv, v])
@@ -106,3 +110,52 @@ def test_unpadded_rows_copy_short_runs_before_their_rows_and_attend_long_ones_ap
         assert torch.equal(values[key_starts[b] : key_starts[b + 1]], want_v)
     plain = Rows.build(lengths, [None] * 5, torch.device("cpu"), padded=False).packed
     assert plain.own_index is None and plain.keys(k, v, 0)[0] is k, "no copies without a short run"
+
+
+def _tree_pass():
+    """A pass whose rows continue earlier rows of it: a root, two children, a grandchild, and a row
+    after a resident anchor with a child of its own. Returns lengths, pasts, parents, and each row's
+    chain (the packed tokens of the rows it continues)."""
+    anchor = _kv(30)
+    lengths = [6, 9, 12, 10, 4, 11]
+    pasts = [None, None, None, None, anchor, anchor]
+    parents = [None, 0, 0, 1, None, 4]
+    starts = [0, 6, 15, 27, 37, 41]
+    spans = [list(range(a, a + n)) for a, n in zip(starts, lengths)]
+    chains = [[], spans[0], spans[0], spans[0] + spans[1], [], spans[4]]
+    return lengths, pasts, parents, chains
+
+
+def test_rows_continuing_earlier_rows_of_their_pass_match_dense_attention():
+    """The radix plan runs a short prefix and its children in one pass: each child attends to its
+    ancestors' keys of this pass (and to the resident KV they continue), causally to its own."""
+    torch.manual_seed(4)
+    lengths, pasts, parents, chains = _tree_pass()
+    rows = Rows.build(lengths, pasts, torch.device("cpu"), parents=parents)
+    assert rows.context == [0, 6, 6, 15, 30, 34]
+    q = torch.randn(sum(lengths), H, D)
+    k, v = torch.randn(sum(lengths), HKV, D), torch.randn(sum(lengths), HKV, D)
+    got = attention(q, k, v, rows, 0)
+    start = 0
+    for n, past, chain in zip(lengths, pasts, chains):
+        span = slice(start, start + n)
+        want = _dense(q[span], k[span], v[span], past, (k[chain], v[chain]))
+        torch.testing.assert_close(got[span], want, atol=1e-5, rtol=1e-5)
+        start += n
+
+
+def test_unpadded_rows_copy_their_chain_after_their_copied_run():
+    """Varlen: a row's keys are [copied run, chain, own]; a long run stays apart, its rows' chains copied."""
+    torch.manual_seed(5)
+    lengths, pasts, parents, chains = _tree_pass()
+    rows = Rows.build(lengths, pasts, torch.device("cpu"), padded=False, parents=parents)
+    assert [(a, e, len(run)) for a, e, run in rows.runs] == [(37, 52, 30)], "the anchor is attended apart"
+    k, v = torch.randn(sum(lengths), HKV, D), torch.randn(sum(lengths), HKV, D)
+    keys, values = rows.packed.keys(k, v, 0)
+    starts, key_starts = rows.packed.offsets.tolist(), rows.packed.key_offsets.tolist()
+    for b, chain in enumerate(chains):
+        own = list(range(starts[b], starts[b + 1]))
+        assert torch.equal(keys[key_starts[b] : key_starts[b + 1]], k[chain + own])
+        assert torch.equal(values[key_starts[b] : key_starts[b + 1]], v[chain + own])
+    with pytest.raises(ValueError, match="earlier row"):
+        Rows.build([3, 3], [None, None], torch.device("cpu"), parents=[1, None])

@@ -224,3 +224,24 @@ def test_warm_up_runs_full_passes_over_a_shared_prefix_and_long_anchors(runtime)
     assert stats.kv_read > 0, "rows continued resident prefixes"
     quick = runtime.warm_up(full=False)
     assert quick.requests == 1 and quick.forward_passes == 1
+
+
+def test_a_short_prefix_and_its_children_share_one_pass(runtime):
+    """A short preamble kept before documents (their common first word a branch point): the preamble
+    and the documents run in one pass (each document after the preamble's keys of that pass), and the
+    answers are those of every prompt computed in full."""
+    rng = np.random.default_rng(5)
+    preamble = rng.integers(1000, 2000, 8)
+    requests = [request(preamble, [5 + q % 2, *rng.integers(2000, 3000, 40)], [7, q, 9]) for q in range(6)]
+    answers, works = {}, {}
+    for name in ("quail", "naive"):
+        works[name] = QueryWork()
+        answers[name] = np.array(runtime.variant(name, token_budget=4096).score(requests, works[name]))
+        assert works[name].stats.forward_passes == 1, name
+    assert works["quail"].stats.fresh_tokens == works["naive"].stats.fresh_tokens - 8 * 5
+    np.testing.assert_allclose(np.exp(answers["quail"]), np.exp(answers["naive"]), atol=1e-5)
+    tight = QueryWork()
+    np.testing.assert_allclose(np.exp(runtime.variant("quail", token_budget=64).score(requests, tight)),
+                               np.exp(answers["naive"]), atol=1e-5)
+    assert tight.stats.forward_passes > 1 and tight.stats.fresh_tokens == works["quail"].stats.fresh_tokens, \
+        "documents that did not fit the preamble's pass continue its KV later"
