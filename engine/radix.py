@@ -102,8 +102,9 @@ def worth_keeping(path: int, children: list[RadixNode]) -> bool:
     history, and also the preamble before documents, whose children are branch
     points (the documents' common first words), not whole documents. A long
     resident run costs its rows a second attention call and a merge; a short
-    one is copied before each of its rows on the GPU (attention.Packed), so
-    keeping it costs ~nothing and saves its tokens in every row.
+    one is copied before each of its rows on the GPU (attention.Packed), and
+    runs in the same pass as them (strategies._shares), so keeping it costs
+    ~nothing and saves its tokens in every row.
     """
     return path * len(children) >= sum(len(c) for c in children)
 
