@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 FP8 = torch.float8_e4m3fn
@@ -14,6 +15,11 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xf = x.float()
     scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def silu_mul_rows(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """silu(gate) · up (rows, k) quantized per row, as quantize_rows."""
+    return quantize_rows(F.silu(gate) * up)
 
 
 class Fp8Linear(nn.Module):

@@ -1,0 +1,68 @@
+"""Triton kernels of the fp8 path (CUDA): per-token fp8 quantization, alone and after SiLU·mul, one program per row.
+
+Each program reads its row twice, once for the row's largest magnitude and
+once to scale and store it; the second read finds the row in L2 (a row is
+at most ~40 KB), so HBM sees each input once. Inductor's kernel for the same
+SiLU·mul + quantization ran at a third of the memory roofline on the H200.
+References: fp8.quantize_rows and fp8.silu_mul_rows (torch).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .fp8 import FP8, FP8_MAX
+
+BLOCK = 1024
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, gate_ptr, out_ptr, scale_ptr, n_cols, stride_x, stride_gate, stride_out,
+                     SILU: tl.constexpr, FP8_LIMIT: tl.constexpr, BLOCK: tl.constexpr):
+    """One row: h = x (or silu(gate) · x with SILU), scale = max|h| / FP8_LIMIT, out = h / scale in e4m3."""
+    row = tl.program_id(0).to(tl.int64)
+    biggest = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        h = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        if SILU:
+            g = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
+            h = g * tl.sigmoid(g) * h
+        biggest = tl.maximum(biggest, tl.abs(h))
+    scale = tl.maximum(tl.max(biggest, axis=0), 1e-12) / FP8_LIMIT
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        h = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        if SILU:
+            g = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
+            h = g * tl.sigmoid(g) * h
+        q = tl.clamp(h / scale, -FP8_LIMIT, FP8_LIMIT)
+        tl.store(out_ptr + row * stride_out + cols, q.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + row, scale)
+
+
+def _launch(x: torch.Tensor, gate: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x.contiguous()
+    gate = None if gate is None else gate.contiguous()
+    rows, cols = x.shape
+    out = torch.empty(rows, cols, device=x.device, dtype=FP8)
+    scale = torch.empty(rows, 1, device=x.device, dtype=torch.float32)
+    if rows:
+        other = x if gate is None else gate
+        _quantize_kernel[(rows,)](x, other, out, scale, cols, x.stride(0), other.stride(0), out.stride(0),
+                                  SILU=gate is not None, FP8_LIMIT=FP8_MAX, BLOCK=BLOCK, num_warps=4)
+    return out, scale
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (rows, k) → fp8 values and one fp32 scale per row (rows, 1), as fp8.quantize_rows."""
+    return _launch(x, None)
+
+
+def silu_mul_rows(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """silu(gate) · up quantized per row, as fp8.silu_mul_rows, without writing the product."""
+    return _launch(up, gate)
