@@ -9,8 +9,9 @@ and compiled, and fp8 compiled, through all three paths (compiled bf16 and fp8
 also with own-token attention by flash varlen). Per path: relative
 error of the final hidden state, absolute error of the yes/no log-probabilities
 and of P(yes), and how many decisions agree. The kernels on their own: cuDNN
-attention with its log-sum-exp and the LSE merge against the fp32 reference, and
-each compiled layer part against its eager self. Writes check-<model>.json.
+attention with its log-sum-exp and the LSE merge against the fp32 reference,
+each compiled layer part against its eager self, and the fp8 path's Triton
+quantization kernels against their torch references. Writes check-<model>.json.
 """
 
 from __future__ import annotations
@@ -87,6 +88,25 @@ def kernels(device: str) -> dict:
     return out
 
 
+def fp8_kernel_errors(device: str) -> dict:
+    """The Triton quantizations against their torch references: each one's error against fp32 (the
+    dequantized rows), and how far apart their per-token scales are."""
+    from quail.engine import fp8, fp8_kernels
+
+    torch.manual_seed(3)
+    gate, up = (torch.randn(3000, 9728, device=device, dtype=torch.bfloat16) for _ in range(2))
+    attn = torch.randn(3000, 4096, device=device, dtype=torch.bfloat16)
+    cases = {"silu_mul": ((gate, up), fp8.silu_mul_rows, fp8_kernels.silu_mul_rows,
+                          torch.nn.functional.silu(gate.float()) * up.float()),
+             "quantize": ((attn,), fp8.quantize_rows, fp8_kernels.quantize_rows, attn.float())}
+    out = {}
+    for name, (inputs, reference, kernel, want) in cases.items():
+        (rv, rs), (kv, ks) = reference(*inputs), kernel(*inputs)
+        out[name] = {"torch_rel_err": _rel(rv.float() * rs, want), "triton_rel_err": _rel(kv.float() * ks, want),
+                     "scale_rel_diff_max": float(((ks - rs).abs() / rs).max())}
+    return out
+
+
 def compiled_parts(runtime) -> dict:
     """Each compiled layer part against the same part run eagerly, on the same inputs."""
     from quail.engine.model import DecoderLayer, rope_tables
@@ -110,6 +130,8 @@ def compiled_parts(runtime) -> dict:
 def check(model: str, device: str, tokenizer: str | None) -> dict:
     result: dict = {"model": model, "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else device,
                     "kernels": kernels(device) if device.startswith("cuda") else {}, "paths": {}}
+    if device.startswith("cuda"):
+        result["fp8_kernels"] = fp8_kernel_errors(device)
     reference = None
     for precision, compiled, attention_kind in VARIANTS:
         if attention_kind == "varlen" and not device.startswith("cuda"):

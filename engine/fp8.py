@@ -6,6 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+try:
+    from . import fp8_kernels  # Triton, with CUDA builds of torch
+except ImportError:
+    fp8_kernels = None
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
 
@@ -34,10 +39,29 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        values, scale = quantize_rows(rows)
-        out = torch._scaled_mm(values, self.weight.t(), scale_a=scale, scale_b=self.weight_scale, bias=self.bias,
-                               out_dtype=x.dtype, use_fast_accum=True)
+        out = self.product(*quantize_rows(rows), x.dtype)
         return out.view(*x.shape[:-1], out.shape[-1])
+
+    def product(self, values: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The layer applied to rows already quantized (values · scale), output (rows, out) in `dtype`."""
+        return torch._scaled_mm(values, self.weight.t(), scale_a=scale, scale_b=self.weight_scale, bias=self.bias,
+                                out_dtype=dtype, use_fast_accum=True)
+
+
+def project(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """linear(x) for rows x (tokens, k); fp8 on CUDA: x quantized by one Triton pass. For inputs that no
+    compiled kernel produces (the attention output); a norm before a layer fuses its quantization."""
+    if isinstance(linear, Fp8Linear) and x.is_cuda and fp8_kernels is not None:
+        return linear.product(*fp8_kernels.quantize_rows(x), x.dtype)
+    return linear(x)
+
+
+def silu_mul_project(linear: nn.Module, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """linear(silu(gate) · up); fp8 on CUDA: SiLU·mul and the quantization in one Triton pass, the
+    product never written."""
+    if isinstance(linear, Fp8Linear) and gate.is_cuda and fp8_kernels is not None:
+        return linear.product(*fp8_kernels.silu_mul_rows(gate, up), gate.dtype)
+    return linear(F.silu(gate) * up)
 
 
 def to_fp8(module: nn.Module) -> None:

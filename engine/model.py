@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .attention import Rows, attention, merge
 from .config import ModelConfig
+from .fp8 import project, silu_mul_project
 
 
 class RMSNorm(nn.Module):
@@ -75,7 +75,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return silu_mul_project(self.down_proj, self.gate_proj(x), self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -94,7 +94,7 @@ class DecoderLayer(nn.Module):
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Everything after attention: output projection, residual, norm, MLP, residual."""
-        x = x + self.self_attn.o_proj(attn.flatten(1))
+        x = x + project(self.self_attn.o_proj, attn.flatten(1))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
