@@ -41,6 +41,7 @@ def test_row_quantization_matches_torch(rows, cols):
     assert torch.equal(got[0].float(), reference[0].float())
 
 
+@torch.inference_mode()
 def test_fp8_layers_use_the_kernels_and_agree_with_torch():
     torch.manual_seed(1)
     down = torch.nn.Linear(512, 256, bias=False, device="cuda", dtype=torch.bfloat16)
