@@ -26,16 +26,6 @@ def document_prefix(request: Request) -> tuple[int, bytes] | None:
     return request.prefix(DOCUMENT_PREFIX) if len(request.segments) > DOCUMENT_PREFIX else None
 
 
-def single_piece(run: KV, length: int) -> KV:
-    """The first `length` tokens of a run as one piece in tensors of its own."""
-    keys, values = [], []
-    for layer in range(len(run.keys)):
-        k, v = run.layer(layer)
-        keys.append(k[:length].clone())
-        values.append(v[:length].clone())
-    return KV(keys, values)
-
-
 def kv_bytes(kv: KV) -> int:
     return sum(t.nbytes for piece in kv.chunks() for t in (*piece.keys, *piece.values))
 
@@ -58,7 +48,8 @@ class PrefixCache:
             return entry[0]
 
     def put(self, key: bytes, kv: KV) -> None:
-        """Keep a single-piece run (evicting the least recently used); one larger than the budget is not kept."""
+        """Keep a run (evicting the least recently used); one larger than the budget is not kept. A chained
+        run's earlier pieces (a preamble many documents continue) count in every entry holding them."""
         size = kv_bytes(kv)
         if size > self.budget_bytes:
             return

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .kv import KV
-from .kv_cache import PrefixCache, document_prefix, single_piece
+from .kv_cache import PrefixCache, document_prefix
 from .radix import RadixNode, build, collapse, nodes
 from .requests import Request
 from .runner import ModelRunner, Row, pack
@@ -66,7 +66,8 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
             runs.append(None if new is None else new if base is None else base.then(new))
             if store:
                 length, key = prefixes[node.rep]
-                runner.cache.put(key, new if row.keep_tokens else single_piece(runs[-1], length))
+                head = new if row.keep_tokens else new.slice(0, length - node.start).owned()
+                runner.cache.put(key, head if base is None else base.then(head))
             if node.children and not joined:
                 children.extend((child, runs[-1], None) for child in sorted(node.children, key=len, reverse=True))
         while frontier and frontier[0][2] is not None:  # children that joined a pass they did not fit in
@@ -134,11 +135,10 @@ def _roots(cache: PrefixCache | None, requests: Sequence[Request],
 
 def _row(request: Request, node: RadixNode, past: KV | None, parent: int | None, stored: int) -> Row:
     """The node's tokens after `past` and its parent's row; its KV kept for its children, or (a leaf
-    from position 0 whose first `stored` tokens are a document prefix to cache) just that prefix's KV,
-    gathered on its own."""
-    keep_tokens = stored if stored and past is None and parent is None and not node.children else 0
-    keep_kv = bool(node.children) or bool(stored and not keep_tokens)
-    return Row(request.tokens(node.start, node.end), past, keep_kv, keep_tokens, parent)
+    that completes a document prefix of `stored` tokens to cache) just its part of that prefix, gathered
+    with the pass's other such parts (the cache keeps it after what the row continues, by reference)."""
+    keep_tokens = stored - node.start if stored and not node.children else 0
+    return Row(request.tokens(node.start, node.end), past, bool(node.children), keep_tokens, parent)
 
 
 def _stores(cache: PrefixCache | None, prefix: tuple[int, bytes] | None, node: RadixNode) -> bool:
