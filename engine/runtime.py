@@ -12,6 +12,7 @@ from .prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptL
 from .requests import LabelSet, Request, Segment
 from .kv_cache import PrefixCache, document_prefix
 from .runner import ModelRunner
+from .segment_cache import SegmentCache
 from .stats import Stats
 from .work import QueryWork
 from .strategies import STRATEGIES, Strategy
@@ -28,11 +29,13 @@ class Runtime:
     answers by content hash, forward passes still run in full).
     `device_of`: a runner on the same device, whose turns, KV ledger and prefix cache this runtime's
     runner shares; else `cache` holds documents' KV between steps and queries (kv_cache.py).
+    `texts`: the tokenized texts kept between steps and queries (default: a cache of its own).
     """
 
     def __init__(self, model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame,
                  strategy: str | Strategy = "quail", token_budget: int = 4096, decisions: str = "model",
-                 device_of: ModelRunner | None = None, cache: PrefixCache | None = None) -> None:
+                 device_of: ModelRunner | None = None, cache: PrefixCache | None = None,
+                 texts: SegmentCache | None = None) -> None:
         if isinstance(strategy, str) and strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
         if decisions not in ("model", "hash"):
@@ -45,17 +48,21 @@ class Runtime:
         self.runner = ModelRunner(model, token_budget, cache=cache) if device_of is None else \
             ModelRunner(model, token_budget, device_of.turns, ledger=device_of.ledger, cache=device_of.cache)
         self.strategy = strategy
+        self.texts = texts if texts is not None else SegmentCache()
         self.yes_no = self._yes_no_labels()
         self._preamble_tokens: int | None = None
 
     def variant(self, strategy: str | Strategy, token_budget: int | None = None) -> "Runtime":
-        """Another runtime over the same weights and tokenizer (and the device's turns and KV ledger),
-        scoring by another strategy."""
+        """Another runtime over the same weights and tokenizer (and the device's turns and KV ledger, and
+        the tokenized texts), scoring by another strategy."""
         return Runtime(self.model_id, self.runner.model, self.tokenizer, self.layout.frame, strategy,
-                       token_budget or self.runner.token_budget, self.decisions, self.runner)
+                       token_budget or self.runner.token_budget, self.decisions, self.runner, texts=self.texts)
 
     def segments(self, texts: list[str]) -> list[Segment]:
-        """Tokenize each text as a segment of its own."""
+        """Each text as a segment of its own, tokenized once (the texts cache)."""
+        return self.texts.segments(texts, self._tokenized)
+
+    def _tokenized(self, texts: list[str]) -> list[Segment]:
         return [Segment.of(ids, self.model_id) for ids in self.tokenizer.encode_batch(texts)]
 
     def score(self, requests: Sequence[Request], work: QueryWork | None = None) -> list[np.ndarray]:
