@@ -66,5 +66,7 @@ class KV:
         return KV([k[start:end] for k in self.keys], [v[start:end] for v in self.values])
 
     def owned(self) -> "KV":
-        """A single-piece run's copy in tensors of its own (a view no longer holds its pass's buffer)."""
-        return KV([k.clone() for k in self.keys], [v.clone() for v in self.values])
+        """The run's copy as one piece in tensors of its own (a view no longer holds its pass's buffer)."""
+        parts = self.chunks()
+        return KV([torch.cat([p.keys[i] for p in parts]) for i in range(len(self.keys))],
+                  [torch.cat([p.values[i] for p in parts]) for i in range(len(self.values))])

@@ -51,6 +51,7 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
     frontier: deque[Item] = deque((node, kv, None) for node, kv in sorted(
         _roots(runner.cache, requests, prefixes), key=lambda item: len(item[0]), reverse=True))
     stats.planned_tokens += sum(len(node) for root, *_ in frontier for node in [root, *nodes(root)])
+    copies: dict[int, tuple[KV, KV]] = {}  # each run a stored prefix continues, and its copy for the cache
     while frontier:
         items, shared = _fill(runner, frontier)
         stored = [runner.retain and _stores(runner.cache, prefixes[node.rep], node) for node, *_ in items]
@@ -67,7 +68,7 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
             if store:
                 length, key = prefixes[node.rep]
                 head = new if row.keep_tokens else new.slice(0, length - node.start).owned()
-                runner.cache.put(key, head if base is None else base.then(head))
+                runner.cache.put(key, head if base is None else _copied(copies, base).then(head))
             if node.children and not joined:
                 children.extend((child, runs[-1], None) for child in sorted(node.children, key=len, reverse=True))
         while frontier and frontier[0][2] is not None:  # children that joined a pass they did not fit in
@@ -75,6 +76,14 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
             children.append((node, runs[parent], None))
         frontier.extendleft(reversed(children))
     return hidden
+
+
+def _copied(copies: dict[int, tuple[KV, KV]], run: KV) -> KV:
+    """The run copied once for all the cached prefixes that continue it: the cache never holds the
+    KV a query keeps (the ledger counts that until the query is done with it)."""
+    if id(run) not in copies:
+        copies[id(run)] = (run, run.owned())
+    return copies[id(run)][1]
 
 
 def _fill(runner: ModelRunner, frontier: deque[Item]) -> tuple[list[Item], list[bool]]:
