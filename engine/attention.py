@@ -255,7 +255,8 @@ class Rows:
         layout = cls(lengths, starts.tolist(), context, buckets, pad_index, runs, packed=packed)
         if runs:
             layout.past_index = _on(device, np.concatenate([np.arange(a, e) for a, e, _ in runs]))
-            sizes = np.array([[0, 0]] + [[e - a, len(run)] for a, e, run in runs], dtype=np.int32).cumsum(0, dtype=np.int32)
+            sizes = np.array([[0, 0]] + [[e - a, len(run)] for a, e, run in runs], dtype=np.int32)
+            sizes = sizes.cumsum(0, dtype=np.int32)
             layout.run_offsets = (_on(device, sizes[:, 0].copy()), _on(device, sizes[:, 1].copy()))
         return layout
 

@@ -30,7 +30,7 @@ from .stats import Stats
 Strategy = Callable[[ModelRunner, Sequence[Request], Stats], list[torch.Tensor]]
 
 
-Item = tuple[RadixNode, "KV | None", "int | None"]  # a node, the resident KV it continues, its parent's row in the pass
+Item = tuple[RadixNode, "KV | None", "int | None"]  # a node, the resident KV it continues, its parent's row
 
 
 def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
@@ -145,7 +145,7 @@ def _roots(cache: PrefixCache | None, requests: Sequence[Request],
 def _row(request: Request, node: RadixNode, past: KV | None, parent: int | None, stored: int) -> Row:
     """The node's tokens after `past` and its parent's row; its KV kept for its children, or (a leaf
     that completes a document prefix of `stored` tokens to cache) just its part of that prefix, gathered
-    with the pass's other such parts (the cache keeps it after what the row continues, by reference)."""
+    with the pass's other such parts (the cache keeps it after a copy of what the row continues)."""
     keep_tokens = stored - node.start if stored and not node.children else 0
     return Row(request.tokens(node.start, node.end), past, bool(node.children), keep_tokens, parent)
 
