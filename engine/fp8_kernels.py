@@ -20,6 +20,16 @@ BLOCK = 1024
 
 
 @triton.jit
+def _values(x_ptr, gate_ptr, row, cols, mask, stride_x, stride_gate, SILU: tl.constexpr):
+    """The row's values at `cols` in fp32: x, or silu(gate) · x with SILU."""
+    h = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if SILU:
+        g = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
+        h = g * tl.sigmoid(g) * h
+    return h
+
+
+@triton.jit
 def _quantize_kernel(x_ptr, gate_ptr, out_ptr, scale_ptr, n_cols, stride_x, stride_gate, stride_out,
                      SILU: tl.constexpr, FP8_LIMIT: tl.constexpr, BLOCK: tl.constexpr):
     """One row: h = x (or silu(gate) · x with SILU), scale = max|h| / FP8_LIMIT, out = h / scale in e4m3."""
@@ -27,22 +37,14 @@ def _quantize_kernel(x_ptr, gate_ptr, out_ptr, scale_ptr, n_cols, stride_x, stri
     biggest = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        h = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-        if SILU:
-            g = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
-            h = g * tl.sigmoid(g) * h
+        h = _values(x_ptr, gate_ptr, row, cols, cols < n_cols, stride_x, stride_gate, SILU)
         biggest = tl.maximum(biggest, tl.abs(h))
     scale = tl.maximum(tl.max(biggest, axis=0), 1e-12) / FP8_LIMIT
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        h = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-        if SILU:
-            g = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
-            h = g * tl.sigmoid(g) * h
+        h = _values(x_ptr, gate_ptr, row, cols, cols < n_cols, stride_x, stride_gate, SILU)
         q = tl.clamp(tl.math.div_rn(h, scale), -FP8_LIMIT, FP8_LIMIT)  # IEEE division, as torch
-        tl.store(out_ptr + row * stride_out + cols, q.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + row * stride_out + cols, q.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
     tl.store(scale_ptr + row, scale)
 
 
