@@ -79,14 +79,13 @@ def _buckets(lengths: list[int], starts: np.ndarray, device: torch.device) -> tu
 @dataclass(eq=False)
 class Before:
     """What a stretch of rows continues: resident KV (`past`) and/or tokens earlier in the same pass
-    (`chain`: their packed indices on the device, `chain_len` of them), in that order."""
+    (`chain`: their packed indices on the device), in that order."""
 
     past: KV | None
     chain: torch.Tensor | None = None
-    chain_len: int = 0
 
     def __len__(self) -> int:
-        return (len(self.past) if self.past is not None else 0) + self.chain_len
+        return (len(self.past) if self.past is not None else 0) + (len(self.chain) if self.chain is not None else 0)
 
     def pieces(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Its keys and values in `layer`, piece by piece (k, v: the pass's own, for the chain)."""
@@ -243,8 +242,7 @@ class Rows:
         if padded:
             buckets, pad_index = _buckets(lengths, starts, device)
             stretches = _stretches([(id(past), parent) for past, parent in zip(pasts, parents)])
-            runs = [(first, end, Before(pasts[first], _on(device, chains[first]) if len(chains[first]) else None,
-                                        len(chains[first])))
+            runs = [(first, end, Before(pasts[first], _on(device, chains[first]) if len(chains[first]) else None))
                     for first, end in stretches if context[first]]
         else:
             stretches = _stretches([(id(past),) for past in pasts])

@@ -25,11 +25,12 @@ class SegmentCache:
 
     def segments(self, texts: list[str], make: Callable[[list[str]], list[Segment]]) -> list[Segment]:
         """Each text's segment: those kept as they are, the others made by `make` in one batch and kept."""
+        distinct = list(dict.fromkeys(texts))
         with self._lock:
-            found = {text: self._entries[text] for text in dict.fromkeys(texts) if text in self._entries}
+            found = {text: self._entries[text] for text in distinct if text in self._entries}
             for text in found:
                 self._entries.move_to_end(text)
-        missing = [text for text in dict.fromkeys(texts) if text not in found]
+        missing = [text for text in distinct if text not in found]
         if missing:
             made = dict(zip(missing, make(missing)))
             found.update(made)
