@@ -14,26 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from quail.engine import fp8, fp8_kernels
 
+from .timing import timed_ms
+
 TOKENS, HIDDEN, HEADS_DIM, INTER = 16384, 2560, 4096, 9728
-
-
-def timed_ms(fn: Callable[[], object], repeats: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
 
 
 def rel_err(quantized: tuple[torch.Tensor, torch.Tensor], want: torch.Tensor) -> float:

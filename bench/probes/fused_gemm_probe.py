@@ -16,20 +16,10 @@ from typing import Callable
 
 import torch
 
+from .timing import timed_ms
+
 HIDDEN, Q, KV, INTER = 2560, 4096, 1024, 9728
 GROUPS = {"qkv": [Q, KV, KV], "gate_up": [INTER, INTER]}
-
-
-def timed_ms(fn: Callable[[], object], repeats: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
 
 
 def bf16_calls(x: torch.Tensor, weights: list[torch.Tensor]) -> tuple[Callable, Callable]:
