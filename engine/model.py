@@ -139,7 +139,8 @@ class Decoder(nn.Module):
 
         ids and positions: (tokens,); last: the packed index of each row's last
         token. Returns the final-normed hidden state there, and with keep_kv the
-        new tokens' keys and values per layer (tokens, kv_heads, head_dim).
+        new tokens' keys and values per layer (tokens, kv_heads, head_dim). The
+        last layer's output projection and MLP run at those positions only.
         """
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
         x = self.embed_tokens(ids)
@@ -147,11 +148,14 @@ class Decoder(nn.Module):
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
-            x = self._finish(layer, x, attention(q, k, v, rows, i, self._merge))
+            out = attention(q, k, v, rows, i, self._merge)
+            if i == len(self.layers) - 1:  # nothing reads the last layer's other positions
+                x, out = x[last], out[last]
+            x = self._finish(layer, x, out)
             if keep_kv:
                 keys.append(k)
                 values.append(v)
-        return self.norm(x[last]), (keys if keep_kv else None), (values if keep_kv else None)
+        return self.norm(x), (keys if keep_kv else None), (values if keep_kv else None)
 
     def label_logits(self, hidden: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
         """The head cut to label_ids, applied to final hidden states: (batch, n_labels) in fp32."""
