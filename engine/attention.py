@@ -26,8 +26,14 @@ import torch.nn.functional as F
 
 from .kv import KV
 
+try:
+    from . import attention_kernels  # Triton, with CUDA builds of torch
+except ImportError:
+    attention_kernels = None
+
 
 SMALL = 64  # rows and runs at most this long: attention by two matmuls (kernels tile 64+ queries per row)
+QUERY_BLOCK = 64  # queries of one row a program of the Triton kernel takes (attention_kernels.py)
 
 
 def width_class(length: int) -> int:
@@ -53,6 +59,14 @@ def padded_shape(rows: int, width: int) -> tuple[int, int]:
     if width <= SMALL:
         return rows, width
     return _step_up(rows, 1), _step_up(width, 16)
+
+
+def query_blocks(lengths: np.ndarray, block: int) -> np.ndarray:
+    """(2, blocks) int32: the row and first query of each block of `block` queries, rows cut in order."""
+    counts = -(-np.asarray(lengths, dtype=np.int64) // block)
+    rows = np.repeat(np.arange(len(counts)), counts)
+    firsts = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.stack([rows, firsts * block]).astype(np.int32)
 
 
 def _on(device: torch.device, array: np.ndarray) -> torch.Tensor:
@@ -105,7 +119,8 @@ class Packed:
     row continues (its chain, short by the strategy's choice). Each row's keys
     are [copied run, chain, own tokens]. offsets and key_offsets: (rows + 1)
     cumulative query and key counts on the device, longest and longest_keys
-    their largest steps, key_total the last; own_index: where the packed
+    their largest steps, key_total the last; blocks: the rows' query blocks
+    for the Triton kernel (query_blocks); own_index: where the packed
     tokens' keys go in the key buffer (None: the buffer is the packed keys
     themselves); inlined: each copied run and how many rows it precedes;
     inline_index: where those copies go, in that order; chain_from and
@@ -117,6 +132,7 @@ class Packed:
     longest: int
     longest_keys: int
     key_total: int
+    blocks: torch.Tensor | None = None
     own_index: torch.Tensor | None = None
     inlined: list[tuple[KV, int]] = field(default_factory=list)
     inline_index: torch.Tensor | None = None
@@ -170,7 +186,8 @@ def _packed(lengths: list[int], starts: np.ndarray, row_runs: list[tuple[int, in
     before = copied + chained
     key_offsets = np.concatenate([[0], np.cumsum(before + lengths_a)])
     packed = Packed(_on(device, starts.astype(np.int32)), _on(device, key_offsets.astype(np.int32)),
-                    int(lengths_a.max()), int((before + lengths_a).max()), int(key_offsets[-1]))
+                    int(lengths_a.max()), int((before + lengths_a).max()), int(key_offsets[-1]),
+                    _on(device, query_blocks(lengths_a, QUERY_BLOCK)))
     if not before.any():
         return packed, kept
     own = np.repeat(key_offsets[:-1] + before - starts[:-1], lengths_a) + np.arange(starts[-1])
@@ -212,7 +229,8 @@ class Rows:
     consecutive rows that continue the same keys attended separately;
     past_index: the packed tokens in such stretches, in run order (None
     when no row is); run_offsets: (cumulative query tokens, cumulative keys)
-    of those runs laid end to end, for a varlen kernel. Unpadded: no buckets;
+    of those runs laid end to end, for a varlen kernel, and run_blocks their
+    query blocks (query_blocks). Unpadded: no buckets;
     `packed` lays the rows out for one varlen call, short runs and chains copied in.
     """
 
@@ -224,6 +242,7 @@ class Rows:
     runs: list[tuple[int, int, Before]]
     past_index: torch.Tensor | None = None
     run_offsets: tuple[torch.Tensor, torch.Tensor] | None = None
+    run_blocks: torch.Tensor | None = None
     packed: Packed | None = None
 
     @classmethod
@@ -256,6 +275,7 @@ class Rows:
             sizes = np.array([[0, 0]] + [[e - a, len(run)] for a, e, run in runs], dtype=np.int32)
             sizes = sizes.cumsum(0, dtype=np.int32)
             layout.run_offsets = (_on(device, sizes[:, 0].copy()), _on(device, sizes[:, 1].copy()))
+            layout.run_blocks = _on(device, query_blocks(np.diff(sizes[:, 0]), QUERY_BLOCK))
         return layout
 
     def pad(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -310,9 +330,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> t
 def own_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed, layer: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's causal attention to its own tokens (after its copied run and chain, if any), all rows
-    in one flash varlen call: (n, h, d), (n, h). Causal masks align bottom-right: token i of a row
+    in one call of the Triton kernel (attention_kernels.py; flash varlen without Triton): (n, h, d), (n, h). Causal masks align bottom-right: token i of a row
     after p copied keys sees keys up to p + i."""
     keys, values = packed.keys(k, v, layer)
+    if attention_kernels is not None:
+        return attention_kernels.varlen_attention(q, keys, values, packed.offsets, packed.key_offsets, packed.blocks,
+                                                  QUERY_BLOCK, causal=True)
     out, lse = torch.ops.aten._flash_attention_forward(
         q, keys, values, packed.offsets, packed.key_offsets, packed.longest, packed.longest_keys, 0.0, True,
         False, scale=q.shape[-1] ** -0.5)[:2]
@@ -324,8 +347,8 @@ def over_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
     """Attention of the tokens in rows.past_index to their runs' keys (non-causal): (n, h, d), (n, h).
 
     k and v: the pass's own (a run's chain is theirs). One run of padded rows:
-    one cuDNN call. Several, or unpadded rows: one flash varlen call over the
-    runs' keys laid end to end. fp32: the reference, run by run.
+    one cuDNN call. Several, or unpadded rows: one call of the Triton kernel
+    (flash varlen without Triton) over the runs' keys laid end to end. fp32: the reference, run by run.
     """
     def packed(t: torch.Tensor) -> torch.Tensor:  # (n, h, d) → (1, h, n, d) view
         return t.transpose(0, 1)[None]
@@ -342,6 +365,9 @@ def over_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
     pieces = [piece for *_, run in rows.runs for piece in run.pieces(k, v, layer)]
     keys, values = (torch.cat([piece[i] for piece in pieces]) for i in (0, 1))
     cu_q, cu_k = rows.run_offsets
+    if attention_kernels is not None:
+        return attention_kernels.varlen_attention(q.index_select(0, rows.past_index), keys, values, cu_q, cu_k,
+                                                  rows.run_blocks, QUERY_BLOCK, causal=False)
     out, lse = torch.ops.aten._flash_attention_forward(
         q.index_select(0, rows.past_index), keys, values, cu_q, cu_k, max(e - a for a, e, _ in rows.runs),
         max(len(run) for *_, run in rows.runs), 0.0, False, False, scale=q.shape[-1] ** -0.5)[:2]

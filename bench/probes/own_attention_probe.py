@@ -9,6 +9,8 @@ brings them): its first call and warm calls in milliseconds, TFLOP/s of useful
 - `cudnn`: cuDNN over the same packed rows (`_cudnn_attention_forward` with
   cumulative offsets: ragged, no padding);
 - `flex`: FlexAttention with a document mask (compiled Triton);
+- `triton64`, `triton128`: our Triton kernel (engine/attention_kernels.py) with
+  64 or 128 queries a program;
 - `fa4`: flash-attn-4 (CuTe DSL, sm90 forward) through torch's FA4 registration,
   where its wheels were carried.
 Run once plainly and once with TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (cuDNN then
@@ -85,6 +87,20 @@ def flex_kernel() -> Callable:
     return run
 
 
+def triton_kernel(block: int) -> Callable:
+    from quail.engine.attention import query_blocks
+    from quail.engine.attention_kernels import varlen_attention
+
+    tables: dict[int, torch.Tensor] = {}  # per offsets tensor: its query blocks, built once off the clock
+
+    def run(q, k, v, cu_q, cu_k, max_q, max_k):
+        if id(cu_q) not in tables:
+            tables[id(cu_q)] = torch.from_numpy(query_blocks(np.diff(cu_q.cpu().numpy()), block)).cuda()
+        return varlen_attention(q, k, v, cu_q, cu_k, tables[id(cu_q)], block, causal=True)[0]
+
+    return run
+
+
 def fa4_kernel() -> Callable:
     from torch.nn.attention import activate_flash_attention_impl
 
@@ -148,11 +164,12 @@ def measure(kernel: Callable, passes: list[list[int]]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--passes", type=int, default=8)
-    p.add_argument("--kernels", default="flash,cudnn,flex,fa4")
+    p.add_argument("--kernels", default="flash,triton64,triton128,cudnn,flex,fa4")
     p.add_argument("--out", default=".")
     args = p.parse_args()
     passes = compositions(args.passes)
-    makers = {"flash": lambda: flash, "cudnn": lambda: cudnn, "flex": flex_kernel, "fa4": fa4_kernel}
+    makers = {"flash": lambda: flash, "triton64": lambda: triton_kernel(64), "triton128": lambda: triton_kernel(128),
+              "cudnn": lambda: cudnn, "flex": flex_kernel, "fa4": fa4_kernel}
     avoid = os.environ.get("TORCH_CUDNN_SDPA_AVOID_RECOMPILE") == "1"
     result: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "avoid_recompile": avoid,
                     "rows_per_pass": [len(x) for x in passes], "tokens_per_pass": [sum(x) for x in passes]}
