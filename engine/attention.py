@@ -62,11 +62,11 @@ def padded_shape(rows: int, width: int) -> tuple[int, int]:
 
 
 def query_blocks(lengths: np.ndarray, block: int) -> np.ndarray:
-    """(2, blocks) int32: the row and first query of each block of `block` queries, rows cut in order."""
+    """(blocks, 2) int32: the row and first query of each block of `block` queries, rows cut in order."""
     counts = -(-np.asarray(lengths, dtype=np.int64) // block)
     rows = np.repeat(np.arange(len(counts)), counts)
     firsts = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    return np.stack([rows, firsts * block]).astype(np.int32)
+    return np.stack([rows, firsts * block], axis=1).astype(np.int32)
 
 
 def _on(device: torch.device, array: np.ndarray) -> torch.Tensor:

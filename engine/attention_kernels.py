@@ -6,7 +6,8 @@ masks align bottom-right (query i of a row with m keys and n queries sees keys
 up to m − n + i), so a row's keys may start with copied ones (a preamble, a
 chain). Tiles every query of the block sees skip the mask; the rest mask.
 Grouped-query: head h reads kv head h // group. The host lists the query
-blocks (attention.query_blocks); reference: attention._matmuls.
+blocks (attention.query_blocks: one tensor, so its alignment never makes Triton
+compile another variant); reference: attention._matmuls.
 """
 
 from __future__ import annotations
@@ -45,14 +46,14 @@ def _tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, n0, offs_m, offs_n, k_len, shift, qk
 
 
 @triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q, cu_k, block_row, block_start,
+def _attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q, cu_k, blocks,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                       stride_lt, qk_scale, GROUP: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
     block = tl.program_id(0)
     head = tl.program_id(1)
-    row = tl.load(block_row + block)
-    m0 = tl.load(block_start + block)
+    row = tl.load(blocks + 2 * block)
+    m0 = tl.load(blocks + 2 * block + 1)
     q_begin = tl.load(cu_q + row)
     q_len = tl.load(cu_q + row + 1) - q_begin
     k_begin = tl.load(cu_k + row)
@@ -95,15 +96,15 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: to
                      blocks: torch.Tensor, block_m: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed q (tokens, heads, d), k/v (keys, kv_heads, d) of rows cut by the cumulative offsets cu_q and
     cu_k (rows + 1, int32) → output (tokens, heads, d) and natural-log LSE (tokens, heads) in fp32.
-    blocks: (2, n) int32, each query block's row and first query within it, block_m queries a block."""
+    blocks: (n, 2) int32, each query block's row and first query within it, block_m queries a block."""
     tokens, heads, dim = q.shape
     out = torch.empty_like(q)
     lse = torch.empty(tokens, heads, device=q.device, dtype=torch.float32)
     if tokens == 0:
         return out, lse
     qk_scale = dim ** -0.5 / math.log(2)
-    _attention_kernel[(blocks.shape[1], heads)](
-        q, k, v, out, lse, cu_q, cu_k, blocks[0], blocks[1], q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+    _attention_kernel[(blocks.shape[0], heads)](
+        q, k, v, out, lse, cu_q, cu_k, blocks, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse.stride(0), qk_scale,
         GROUP=heads // k.shape[1], CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=dim,
         num_warps=8 if block_m >= 128 else 4, num_stages=2)
