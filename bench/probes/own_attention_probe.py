@@ -1,7 +1,7 @@
 """GPU probe: kernels for rows attending causally to their own tokens, packed without padding (H200).
 
-Flash varlen (FA2, the shipped layout) spends ~0.6 ms a layer on F1's passes
-(16K tokens of ~330-token rows): ~70 TFLOP/s, a tenth of the pass. Candidates,
+Flash varlen (FA2, shipped until our Triton kernel replaced it) spends ~0.5 ms a
+layer on F1's passes (16K tokens of ~330-token rows): ~100 TFLOP/s. Candidates,
 each on several F1-like pass compositions (new shapes every time, as a query
 brings them): its first call and warm calls in milliseconds, TFLOP/s of useful
 (causal) work, and its error against an fp32 reference on sample rows:
