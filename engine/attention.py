@@ -135,7 +135,7 @@ class Packed:
     longest: int
     longest_keys: int
     key_total: int
-    blocks: torch.Tensor | None = None
+    blocks: torch.Tensor
     own_index: torch.Tensor | None = None
     inlined: list[tuple[KV, int]] = field(default_factory=list)
     inline_index: torch.Tensor | None = None
@@ -333,8 +333,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> t
 def own_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed, layer: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's causal attention to its own tokens (after its copied run and chain, if any), all rows
-    in one call of the Triton kernel (attention_kernels.py; flash varlen without Triton): (n, h, d), (n, h). Causal masks align bottom-right: token i of a row
-    after p copied keys sees keys up to p + i."""
+    in one call of the Triton kernel (attention_kernels.py; flash varlen without Triton): (n, h, d),
+    (n, h). Causal masks align bottom-right: token i of a row after p copied keys sees keys up to p + i."""
     keys, values = packed.keys(k, v, layer)
     if attention_kernels is not None:
         return attention_kernels.varlen_attention(q, keys, values, packed.offsets, packed.key_offsets, packed.blocks,
@@ -351,7 +351,8 @@ def over_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
 
     k and v: the pass's own (a run's chain is theirs). One run of padded rows:
     one cuDNN call. Several, or unpadded rows: one call of the Triton kernel
-    (flash varlen without Triton) over the runs' keys laid end to end. fp32: the reference, run by run.
+    (flash varlen without Triton) over the runs' keys laid end to end. fp32:
+    the reference, run by run.
     """
     def packed(t: torch.Tensor) -> torch.Tensor:  # (n, h, d) → (1, h, n, d) view
         return t.transpose(0, 1)[None]
@@ -368,11 +369,12 @@ def over_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
     pieces = [piece for *_, run in rows.runs for piece in run.pieces(k, v, layer)]
     keys, values = (torch.cat([piece[i] for piece in pieces]) for i in (0, 1))
     cu_q, cu_k = rows.run_offsets
+    queries = q.index_select(0, rows.past_index)
     if attention_kernels is not None:
-        return attention_kernels.varlen_attention(q.index_select(0, rows.past_index), keys, values, cu_q, cu_k,
-                                                  rows.run_blocks, QUERY_BLOCK, causal=False)
+        return attention_kernels.varlen_attention(queries, keys, values, cu_q, cu_k, rows.run_blocks, QUERY_BLOCK,
+                                                  causal=False)
     out, lse = torch.ops.aten._flash_attention_forward(
-        q.index_select(0, rows.past_index), keys, values, cu_q, cu_k, max(e - a for a, e, _ in rows.runs),
+        queries, keys, values, cu_q, cu_k, max(e - a for a, e, _ in rows.runs),
         max(len(run) for *_, run in rows.runs), 0.0, False, False, scale=q.shape[-1] ** -0.5)[:2]
     return out, lse.transpose(0, 1)
 

@@ -1,4 +1,4 @@
-"""The Triton attention kernel against fp32 attention, alone and inside packed attention (GPU only; skipped elsewhere)."""
+"""The Triton attention kernel against fp32 attention, alone and in packed attention (GPU only; else skipped)."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def test_rows_after_copied_keys_match_fp32(causal, block):
     out, lse = attention_kernels.varlen_attention(q, k, v, cu_q, cu_k, blocks, block, causal)
     for b in range(len(lengths)):
         rows, cols = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
-        want, want_lse = _matmuls(*(t[span].float().transpose(0, 1)[None] for t, span in ((q, rows), (k, cols), (v, cols))),
-                                  causal)
+        spans = ((q, rows), (k, cols), (v, cols))
+        want, want_lse = _matmuls(*(t[span].float().transpose(0, 1)[None] for t, span in spans), causal)
         assert _rel(out[rows], want[0].transpose(0, 1)) < BF16_REL
         torch.testing.assert_close(lse[rows], want_lse[0].transpose(0, 1), atol=2e-2, rtol=0)
 
