@@ -223,8 +223,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--token-budget", type=int, default=4096)
     p.add_argument("--sol-device", default=None, choices=sorted(DEVICES))
     p.add_argument("--kv-cache-bytes", type=int, default=None,
-                   help="documents' KV kept between a query's AI steps (default: 1 GiB on the CPU, none on a "
-                        "GPU; 0: none); cleared before each query")
+                   help="documents' KV kept between a query's AI steps (default: 1 GiB on the CPU, a quarter of "
+                        "a GPU's memory; 0: none); cleared before each query")
     p.add_argument("--attention", default=None, choices=ATTENTION,
                    help="own-token attention: rows padded per length bucket (cuDNN), or one flash varlen "
                         "call (default: varlen on CUDA in bf16/fp8)")

@@ -94,19 +94,22 @@ def build(requests: Sequence[Request]) -> RadixNode:
     return root
 
 
-def worth_keeping(path: int, children: list[RadixNode]) -> bool:
-    """Whether children should continue from a prefix's resident KV rather than recompute it.
+def worth_keeping(edge: int, children: list[RadixNode]) -> bool:
+    """Whether children should continue from a prefix's KV rather than each recompute its last `edge`
+    tokens (those after the nearest kept prefix above it, whose KV they continue either way).
 
-    A prefix is kept when it is at least as long as the mean of its children's
-    own edges: an anchor document before short questions, a long shared
-    history, and also the preamble before documents, whose children are branch
-    points (the documents' common first words), not whole documents. A long
-    resident run costs its rows a second attention call and a merge; a short
-    one is copied before each of its rows on the GPU (attention.Packed), and
-    runs in the same pass as them (strategies._shares), so keeping it costs
-    ~nothing and saves its tokens in every row.
+    A prefix is kept when that edge is at least as long as the mean of its
+    children's own edges: an anchor document before short questions, a long
+    shared history, the preamble before documents; not the branch points
+    within them (documents' common first words, partners' common first
+    tokens after an anchor), which each child recomputes in a token or two
+    more rather than continuing a row of its own. A long resident run costs
+    its rows a second attention call and a merge; a short one is copied
+    before each of its rows on the GPU (attention.Packed), and runs in the
+    same pass as them (strategies._shares), so keeping it costs ~nothing and
+    saves its tokens in every row.
     """
-    return path * len(children) >= sum(len(c) for c in children)
+    return edge * len(children) >= sum(len(c) for c in children)
 
 
 def collapse(root: RadixNode) -> RadixNode:
@@ -117,7 +120,7 @@ def collapse(root: RadixNode) -> RadixNode:
         kept, queue = [], list(node.children)
         while queue:
             child = queue.pop()
-            if child.children and not worth_keeping(child.end, child.children):
+            if child.children and not worth_keeping(len(child), child.children):
                 if child.ends:
                     kept.append(RadixNode(child.start, child.end, child.ends[0], ends=list(child.ends)))
                 for grandchild in child.children:

@@ -9,6 +9,7 @@ from quail.engine.ai_ops import Question, build_requests
 from quail.engine.radix import build, collapse, common_prefix, ideal_stats, nodes
 from quail.engine.requests import LabelSet, Request, Segment
 from quail.engine.runner import Fill, ModelRunner, pack
+from quail.engine.stats import causal_pairs
 from quail.engine.work import QueryWork
 
 LABELS = LabelSet(("false", "true"), (0, 1), (0, 1))
@@ -94,10 +95,12 @@ def test_strategies_count_their_work(runtime, shared_requests):
         counts[name] = stats
         assert stats.logical_tokens == ideal.logical_tokens
     assert counts["naive"].fresh_tokens == ideal.logical_tokens
-    assert counts["quail"].fresh_tokens == ideal.fresh_tokens, "the radix plan computes each prefix once"
+    kept = list(nodes(collapse(build(shared_requests))))
+    assert counts["quail"].fresh_tokens == sum(len(n) for n in kept), "the radix plan computes each kept prefix once"
+    assert counts["quail"].fresh_tokens <= 1.1 * ideal.fresh_tokens, "only short branch points computed again"
     assert counts["quail"].planned_tokens == counts["quail"].fresh_tokens, "progress ends at what was planned"
     assert counts["prefix"].planned_tokens == counts["naive"].planned_tokens == ideal.logical_tokens
-    assert counts["quail"].attention_pairs == ideal.attention_pairs
+    assert counts["quail"].attention_pairs == sum(causal_pairs(len(n), n.start) for n in kept)
     assert ideal.fresh_tokens < counts["prefix"].fresh_tokens < counts["naive"].fresh_tokens
 
 
@@ -131,6 +134,10 @@ def test_short_prefixes_fold_into_long_children_and_answers_stay():
     root = collapse(build(short_questions))
     (kept,) = root.children
     assert len(kept) == 41 and [len(c) for c in kept.children] == [1, 1, 1]
+    partners = [request(anchor + [7, 10 + i, 20 + i, 30 + i]) for i in range(3)] + [request(anchor + [8, 9])]
+    (kept,) = collapse(build(partners)).children
+    assert len(kept) == 40 and sorted(len(c) for c in kept.children) == [2, 4, 4, 4], \
+        "the partners' common first token is computed in each, not kept below the anchor"
 
 
 def test_passes_bound_padding_per_bucket():
