@@ -96,6 +96,18 @@ def _ask(runtime: Runtime, question: Question, args: Sequence[Sequence[str | Non
     return present, requests, runtime.score(requests, work)
 
 
+@dataclass(frozen=True)
+class Ask:
+    """A yes/no question over rows: args holds one column (list of texts) per PROMPT argument; how its
+    answers are decided (`selectivity`, `decide`) and whether rejected rows leave the prefix cache."""
+
+    question: Question
+    args: Sequence[Sequence[str | None]]
+    selectivity: float = 0.2
+    decide: bool = True
+    forget_rejected: bool = False
+
+
 def yes_probabilities(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
                       work: QueryWork | None = None, selectivity: float = 0.2, decide: bool = True,
                       forget_rejected: bool = False) -> np.ndarray:
@@ -107,15 +119,32 @@ def yes_probabilities(runtime: Runtime, question: Question, args: Sequence[Seque
     the prompt's uniform content hash. `forget_rejected`: a filter's rejected
     rows leave the query, so their documents leave the prefix cache.
     """
-    present, requests, answers = _ask(runtime, question, args, work)
-    probs = np.full(len(args[0]) if args else 0, np.nan)
+    return yes_probabilities_together(runtime, [Ask(question, args, selectivity, decide, forget_rejected)], work)[0]
+
+
+def yes_probabilities_together(runtime: Runtime, asks: Sequence[Ask], work: QueryWork | None = None
+                               ) -> list[np.ndarray]:
+    """P(yes) per row of each question (as yes_probabilities), all their requests scored in one call:
+    their forward passes are shared, and so is what their prompts have in common."""
+    prompts = [_prompts(runtime, ask.question, ask.args) for ask in asks]
+    answers = runtime.score([request for _, requests in prompts for request in requests], work)
+    out, offset = [], 0
+    for ask, (present, requests) in zip(asks, prompts):
+        out.append(_probabilities(runtime, ask, present, requests, answers[offset:offset + len(requests)]))
+        offset += len(requests)
+    return out
+
+
+def _probabilities(runtime: Runtime, ask: Ask, present: list[int], requests: list[Request],
+                   answers: list[np.ndarray]) -> np.ndarray:
+    probs = np.full(len(ask.args[0]) if ask.args else 0, np.nan)
     for i, request, logp in zip(present, requests, answers):
         if runtime.decisions == "hash":
             u = content_hash(request)
-            probs[i] = float(u < selectivity) if decide else u
+            probs[i] = float(u < ask.selectivity) if ask.decide else u
         else:
             probs[i] = float(np.exp(logp[1]))
-    if forget_rejected:
+    if ask.forget_rejected:
         runtime.forget([request for i, request in zip(present, requests) if not probs[i] > 0.5])
     return probs
 

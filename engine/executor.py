@@ -9,11 +9,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .ai_ops import Question, classify, yes_probabilities
+from .ai_ops import Ask, Question, classify, yes_probabilities_together
 from .catalog import Catalog
 from .physical import (CHARS_PER_TOKEN, CHUNK_ROWS, PROBE_ROWS, AIFilterChain, AIStep, JoinChoice, PhysicalPlan,
                        SQLStep, Step, ai_steps, describe, filter_rank)
-from .relational import run_sql, stream_sql
+from .relational import DuckDB
 from .runtime import Runtime
 from .stats import Stats
 from .work import QueryWork
@@ -33,10 +33,11 @@ def execute(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work:
     """
     relations = {name: catalog.table(name) for name in plan.tables}
     work = _hinted(plan, work)
-    if plan.analyze:
-        return analyze(plan, relations, runtime, work, sol)
-    for step in plan.steps:
-        _run_step(step, relations, runtime, work)
+    with DuckDB() as db:
+        if plan.analyze:
+            return analyze(plan, relations, db, runtime, work, sol)
+        for step in plan.steps:
+            _run_step(step, relations, db, runtime, work)
     return relations[plan.result]
 
 
@@ -47,7 +48,8 @@ def execute_stream(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None
     from DuckDB; a chunked plan yields each chunk's rows once its model work is done; any other runs
     its steps, then yields the final relation batch by batch."""
     if not plan.analyze and len(plan.steps) == 1 and isinstance(plan.steps[0], SQLStep):
-        yield from stream_sql(plan.steps[0].sql, {name: catalog.table(name) for name in plan.tables}, rows_per_batch)
+        with DuckDB() as db:
+            yield from db.stream(plan.steps[0].sql, {name: catalog.table(name) for name in plan.tables}, rows_per_batch)
     elif not plan.analyze and plan.chunked:
         for chunk in _chunks(plan, catalog, runtime, work):
             yield from chunk.to_batches(max_chunksize=rows_per_batch)
@@ -62,16 +64,17 @@ def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
     relations = {name: catalog.table(name) for name in plan.tables}
     work = _hinted(plan, work)
     lead = next(i for i, step in enumerate(plan.steps) if not isinstance(step, SQLStep))
-    for step in plan.steps[:lead]:
-        _run_step(step, relations, runtime, work)
-    source = plan.steps[lead - 1].output
-    rows, start, size = relations[source], 0, CHUNK_ROWS[0]
-    while start < rows.num_rows:
-        chunk = {**relations, source: rows.slice(start, size)}
-        for step in plan.steps[lead:]:
-            _run_step(step, chunk, runtime, work)
-        yield chunk[plan.result]
-        start, size = start + size, min(2 * size, CHUNK_ROWS[1])
+    with DuckDB() as db:
+        for step in plan.steps[:lead]:
+            _run_step(step, relations, db, runtime, work)
+        source = plan.steps[lead - 1].output
+        rows, start, size = relations[source], 0, CHUNK_ROWS[0]
+        while start < rows.num_rows:
+            chunk = {**relations, source: rows.slice(start, size)}
+            for step in plan.steps[lead:]:
+                _run_step(step, chunk, db, runtime, work)
+            yield chunk[plan.result]
+            start, size = start + size, min(2 * size, CHUNK_ROWS[1])
 
 
 def _hinted(plan: PhysicalPlan, work: QueryWork | None) -> QueryWork:
@@ -86,32 +89,34 @@ def result_schema(plan: PhysicalPlan, catalog: Catalog) -> pa.Schema:
     if plan.analyze:
         return ANALYZE_SCHEMA
     relations = {name: catalog.schema(name).empty_table() for name in plan.tables}
-    for step in plan.steps:
-        _run_step(step, relations, None, None)
+    with DuckDB() as db:
+        for step in plan.steps:
+            _run_step(step, relations, db, None, None)
     return relations[plan.result].schema
 
 
-def _run_step(step: Step, relations: dict[str, pa.Table], runtime: Runtime | None, work: QueryWork | None) -> None:
+def _run_step(step: Step, relations: dict[str, pa.Table], db: DuckDB, runtime: Runtime | None,
+              work: QueryWork | None) -> None:
     if work is not None:
         work.check()
     if isinstance(step, SQLStep):
-        relations[step.output] = run_sql(step.sql, relations)
+        relations[step.output] = db.run(step.sql, relations)
     elif isinstance(step, AIFilterChain):
         relations[step.output] = _ai_chain(step, relations[step.input], runtime, work)
     elif isinstance(step, JoinChoice):
-        _join_choice(step, relations, runtime, work)
+        _join_choice(step, relations, db, runtime, work)
     else:
         relations[step.output] = _ai_step(step, relations[step.input], runtime, work)
 
 
-def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], runtime: Runtime | None, work: QueryWork,
-            sol: Callable[[Stats], float | None] | None) -> pa.Table:
+def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], db: DuckDB, runtime: Runtime | None,
+            work: QueryWork, sol: Callable[[Stats], float | None] | None) -> pa.Table:
     """Run the plan; a line per step with its rows and seconds, then the AI stages and the model work."""
     lines = [f"note: {note}" for note in plan.notes]
     started = time.perf_counter()
     for step in plan.steps:
         begun = time.perf_counter()
-        _run_step(step, relations, runtime, work)
+        _run_step(step, relations, db, runtime, work)
         first, *rest = describe(step)
         lines += [f"{first}  [{relations[step.output].num_rows} rows, {time.perf_counter() - begun:.3f}s]", *rest]
     wall = time.perf_counter() - started
@@ -138,7 +143,7 @@ def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], runtime: Runtime
     return pa.table({"plan": pa.array(lines, pa.string())})
 
 
-def _join_choice(step: JoinChoice, relations: dict[str, pa.Table], runtime: Runtime | None,
+def _join_choice(step: JoinChoice, relations: dict[str, pa.Table], db: DuckDB, runtime: Runtime | None,
                  work: QueryWork | None) -> None:
     """The join order the cores' observed rows make cheapest, then its steps."""
     rows = [relations[core].num_rows for core in step.cores]
@@ -147,29 +152,51 @@ def _join_choice(step: JoinChoice, relations: dict[str, pa.Table], runtime: Runt
         work.stages.append({"operator": "join_order", "output": step.output, "rows": rows,
                             "planned": list(step.orders[0]), "chosen": list(step.orders[chosen])})
     for sub in step.alternatives[chosen]:
-        _run_step(sub, relations, runtime, work)
+        _run_step(sub, relations, db, runtime, work)
 
 
-def _answers(step: AIStep, rows: pa.Table, runtime: Runtime, work: QueryWork | None) -> pa.Array:
+def _ask(step: AIStep, rows: pa.Table, work: QueryWork | None) -> Ask:
+    """A filter's or score's question over the rows."""
     question = Question(step.template, step.layout, step.labels, step.anchor, step.answers)
-    args = [rows.column(c).to_pylist() for c in step.arg_columns]
-    if step.kind == "classify":
-        return pa.array(classify(runtime, question, args, work), pa.string())
-    probs = yes_probabilities(runtime, question, args, work, step.selectivity, decide=step.kind != "score",
-                              forget_rejected=step.kind == "filter" and work is not None and work.retain_documents)
+    return Ask(question, [rows.column(c).to_pylist() for c in step.arg_columns], step.selectivity,
+               decide=step.kind != "score",
+               forget_rejected=step.kind == "filter" and work is not None and work.retain_documents)
+
+
+def _values(step: AIStep, probs: np.ndarray) -> pa.Array:
     if step.kind == "score":
         return pa.array(probs, pa.float64(), from_pandas=True)
     return pa.array(np.where(np.isnan(probs), None, probs > 0.5).tolist(), pa.bool_())
 
 
 def _ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
-    base = rows.drop_columns(list(step.arg_columns))
     if rows.num_rows == 0:
         answers = pa.array([], _TYPES.get(step.kind, pa.bool_()))
     elif runtime is None:
         raise RuntimeError("an AI step over rows needs a runtime")
+    elif step.kind == "classify":
+        question = Question(step.template, step.layout, step.labels, step.anchor, step.answers)
+        args = [rows.column(c).to_pylist() for c in step.arg_columns]
+        answers = pa.array(classify(runtime, question, args, work), pa.string())
     else:
-        answers = _answers(step, rows, runtime, work)
+        answers = _values(step, yes_probabilities_together(runtime, [_ask(step, rows, work)], work)[0])
+    return _answered(step, rows, answers, work)
+
+
+def _filters_together(steps: list[tuple[AIStep, pa.Table]], runtime: Runtime | None,
+                      work: QueryWork | None) -> list[pa.Table]:
+    """Each filter's rows that pass it, the model asked once for all of them (their passes shared)."""
+    asked = [_ask(step, rows, work) for step, rows in steps if rows.num_rows]
+    if asked and runtime is None:
+        raise RuntimeError("an AI step over rows needs a runtime")
+    probs = iter(yes_probabilities_together(runtime, asked, work) if asked else [])
+    return [_answered(step, rows, _values(step, next(probs)) if rows.num_rows else pa.array([], pa.bool_()), work)
+            for step, rows in steps]
+
+
+def _answered(step: AIStep, rows: pa.Table, answers: pa.Array, work: QueryWork | None) -> pa.Table:
+    """The step's output from its answers (a filter keeps the rows answered yes), its stage recorded."""
+    base = rows.drop_columns(list(step.arg_columns))
     if step.kind == "filter":
         out = base.filter(pc.fill_null(answers, False)) if rows.num_rows else base
     else:
@@ -224,7 +251,10 @@ def _ai_chain(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, wor
 
 def _reranked(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
     """The first PROBE_ROWS rows through the filters in plan order; the rest in the order their observed
-    selectivities rank best, in parts whose documents the prefix cache holds at once (so every later
+    selectivities rank best, in parts pipelined through the filters: each model call asks the first
+    filter about a new part, the second about the last part's rows that passed the first, and so on,
+    so a later filter's few rows ride in the passes of a part's documents instead of passes of their
+    own. Parts are sized so the prefix cache holds the documents of every part in flight (each later
     filter continues them). A row passes when every filter keeps it, in either order."""
     sample, observed = rows.slice(0, PROBE_ROWS), []
     for step in chain.filters:
@@ -236,13 +266,23 @@ def _reranked(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, wor
         work.stages.append({"operator": "ai_filter_rerank", "output": chain.output,
                             "order": [chain.filters[i].template for i in order],
                             "selectivity_observed": [round(observed[i], 4) for i in order]})
+    filters = [chain.filters[i] for i in order]
     rest, kept = rows.slice(PROBE_ROWS), [sample]
-    size = (_cached_rows(chain.filters[order[0]], rest, runtime) if len(order) > 1 else None) or max(rest.num_rows, 1)
-    for start in range(0, rest.num_rows, size):  # each part's documents stay cached through every filter
-        part = rest.slice(start, size)
-        for i in order:
-            part = _ai_step(chain.filters[i], part, runtime, work)
-        kept.append(part)
+    in_flight = sum(float(np.prod([observed[i] for i in order[:j]])) for j in range(len(order)))
+    cached = _cached_rows(filters[0], rest, runtime) if len(order) > 1 else None
+    size = max(1, int(cached / in_flight)) if cached else max(rest.num_rows, 1)
+    parts = [rest.slice(start, size) for start in range(0, rest.num_rows, size)]
+    waiting: list[pa.Table | None] = [None] * len(filters)  # rows waiting for each filter
+    for turn in range(len(parts) + len(filters) - 1 if parts else 0):
+        waiting[0] = parts[turn] if turn < len(parts) else None
+        now = [j for j, part in enumerate(waiting) if part is not None]
+        passed = _filters_together([(filters[j], waiting[j]) for j in now], runtime, work)
+        waiting = [None] * len(filters)
+        for j, part in zip(now, passed):
+            if j + 1 < len(filters):
+                waiting[j + 1] = part
+            else:
+                kept.append(part)
     return pa.concat_tables(kept)
 
 

@@ -463,29 +463,32 @@ def test_a_chain_of_filters_reads_each_document_once(session, monkeypatch):
 
 
 def test_a_chain_keeps_only_the_documents_still_in_play(session, monkeypatch):
-    """With room in the cache for two documents, the chain runs in parts of two rows after its probe,
-    every later filter continues its part's documents, and the documents a filter rejected leave the
-    cache: what stays is the rows that passed."""
+    """With room in the cache for four documents, the chain runs in parts of two rows after its probe
+    (two parts in flight), pipelined: each model call asks the first filter about a part and the second
+    about the rows of the part before that passed the first, continuing their documents; the documents
+    a filter rejected leave the cache: what stays is the rows that passed."""
     from quail.engine import executor
 
     cache = session.runtime.runner.cache
     cache.clear()
     asked = build_requests(session.runtime, Question(FILTER), [[b] for b in REVIEWS["body"].to_pylist() if b])
     longest = max(r.prefix(2)[0] for r in asked)
-    monkeypatch.setattr(cache, "budget_bytes", session.runtime.kv_bytes_per_token * (2 * longest + 1))
+    monkeypatch.setattr(cache, "budget_bytes", session.runtime.kv_bytes_per_token * (4 * longest + 1))
     monkeypatch.setattr(executor, "PROBE_ROWS", 2)
-    parts, ai_step = [], executor._ai_step
-    monkeypatch.setattr(executor, "_ai_step", lambda step, rows, *args: (
-        parts.append(rows.num_rows), ai_step(step, rows, *args))[1])
+    parts, calls, together = [], [], executor._filters_together
+    monkeypatch.setattr(executor, "_filters_together", lambda steps, *args: (
+        parts.extend(rows.num_rows for _, rows in steps), calls.append(len(steps)), together(steps, *args))[2])
     chain = (f"SELECT id, body FROM reviews WHERE AI_FILTER(PROMPT('{FILTER}', body), {{'selectivity': 0.8}}) "
              f"AND AI_FILTER(PROMPT('Does {{0}} mention the staff or the owner?', body), {{'selectivity': 0.8}})")
     result = session.sql(chain).run()
     kept = result.collect()
-    assert max(parts[2:]) <= 3 < REVIEWS.num_rows - 3, "after the probe, parts of the rows the cache holds"
+    assert max(parts) <= 2 < REVIEWS.num_rows - 2, "after the probe, parts of the rows the cache holds"
+    assert calls == [1] + [2] * (len(calls) - 2) + [1] and len(calls) > 2, "both filters asked in one call"
     passed = set(kept.column("body").to_pylist())
     rejected = [r for r, b in zip(asked, [b for b in REVIEWS["body"].to_pylist() if b]) if b not in passed]
     assert rejected and all(cache.get(r.prefix(2)[1]) is None for r in rejected), "rejected documents left"
-    assert len(cache) == min(kept.num_rows, 2), "the cache is full of documents that passed"
+    held = [r for r, b in zip(asked, [b for b in REVIEWS["body"].to_pylist() if b]) if b in passed]
+    assert 0 < len(cache) == sum(cache.get(r.prefix(2)[1]) is not None for r in held), "only documents that passed"
     monkeypatch.setattr(session.runtime.runner, "cache", None)
     uncached = session.sql(chain).run()
     assert uncached.collect() == kept
