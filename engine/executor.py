@@ -155,11 +155,17 @@ def _join_choice(step: JoinChoice, relations: dict[str, pa.Table], db: DuckDB, r
         _run_step(sub, relations, db, runtime, work)
 
 
+def _question(step: AIStep) -> Question:
+    return Question(step.template, step.layout, step.labels, step.anchor, step.answers)
+
+
+def _args(step: AIStep, rows: pa.Table) -> list[list[str | None]]:
+    return [rows.column(c).to_pylist() for c in step.arg_columns]
+
+
 def _ask(step: AIStep, rows: pa.Table, work: QueryWork | None) -> Ask:
     """A filter's or score's question over the rows."""
-    question = Question(step.template, step.layout, step.labels, step.anchor, step.answers)
-    return Ask(question, [rows.column(c).to_pylist() for c in step.arg_columns], step.selectivity,
-               decide=step.kind != "score",
+    return Ask(_question(step), _args(step, rows), step.selectivity, decide=step.kind != "score",
                forget_rejected=step.kind == "filter" and work is not None and work.retain_documents)
 
 
@@ -175,9 +181,7 @@ def _ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryW
     elif runtime is None:
         raise RuntimeError("an AI step over rows needs a runtime")
     elif step.kind == "classify":
-        question = Question(step.template, step.layout, step.labels, step.anchor, step.answers)
-        args = [rows.column(c).to_pylist() for c in step.arg_columns]
-        answers = pa.array(classify(runtime, question, args, work), pa.string())
+        answers = pa.array(classify(runtime, _question(step), _args(step, rows), work), pa.string())
     else:
         answers = _values(step, yes_probabilities_together(runtime, [_ask(step, rows, work)], work)[0])
     return _answered(step, rows, answers, work)
