@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .requests import Request
+from .requests import Request, Segment
 from .stats import Stats, causal_pairs
 
 
@@ -60,14 +60,23 @@ def common_prefix(a: Request, b: Request) -> int:
     return shared
 
 
-def _sort_key(request: Request) -> tuple[bytes, ...]:
-    return tuple(s.ids.tobytes() for s in request.segments)
+def _sort_keys(requests: Sequence[Request]) -> list[tuple[bytes, ...]]:
+    """Each request's segments as bytes; equal segments as one object, which tuples compare at once."""
+    found: dict[bytes, bytes] = {}
+
+    def as_bytes(segment: Segment) -> bytes:
+        if segment.key not in found:
+            found[segment.key] = segment.ids.tobytes()
+        return found[segment.key]
+
+    return [tuple(as_bytes(s) for s in request.segments) for request in requests]
 
 
 def build(requests: Sequence[Request]) -> RadixNode:
     """The compressed trie of the prompts; `ends` lists the requests ending at each node."""
     root = RadixNode(0, 0, -1)
-    order = sorted(range(len(requests)), key=lambda i: _sort_key(requests[i]))
+    keys = _sort_keys(requests)
+    order = sorted(range(len(requests)), key=keys.__getitem__)
     stack = [root]
     previous: Request | None = None
     for i in order:

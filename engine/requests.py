@@ -43,6 +43,10 @@ class Request:
 
     segments: tuple[Segment, ...]
     labels: LabelSet
+    length: int = field(init=False, repr=False, compare=False)  # tokens: planning asks for it often
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "length", sum(len(s) for s in self.segments))
 
     def ids(self) -> np.ndarray:
         return np.concatenate([s.ids for s in self.segments])
@@ -67,4 +71,4 @@ class Request:
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
 
     def __len__(self) -> int:
-        return sum(len(s) for s in self.segments)
+        return self.length
