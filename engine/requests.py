@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,10 +44,10 @@ class Request:
 
     segments: tuple[Segment, ...]
     labels: LabelSet
-    length: int = field(init=False, repr=False, compare=False)  # tokens: planning asks for it often
+    offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)  # each segment's first token, then the end
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "length", sum(len(s) for s in self.segments))
+        object.__setattr__(self, "offsets", tuple(itertools.accumulate((len(s.ids) for s in self.segments), initial=0)))
 
     def ids(self) -> np.ndarray:
         return np.concatenate([s.ids for s in self.segments])
@@ -58,17 +59,15 @@ class Request:
 
     def tokens(self, start: int, end: int) -> np.ndarray:
         """ids()[start:end] without concatenating the whole prompt."""
-        parts, offset = [], 0
-        for segment in self.segments:
-            lo, hi = max(start - offset, 0), min(end - offset, len(segment))
-            if lo < hi:
-                parts.append(segment.ids[lo:hi])
-            offset += len(segment)
-            if offset >= end:
+        parts = []
+        for segment, first, last in zip(self.segments, self.offsets, self.offsets[1:]):
+            if first >= end:
                 break
+            if last > start:
+                parts.append(segment.ids[max(start - first, 0) : min(end, last) - first])
         if len(parts) == 1:
             return parts[0]
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
 
     def __len__(self) -> int:
-        return self.length
+        return self.offsets[-1]
