@@ -64,12 +64,14 @@ def padded_shape(rows: int, width: int) -> tuple[int, int]:
     return _step_up(rows, 1), _step_up(width, 16)
 
 
-def query_blocks(lengths: np.ndarray, block: int) -> np.ndarray:
-    """(blocks, 2) int32: the row and first query of each block of `block` queries, rows cut in order."""
-    counts = -(-np.asarray(lengths, dtype=np.int64) // block)
-    rows = np.repeat(np.arange(len(counts)), counts)
-    firsts = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    return np.stack([rows, firsts * block], axis=1).astype(np.int32)
+def query_blocks(spans: list[tuple[int, int, int]], block: int) -> np.ndarray:
+    """(blocks, 3) int32 for the Triton kernel: each span of queries (first, end, the run they continue
+    or −1) cut in order into blocks of at most `block`: each block's first query, count and run."""
+    table = np.asarray(spans, dtype=np.int64).reshape(-1, 3)
+    counts = -(-(table[:, 1] - table[:, 0]) // block)
+    span = np.repeat(np.arange(len(table)), counts)
+    firsts = table[span, 0] + block * (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+    return np.stack([firsts, np.minimum(block, table[span, 1] - firsts), table[span, 2]], axis=1).astype(np.int32)
 
 
 def _on(device: torch.device, array: np.ndarray) -> torch.Tensor:
@@ -122,8 +124,10 @@ class Packed:
     row continues (its chain, short by the strategy's choice). Each row's keys
     are [copied run, chain, own tokens]. offsets and key_offsets: (rows + 1)
     cumulative query and key counts on the device, longest and longest_keys
-    their largest steps, key_total the last; blocks: the rows' query blocks
-    for the Triton kernel (query_blocks); own_index: where the packed
+    their largest steps, key_total the last; rows: each packed query's row;
+    blocks: the query blocks of the Triton kernel (query_blocks): a row's own,
+    or, for the rows continuing a run attended apart (`runs`, in order),
+    blocks across them; own_index: where the packed
     tokens' keys go in the key buffer (None: the buffer is the packed keys
     themselves); inlined: each copied run and how many rows it precedes;
     inline_index: where those copies go, in that order; chain_from and
@@ -135,6 +139,7 @@ class Packed:
     longest: int
     longest_keys: int
     key_total: int
+    rows: torch.Tensor
     blocks: torch.Tensor
     own_index: torch.Tensor | None = None
     inlined: list[tuple[KV, int]] = field(default_factory=list)
@@ -188,9 +193,15 @@ def _packed(lengths: list[int], starts: np.ndarray, row_runs: list[tuple[int, in
             kept.append((first, end, run))
     before = copied + chained
     key_offsets = np.concatenate([[0], np.cumsum(before + lengths_a)])
+    apart = np.zeros(len(lengths), dtype=bool)
+    for first, end, _ in kept:
+        apart[first:end] = True
+    spans = [(starts[b], starts[b + 1], -1) for b in np.flatnonzero(~apart)]
+    spans += [(starts[first], starts[end], i) for i, (first, end, _) in enumerate(kept)]
     packed = Packed(_on(device, starts.astype(np.int32)), _on(device, key_offsets.astype(np.int32)),
                     int(lengths_a.max()), int((before + lengths_a).max()), int(key_offsets[-1]),
-                    _on(device, query_blocks(lengths_a, QUERY_BLOCK)))
+                    _on(device, np.repeat(np.arange(len(lengths), dtype=np.int32), lengths_a)),
+                    _on(device, query_blocks(spans, QUERY_BLOCK)))
     if not before.any():
         return packed, kept
     own = np.repeat(key_offsets[:-1] + before - starts[:-1], lengths_a) + np.arange(starts[-1])
@@ -278,7 +289,8 @@ class Rows:
             sizes = np.array([[0, 0]] + [[e - a, len(run)] for a, e, run in runs], dtype=np.int32)
             sizes = sizes.cumsum(0, dtype=np.int32)
             layout.run_offsets = (_on(device, sizes[:, 0].copy()), _on(device, sizes[:, 1].copy()))
-            layout.run_blocks = _on(device, query_blocks(np.diff(sizes[:, 0]), QUERY_BLOCK))
+            layout.run_blocks = _on(device, query_blocks(
+                [(sizes[i, 0], sizes[i + 1, 0], i) for i in range(len(runs))], QUERY_BLOCK))
         return layout
 
     def pad(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -333,16 +345,31 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> t
 def own_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed, layer: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's causal attention to its own tokens (after its copied run and chain, if any), all rows
-    in one call of the Triton kernel (attention_kernels.py; flash varlen without Triton): (n, h, d),
-    (n, h). Causal masks align bottom-right: token i of a row after p copied keys sees keys up to p + i."""
+    in one flash varlen call (where Triton is absent: else `fused_packed`): (n, h, d), (n, h). Causal
+    masks align bottom-right: token i of a row after p copied keys sees keys up to p + i."""
     keys, values = packed.keys(k, v, layer)
-    if attention_kernels is not None:
-        return attention_kernels.varlen_attention(q, keys, values, packed.offsets, packed.key_offsets, packed.blocks,
-                                                  QUERY_BLOCK, causal=True)
     out, lse = torch.ops.aten._flash_attention_forward(
         q, keys, values, packed.offsets, packed.key_offsets, packed.longest, packed.longest_keys, 0.0, True,
         False, scale=q.shape[-1] ** -0.5)[:2]
     return out, lse.transpose(0, 1)
+
+
+def _run_keys(rows: Rows, k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values of the runs attended apart in `layer`, laid end to end in run order."""
+    pieces = [piece for *_, run in rows.runs for piece in run.pieces(k, v, layer)]
+    return torch.cat([piece[0] for piece in pieces]), torch.cat([piece[1] for piece in pieces])
+
+
+def fused_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, layer: int) -> torch.Tensor:
+    """Unpadded rows by one call of the Triton kernel: each row's own tokens (after its copied run and
+    chain) causally and, for the rows continuing a run attended apart, that run's keys first, in the
+    same online softmax (nothing merged afterwards): (n, h, d)."""
+    packed = rows.packed
+    keys, values = packed.keys(k, v, layer)
+    runs = (*_run_keys(rows, k, v, layer), rows.run_offsets[1]) if rows.runs else None
+    return attention_kernels.packed_attention(q, packed.blocks, QUERY_BLOCK,
+                                              (keys, values, packed.offsets, packed.key_offsets, packed.rows),
+                                              runs)[0]
 
 
 def over_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, layer: int
@@ -366,13 +393,11 @@ def over_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
             outs.append(out[0].transpose(0, 1))
             lses.append(lse[0].transpose(0, 1))
         return torch.cat(outs), torch.cat(lses)
-    pieces = [piece for *_, run in rows.runs for piece in run.pieces(k, v, layer)]
-    keys, values = (torch.cat([piece[i] for piece in pieces]) for i in (0, 1))
+    keys, values = _run_keys(rows, k, v, layer)
     cu_q, cu_k = rows.run_offsets
     queries = q.index_select(0, rows.past_index)
     if attention_kernels is not None:
-        return attention_kernels.varlen_attention(queries, keys, values, cu_q, cu_k, rows.run_blocks, QUERY_BLOCK,
-                                                  causal=False)
+        return attention_kernels.packed_attention(queries, rows.run_blocks, QUERY_BLOCK, runs=(keys, values, cu_k))
     out, lse = torch.ops.aten._flash_attention_forward(
         queries, keys, values, cu_q, cu_k, max(e - a for a, e, _ in rows.runs),
         max(len(run) for *_, run in rows.runs), 0.0, False, False, scale=q.shape[-1] ** -0.5)[:2]
@@ -395,6 +420,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
     `layer`: a resident run's, and its chain's (earlier rows of the pass, whose
     keys are in k and v); `merger` is `merge` or a compiled (fused) version of it.
     """
+    if rows.packed is not None and attention_kernels is not None:
+        return fused_packed(q, k, v, rows, layer)
     if rows.packed is not None:
         out, lse = own_varlen(q, k, v, rows.packed, layer)
         if not rows.runs:

@@ -89,14 +89,18 @@ def flex_kernel() -> Callable:
 
 def triton_kernel(block: int) -> Callable:
     from quail.engine.attention import query_blocks
-    from quail.engine.attention_kernels import varlen_attention
+    from quail.engine.attention_kernels import packed_attention
 
-    tables: dict[int, torch.Tensor] = {}  # per offsets tensor: its query blocks, built once off the clock
+    tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per offsets tensor: blocks and rows, off the clock
 
     def run(q, k, v, cu_q, cu_k, max_q, max_k):
         if id(cu_q) not in tables:
-            tables[id(cu_q)] = torch.from_numpy(query_blocks(np.diff(cu_q.cpu().numpy()), block)).cuda()
-        return varlen_attention(q, k, v, cu_q, cu_k, tables[id(cu_q)], block, causal=True)[0]
+            starts = cu_q.cpu().numpy()
+            spans = [(a, e, -1) for a, e in zip(starts[:-1], starts[1:])]
+            rows = np.repeat(np.arange(len(spans)), np.diff(starts)).astype(np.int32)
+            tables[id(cu_q)] = (torch.from_numpy(query_blocks(spans, block)).cuda(), torch.from_numpy(rows).cuda())
+        blocks, rows = tables[id(cu_q)]
+        return packed_attention(q, blocks, block, (k, v, cu_q, cu_k, rows))[0]
 
     return run
 
