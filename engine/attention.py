@@ -16,6 +16,10 @@ algorithm in plain torch, exact to float round-off.
 Unpadded rows and resident runs go to our Triton kernel (attention_kernels.py)
 where Triton is installed: on F1's passes 0.29 ms a layer against flash
 varlen's 0.50 (bench/results/2026-11-30-h200-own-attention-triton-9f31b76.json).
+There one call per layer does it all (`fused_packed`): the rows continuing a
+long run are cut into blocks across rows, each block reading the run's keys
+once and then each query its own row's, so nothing is merged afterwards (J1
+at scale 0.02: 7.49 s against 7.85-8.33, bench/GPU_NOTES.md).
 """
 
 from __future__ import annotations
@@ -419,6 +423,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
     bucket, or one varlen call for them all) and to every key it continues in
     `layer`: a resident run's, and its chain's (earlier rows of the pass, whose
     keys are in k and v); `merger` is `merge` or a compiled (fused) version of it.
+    Unpadded rows with Triton: all of it in one kernel call (`fused_packed`).
     """
     if rows.packed is not None and attention_kernels is not None:
         return fused_packed(q, k, v, rows, layer)
