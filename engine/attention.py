@@ -40,7 +40,7 @@ except ImportError:
 
 
 SMALL = 64  # rows and runs at most this long: attention by two matmuls (kernels tile 64+ queries per row)
-QUERY_BLOCK = 64  # queries of one row a program of the Triton kernel takes (attention_kernels.py)
+QUERY_BLOCK = 64  # queries a program of the Triton kernel takes: of one row, or of the rows of one run (attention_kernels.py)
 
 
 def width_class(length: int) -> int:

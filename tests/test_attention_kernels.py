@@ -97,7 +97,7 @@ def test_packed_attention_with_runs_and_chains_matches_fp32():
     runs = [KV([torch.randn(c, HKV, D, device="cuda", dtype=torch.bfloat16)],
                [torch.randn(c, HKV, D, device="cuda", dtype=torch.bfloat16)]) for c in (2500, 40)]
     pasts = [runs[0], runs[0], None, runs[1], runs[1], runs[1]]
-    parents = [None, None, None, None, 3, 3]
+    parents = [None, 0, None, None, 3, 3]  # row 1 continues row 0 after their long run: run, chain, own
     q = torch.randn(sum(lengths), H, D, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(sum(lengths), HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     as_fp32 = {id(r): KV([r.keys[0].float()], [r.values[0].float()]) for r in runs}
@@ -105,5 +105,5 @@ def test_packed_attention_with_runs_and_chains_matches_fp32():
                            parents=parents)
     want = attention(q.float(), k.float(), v.float(), reference, 0)
     layout = Rows.build(lengths, pasts, torch.device("cuda"), padded=False, parents=parents)
-    assert layout.runs and layout.packed.own_index is not None, "one run apart, one copied, chains copied"
+    assert layout.runs and layout.packed.own_index is not None, "one run apart (with a chain after it), one copied, chains copied"
     assert _rel(attention(q, k, v, layout, 0), want) < BF16_REL
