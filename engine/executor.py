@@ -176,25 +176,25 @@ def _values(step: AIStep, probs: np.ndarray) -> pa.Array:
 
 
 def _ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
-    if rows.num_rows == 0:
-        answers = pa.array([], _TYPES.get(step.kind, pa.bool_()))
-    elif runtime is None:
+    if step.kind != "classify":
+        return _asked_together([(step, rows)], runtime, work)[0]
+    if rows.num_rows and runtime is None:
         raise RuntimeError("an AI step over rows needs a runtime")
-    elif step.kind == "classify":
-        answers = pa.array(classify(runtime, _question(step), _args(step, rows), work), pa.string())
-    else:
-        answers = _values(step, yes_probabilities_together(runtime, [_ask(step, rows, work)], work)[0])
+    answers = pa.array(classify(runtime, _question(step), _args(step, rows), work) if rows.num_rows else [],
+                       pa.string())
     return _answered(step, rows, answers, work)
 
 
-def _filters_together(steps: list[tuple[AIStep, pa.Table]], runtime: Runtime | None,
-                      work: QueryWork | None) -> list[pa.Table]:
-    """Each filter's rows that pass it, the model asked once for all of them (their passes shared)."""
+def _asked_together(steps: list[tuple[AIStep, pa.Table]], runtime: Runtime | None,
+                    work: QueryWork | None) -> list[pa.Table]:
+    """Each yes/no step's output over its rows (filters: the rows that pass), the model asked once for
+    all of them (their passes shared)."""
     asked = [_ask(step, rows, work) for step, rows in steps if rows.num_rows]
     if asked and runtime is None:
         raise RuntimeError("an AI step over rows needs a runtime")
     probs = iter(yes_probabilities_together(runtime, asked, work) if asked else [])
-    return [_answered(step, rows, _values(step, next(probs)) if rows.num_rows else pa.array([], pa.bool_()), work)
+    empty = {step.kind: pa.array([], _TYPES.get(step.kind, pa.bool_())) for step, _ in steps}
+    return [_answered(step, rows, _values(step, next(probs)) if rows.num_rows else empty[step.kind], work)
             for step, rows in steps]
 
 
@@ -280,7 +280,7 @@ def _reranked(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, wor
     for turn in range(len(parts) + len(filters) - 1 if parts else 0):
         waiting[0] = parts[turn] if turn < len(parts) else None
         now = [j for j, part in enumerate(waiting) if part is not None]
-        passed = _filters_together([(filters[j], waiting[j]) for j in now], runtime, work)
+        passed = _asked_together([(filters[j], waiting[j]) for j in now], runtime, work)
         waiting = [None] * len(filters)
         for j, part in zip(now, passed):
             if j + 1 < len(filters):

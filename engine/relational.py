@@ -51,8 +51,3 @@ class DuckDB:
         with self._over(relations) as con:
             yield from con.sql(sql).to_arrow_reader(rows_per_batch)
 
-
-def run_sql(sql: str, relations: Mapping[str, pa.Table]) -> pa.Table:
-    """Evaluate one statement over the named relations, in a database of its own."""
-    with DuckDB() as db:
-        return db.run(sql, relations)

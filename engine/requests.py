@@ -55,7 +55,7 @@ class Request:
     def prefix(self, segments: int) -> tuple[int, bytes]:
         """Length and content key of the first `segments` segments."""
         head = self.segments[:segments]
-        return sum(len(s) for s in head), hashlib.blake2b(b"".join(s.key for s in head), digest_size=16).digest()
+        return self.offsets[len(head)], hashlib.blake2b(b"".join(s.key for s in head), digest_size=16).digest()
 
     def tokens(self, start: int, end: int) -> np.ndarray:
         """ids()[start:end] without concatenating the whole prompt."""

@@ -14,7 +14,7 @@ from substrait.version import substrait_version
 from quail.engine.catalog import Catalog
 from quail.engine.errors import InvalidArgument
 from quail.engine.physical import AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step
-from quail.engine.relational import run_sql
+from quail.engine.relational import DuckDB
 
 from .substrait_expressions import Column, Expressions, Typed, field_ref, literal
 from .substrait_functions import AI_FUNCTIONS, Extensions
@@ -30,7 +30,8 @@ def export_plan(plan: PhysicalPlan, catalog: Catalog) -> Plan:
     """The Substrait plan of a physical plan (a join chosen at run time: its planned order)."""
     if plan.analyze:
         raise InvalidArgument("EXPLAIN ANALYZE runs its query: it has no Substrait plan")
-    return _Exporter(plan, catalog).plan(planned_steps(plan.steps))
+    with DuckDB() as db:
+        return _Exporter(plan, catalog, db).plan(planned_steps(plan.steps))
 
 
 def planned_steps(steps: tuple[Step, ...]) -> list[Step]:
@@ -57,8 +58,9 @@ class _Exporter:
     """One plan relation per step (its hint: the step's output and column names), read by later steps
     through ReferenceRels; the last step is the root. AI steps call the functions of quail_ai_functions.yaml."""
 
-    def __init__(self, plan: PhysicalPlan, catalog: Catalog) -> None:
+    def __init__(self, plan: PhysicalPlan, catalog: Catalog, db: DuckDB) -> None:
         self.catalog = catalog
+        self.db = db
         self.functions = Extensions()
         self.expressions = Expressions(self.functions)
         self.queries = Queries(self.expressions, self._source)
@@ -108,7 +110,7 @@ class _Exporter:
         except ParseError as err:
             raise InvalidArgument(f"Substrait export: step {step.output} is not DuckDB SQL: {err}") from None
         relation = self.queries.query(tree)
-        schema = run_sql(step.sql, self.empty).schema
+        schema = self.db.run(step.sql, self.empty).schema
         if len(schema) != len(relation.columns):
             raise InvalidArgument(f"Substrait export: step {step.output} gives {len(schema)} columns, "
                                   f"its translation {len(relation.columns)}")

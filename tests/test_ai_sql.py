@@ -475,15 +475,22 @@ def test_a_chain_keeps_only_the_documents_still_in_play(session, monkeypatch):
     longest = max(r.prefix(2)[0] for r in asked)
     monkeypatch.setattr(cache, "budget_bytes", session.runtime.kv_bytes_per_token * (4 * longest + 1))
     monkeypatch.setattr(executor, "PROBE_ROWS", 2)
-    parts, calls, together = [], [], executor._filters_together
-    monkeypatch.setattr(executor, "_filters_together", lambda steps, *args: (
-        parts.extend(rows.num_rows for _, rows in steps), calls.append(len(steps)), together(steps, *args))[2])
+    parts, calls, together = [], [], executor._asked_together
+    def counted(steps, *args):  # the model calls of the run (not those of its result schema, over no rows)
+        if any(rows.num_rows for _, rows in steps):
+            parts.extend(rows.num_rows for _, rows in steps)
+            calls.append(len(steps))
+        return together(steps, *args)
+
+    monkeypatch.setattr(executor, "_asked_together", counted)
     chain = (f"SELECT id, body FROM reviews WHERE AI_FILTER(PROMPT('{FILTER}', body), {{'selectivity': 0.8}}) "
              f"AND AI_FILTER(PROMPT('Does {{0}} mention the staff or the owner?', body), {{'selectivity': 0.8}})")
     result = session.sql(chain).run()
     kept = result.collect()
     assert max(parts) <= 2 < REVIEWS.num_rows - 2, "after the probe, parts of the rows the cache holds"
-    assert calls == [1] + [2] * (len(calls) - 2) + [1] and len(calls) > 2, "both filters asked in one call"
+    probe, pipelined = calls[:2], calls[2:]
+    assert probe == [1, 1], "the probe asks each filter alone"
+    assert pipelined == [1] + [2] * (len(pipelined) - 2) + [1] and len(pipelined) > 2, "both filters in one call"
     passed = set(kept.column("body").to_pylist())
     rejected = [r for r, b in zip(asked, [b for b in REVIEWS["body"].to_pylist() if b]) if b not in passed]
     assert rejected and all(cache.get(r.prefix(2)[1]) is None for r in rejected), "rejected documents left"
