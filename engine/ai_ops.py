@@ -10,6 +10,7 @@ import numpy as np
 
 from .errors import InvalidArgument
 from .label_trie import Branch, branches, name_logprobs
+from .physical import CHARS_PER_TOKEN
 from .prompt import LAYOUTS, LETTERS
 from .requests import LabelSet, Request, Segment
 from .runtime import Runtime
@@ -82,18 +83,108 @@ def content_hash(request: Request) -> float:
     return int.from_bytes(digest, "little") / 2**64
 
 
+def _present(args: Sequence[Sequence[str | None]]) -> list[int]:
+    """The rows without a NULL argument."""
+    rows = len(args[0]) if args else 0
+    return [i for i in range(rows) if all(col[i] is not None for col in args)]
+
+
 def _prompts(runtime: Runtime, question: Question,
              args: Sequence[Sequence[str | None]]) -> tuple[list[int], list[Request]]:
     """The rows without a NULL argument, and their requests."""
-    rows = len(args[0]) if args else 0
-    present = [i for i in range(rows) if all(col[i] is not None for col in args)]
+    present = _present(args)
     return present, build_requests(runtime, question, [[col[i] for col in args] for i in present])
 
 
-def _ask(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
-         work: QueryWork | None) -> tuple[list[int], list[Request], list[np.ndarray]]:
-    present, requests = _prompts(runtime, question, args)
-    return present, requests, runtime.score(requests, work)
+Job = tuple[Question, Sequence[Sequence[str | None]]]  # a question and its PROMPT arguments, a column each
+
+
+def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
+             ) -> list[tuple[list[int], list[Request], list[np.ndarray]]]:
+    """Each job's rows without a NULL argument, their requests and their answers.
+
+    The rows of all jobs go to the runtime in parts (`_parts`): each part's
+    requests are built (tokenized) and its passes queued while the passes of
+    the parts before it run, and every answer is read at the end, so the
+    device starts after a part's worth of host work, not a step's. A runtime
+    that plans its own order (quail) gets the rows in the order of their
+    anchor document's text, so rows that share a prefix share a part; the
+    baselines get them in table order.
+    """
+    rows = [(j, i) for j, (_, args) in enumerate(jobs) for i in _present(args)]
+    texts = [_texts(jobs[j], i) for j, i in rows]
+    order = sorted(range(len(rows)), key=texts.__getitem__) if runtime.plans_order else list(range(len(rows)))
+    shared = [0] + [_shared_chars(texts[a][0], texts[b][0]) for a, b in zip(order, order[1:])]
+    fresh = [ROW_CHARS + sum(map(len, texts[r])) - common for r, common in zip(order, shared)]
+    work = work if work is not None else QueryWork()
+    work.announce(len(rows))
+    launched = []
+    for part in _parts(fresh, shared, runtime.runner.token_budget * CHARS_PER_TOKEN):
+        members: dict[int, list[int]] = {}
+        for r in order[part.start:part.stop]:
+            members.setdefault(rows[r][0], []).append(rows[r][1])
+        requests = {j: build_requests(runtime, jobs[j][0], [[col[i] for col in jobs[j][1]] for i in indices])
+                    for j, indices in members.items()}
+        launched.append((members, requests, runtime.launch([r for rs in requests.values() for r in rs], work)))
+    found: list[dict[int, tuple[Request, np.ndarray]]] = [{} for _ in jobs]
+    for members, requests, scoring in launched:
+        answers = iter(scoring.read())
+        for j, indices in members.items():
+            found[j].update((i, (request, next(answers))) for i, request in zip(indices, requests[j]))
+    out = []
+    for answered in found:
+        indices = sorted(answered)
+        out.append((indices, [answered[i][0] for i in indices], [answered[i][1] for i in indices]))
+    return out
+
+
+def _texts(job: Job, row: int) -> tuple[str, ...]:
+    """The row's PROMPT arguments, its anchor's first."""
+    question, args = job
+    anchor = args[question.anchor][row]
+    return (anchor, *(col[row] for k, col in enumerate(args) if k != question.anchor))
+
+
+def _shared_chars(a: str, b: str) -> int:
+    """The length of the longest common prefix of a and b (slices compared: C speed, few of them)."""
+    if a == b:
+        return len(a)
+    longest = min(len(a), len(b))
+    low, high = 0, 1  # a[:low] == b[:low]; high doubles until a[:high] differs
+    while high <= longest and a[:high] == b[:high]:
+        low, high = high, 2 * high
+    high = min(high - 1, longest)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+PART_PASSES = (2, 16)  # a step's first part and its largest, in forward passes of estimated fresh tokens
+ROW_CHARS = 32  # a row's fresh characters besides its arguments' (the answer cue; a filter's question)
+
+
+def _parts(fresh: Sequence[float], shared: Sequence[int], per_pass: float) -> list[range]:
+    """Consecutive parts of rows whose fresh characters (`per_pass` to a pass) are given: the first of
+    about PART_PASSES[0] passes, each next twice the last up to PART_PASSES[1]. A part ends within half
+    its size of its target, before the row that shares the fewest characters with the row before it
+    (`shared`), nearest the target among those; a rest under half the next part's size joins it."""
+    total = np.cumsum(fresh, dtype=np.float64)
+    parts, start, passes = [], 0, PART_PASSES[0]
+    while start < len(total):
+        base = total[start - 1] if start else 0.0
+        if total[-1] - base <= (passes + min(2 * passes, PART_PASSES[1]) / 2) * per_pass:
+            parts.append(range(start, len(total)))
+            break
+        low, target, high = np.searchsorted(total, base + np.array([0.5, 1.0, 1.5]) * passes * per_pass) + 1
+        cuts = range(max(int(low), start + 1), min(int(high), len(total) - 1) + 1)
+        end = min(cuts, key=lambda e: (shared[e], abs(e - target))) if cuts else len(total)
+        parts.append(range(start, end))
+        start, passes = end, min(2 * passes, PART_PASSES[1])
+    return parts
 
 
 @dataclass(frozen=True)
@@ -126,13 +217,8 @@ def yes_probabilities_together(runtime: Runtime, asks: Sequence[Ask], work: Quer
                                ) -> list[np.ndarray]:
     """P(yes) per row of each question (as yes_probabilities), all their requests scored in one call:
     their forward passes are shared, and so is what their prompts have in common."""
-    prompts = [_prompts(runtime, ask.question, ask.args) for ask in asks]
-    answers = runtime.score([request for _, requests in prompts for request in requests], work)
-    out, offset = [], 0
-    for ask, (present, requests) in zip(asks, prompts):
-        out.append(_probabilities(runtime, ask, present, requests, answers[offset:offset + len(requests)]))
-        offset += len(requests)
-    return out
+    answered = _answers(runtime, [(ask.question, ask.args) for ask in asks], work)
+    return [_probabilities(runtime, ask, *found) for ask, found in zip(asks, answered)]
 
 
 def _probabilities(runtime: Runtime, ask: Ask, present: list[int], requests: list[Request],
@@ -155,7 +241,7 @@ def classify(runtime: Runtime, question: Question, args: Sequence[Sequence[str |
     if question.answers == "names":
         present, requests, scores = _ask_by_name(runtime, question, args, work)
     else:
-        present, requests, scores = _ask(runtime, question, args, work)
+        present, requests, scores = _answers(runtime, [(question, args)], work)[0]
     out: list[str | None] = [None] * (len(args[0]) if args else 0)
     for i, request, logp in zip(present, requests, scores):
         if runtime.decisions == "hash":

@@ -181,10 +181,13 @@ class ModelRunner:
         return hidden, kept
 
     @torch.inference_mode()
-    def answer_logprobs(self, hidden: torch.Tensor, labels: LabelSet) -> np.ndarray:
-        """(rows, answers) log-probabilities, renormalised over the label tokens."""
-        logits = self.model.label_logits(hidden, torch.tensor(labels.token_ids, device=hidden.device))
-        logp = torch.log_softmax(logits, dim=-1)
-        groups = torch.tensor(labels.groups, device=hidden.device)
-        answers = [torch.logsumexp(logp[:, groups == g], dim=-1) for g in range(len(labels.names))]
-        return torch.stack(answers, dim=-1).cpu().numpy()
+    def answer_logprobs(self, hidden: torch.Tensor, labels: LabelSet) -> torch.Tensor:
+        """(rows, answers) log-probabilities, renormalised over the label tokens, on the device: computed
+        without waiting for it (the label tokens and each answer's members copied without a sync, no
+        boolean indexing), so a caller can go on queuing work."""
+        members = np.array([[0.0 if group == answer else -np.inf for group in labels.groups]
+                            for answer in range(len(labels.names))], dtype=np.float32)
+        ids = torch.tensor(labels.token_ids).to(hidden.device, non_blocking=True)
+        members_t = torch.from_numpy(members).to(hidden.device, non_blocking=True)
+        logp = torch.log_softmax(self.model.label_logits(hidden, ids), dim=-1)
+        return torch.logsumexp(logp[:, None, :] + members_t, dim=-1)

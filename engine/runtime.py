@@ -19,6 +19,22 @@ from .strategies import STRATEGIES, Strategy
 from .tokenizer import Tokenizer
 
 
+class Scoring:
+    """Answers being computed on the device: (request indices, their log-probabilities) per label set."""
+
+    def __init__(self, count: int, groups: list[tuple[list[int], torch.Tensor]]) -> None:
+        self.count = count
+        self.groups = groups
+
+    def read(self) -> list[np.ndarray]:
+        """Per-answer log-probabilities of each request, once the device has them."""
+        out: list[np.ndarray] = [np.empty(0)] * self.count
+        for members, logprobs in self.groups:
+            for i, row in zip(members, logprobs.cpu().numpy()):
+                out[i] = row
+        return out
+
+
 class Runtime:
     """One per device, serving every running query: their forward passes take turns (turns.py).
 
@@ -70,25 +86,32 @@ class Runtime:
 
         The requests and the work done for them are added to `work`.
         """
+        return self.launch(requests, work).read()
+
+    def launch(self, requests: Sequence[Request], work: QueryWork | None = None) -> "Scoring":
+        """The requests' forward passes queued on the device, their answers read later (`Scoring.read`),
+        so the host can build the next requests while these passes run; otherwise as `score`."""
         if not requests:
-            return []
+            return Scoring(0, [])
         work = work if work is not None else QueryWork()
-        work.admit(len(requests))
+        work.count(len(requests))
         work.requests.extend(requests)
-        work.stats.requests += len(requests)
         work.stats.logical_tokens += sum(len(r) for r in requests)
         work.check()
         strategy = STRATEGIES[self.strategy] if isinstance(self.strategy, str) else self.strategy
         hidden = strategy(self.runner.for_query(work.check, work.retain_documents), requests, work.stats)
-        out: list[np.ndarray] = [np.empty(0)] * len(requests)
         by_labels: dict[LabelSet, list[int]] = {}
         for i, request in enumerate(requests):
             by_labels.setdefault(request.labels, []).append(i)
-        for labels, members in by_labels.items():
-            stacked = torch.stack([hidden[i] for i in members])
-            for i, row in zip(members, self.runner.answer_logprobs(stacked, labels)):
-                out[i] = row
-        return out
+        return Scoring(len(requests), [(members, self.runner.answer_logprobs(torch.stack([hidden[i] for i in members]),
+                                                                             labels))
+                                       for labels, members in by_labels.items()])
+
+    @property
+    def plans_order(self) -> bool:
+        """Whether this runtime's strategy plans the order of what it computes (quail's radix plan), so
+        requests may come in any order; the baselines take them in the order given, as a generic server."""
+        return self.strategy == "quail"
 
     def warm_up(self, full: bool | None = None) -> Stats:
         """Run the passes queries bring, so the first query does not pay for first calls (kernels loaded

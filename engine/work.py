@@ -29,6 +29,7 @@ class QueryWork:
     deadline: float | None = None
     max_requests: int | None = None
     retain_documents: bool = False  # later AI steps may read the same documents: keep their KV (kv_cache.py)
+    announced: int = 0  # requests counted (`announce`) that have not reached the runtime yet
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -40,11 +41,21 @@ class QueryWork:
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise DeadlineExceeded("the query ran past its time limit (the server's --query-timeout)")
 
-    def admit(self, requests: int) -> None:
-        """Raise ResourceExhausted when `requests` more model requests would pass the query's limit."""
-        if self.max_requests is not None and self.stats.requests + requests > self.max_requests:
+    def announce(self, requests: int) -> None:
+        """Count a step's requests before they reach the runtime in parts (progress shows the step's all at
+        once); ResourceExhausted before any of them runs if they would pass the query's limit."""
+        self.count(requests)
+        self.announced += requests
+
+    def count(self, requests: int) -> None:
+        """Count requests handed to the runtime, those announced already once; ResourceExhausted when the
+        query would pass its limit."""
+        taken = min(requests, self.announced)
+        self.announced -= taken
+        if self.max_requests is not None and self.stats.requests + requests - taken > self.max_requests:
             raise ResourceExhausted(f"the query asks the model more than {self.max_requests} times "
                                     f"(the server's --max-requests per query)")
+        self.stats.requests += requests - taken
 
     def ideal(self) -> Stats:
         """Each distinct prefix of all the query's prompts computed once (unlimited KV, nothing resident

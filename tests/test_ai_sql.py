@@ -15,7 +15,8 @@ import pyarrow as pa
 import pytest
 
 import quail
-from quail.engine.ai_ops import Question, build_requests, content_hash
+from quail.engine import ai_ops
+from quail.engine.ai_ops import Question, build_requests, content_hash, yes_probabilities
 from quail.engine.errors import InvalidArgument
 from quail.engine.executor import execute
 from quail.engine.physical import AIFilterChain
@@ -145,6 +146,55 @@ def test_score_orders_by_the_models_probability(runtime):
     want = sorted(scores.items(), key=lambda kv: -kv[1])[:3]
     assert [g[0] for g in got] == [w[0] for w in want]
     assert np.allclose([g[1] for g in got], [w[1] for w in want], atol=1e-4)
+
+
+def test_parts_cover_the_rows_and_end_where_rows_share_least():
+    fresh = [100.0] * 200
+    shared = [50 if i % 10 else 0 for i in range(200)]  # groups of ten rows share a prefix
+    parts = ai_ops._parts(fresh, shared, per_pass=1000.0)
+    assert [i for part in parts for i in part] == list(range(200))
+    assert 15 <= len(parts[0]) <= 25 and len(parts[1]) > len(parts[0]), "about two passes first, then growing"
+    assert all(part.start % 10 == 0 for part in parts), "cut between groups, never inside one"
+    assert ai_ops._parts([100.0] * 25, [0] * 25, per_pass=1000.0) == [range(0, 25)], "a small rest is not split off"
+    assert ai_ops._parts([5000.0], [0], per_pass=1000.0) == [range(0, 1)]
+
+
+@pytest.mark.parametrize("a, b", [("", ""), ("abc", "abd"), ("x" * 5000 + "1", "x" * 5000 + "2"), ("ab", "abc"),
+                                  ("same", "same"), ("a", "b")])
+def test_shared_chars(a, b):
+    common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    assert ai_ops._shared_chars(a, b) == common
+
+
+@pytest.mark.parametrize("strategy", ["quail", "naive"])
+def test_a_step_in_parts_answers_as_one_call(runtime, monkeypatch, strategy):
+    """Rows over several parts (a small token budget): every row gets the answer its prompt gets alone,
+    NULL rows none; quail takes them in the order of their anchor's text, a baseline in table order."""
+    small = runtime.variant(strategy, token_budget=48)
+    texts = [None if i == 5 else f"Visit {i % 4}: {'the room was cold' if i % 3 else 'lovely staff'} ({i})."
+             for i in range(60)]
+    launched = []
+    launch = type(small).launch
+    monkeypatch.setattr(type(small), "launch", lambda self, requests, work=None:
+                        launched.append(list(requests)) or launch(self, requests, work))
+    probs = yes_probabilities(small, Question("Is {0} a complaint?"), [texts])
+    assert len(launched) > 2, "the step went to the runtime in parts"
+    alone = runtime.variant("naive")
+    for text, p in zip(texts, probs):
+        if text is None:
+            assert np.isnan(p)
+            continue
+        (request,) = build_requests(runtime, Question("Is {0} a complaint?"), [[text]])
+        assert abs(p - float(np.exp(alone.score([request])[0][1]))) < 1e-4
+    first = [r.segments[1].key for r in launched[0]]
+    documents = [r.segments[1] for r in build_requests(runtime, Question("Is {0} a complaint?"),
+                                                       [[t] for t in texts if t is not None])]
+    if strategy == "quail":
+        ordered = sorted(t for t in texts if t is not None)
+        want = build_requests(runtime, Question("Is {0} a complaint?"), [[t] for t in ordered[:len(first)]])
+        assert first == [r.segments[1].key for r in want], "quail: in the order of the documents' text"
+    else:
+        assert first == [d.key for d in documents[:len(first)]], "a baseline: in table order"
 
 
 def test_limit_reaches_the_model(runtime):

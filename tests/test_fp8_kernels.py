@@ -18,7 +18,7 @@ def _dequantized(quantized: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     return values.float() * scale
 
 
-@pytest.mark.parametrize("rows, cols", [(1, 16), (37, 2560), (513, 9728), (0, 4096)])
+@pytest.mark.parametrize("rows, cols", [(1, 16), (37, 2560), (513, 9728), (0, 4096), (3, 20000)])
 def test_silu_mul_quantization_matches_torch(rows, cols):
     torch.manual_seed(rows)
     gate, up = (torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -32,7 +32,7 @@ def test_silu_mul_quantization_matches_torch(rows, cols):
         assert error < 0.03 and error <= (_dequantized(reference) - want).norm() / want.norm() * 1.05
 
 
-@pytest.mark.parametrize("rows, cols", [(5, 4096), (300, 4096), (2, 1000)])
+@pytest.mark.parametrize("rows, cols", [(5, 4096), (300, 4096), (2, 1000), (2, 17000)])
 def test_row_quantization_matches_torch(rows, cols):
     torch.manual_seed(cols)
     x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16) * torch.rand(rows, 1, device="cuda") * 10
