@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,19 +62,6 @@ def silu_mul_project(linear: nn.Module, gate: torch.Tensor, up: torch.Tensor) ->
     if isinstance(linear, Fp8Linear) and gate.is_cuda and fp8_kernels is not None:
         return linear.product(*fp8_kernels.silu_mul_rows(gate, up), gate.dtype)
     return linear(F.silu(gate) * up)
-
-
-def normed(norm: nn.Module, x: torch.Tensor, linears: Sequence[nn.Module], plus: torch.Tensor | None = None
-           ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """s = x + plus (or x) and [linear(norm(s)) for each linear]; fp8 on CUDA: the add, the norm (an RMSNorm:
-    `weight`, `eps`) and the layers' input quantization in one Triton pass, the quantized rows shared."""
-    fused = all(isinstance(linear, Fp8Linear) for linear in linears) and x.is_cuda and fp8_kernels is not None
-    if fused and x.shape[-1] <= fp8_kernels.ROW_BLOCK:
-        summed, values, scale = fp8_kernels.norm_quantize_rows(x, norm.weight, norm.eps, plus)
-        return summed, [linear.product(values, scale, x.dtype) for linear in linears]
-    summed = x if plus is None else x + plus
-    h = norm(summed)
-    return summed, [linear(h) for linear in linears]
 
 
 def to_fp8(module: nn.Module) -> None:

@@ -1,5 +1,4 @@
-"""Triton kernels of the fp8 path (CUDA): per-token fp8 quantization, alone, after SiLU·mul, or after a residual
-add and RMSNorm; one program per row.
+"""Triton kernels of the fp8 path (CUDA): per-token fp8 quantization, alone and after SiLU·mul, one program per row.
 
 A row of up to ROW_BLOCK columns (Qwen3-4B's 9,728 of the MLP included) is
 read once into registers, its largest magnitude found, then scaled and
@@ -7,10 +6,8 @@ stored. A longer row is read twice, in blocks: once for the largest
 magnitude, once to scale and store. Reading every row twice (the first
 version) left the second read to L2, which the ~2,000 rows in flight
 outgrow: SiLU·mul + quantization ran at 55% of the memory roofline, Inductor's
-kernel for it at 40%; Inductor's RMSNorm + quantization (a reduction kernel
-reading the row three times) ran at ~20%. References: fp8.quantize_rows,
-fp8.silu_mul_rows and fp8.normed's torch path; fp8.py imports this module where
-Triton is installed.
+kernel for it at 40%. References: fp8.quantize_rows and fp8.silu_mul_rows
+(torch); fp8.py imports this module where Triton is installed.
 """
 
 from __future__ import annotations
@@ -67,29 +64,6 @@ def _store(out_ptr, row, cols, mask, stride_out, h, scale, FP8_LIMIT: tl.constex
     tl.store(out_ptr + row * stride_out + cols, q.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _norm_quantize_kernel(x_ptr, plus_ptr, sum_ptr, weight_ptr, out_ptr, scale_ptr, n_cols, eps,
-                          stride_x, stride_plus, stride_sum, stride_out,
-                          PLUS: tl.constexpr, FP8_LIMIT: tl.constexpr, BLOCK: tl.constexpr):
-    """One row held in registers: s = x (+ plus, rounded to x's dtype and stored with PLUS), h = RMSNorm(s) ·
-    weight rounded to x's dtype (as model.RMSNorm), then quantized as _quantize_kernel."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    if PLUS:
-        added = x.to(tl.float32) + tl.load(plus_ptr + row * stride_plus + cols, mask=mask, other=0.0).to(tl.float32)
-        x = added.to(x_ptr.dtype.element_ty)
-        tl.store(sum_ptr + row * stride_sum + cols, x, mask=mask)
-    xf = x.to(tl.float32)
-    inverse = 1.0 / tl.sqrt_rn(tl.sum(xf * xf, axis=0) / n_cols + eps)
-    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    h = (xf * inverse * weight).to(x_ptr.dtype.element_ty).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(h), axis=0), 1e-12) / FP8_LIMIT
-    _store(out_ptr, row, cols, mask, stride_out, h, scale, FP8_LIMIT)
-    tl.store(scale_ptr + row, scale)
-
-
 def _launch(x: torch.Tensor, gate: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     x = x.contiguous()
     gate = None if gate is None else gate.contiguous()
@@ -114,23 +88,3 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def silu_mul_rows(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """silu(gate) · up quantized per row, as fp8.silu_mul_rows, without writing the product."""
     return _launch(up, gate)
-
-
-def norm_quantize_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, plus: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """s = x + plus (x without plus) and RMSNorm(s) · weight quantized per row: (s, fp8 values, scales (rows, 1)),
-    as fp8.normed's torch path, the normed rows never written. Rows of at most ROW_BLOCK columns."""
-    x = x.contiguous()
-    rows, cols = x.shape
-    if triton.next_power_of_2(cols) > ROW_BLOCK:
-        raise ValueError(f"rows of {cols} columns are longer than {ROW_BLOCK}")
-    summed = torch.empty_like(x) if plus is not None else x
-    plus = plus.contiguous() if plus is not None else x
-    out = torch.empty(rows, cols, device=x.device, dtype=FP8)
-    scale = torch.empty(rows, 1, device=x.device, dtype=torch.float32)
-    if rows:
-        block = triton.next_power_of_2(cols)
-        _norm_quantize_kernel[(rows,)](x, plus, summed, weight, out, scale, cols, eps, x.stride(0), plus.stride(0),
-                                       summed.stride(0), out.stride(0), PLUS=summed is not x, FP8_LIMIT=FP8_MAX,
-                                       BLOCK=block, num_warps=min(16, max(4, block // 1024)))
-    return summed, out, scale

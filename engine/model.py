@@ -7,7 +7,7 @@ from torch import nn
 
 from .attention import Rows, attention, merge
 from .config import ModelConfig
-from .fp8 import normed, project, silu_mul_project
+from .fp8 import project, silu_mul_project
 
 
 class RMSNorm(nn.Module):
@@ -54,15 +54,12 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
 
-    def project(self, norm: nn.Module, x: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Packed tokens (tokens, hidden), normed by `norm` → rotated q (tokens, heads, d), k and v
-        (tokens, kv_heads, d)."""
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Packed tokens (tokens, hidden) → rotated q (tokens, heads, d), k and v (tokens, kv_heads, d)."""
         t, hd = x.shape[0], self.cfg.head_dim
-        _, (q, k, v) = normed(norm, x, (self.q_proj, self.k_proj, self.v_proj))
-        q = q.view(t, self.cfg.num_heads, hd)
-        k = k.view(t, self.cfg.num_kv_heads, hd)
-        v = v.view(t, self.cfg.num_kv_heads, hd)
+        q = self.q_proj(x).view(t, self.cfg.num_heads, hd)
+        k = self.k_proj(x).view(t, self.cfg.num_kv_heads, hd)
+        v = self.v_proj(x).view(t, self.cfg.num_kv_heads, hd)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
@@ -77,9 +74,8 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        """The down projection of SiLU(gate) · up, given the gate and up projections of the normed input."""
-        return silu_mul_project(self.down_proj, gate, up)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return silu_mul_project(self.down_proj, self.gate_proj(x), self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -94,14 +90,12 @@ class DecoderLayer(nn.Module):
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Everything before attention: norm, projections, q/k norm, rotary embedding."""
-        return self.self_attn.project(self.input_layernorm, x, cos, sin)
+        return self.self_attn.project(self.input_layernorm(x), cos, sin)
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Everything after attention: output projection, residual, norm, MLP, residual."""
-        mlp = self.mlp
-        x, (gate, up) = normed(self.post_attention_layernorm, x, (mlp.gate_proj, mlp.up_proj),
-                               plus=project(self.self_attn.o_proj, attn.flatten(1)))
-        return x + mlp(gate, up)
+        x = x + project(self.self_attn.o_proj, attn.flatten(1))
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Decoder(nn.Module):
