@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -104,9 +105,10 @@ def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
     """Each job's rows without a NULL argument, their requests and their answers.
 
     The rows of all jobs go to the runtime in parts (`_parts`): each part's
-    requests are built (tokenized) and its passes queued while the passes of
-    the parts before it run, and every answer is read at the end, so the
-    device starts after a part's worth of host work, not a step's. A runtime
+    requests are built (tokenized, on a thread of their own) while the parts
+    before it are planned and their passes queued and run, and every answer
+    is read at the end, so the device starts after a part's worth of host
+    work, not a step's, and does not wait between parts. A runtime
     that plans its own order (quail) gets the rows in the order of their
     anchor document's text, so rows that share a prefix share a part; the
     baselines get them in table order.
@@ -118,14 +120,23 @@ def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
     fresh = [ROW_CHARS + sum(map(len, texts[r])) - common for r, common in zip(order, shared)]
     work = work if work is not None else QueryWork()
     work.announce(len(rows))
-    launched = []
-    for part in _parts(fresh, shared, runtime.runner.token_budget * CHARS_PER_TOKEN):
+
+    def built(part: range) -> tuple[dict[int, list[int]], dict[int, list[Request]]]:
         members: dict[int, list[int]] = {}
         for r in order[part.start:part.stop]:
             members.setdefault(rows[r][0], []).append(rows[r][1])
-        requests = {j: build_requests(runtime, jobs[j][0], [[col[i] for col in jobs[j][1]] for i in indices])
-                    for j, indices in members.items()}
-        launched.append((members, requests, runtime.launch([r for rs in requests.values() for r in rs], work)))
+        return members, {j: build_requests(runtime, jobs[j][0], [[col[i] for col in jobs[j][1]] for i in indices])
+                         for j, indices in members.items()}
+
+    launched = []
+    parts = _parts(fresh, shared, runtime.runner.token_budget * CHARS_PER_TOKEN)
+    with ThreadPoolExecutor(1, thread_name_prefix="quail-prompts") as builder:
+        coming = builder.submit(built, parts[0]) if parts else None
+        for k in range(len(parts)):
+            members, requests = coming.result()
+            if k + 1 < len(parts):  # tokenized while this part's passes are queued (launches release the GIL)
+                coming = builder.submit(built, parts[k + 1])
+            launched.append((members, requests, runtime.launch([r for rs in requests.values() for r in rs], work)))
     found: list[dict[int, tuple[Request, np.ndarray]]] = [{} for _ in jobs]
     for members, requests, scoring in launched:
         answers = iter(scoring.read())
@@ -163,7 +174,7 @@ def _shared_chars(a: str, b: str) -> int:
     return low
 
 
-PART_PASSES = (2, 16)  # a step's first part and its largest, in forward passes of estimated fresh tokens
+PART_PASSES = (2, 32)  # a step's first part and its largest, in forward passes of estimated fresh tokens
 ROW_CHARS = 32  # a row's fresh characters besides its arguments' (the answer cue; a filter's question)
 
 
