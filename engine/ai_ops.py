@@ -104,11 +104,11 @@ def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
              ) -> list[tuple[list[int], list[Request], list[np.ndarray]]]:
     """Each job's rows without a NULL argument, their requests and their answers.
 
-    The rows of all jobs go to the runtime in parts (`_parts`): each part's
-    requests are built (tokenized, on a thread of their own) while the parts
-    before it are planned and their passes queued and run, and every answer
-    is read at the end, so the device starts after a part's worth of host
-    work, not a step's, and does not wait between parts. A runtime
+    The rows of all jobs go to the runtime in parts (`_parts`: a large step's
+    head, then its rest): the rest's requests are built (tokenized, on a
+    thread of their own) while the head is planned and its passes queued and
+    run, and every answer is read at the end, so the device starts after a
+    head's worth of host work, not a step's. A runtime
     that plans its own order (quail) gets the rows in the order of their
     anchor document's text, so rows that share a prefix share a part; the
     baselines get them in table order.
@@ -174,28 +174,23 @@ def _shared_chars(a: str, b: str) -> int:
     return low
 
 
-PART_PASSES = (2, 32)  # a step's first part and its largest, in forward passes of estimated fresh tokens
+HEAD_PASSES = 4  # a large step's first part, in forward passes of estimated fresh tokens
 ROW_CHARS = 32  # a row's fresh characters besides its arguments' (the answer cue; a filter's question)
 
 
 def _parts(fresh: Sequence[float], shared: Sequence[int], per_pass: float) -> list[range]:
-    """Consecutive parts of rows whose fresh characters (`per_pass` to a pass) are given: the first of
-    about PART_PASSES[0] passes, each next twice the last up to PART_PASSES[1]. A part ends within half
-    its size of its target, before the row that shares the fewest characters with the row before it
-    (`shared`), nearest the target among those; a rest under half the next part's size joins it."""
+    """The rows (their fresh characters given, `per_pass` to a forward pass) in one part, or, when they
+    fill more than 3 × HEAD_PASSES passes, in two: a head of about HEAD_PASSES passes, then the rest. The
+    head ends within half its size of that, before the row sharing the fewest characters with the row
+    before it (`shared`), nearest the target among those. Each part ends in a pass that is rarely full,
+    so a step is cut once: enough to start the device early and tokenize the rest beside it."""
     total = np.cumsum(fresh, dtype=np.float64)
-    parts, start, passes = [], 0, PART_PASSES[0]
-    while start < len(total):
-        base = total[start - 1] if start else 0.0
-        if total[-1] - base <= (passes + min(2 * passes, PART_PASSES[1]) / 2) * per_pass:
-            parts.append(range(start, len(total)))
-            break
-        low, target, high = np.searchsorted(total, base + np.array([0.5, 1.0, 1.5]) * passes * per_pass) + 1
-        cuts = range(max(int(low), start + 1), min(int(high), len(total) - 1) + 1)
-        end = min(cuts, key=lambda e: (shared[e], abs(e - target))) if cuts else len(total)
-        parts.append(range(start, end))
-        start, passes = end, min(2 * passes, PART_PASSES[1])
-    return parts
+    if not len(total) or total[-1] <= 3 * HEAD_PASSES * per_pass:
+        return [range(len(total))] if len(total) else []
+    low, target, high = np.searchsorted(total, np.array([0.5, 1.0, 1.5]) * HEAD_PASSES * per_pass) + 1
+    cuts = range(max(int(low), 1), min(int(high), len(total) - 1) + 1)
+    end = min(cuts, key=lambda e: (shared[e], abs(e - target)))
+    return [range(end), range(end, len(total))]
 
 
 @dataclass(frozen=True)
