@@ -108,10 +108,10 @@ def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
     head, then its rest): the rest's requests are built (tokenized, on a
     thread of their own) while the head is planned and its passes queued and
     run, and every answer is read at the end, so the device starts after a
-    head's worth of host work, not a step's. A runtime
-    that plans its own order (quail) gets the rows in the order of their
-    anchor document's text, so rows that share a prefix share a part; the
-    baselines get them in table order.
+    head's worth of host work, not a step's. A runtime that plans its own
+    order (quail) gets the rows in the order of their anchor document's text,
+    so rows that share a prefix share a part; the baselines get them in table
+    order.
     """
     rows = [(j, i) for j, (_, args) in enumerate(jobs) for i in _present(args)]
     texts = [_texts(jobs[j], i) for j, i in rows]

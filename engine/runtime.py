@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -19,12 +20,13 @@ from .strategies import STRATEGIES, Strategy
 from .tokenizer import Tokenizer
 
 
+@dataclass
 class Scoring:
-    """Answers being computed on the device: (request indices, their log-probabilities) per label set."""
+    """Answers being computed on the device for `count` requests: (request indices, their log-probabilities)
+    per label set."""
 
-    def __init__(self, count: int, groups: list[tuple[list[int], torch.Tensor]]) -> None:
-        self.count = count
-        self.groups = groups
+    count: int
+    groups: list[tuple[list[int], torch.Tensor]]
 
     def read(self) -> list[np.ndarray]:
         """Per-answer log-probabilities of each request, once the device has them."""
@@ -103,9 +105,9 @@ class Runtime:
         by_labels: dict[LabelSet, list[int]] = {}
         for i, request in enumerate(requests):
             by_labels.setdefault(request.labels, []).append(i)
-        return Scoring(len(requests), [(members, self.runner.answer_logprobs(torch.stack([hidden[i] for i in members]),
-                                                                             labels))
-                                       for labels, members in by_labels.items()])
+        groups = [(members, self.runner.answer_logprobs(torch.stack([hidden[i] for i in members]), labels))
+                  for labels, members in by_labels.items()]
+        return Scoring(len(requests), groups)
 
     @property
     def plans_order(self) -> bool:
