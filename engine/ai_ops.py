@@ -111,7 +111,7 @@ def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
     head's worth of host work, not a step's. A runtime that plans its own
     order (quail) gets the rows in the order of their anchor document's text,
     so rows that share a prefix share a part; the baselines get them in table
-    order.
+    order, in one call (the prefix baseline's block cache lives for a call).
     """
     rows = [(j, i) for j, (_, args) in enumerate(jobs) for i in _present(args)]
     texts = [_texts(jobs[j], i) for j, i in rows]
@@ -129,7 +129,8 @@ def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
                          for j, indices in members.items()}
 
     launched = []
-    parts = _parts(fresh, shared, runtime.runner.token_budget * CHARS_PER_TOKEN)
+    per_pass = runtime.runner.token_budget * CHARS_PER_TOKEN if runtime.plans_order else float("inf")
+    parts = _parts(fresh, shared, per_pass)  # the baselines: one part
     with ThreadPoolExecutor(1, thread_name_prefix="quail-prompts") as builder:
         coming = builder.submit(built, parts[0]) if parts else None
         for k in range(len(parts)):
