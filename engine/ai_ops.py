@@ -114,10 +114,7 @@ def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
     order, in one call (the prefix baseline's block cache lives for a call).
     """
     rows = [(j, i) for j, (_, args) in enumerate(jobs) for i in _present(args)]
-    texts = [_texts(jobs[j], i) for j, i in rows]
-    order = sorted(range(len(rows)), key=texts.__getitem__) if runtime.plans_order else list(range(len(rows)))
-    shared = [0] + [_shared_chars(texts[a][0], texts[b][0]) for a, b in zip(order, order[1:])]
-    fresh = [ROW_CHARS + sum(map(len, texts[r])) - common for r, common in zip(order, shared)]
+    order, parts = _ordered_parts(runtime, jobs, rows)
     work = work if work is not None else QueryWork()
     work.announce(len(rows))
 
@@ -129,8 +126,6 @@ def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
                          for j, indices in members.items()}
 
     launched = []
-    per_pass = runtime.runner.token_budget * CHARS_PER_TOKEN if runtime.plans_order else float("inf")
-    parts = _parts(fresh, shared, per_pass)  # the baselines: one part
     with ThreadPoolExecutor(1, thread_name_prefix="quail-prompts") as builder:
         coming = builder.submit(built, parts[0]) if parts else None
         for k in range(len(parts)):
@@ -148,6 +143,20 @@ def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
         indices = sorted(answered)
         out.append((indices, [answered[i][0] for i in indices], [answered[i][1] for i in indices]))
     return out
+
+
+def _ordered_parts(runtime: Runtime, jobs: Sequence[Job], rows: list[tuple[int, int]]
+                   ) -> tuple[list[int], list[range]]:
+    """The order in which the rows (job, row) go to the runtime, and the parts of that order: quail's
+    runtime gets them by their anchor's text, cut by `_parts`; a baseline in table order, in one call (the
+    prefix baseline's block cache lives for a call)."""
+    if not runtime.plans_order:
+        return list(range(len(rows))), [range(len(rows))] if rows else []
+    texts = [_texts(jobs[j], i) for j, i in rows]
+    order = sorted(range(len(rows)), key=texts.__getitem__)
+    shared = [0] + [_shared_chars(texts[a][0], texts[b][0]) for a, b in zip(order, order[1:])]
+    fresh = [ROW_CHARS + sum(map(len, texts[r])) - common for r, common in zip(order, shared)]
+    return order, _parts(fresh, shared, runtime.runner.token_budget * CHARS_PER_TOKEN)
 
 
 def _texts(job: Job, row: int) -> tuple[str, ...]:

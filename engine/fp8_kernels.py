@@ -50,7 +50,10 @@ def _quantize_kernel(x_ptr, gate_ptr, out_ptr, scale_ptr, n_cols, stride_x, stri
     tl.store(scale_ptr + row, scale)
 
 
-def _launch(x: torch.Tensor, gate: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch(x: torch.Tensor, gate: torch.Tensor | None, block: int = BLOCK, **settings: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel over x (after SiLU·mul with gate); `block` and Triton's launch `settings` (num_warps,
+    num_stages) for the launch probe, the shipped ones by default."""
     x = x.contiguous()
     gate = None if gate is None else gate.contiguous()
     rows, cols = x.shape
@@ -59,8 +62,8 @@ def _launch(x: torch.Tensor, gate: torch.Tensor | None) -> tuple[torch.Tensor, t
     if rows:
         other = x if gate is None else gate
         _quantize_kernel[(rows,)](x, other, out, scale, cols, x.stride(0), other.stride(0), out.stride(0),
-                                  SILU=gate is not None, FP8_LIMIT=FP8_MAX, BLOCK=BLOCK,
-                                  num_warps=4 if gate is None else 8)
+                                  SILU=gate is not None, FP8_LIMIT=FP8_MAX, BLOCK=block,
+                                  **(settings or {"num_warps": 4 if gate is None else 8}))
     return out, scale
 
 

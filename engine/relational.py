@@ -50,4 +50,3 @@ class DuckDB:
         """Evaluate one statement, its rows batch by batch as DuckDB produces them (memory bounded by a batch)."""
         with self._over(relations) as con:
             yield from con.sql(sql).to_arrow_reader(rows_per_batch)
-

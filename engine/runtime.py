@@ -22,15 +22,14 @@ from .tokenizer import Tokenizer
 
 @dataclass
 class Scoring:
-    """Answers being computed on the device for `count` requests: (request indices, their log-probabilities)
-    per label set."""
+    """Answers being computed on the device: (request indices, their log-probabilities) per label set,
+    every request in one of them."""
 
-    count: int
     groups: list[tuple[list[int], torch.Tensor]]
 
     def read(self) -> list[np.ndarray]:
         """Per-answer log-probabilities of each request, once the device has them."""
-        out: list[np.ndarray] = [np.empty(0)] * self.count
+        out: list[np.ndarray] = [np.empty(0)] * sum(len(members) for members, _ in self.groups)
         for members, logprobs in self.groups:
             for i, row in zip(members, logprobs.cpu().numpy()):
                 out[i] = row
@@ -94,7 +93,7 @@ class Runtime:
         """The requests' forward passes queued on the device, their answers read later (`Scoring.read`),
         so the host can build the next requests while these passes run; otherwise as `score`."""
         if not requests:
-            return Scoring(0, [])
+            return Scoring([])
         work = work if work is not None else QueryWork()
         work.count(len(requests))
         work.requests.extend(requests)
@@ -107,7 +106,7 @@ class Runtime:
             by_labels.setdefault(request.labels, []).append(i)
         groups = [(members, self.runner.answer_logprobs(torch.stack([hidden[i] for i in members]), labels))
                   for labels, members in by_labels.items()]
-        return Scoring(len(requests), groups)
+        return Scoring(groups)
 
     @property
     def plans_order(self) -> bool:
