@@ -224,7 +224,8 @@ def yes_probabilities(runtime: Runtime, question: Question, args: Sequence[Seque
     by hash (random weights), the forward pass still runs in full; a decision
     (`decide`) is then yes for a `selectivity` fraction of prompts, and a score
     the prompt's uniform content hash. `forget_rejected`: a filter's rejected
-    rows leave the query, so their documents leave the prefix cache.
+    rows leave the query, so their documents leave the prefix cache (unless a
+    row that passed shares them: a join's anchor).
     """
     return yes_probabilities_together(runtime, [Ask(question, args, selectivity, decide, forget_rejected)], work)[0]
 
@@ -247,7 +248,8 @@ def _probabilities(runtime: Runtime, ask: Ask, present: list[int], requests: lis
         else:
             probs[i] = float(np.exp(logp[1]))
     if ask.forget_rejected:
-        runtime.forget([request for i, request in zip(present, requests) if not probs[i] > 0.5])
+        passed = [probs[i] > 0.5 for i in present]
+        runtime.forget([r for r, ok in zip(requests, passed) if not ok], [r for r, ok in zip(requests, passed) if ok])
     return probs
 
 

@@ -136,13 +136,16 @@ class Runtime:
         self.score([Request(parts, self.yes_no) for parts in rows + partners], work)
         return work.stats
 
-    def forget(self, requests: Sequence[Request]) -> None:
-        """Drop the requests' document prefixes from the prefix cache: the plan will not ask about them again."""
-        if self.runner.cache is not None:
-            for request in requests:
-                prefix = document_prefix(request)
-                if prefix is not None:
-                    self.runner.cache.drop(prefix[1])
+    def forget(self, rejected: Sequence[Request], accepted: Sequence[Request]) -> None:
+        """Drop the rejected requests' document prefixes from the prefix cache, but those an accepted request
+        shares: the plan will not ask about them again (a join's anchor stays while a partner of it passed)."""
+        if self.runner.cache is None:
+            return
+        kept = {prefix[1] for prefix in map(document_prefix, accepted) if prefix is not None}
+        for request in rejected:
+            prefix = document_prefix(request)
+            if prefix is not None and prefix[1] not in kept:
+                self.runner.cache.drop(prefix[1])
 
     @property
     def kv_bytes_per_token(self) -> int:

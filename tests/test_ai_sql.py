@@ -513,6 +513,29 @@ def test_a_chain_of_filters_reads_each_document_once(session, monkeypatch):
     assert cached.report.kv_regret_tokens - alone.kv_regret_tokens <= 4 * second
 
 
+def test_a_second_join_continues_the_anchors_the_first_kept(session, monkeypatch):
+    """In a query that asks the model again, an AI join keeps in the prefix cache each anchor one of
+    whose partners passed, and drops the others; a second join anchored on the same documents continues
+    them instead of computing them again (the few question tokens its partners share are the regret left)."""
+    cache = session.runtime.runner.cache
+    first = (f"SELECT r.id AS r, a.id AS a FROM reviews r "
+             f"JOIN aspects a ON AI_FILTER(PROMPT('{JOIN}', r.body, a.aspect), {OPTS})")
+    both = first.replace("AS a FROM", "AS a, b.id AS b FROM") + (
+        f" JOIN aspects b ON AI_FILTER(PROMPT('Is {{1}} praised in {{0}}?', r.body, b.aspect), {OPTS})")
+    alone = session.sql(first).run().report
+    cached = session.sql(both).run()
+    kept = cached.collect()
+    anchors = {i: r.prefix(2)[1] for i, body in enumerate(REVIEWS["body"].to_pylist()) if body
+               for r in build_requests(session.runtime, Question(JOIN, "join"), [[body, "the food"]])}
+    passed = set(kept.column("r").to_pylist())
+    assert 0 < len(passed) < len(anchors), "some anchors with a partner that passed, some without"
+    assert {i for i, key in anchors.items() if cache.get(key) is not None} == passed
+    monkeypatch.setattr(session.runtime.runner, "cache", None)
+    assert session.sql(both).run().collect() == kept
+    second = cached.report.requests - alone.requests
+    assert second > 0 and cached.report.kv_regret_tokens - alone.kv_regret_tokens <= 4 * second
+
+
 def test_a_chain_keeps_only_the_documents_still_in_play(session, monkeypatch):
     """With room in the cache for four documents, the chain runs in parts of two rows after its probe
     (two parts in flight), pipelined: each model call asks the first filter about a part and the second
