@@ -111,15 +111,16 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, rk_ptr, rv_ptr, out_ptr, lse_ptr, cu_
 
 def packed_attention(q: torch.Tensor, blocks: torch.Tensor, block_m: int,
                      own: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                     runs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     runs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                     block_n: int = BLOCK_N, **launch: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed q (tokens, heads, d) → output (tokens, heads, d) and natural-log LSE (tokens, heads), fp32.
 
     blocks: (n, 3) int32, each block's first query, its number of queries (≤ block_m) and the run its
     queries continue (−1: none). own: (k, v, cu_q, cu_k, q_rows): each row's keys and values (keys,
     kv_heads, d), the rows' cumulative query and key counts (rows + 1) and each query's row (tokens,),
     attended causally; None: queries see their runs only. runs: (k, v, cu_r): the runs' keys and values
-    laid end to end and their cumulative key counts (runs + 1), attended in full."""
+    laid end to end and their cumulative key counts (runs + 1), attended in full. block_n (keys a step)
+    and launch (Triton's num_warps, num_stages) override the shipped settings: a probe's."""
     tokens, heads, dim = q.shape
     out = torch.empty_like(q)
     lse = torch.empty(tokens, heads, device=q.device, dtype=torch.float32)
@@ -131,6 +132,6 @@ def packed_attention(q: torch.Tensor, blocks: torch.Tensor, block_m: int,
         q, k, v, rk, rv, out, lse, cu_q, cu_k, q_rows, cu_r, blocks, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), rk.stride(0), rk.stride(1), rv.stride(0), rv.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), dim ** -0.5 / math.log(2), GROUP=heads // rk.shape[1],
-        OWN=own is not None, BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=dim,
-        num_warps=8 if block_m >= 128 else 4, num_stages=2)
+        OWN=own is not None, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=dim,
+        **({"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2} | launch))
     return out, lse

@@ -10,7 +10,9 @@ brings them): its first call and warm calls in milliseconds, TFLOP/s of useful
   cumulative offsets: ragged, no padding);
 - `flex`: FlexAttention with a document mask (compiled Triton);
 - `triton64`, `triton128`: our Triton kernel (engine/attention_kernels.py) with
-  64 or 128 queries a program;
+  64 or 128 queries a program; `triton:M:N:W:S[:heavy]` the same with M queries
+  and N keys a step, W warps, S pipeline stages, the blocks with the most keys
+  first where `heavy`; `--sweep` adds every such setting;
 - `fa4`: flash-attn-4 (CuTe DSL, sm90 forward) through torch's FA4 registration,
   where its wheels were carried.
 Run once plainly and once with TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (cuDNN then
@@ -34,12 +36,13 @@ import torch
 H, HKV, D = 32, 8, 128
 
 
-def compositions(count: int, budget: int = 16384, seed: int = 0) -> list[list[int]]:
-    """Row lengths of `count` passes: lognormal around 330 tokens (F1's reviews), up to the budget."""
+def compositions(count: int, mean: float = 330, budget: int = 16384, seed: int = 0) -> list[list[int]]:
+    """Row lengths of `count` passes: lognormal around `mean` tokens (sigma 0.4: F1's reviews at 330,
+    BIG's reports at 2,500), up to the budget."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
-        lengths = np.maximum(8, rng.lognormal(np.log(330) - 0.08, 0.4, 100).astype(int))
+        lengths = np.maximum(8, rng.lognormal(np.log(mean) - 0.08, 0.4, 100).astype(int))
         out.append(lengths[np.cumsum(lengths) <= budget].tolist())
     return out
 
@@ -87,20 +90,29 @@ def flex_kernel() -> Callable:
     return run
 
 
-def triton_kernel(block: int) -> Callable:
+def triton_kernel(block: int, block_n: int | None = None, num_warps: int | None = None,
+                  num_stages: int | None = None, heavy_first: bool = False) -> Callable:
+    """Our kernel; settings left None are the shipped ones. heavy_first: blocks ordered by the keys
+    their last query sees, most first (the tail of the launch then holds the short blocks)."""
     from quail.engine.attention import query_blocks
     from quail.engine.attention_kernels import packed_attention
 
-    tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per offsets tensor: blocks and rows, off the clock
+    settings = {name: value for name, value in
+                (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages)) if value is not None}
+    tables: dict[int, tuple[torch.Tensor, ...]] = {}  # per offsets tensor (held: its id stays its own), off the clock
 
     def run(q, k, v, cu_q, cu_k, max_q, max_k):
         if id(cu_q) not in tables:
             starts = cu_q.cpu().numpy()
             spans = [(a, e, -1) for a, e in zip(starts[:-1], starts[1:])]
             rows = np.repeat(np.arange(len(spans)), np.diff(starts)).astype(np.int32)
-            tables[id(cu_q)] = (torch.from_numpy(query_blocks(spans, block)).cuda(), torch.from_numpy(rows).cuda())
-        blocks, rows = tables[id(cu_q)]
-        return packed_attention(q, blocks, block, (k, v, cu_q, cu_k, rows))[0]
+            blocks = query_blocks(spans, block)
+            if heavy_first:
+                ends = blocks[:, 0] + blocks[:, 1]
+                blocks = blocks[np.argsort(-(ends - starts[rows[blocks[:, 0]]]), kind="stable")]
+            tables[id(cu_q)] = (cu_q, torch.from_numpy(blocks).cuda(), torch.from_numpy(rows).cuda())
+        _, blocks, rows = tables[id(cu_q)]
+        return packed_attention(q, blocks, block, (k, v, cu_q, cu_k, rows), **settings)[0]
 
     return run
 
@@ -168,22 +180,34 @@ def measure(kernel: Callable, passes: list[list[int]]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--passes", type=int, default=8)
+    p.add_argument("--mean", type=float, default=330, help="mean row length (330: F1's, 2500: BIG's)")
     p.add_argument("--kernels", default="flash,triton64,triton128,cudnn,flex,fa4")
+    p.add_argument("--sweep", action="store_true", help="add every triton:M:N:W:S[:heavy] setting")
     p.add_argument("--out", default=".")
     args = p.parse_args()
-    passes = compositions(args.passes)
+    passes = compositions(args.passes, args.mean)
     makers = {"flash": lambda: flash, "triton64": lambda: triton_kernel(64), "triton128": lambda: triton_kernel(128),
               "cudnn": lambda: cudnn, "flex": flex_kernel, "fa4": fa4_kernel}
+    names = args.kernels.split(",")
+    if args.sweep:
+        names += [f"triton:{m}:{n}:{w}:{s}{order}" for m in (64, 128) for n in (32, 64, 128) for w in (4, 8)
+                  for s in (2, 3, 4) for order in ("", ":heavy")]
+    for name in names:
+        if name.startswith("triton:"):
+            m, n, w, s, *order = name.split(":")[1:]
+            makers[name] = lambda m=m, n=n, w=w, s=s, order=order: triton_kernel(
+                int(m), int(n), int(w), int(s), heavy_first=order == ["heavy"])
     avoid = os.environ.get("TORCH_CUDNN_SDPA_AVOID_RECOMPILE") == "1"
     result: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "avoid_recompile": avoid,
-                    "rows_per_pass": [len(x) for x in passes], "tokens_per_pass": [sum(x) for x in passes]}
-    for name in args.kernels.split(","):  # fa4 last: it replaces the flash kernel for the rest of the process
+                    "mean_row": args.mean, "rows_per_pass": [len(x) for x in passes],
+                    "tokens_per_pass": [sum(x) for x in passes]}
+    for name in names:  # fa4 last: it replaces the flash kernel for the rest of the process
         try:
             result[name] = measure(makers[name](), passes)
         except Exception:
             result[name] = {"error": traceback.format_exc()[-1500:]}
         print(name, json.dumps(result[name])[:600], flush=True)
-    tag = "-avoid-recompile" if avoid else ""
+    tag = ("-avoid-recompile" if avoid else "") + (f"-mean{args.mean:g}" if args.mean != 330 else "")
     Path(args.out, f"own-attention{tag}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
