@@ -1,15 +1,21 @@
 """The data directory: tables as Arrow IPC part files under one atomically replaced manifest.
 
-A write lands a new part file (temp name, fsync, rename) and then a new manifest
+Quail keeps its files in one subfolder of the data directory, `quail-store/`,
+marked as its own by a `QUAIL_STORE` file, and touches nothing else there. A
+write lands a new part file (temp name, fsync, rename) and then a new manifest
 (same dance); the manifest's rename is the commit point, so a crash at any
-moment leaves either the old table or the new one. Files no manifest names are
-leftovers of an interrupted write and are removed when the store opens.
+moment leaves either the old table or the new one. Part and temp files of
+Quail's own naming that no manifest names are leftovers of an interrupted write
+and are removed when the store opens. An open store holds an exclusive lock on
+the folder, so a second server over the same data directory refuses to start.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import threading
 import uuid
 from dataclasses import dataclass
@@ -18,10 +24,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .errors import AlreadyExists, InvalidArgument, NotFound
+from .errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 
+STORE = "quail-store"  # Quail's subfolder of the data directory
+MARKER = "QUAIL_STORE"  # the file that marks the subfolder as Quail's
 MANIFEST = "manifest.json"
+LOCK = "lock"
 _FORMAT = 1
+_PART = re.compile(r"[0-9a-f]{32}\.arrow")
+_TEMP = re.compile(r"\..+\.[0-9a-f]{32}\.tmp")
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _lock(path: Path) -> int:
+    """An exclusive lock on a file, held while its descriptor is open; Unavailable when another holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise Unavailable(f"the data directory {path.parent.parent} is in use by another Quail server "
+                          f"(process {holder})") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
 def _write_atomic(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     with open(tmp, "wb") as f:
@@ -55,12 +81,50 @@ class TableStore:
     """Tables of a data directory, loaded memory-mapped and served as immutable Arrow tables."""
 
     def __init__(self, data_dir: str | Path) -> None:
-        self.root = Path(data_dir)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.data_dir = Path(data_dir)
+        self.root = self.data_dir / STORE
+        self._claim()
+        self._lock_fd = _lock(self.root / LOCK)
         self._lock = threading.Lock()
         self._tables: dict[str, StoredTable] = {}
         self._data: dict[str, pa.Table] = {}
+        self._move_from_data_dir()
         self._load()
+
+    def close(self) -> None:
+        """Release the data directory (another server may open it afterwards)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _claim(self) -> None:
+        """Create the marked subfolder, or check that the one there is Quail's."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        marker = self.root / MARKER
+        if self.root.exists() and not marker.exists() and any(self.root.iterdir()):
+            raise Unavailable(f"{self.root} holds files but no {MARKER} file, so it is not Quail's: "
+                              "move it away or choose another data directory")
+        self.root.mkdir(exist_ok=True)
+        if not marker.exists():
+            _write_atomic(marker, lambda f: f.write(b"Tables of a Quail server: do not edit files in this folder.\n"))
+
+    def _move_from_data_dir(self) -> None:
+        """Adopt a store of the earlier layout (manifest and parts directly in the data directory): its
+        parts, then its manifest, move into the subfolder; a crash halfway is completed at the next open."""
+        old = self.data_dir / MANIFEST
+        if not old.exists() or (self.root / MANIFEST).exists():
+            return
+        body = json.loads(old.read_text())
+        if body.get("format") != _FORMAT or not isinstance(body.get("tables"), dict):
+            return
+        for entry in body["tables"].values():
+            for part in entry["parts"]:
+                if (self.data_dir / part).exists():
+                    os.replace(self.data_dir / part, self.root / part)
+        _fsync_dir(self.root)
+        os.replace(old, self.root / MANIFEST)
+        _fsync_dir(self.root)
+        _fsync_dir(self.data_dir)
 
     def _load(self) -> None:
         manifest = self.root / MANIFEST
@@ -70,9 +134,10 @@ class TableStore:
             table = self._read_parts(parts)
             self._tables[name.lower()] = StoredTable(name, table.schema, parts)
             self._data[name.lower()] = table
-        live = {p for t in self._tables.values() for p in t.parts} | {MANIFEST}
+        live = {p for t in self._tables.values() for p in t.parts}
         for path in self.root.iterdir():
-            if path.is_file() and path.name not in live:
+            leftover = _TEMP.fullmatch(path.name) or (_PART.fullmatch(path.name) and path.name not in live)
+            if leftover and path.is_file():
                 path.unlink()
 
     def _read_parts(self, parts: tuple[str, ...]) -> pa.Table:

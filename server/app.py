@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import signal
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ from .flight_sql import FlightSQLHandler
 from .grpc_service import FlightService
 
 log = logging.getLogger("quail.server")
-_UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+# No SO_REUSEPORT: a port another server holds is refused, not shared (gRPC shares it by default).
+_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)]
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,30 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def _free(host: str, port: int) -> bool:
+    """Whether a TCP port can be bound on the host (checked before gRPC binds it, so a busy port is one
+    clear error rather than gRPC's log line)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return True  # not an address of this host: gRPC's bind says so
+    try:
+        with socket.socket(family, kind, proto) as probe:
+            probe.bind(address)
+        return True
+    except OSError:
+        return False
+
+
 class QuailServer:
     """Loads the tables and the model, then serves Flight SQL until stopped."""
 
     def __init__(self, config: ServerConfig) -> None:
         config.check()
         self.config = config
-        self.store = TableStore(config.data_dir)
+        self.store = TableStore(config.data_dir)  # refuses a data directory another server holds
+        self._grpc = grpc.server(ThreadPoolExecutor(max_workers=config.workers), options=_OPTIONS)
+        self.port = self._listen(f"{config.host}:{config.port}")
         engine = config.engine
         self.runtime = load_runtime(engine)
         self.runtime.warm_up()
@@ -82,19 +101,24 @@ class QuailServer:
                       tokens_per_pass=engine.token_budget) if device else None
         handler = FlightSQLHandler(self.store, self.runtime, config.dialect, sol, config.limits, self.metrics)
         auth = Authenticator(load_users(config.users_file), config.token_ttl_s) if config.users_file else None
-        self._grpc = grpc.server(ThreadPoolExecutor(max_workers=config.workers), options=_UNLIMITED)
         self._grpc.add_generic_rpc_handlers((FlightService(handler, auth, self.metrics.error).generic_handler(),))
-        address = f"{config.host}:{config.port}"
+
+    def _listen(self, address: str) -> int:
+        """Bind the address (before the model loads, so a busy port fails at once); the port bound."""
+        config = self.config
+        if config.port and not _free(config.host, config.port):
+            raise Unavailable(f"cannot listen on {address}: the port is in use")
         try:
             if config.tls_cert is not None:
                 credentials = grpc.ssl_server_credentials([(config.tls_key.read_bytes(), config.tls_cert.read_bytes())])
-                self.port = self._grpc.add_secure_port(address, credentials)
+                port = self._grpc.add_secure_port(address, credentials)
             else:
-                self.port = self._grpc.add_insecure_port(address)
+                port = self._grpc.add_insecure_port(address)
         except RuntimeError:
-            self.port = 0
-        if not self.port:
+            port = 0
+        if not port:
             raise Unavailable(f"cannot listen on {address} (in use, or not an address of this host)")
+        return port
 
     @property
     def location(self) -> str:
@@ -113,6 +137,7 @@ class QuailServer:
 
     def wait(self) -> None:
         self._grpc.wait_for_termination()
+        self.store.close()
 
 
 def serve(config: ServerConfig) -> None:

@@ -1,0 +1,46 @@
+"""A server owns its port and its data directory, and never touches files it did not write."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import adbc_driver_flightsql.dbapi as flight_sql
+import pyarrow as pa
+
+from quail.clients.server_process import ServerProcess
+from quail.engine.storage import STORE
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess:
+    """A `quail serve` expected to refuse to start: its exit code and output."""
+    return subprocess.run([sys.executable, "-m", "quail.cli", "serve", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_users_files_in_the_data_directory_survive_a_server(tmp_path):
+    (tmp_path / "thesis.txt").write_text("four years of work")
+    with ServerProcess(tmp_path) as server, flight_sql.connect(server.uri, autocommit=True) as conn:
+        with conn.cursor() as cur:
+            cur.adbc_ingest("t", pa.table({"a": [1, 2]}), mode="create")
+    with ServerProcess(tmp_path) as server, flight_sql.connect(server.uri, autocommit=True) as conn:
+        with conn.cursor() as cur:
+            cur.execute("SELECT sum(a) AS s FROM t")
+            assert cur.fetchall() == [(3,)]
+    assert (tmp_path / "thesis.txt").read_text() == "four years of work"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["thesis.txt", STORE])
+
+
+def test_a_busy_port_and_a_held_data_directory_are_refused_in_one_line(tmp_path):
+    with ServerProcess(tmp_path / "first") as first, flight_sql.connect(first.uri, autocommit=True) as conn:
+        port = first.uri.rsplit(":", 1)[1]
+        same_port = _serve("--port", port, "--data-dir", str(tmp_path / "second"))
+        assert same_port.returncode == 2 and "serving" not in same_port.stdout
+        assert same_port.stderr.strip() == f"quail: error: cannot listen on 127.0.0.1:{port}: the port is in use"
+        same_dir = _serve("--port", "0", "--data-dir", str(tmp_path / "first"))
+        assert same_dir.returncode == 2 and "serving" not in same_dir.stdout
+        assert same_dir.stderr.strip().startswith("quail: error: the data directory")
+        assert "in use by another Quail server" in same_dir.stderr and "\n" not in same_dir.stderr.strip()
+        with conn.cursor() as cur:  # the first server still answers every connection
+            cur.execute("SELECT 1 AS x")
+            assert cur.fetchall() == [(1,)]
