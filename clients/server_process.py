@@ -33,11 +33,11 @@ class ServerProcess:
             for line in self.process.stdout:
                 if line.startswith(READY_PREFIX):
                     self.uri = line[len(READY_PREFIX):].strip()
-                    ready.set()
-                    return
+                    break
+            ready.set()  # ready, or its output ended: it exited
 
         threading.Thread(target=read_ready_line, daemon=True).start()
-        if not ready.wait(self.startup_timeout) or self.process.poll() is not None:
+        if not ready.wait(self.startup_timeout) or not self.uri:
             self.stop()
             raise RuntimeError(f"quail serve did not become ready: {' '.join(self.args)}")
         return self.uri

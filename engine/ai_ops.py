@@ -114,6 +114,7 @@ def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
     order, in one call (the prefix baseline's block cache lives for a call).
     """
     rows = [(j, i) for j, (_, args) in enumerate(jobs) for i in _present(args)]
+    _refuse_too_long(runtime, jobs, rows)
     order, parts = _ordered_parts(runtime, jobs, rows)
     work = work if work is not None else QueryWork()
     work.announce(len(rows))
@@ -143,6 +144,27 @@ def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
         indices = sorted(answered)
         out.append((indices, [answered[i][0] for i in indices], [answered[i][1] for i in indices]))
     return out
+
+
+def _refuse_too_long(runtime: Runtime, jobs: Sequence[Job], rows: list[tuple[int, int]]) -> None:
+    """InvalidArgument, before any of the step's passes, when a row's prompt is longer than the model's
+    context. A token is at least one byte of text, so only rows whose text (frame and arguments) has more
+    bytes than the context holds tokens are tokenized here (once: the texts cache keeps them)."""
+    limit = runtime.config.max_position
+    layout = runtime.layout
+    for j, (question, args) in enumerate(jobs):
+        frame = _utf8(layout.preamble() + layout.question(question.template, question.labels,
+                                                          question.answers == "names") + layout.answer_cue())
+        suspects = [i for jj, i in rows if jj == j and frame + sum(_utf8(layout.document(k, col[i]))
+                                                                 for k, col in enumerate(args)) > limit]
+        for i in suspects:
+            longest = max((col[i] for col in args), key=len)
+            runtime.refuse_too_long(build_requests(runtime, question, [[col[i] for col in args]]),
+                                    f" asking {question.template!r} of a text beginning {longest[:40]!r}")
+
+
+def _utf8(text: str) -> int:
+    return len(text.encode())
 
 
 def _ordered_parts(runtime: Runtime, jobs: Sequence[Job], rows: list[tuple[int, int]]

@@ -314,19 +314,36 @@ def _fused(q: torch.Tensor) -> bool:
     return q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
 
 
+SCORES_PER_BLOCK = 1 << 24  # attention scores (fp32) `_matmuls` holds at once: 64 MiB, whatever the rows' length
+
+
 def _matmuls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention as two matmuls in the inputs' dtype, softmax and log-sum-exp in fp32.
 
     q (b, h, n, d), k/v (b, h_kv, m, d): the q heads of one kv head are stacked
     (h = h_kv · group, head i reads kv head i // group), so k and v are never
     repeated. Causal: bottom-right aligned (query i sees keys up to m − n + i).
+    Queries go in blocks of at most SCORES_PER_BLOCK scores, so long rows never
+    hold an n × m matrix.
     """
+    b, h, n, d = q.shape
+    m = k.shape[2]
+    step = max(1, SCORES_PER_BLOCK // (b * h * m))
+    if step < n:
+        parts = [_matmuls_block(q[:, :, i:i + step], k, v, causal, m - n + i) for i in range(0, n, step)]
+        return torch.cat([o for o, _ in parts], dim=2), torch.cat([lse for _, lse in parts], dim=2)
+    return _matmuls_block(q, k, v, causal, m - n)
+
+
+def _matmuls_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, offset: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_matmuls` of consecutive queries, the first of which sees keys up to `offset` when causal."""
     b, h, n, d = q.shape
     kv_heads, m = k.shape[1], k.shape[2]
     group = h // kv_heads
     scores = (q.reshape(b, kv_heads, group * n, d) @ k.transpose(-1, -2)).float() * d ** -0.5
     if causal:
-        allowed = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n).repeat(group, 1)
+        allowed = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(offset).repeat(group, 1)
         scores = scores.masked_fill(~allowed, float("-inf"))
     lse = torch.logsumexp(scores, -1, keepdim=True)
     out = torch.exp(scores - lse).to(v.dtype) @ v

@@ -33,7 +33,7 @@ def execute(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work:
     """
     relations = {name: catalog.table(name) for name in plan.tables}
     work = _hinted(plan, work)
-    with DuckDB() as db:
+    with DuckDB(work) as db:
         if plan.analyze:
             return analyze(plan, relations, db, runtime, work, sol)
         for step in plan.steps:
@@ -48,7 +48,7 @@ def execute_stream(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None
     from DuckDB; a chunked plan yields each chunk's rows once its model work is done; any other runs
     its steps, then yields the final relation batch by batch."""
     if not plan.analyze and len(plan.steps) == 1 and isinstance(plan.steps[0], SQLStep):
-        with DuckDB() as db:
+        with DuckDB(work) as db:
             yield from db.stream(plan.steps[0].sql, {name: catalog.table(name) for name in plan.tables}, rows_per_batch)
     elif not plan.analyze and plan.chunked:
         for chunk in _chunks(plan, catalog, runtime, work):
@@ -64,7 +64,7 @@ def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
     relations = {name: catalog.table(name) for name in plan.tables}
     work = _hinted(plan, work)
     lead = next(i for i, step in enumerate(plan.steps) if not isinstance(step, SQLStep))
-    with DuckDB() as db:
+    with DuckDB(work) as db:
         for step in plan.steps[:lead]:
             _run_step(step, relations, db, runtime, work)
         source = plan.steps[lead - 1].output

@@ -8,7 +8,8 @@ from typing import Iterator, Mapping
 import duckdb
 import pyarrow as pa
 
-from .errors import InvalidArgument, NotFound
+from .errors import Cancelled, InvalidArgument, NotFound
+from .work import QueryWork
 
 
 class DuckDB:
@@ -18,9 +19,10 @@ class DuckDB:
     cursor with the query's relations registered again ~8, a statement over registered ones ~1.
     DuckDB's errors become Quail errors."""
 
-    def __init__(self) -> None:
+    def __init__(self, work: QueryWork | None = None) -> None:
         self._con = duckdb.connect(config={"enable_external_access": False})
         self._registered: dict[str, pa.Table] = {}
+        self._work = work
 
     def __enter__(self) -> "DuckDB":
         return self
@@ -30,12 +32,19 @@ class DuckDB:
 
     @contextmanager
     def _over(self, relations: Mapping[str, pa.Table]) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The connection with the relations registered, interrupted when the query is cancelled or passes
+        its deadline (then Cancelled or DeadlineExceeded, as the query's work record says)."""
+        work = self._work or QueryWork()
         try:
             for name, table in relations.items():
                 if self._registered.get(name.lower()) is not table:
                     self._con.register(name, table)
                     self._registered[name.lower()] = table
-            yield self._con
+            with work.interruptible(self._con.interrupt):
+                yield self._con
+        except duckdb.InterruptException:
+            work.check()
+            raise Cancelled("the query was interrupted") from None
         except duckdb.CatalogException as err:
             raise NotFound(str(err)) from None
         except duckdb.Error as err:

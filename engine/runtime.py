@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .errors import InvalidArgument
 from .model import Decoder
 from .prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
 from .requests import LabelSet, Request, Segment
@@ -94,6 +95,7 @@ class Runtime:
         so the host can build the next requests while these passes run; otherwise as `score`."""
         if not requests:
             return Scoring([])
+        self.refuse_too_long(requests)
         work = work if work is not None else QueryWork()
         work.count(len(requests))
         work.requests.extend(requests)
@@ -107,6 +109,14 @@ class Runtime:
         groups = [(members, self.runner.answer_logprobs(torch.stack([hidden[i] for i in members]), labels))
                   for labels, members in by_labels.items()]
         return Scoring(groups)
+
+    def refuse_too_long(self, requests: Sequence[Request], where: str = "") -> None:
+        """InvalidArgument when a request is longer than the model's context (it would never be answered
+        right, and would hold the device for nothing)."""
+        longest = max((len(r) for r in requests), default=0)
+        if longest > self.config.max_position:
+            raise InvalidArgument(f"a prompt{where} has {longest:,} tokens; the model {self.model_id} reads at most "
+                                  f"{self.config.max_position:,}: shorten its text")
 
     @property
     def plans_order(self) -> bool:

@@ -48,8 +48,9 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
     """
     hidden: list[torch.Tensor | None] = [None] * len(requests)
     prefixes = [document_prefix(r) if runner.cache is not None else None for r in requests]
+    roots = [(_chunked(node, runner.token_budget), kv) for node, kv in _roots(runner.cache, requests, prefixes)]
     frontier: deque[Item] = deque((node, kv, None) for node, kv in sorted(
-        _roots(runner.cache, requests, prefixes), key=lambda item: len(item[0]), reverse=True))
+        roots, key=lambda item: len(item[0]), reverse=True))
     stats.planned_tokens += sum(len(node) for root, *_ in frontier for node in [root, *nodes(root)])
     copies: dict[int, tuple[KV, KV]] = {}  # each run a stored prefix continues, and its copy for the cache
     while frontier:
@@ -76,6 +77,18 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
             children.append((node, runs[parent], None))
         frontier.extendleft(reversed(children))
     return hidden
+
+
+def _chunked(root: RadixNode, budget: int) -> RadixNode:
+    """The tree with every edge longer than `budget` cut into a chain of edges of at most `budget` tokens
+    (in place): a long prompt is computed in chunks, each continuing the KV of the one before, so no
+    forward pass is longer than the budget (its time and memory bounded; cancellation between them)."""
+    for node in [root, *nodes(root)]:
+        while len(node) > budget:
+            tail = RadixNode(node.start + budget, node.end, node.rep, node.children, node.ends)
+            node.end, node.children, node.ends = node.start + budget, [tail], []
+            node = tail
+    return root
 
 
 def _copied(copies: dict[int, tuple[KV, KV]], run: KV) -> KV:

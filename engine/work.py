@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .errors import Cancelled, DeadlineExceeded, ResourceExhausted
 from .radix import ideal_stats
@@ -30,9 +31,36 @@ class QueryWork:
     max_requests: int | None = None
     retain_documents: bool = False  # later AI steps may read the same documents: keep their KV (kv_cache.py)
     announced: int = 0  # requests counted (`announce`) that have not reached the runtime yet
+    _interrupts: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def cancel(self) -> None:
         self.cancelled.set()
+        with self._lock:
+            interrupts = list(self._interrupts)
+        for interrupt in interrupts:
+            interrupt()
+
+    @contextmanager
+    def interruptible(self, interrupt: Callable[[], None]) -> Iterator[None]:
+        """While inside, `interrupt` (stopping work that cannot check: a DuckDB statement) is called at once
+        when the query is cancelled or when it passes its deadline."""
+        timer = None
+        if self.deadline is not None:
+            timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), interrupt)
+            timer.daemon = True
+            timer.start()
+        with self._lock:
+            self._interrupts.append(interrupt)
+        try:
+            if self.cancelled.is_set():
+                interrupt()
+            yield
+        finally:
+            with self._lock:
+                self._interrupts.remove(interrupt)
+            if timer is not None:
+                timer.cancel()
 
     def check(self) -> None:
         """Raise Cancelled once the query has been cancelled, DeadlineExceeded once past its deadline."""

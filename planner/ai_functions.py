@@ -16,6 +16,7 @@ from sqlglot import exp
 from quail.engine.errors import InvalidArgument
 from quail.engine.prompt import placeholders
 
+from .binder import is_unbound
 from .dialects import position
 
 FILTERS = {"AI_FILTER", "AI.IF"}
@@ -193,6 +194,8 @@ def _bind_prompt(name: str, prompt: exp.Expression, call: exp.Expression) -> tup
 
 
 def _bind_template(prompt: exp.Anonymous) -> tuple[str, tuple[exp.Expression, ...]]:
+    if prompt.expressions and is_unbound(prompt.expressions[0]):  # PROMPT(?, ...) prepared: a stand-in
+        return " ".join(f"{{{i}}}" for i in range(len(prompt.expressions) - 1)), tuple(prompt.expressions[1:])
     if not prompt.expressions or not (isinstance(prompt.expressions[0], exp.Literal) and prompt.expressions[0].is_string):
         raise InvalidArgument(f"PROMPT's first argument must be a string literal template{position(prompt)}")
     template, args = prompt.expressions[0].this, tuple(prompt.expressions[1:])

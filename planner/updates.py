@@ -7,7 +7,7 @@ atomic commit, so a table is either the old one or the new one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from sqlglot import exp
@@ -16,6 +16,7 @@ from quail.engine.catalog import Catalog
 from quail.engine.errors import InvalidArgument
 from quail.engine.physical import PhysicalPlan
 
+from .binder import bind_parameters
 from .dialects import parse_statement, position
 from .join_order import Rank, by_tokens
 from .explain import split_explain
@@ -28,7 +29,9 @@ UPDATES = (exp.Create, exp.Insert, exp.Drop)
 class UpdatePlan:
     """Write `query`'s rows to `table` (if_exists: fail, append, replace or keep; if_missing: create or
     fail), or with `query` None drop it (missing_ok: DROP ... IF EXISTS). `columns` renames the
-    query's columns first (INSERT's target columns, in order)."""
+    query's columns first (INSERT's target columns, in order). `parameters`: the statement's `?`
+    placeholders; `rows_are_parameters`: the statement is `INSERT INTO t [(columns)] VALUES (?, ..., ?)`,
+    whose rows are its parameter rows as bound (so many rows are written without a plan each)."""
 
     table: str
     query: PhysicalPlan | None
@@ -36,6 +39,8 @@ class UpdatePlan:
     if_missing: str = "create"
     columns: tuple[str, ...] = ()
     missing_ok: bool = False
+    parameters: int = 0
+    rows_are_parameters: bool = False
 
 
 def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[Any] | None = None,
@@ -46,9 +51,16 @@ def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[An
     tree = parse_statement(sql, dialect)
     if not isinstance(tree, UPDATES):
         return plan_query(tree, catalog, params, rank=rank)
-    if params:
-        raise InvalidArgument("parameters are bound to queries only, not to CREATE, INSERT or DROP")
-    return _plan_update(tree, catalog, rank)
+    holders = _only_parameters(tree)
+    parameters = bind_parameters(tree, params)
+    return replace(_plan_update(tree, catalog, rank), parameters=parameters, rows_are_parameters=holders)
+
+
+def _only_parameters(tree: exp.Expression) -> bool:
+    """Whether a statement is INSERT ... VALUES of one row of placeholders alone."""
+    body = tree.expression if isinstance(tree, exp.Insert) else None
+    return isinstance(body, exp.Values) and len(body.expressions) == 1 and bool(body.expressions[0].expressions) \
+        and all(isinstance(e, exp.Placeholder) for e in body.expressions[0].expressions)
 
 
 def _plan_update(tree: exp.Expression, catalog: Catalog, rank: Rank) -> UpdatePlan:

@@ -114,6 +114,7 @@ class Query:
     text: str
     plan: PhysicalPlan
     schema: pa.Schema = field(repr=False)
+    bound: bool = True  # False: the text has `?` placeholders and no values were given (explain only)
 
     def explain(self) -> str:
         """The plan, a line per step (the rows `EXPLAIN <query>` returns), after the result's columns."""
@@ -165,7 +166,10 @@ class Session:
         self.catalog.register(name, table, replace)
 
     def sql(self, text: str, dialect: str = DEFAULT_DIALECT, params: list[Any] | None = None) -> Query:
-        return self._query(text, plan_sql(text, self.catalog, dialect, params, rank=rank_by_sol(self._sol)))
+        """A query; `params` bind its `?` placeholders in order (it runs only with them bound)."""
+        query = self._query(text, plan_sql(text, self.catalog, dialect, params, rank=rank_by_sol(self._sol)))
+        query.bound = params is not None or not query.plan.parameters
+        return query
 
     def substrait(self, text: str, dialect: str = DEFAULT_DIALECT, params: list[Any] | None = None) -> bytes:
         """The query's optimized plan as a serialized Substrait plan (`EXPLAIN (FORMAT SUBSTRAIT)` returns it too)."""
@@ -187,6 +191,8 @@ class Session:
                 if device else None)
 
     def _run(self, query: Query) -> Result:
+        if not query.bound:
+            raise InvalidArgument(f"the query has {query.plan.parameters} parameter(s) and no values were bound")
         work = QueryWork()
         started = time.perf_counter()
         table = execute(query.plan, self.catalog, self.runtime, work, self._sol)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import signal
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -28,6 +30,8 @@ from .flight_sql import FlightSQLHandler
 from .grpc_service import FlightService
 
 log = logging.getLogger("quail.server")
+GRACE_S = 5.0  # after SIGTERM: running calls' time to finish before their queries are cancelled
+EXIT_S = 10.0  # then: the cancelled work's time to stop before the process exits without it
 # No SO_REUSEPORT: a port another server holds is refused, not shared (gRPC shares it by default).
 _OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)]
 
@@ -90,7 +94,8 @@ class QuailServer:
         config.check()
         self.config = config
         self.store = TableStore(config.data_dir)  # refuses a data directory another server holds
-        self._grpc = grpc.server(ThreadPoolExecutor(max_workers=config.workers), options=_OPTIONS)
+        self._executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="quail-call")
+        self._grpc = grpc.server(self._executor, options=_OPTIONS)
         self.port = self._listen(f"{config.host}:{config.port}")
         engine = config.engine
         self.runtime = load_runtime(engine)
@@ -99,9 +104,10 @@ class QuailServer:
         device = engine.speed_of_light_device
         sol = partial(sol_seconds, model=self.runtime.config, device=DEVICES[device], precision=engine.precision,
                       tokens_per_pass=engine.token_budget) if device else None
-        handler = FlightSQLHandler(self.store, self.runtime, config.dialect, sol, config.limits, self.metrics)
+        self.handler = FlightSQLHandler(self.store, self.runtime, config.dialect, sol, config.limits, self.metrics)
         auth = Authenticator(load_users(config.users_file), config.token_ttl_s) if config.users_file else None
-        self._grpc.add_generic_rpc_handlers((FlightService(handler, auth, self.metrics.error).generic_handler(),))
+        service = FlightService(self.handler, auth, self.metrics.error)
+        self._grpc.add_generic_rpc_handlers((service.generic_handler(),))
 
     def _listen(self, address: str) -> int:
         """Bind the address (before the model loads, so a busy port fails at once); the port bound."""
@@ -131,13 +137,29 @@ class QuailServer:
             port = self.metrics.serve(self.config.host, self.config.metrics_port)
             log.info("metrics on http://%s:%d/metrics", self.config.host, port)
 
-    def stop(self, grace: float = 5.0) -> None:
-        """Stop accepting calls; running calls get `grace` seconds to finish."""
-        self._grpc.stop(grace).wait()
+    def stop(self, grace: float = GRACE_S) -> None:
+        """Stop accepting calls; running calls get `grace` seconds to finish, then their calls end and their
+        queries are cancelled (each stops within one forward pass of bounded size, or one DuckDB interrupt)."""
+        stopped = self._grpc.stop(grace)
+        if not stopped.wait(grace + 0.5):
+            self.handler.cancel_all()
+        stopped.wait()
 
     def wait(self) -> None:
         self._grpc.wait_for_termination()
+
+    def close(self, timeout: float = EXIT_S) -> bool:
+        """After `wait`: give the calls' threads `timeout` seconds to end and release the data directory;
+        False when some thread was still running then."""
+        self.handler.cancel_all()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + timeout
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join(max(0.0, deadline - time.monotonic()))
         self.store.close()
+        return not any(t.is_alive() and not t.daemon and t is not threading.current_thread()
+                       for t in threading.enumerate())
 
 
 def serve(config: ServerConfig) -> None:
@@ -158,4 +180,8 @@ def serve(config: ServerConfig) -> None:
              len(server.store.names()))
     print(f"quail: serving {server.location}", flush=True)
     server.wait()
+    if not server.close():
+        log.error("work still running %.0fs after its queries were cancelled: exiting without it", EXIT_S)
+        logging.shutdown()
+        os._exit(0)  # the data directory is consistent: every commit is atomic
     log.info("stopped")

@@ -52,17 +52,25 @@ def _claims(body: str) -> tuple[bytes, dict]:
     """A token's payload and the claims it holds (not yet verified)."""
     try:
         payload = base64.urlsafe_b64decode(_padded(body))
-        return payload, json.loads(payload)
+        claims = json.loads(payload)
     except ValueError:
-        raise Unauthenticated("malformed bearer token") from None
+        claims = None
+    if not isinstance(claims, dict):
+        raise Unauthenticated("malformed bearer token")
+    return payload, claims
 
 
 def user_of(context: grpc.ServicerContext) -> str:
-    """The user named by a call's bearer token (checked before the call ran), or "-" without one."""
+    """The user named by a call's bearer token (verified before the call ran where the server has users),
+    or "-": no token, or one that is not Quail's (a server without users takes any, `Bearer None` too)."""
     scheme, _, token = _header(context).partition(" ")
     if scheme.lower() != "bearer" or not token:
         return "-"
-    return str(_claims(token.partition(".")[0])[1].get("user", "-"))
+    try:
+        claims = _claims(token.partition(".")[0])[1]
+    except Unauthenticated:
+        return "-"
+    return str(claims.get("user", "-"))
 
 
 class Authenticator:
@@ -86,7 +94,7 @@ class Authenticator:
         payload, claims = _claims(body)
         if not hmac.compare_digest(self._sign(payload), signature):
             raise Unauthenticated("invalid bearer token")
-        if claims.get("exp", 0) < time.time():
+        if not isinstance(claims.get("exp"), (int, float)) or claims["exp"] < time.time():
             raise Unauthenticated("bearer token expired: log in again")
         return claims["user"]
 

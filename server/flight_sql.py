@@ -74,6 +74,11 @@ class FlightSQLHandler:
         self.statements = Statements(limits.work)
         self.catalog = WithSystemTables(store, {QUERIES: (QUERIES_SCHEMA, self._queries)})
 
+    def cancel_all(self) -> None:
+        """Cancel every running query (the server is stopping)."""
+        for running in self.statements.running().values():
+            running.work.cancel()
+
     def _queries(self) -> pa.Table:
         return queries_table(self.statements.running())
 
@@ -84,8 +89,9 @@ class FlightSQLHandler:
             raise Unimplemented(f"{where}: unsupported command {name or '(not a Flight SQL command)'}")
         return name, message
 
-    def _plan(self, query: str, params: list[Any] | None, context) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema]:
-        """A query's plan and result schema; a CREATE / INSERT / DROP's plan, whose result is its row count."""
+    def _plan(self, query: str, params: list[pa.Scalar] | None, context) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema]:
+        """A query's plan and result schema; a CREATE / INSERT / DROP's plan, whose result is its row count.
+        `params`: one row of bound parameter values."""
         plan = plan_statement(query, self.catalog, self.sessions.options(context)["dialect"], params,
                               rank_by_sol(self.sol))
         if isinstance(plan, UpdatePlan):
@@ -97,8 +103,8 @@ class FlightSQLHandler:
         plan = import_plan(cmd.plan.plan, self.catalog)
         return plan, plain_schema(result_schema(plan, self.catalog))
 
-    def _stream(self, plan: PhysicalPlan | UpdatePlan, schema: pa.Schema, work: QueryWork, context,
-                handle: bytes) -> Iterator[pa.RecordBatch]:
+    def _stream(self, plan: PhysicalPlan | list[UpdatePlan], params: pa.Table | None, schema: pa.Schema,
+                work: QueryWork, context, handle: bytes) -> Iterator[pa.RecordBatch]:
         """Run a query (its rows, batch by batch as produced) or an update (one row: the rows it wrote),
         admitted first; then its report (session option, metrics, log line). `handle`: its running entry."""
         start, rows = time.perf_counter(), 0
@@ -107,7 +113,7 @@ class FlightSQLHandler:
                 if isinstance(plan, PhysicalPlan):
                     batches = execute_stream(plan, self.catalog, self.runtime, work, self.sol, BATCH_ROWS)
                 else:
-                    batches = iter(pa.table({"rows_affected": [self._update(plan, work)]}).to_batches())
+                    batches = iter(pa.table({"rows_affected": [self._update(plan, params, work)]}).to_batches())
                 for batch in batches:
                     work.check()  # the client ended the call: stop reading
                     rows += batch.num_rows
@@ -127,8 +133,10 @@ class FlightSQLHandler:
                  handle[:8].hex(), user_of(context), rows, report["wall_s"], report["requests"],
                  report["logical_tokens"], report["fresh_tokens"])
 
-    def _update(self, update: UpdatePlan, work: QueryWork) -> int:
-        """Apply CREATE / INSERT / DROP to the store: one atomic commit; the rows written (0 for DROP)."""
+    def _update(self, updates: list[UpdatePlan], params: pa.Table | None, work: QueryWork) -> int:
+        """Apply CREATE / INSERT / DROP to the store: one atomic commit; the rows written (0 for DROP).
+        Several plans (one per row of parameters) are INSERTs into one table, written in one commit."""
+        update = updates[0]
         table = self.catalog.writable(update.table)
         if update.query is None:
             self.store.drop(table, update.missing_ok)
@@ -136,7 +144,10 @@ class FlightSQLHandler:
             return 0
         if update.if_exists == "keep" and self.store.has(table):
             return 0
-        rows = execute(update.query, self.catalog, self.runtime, work, self.sol)
+        if update.rows_are_parameters and params is not None:
+            rows = params
+        else:
+            rows = _stacked([execute(u.query, self.catalog, self.runtime, work, self.sol) for u in updates])
         if update.if_exists == "append":
             rows = _as_columns_of(rows, self.store.schema(table).names, update.columns, table)
         written = self.store.write(table, rows, "fail" if update.if_exists == "keep" else update.if_exists,
@@ -144,26 +155,50 @@ class FlightSQLHandler:
         log.info("%d rows written to %s", written, table)
         return written
 
+    def _apply(self, query: str, first: UpdatePlan, params: pa.Table | None, context) -> pa.Table:
+        """Run a statement that changes tables, once per row of parameters (INSERT only), as one commit; its
+        result (one row: the rows it wrote). `first` is its plan for the first row of parameters."""
+        updates = [first]
+        if params is not None and params.num_rows > 1:
+            if first.if_exists != "append":
+                raise InvalidArgument("only INSERT takes several rows of parameters")
+            if not first.rows_are_parameters:
+                updates += [self._plan(query, row, context)[0] for row in _rows(params)[1:]]
+        handle, work = self.statements.begin(query, user_of(context))
+        context.add_callback(work.cancel)
+        return pa.Table.from_batches(list(self._stream(updates, params, UPDATE_SCHEMA, work, context, handle)))
+
     @staticmethod
     def _info(descriptor, schema: pa.Schema, ticket: bytes) -> Message:
         endpoint = FLIGHT["FlightEndpoint"](ticket=FLIGHT["Ticket"](ticket=ticket))
         return FLIGHT["FlightInfo"](schema=schema_bytes(schema), flight_descriptor=descriptor,
                                     endpoint=[endpoint], total_records=-1, total_bytes=-1)
 
-    def _query_info(self, descriptor, query: str, planned: tuple[PhysicalPlan | UpdatePlan, pa.Schema]) -> Message:
-        plan, schema = planned
-        handle = self.statements.add_pending(plan, schema, query)
+    def _statement_info(self, descriptor, query: str, params: pa.Table | None, context) -> Message:
+        """FlightInfo of a statement. A query is planned here and runs when its ticket is redeemed; a
+        statement that changes tables runs here, so it has taken effect when the client's execute()
+        returns, whether or not the client fetches its result (the ticket then reads that result)."""
+        plan, schema = self._plan(query, _first_row(params), context)
+        _check_bound(plan, params)
+        if isinstance(plan, UpdatePlan):
+            handle = self.statements.add_result(self._apply(query, plan, params, context))
+        else:
+            if params is not None and params.num_rows != 1:
+                raise InvalidArgument(f"bind exactly one row of parameters to a query, not {params.num_rows}")
+            handle = self.statements.add_pending(plan, schema, query)
         return self._info(descriptor, schema, sql.pack(sql.new("TicketStatementQuery", statement_handle=handle)))
 
     def get_flight_info(self, descriptor, context) -> Message:
         name, cmd = self._command(descriptor.cmd, "GetFlightInfo")
         if name == "CommandStatementQuery":
-            return self._query_info(descriptor, cmd.query, self._plan(cmd.query, None, context))
+            return self._statement_info(descriptor, cmd.query, None, context)
         if name == "CommandStatementSubstraitPlan":
-            return self._query_info(descriptor, QUERY_TEXT, self._substrait(cmd))
+            plan, schema = self._substrait(cmd)
+            handle = self.statements.add_pending(plan, schema, QUERY_TEXT)
+            return self._info(descriptor, schema, sql.pack(sql.new("TicketStatementQuery", statement_handle=handle)))
         if name == "CommandPreparedStatementQuery":
             statement = self.statements.prepared(cmd.prepared_statement_handle)
-            return self._query_info(descriptor, statement.query, self._plan(statement.query, statement.params, context))
+            return self._statement_info(descriptor, statement.query, statement.params, context)
         return self._info(descriptor, self._metadata(name, cmd).schema, descriptor.cmd)
 
     def get_schema(self, descriptor, context) -> pa.Schema:
@@ -174,15 +209,18 @@ class FlightSQLHandler:
             return self._substrait(cmd)[1]
         if name == "CommandPreparedStatementQuery":
             statement = self.statements.prepared(cmd.prepared_statement_handle)
-            return self._plan(statement.query, statement.params, context)[1]
+            return self._plan(statement.query, _first_row(statement.params), context)[1]
         return self._metadata(name, cmd).schema
 
     def do_get(self, ticket, context) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
         name, cmd = self._command(ticket.ticket, "DoGet")
         if name == "TicketStatementQuery":
+            done = self.statements.take_result(cmd.statement_handle)
+            if done is not None:  # a statement that changed tables when it was planned: its result
+                return done.schema, done.to_batches()
             plan, schema, work = self.statements.start(cmd.statement_handle, user_of(context))
             context.add_callback(work.cancel)  # the client ended the call (or it finished): stop the model work
-            batches = self._stream(plan, schema, work, context, cmd.statement_handle)
+            batches = self._stream(plan, None, schema, work, context, cmd.statement_handle)
             first = next(batches, None)  # the model work: its errors leave before any data, as a plain status
             return schema, [] if first is None else itertools.chain([first], batches)
         table = self._metadata(name, cmd)
@@ -209,8 +247,10 @@ class FlightSQLHandler:
             return metadata.xdbc_type_info(_optional(cmd, "data_type"))
         raise Unimplemented(f"unsupported command {name}")
 
-    def reads_data(self, descriptor) -> bool:
-        return sql.unpack(descriptor.cmd)[0] not in _UPDATES
+    def reads_data(self, descriptor, schema: pa.Schema | None) -> bool:
+        """Ingest and parameter binds carry data; an update carries parameters only when its first message
+        has a schema with columns (without, some clients wait for the answer before ending their stream)."""
+        return sql.unpack(descriptor.cmd)[0] not in _UPDATES or bool(schema)
 
     def do_put(self, descriptor, schema: pa.Schema, batches: list[pa.RecordBatch], context) -> Iterable[bytes]:
         name, cmd = self._command(descriptor.cmd, "DoPut")
@@ -220,18 +260,19 @@ class FlightSQLHandler:
             return [sql.new("DoPutUpdateResult", record_count=rows).SerializeToString()]
         if name == "CommandPreparedStatementQuery":
             handle = cmd.prepared_statement_handle
-            self.statements.bind(handle, _one_row(table))
+            self.statements.bind(handle, _parameters(table))
             return [sql.new("DoPutPreparedStatementResult", prepared_statement_handle=handle).SerializeToString()]
         if name in _UPDATES:
-            query = cmd.query if name == "CommandStatementUpdate" else \
-                self.statements.prepared(cmd.prepared_statement_handle).query
-            update, _ = self._plan(query, None, context)
+            if name == "CommandStatementUpdate":
+                query, params = cmd.query, None
+            else:
+                statement = self.statements.prepared(cmd.prepared_statement_handle)
+                query, params = statement.query, _parameters(table) if table.num_columns else statement.params
+            update, _ = self._plan(query, _first_row(params), context)
             if not isinstance(update, UpdatePlan):
                 raise InvalidArgument("a query is not an update: ask for its rows with GetFlightInfo")
-            handle, work = self.statements.begin(query, user_of(context))
-            context.add_callback(work.cancel)
-            (result,) = self._stream(update, UPDATE_SCHEMA, work, context, handle)
-            rows = result.column(0)[0].as_py()
+            _check_bound(update, params)
+            rows = self._apply(query, update, params, context).column(0)[0].as_py()
             return [sql.new("DoPutUpdateResult", record_count=rows).SerializeToString()]
         raise Unimplemented(f"DoPut: unsupported command {name}")
 
@@ -256,8 +297,7 @@ class FlightSQLHandler:
         if action.type == "CreatePreparedStatement":
             _, request = self._command(action.body, "CreatePreparedStatement")
             plan, schema = self._plan(request.query, None, context)
-            count = plan.parameters if isinstance(plan, PhysicalPlan) else 0
-            parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(count)])
+            parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(plan.parameters)])
             if isinstance(plan, UpdatePlan):
                 schema = pa.schema([])  # an update: JDBC then runs it by DoPut(CommandPreparedStatementUpdate)
             result = sql.new("ActionCreatePreparedStatementResult",
@@ -332,7 +372,28 @@ def _as_columns_of(rows: pa.Table, names: list[str], columns: tuple[str, ...], t
     return rows.rename_columns(names)
 
 
-def _one_row(table: pa.Table) -> list[Any]:
-    if table.num_rows != 1:
-        raise InvalidArgument(f"bind exactly one row of parameters to a query, not {table.num_rows}")
-    return [column[0].as_py() for column in table.columns]
+def _stacked(tables: list[pa.Table]) -> pa.Table:
+    """The rows of several runs of one statement, by column position (each run names its columns anew)."""
+    names = tables[0].column_names
+    return pa.concat_tables([t.rename_columns(names) for t in tables], promote_options="permissive")
+
+
+def _check_bound(plan: PhysicalPlan | UpdatePlan, params: pa.Table | None) -> None:
+    """A statement with `?` placeholders runs only with values bound to them."""
+    if plan.parameters and params is None:
+        raise InvalidArgument(f"the statement has {plan.parameters} parameter(s) and no values were bound")
+
+
+def _parameters(table: pa.Table) -> pa.Table | None:
+    """Bound parameter rows (None: a bind of no rows, as none bound)."""
+    return table if table.num_rows else None
+
+
+def _rows(params: pa.Table) -> list[list[pa.Scalar]]:
+    """Rows of parameter values, each value typed as the client sent it."""
+    columns = params.columns
+    return [[column[i] for column in columns] for i in range(params.num_rows)]
+
+
+def _first_row(params: pa.Table | None) -> list[pa.Scalar] | None:
+    return None if params is None else [column[0] for column in params.columns]

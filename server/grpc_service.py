@@ -13,12 +13,13 @@ from typing import Callable, Iterable, Iterator, Protocol
 
 import grpc
 import pyarrow as pa
+from google.protobuf.message import DecodeError
 
 from quail.engine.errors import InvalidArgument, QuailError, Unimplemented
 
 from .auth import Authenticator
 from .flight_messages import FLIGHT, SERVICE
-from .ipc import decode, encode, schema_bytes
+from .ipc import decode, encode, first_schema, schema_bytes
 from .status import status_of
 
 log = logging.getLogger("quail.server")
@@ -33,8 +34,9 @@ class FlightHandler(Protocol):
 
     def do_get(self, ticket, context: grpc.ServicerContext) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]: ...
 
-    def reads_data(self, descriptor) -> bool:
-        """Whether a DoPut of this descriptor carries data (else it is answered without waiting for its end)."""
+    def reads_data(self, descriptor, schema: pa.Schema | None) -> bool:
+        """Whether a DoPut of this descriptor, whose first message carries `schema` (None: no schema), carries
+        data (else it is answered without waiting for its end)."""
 
     def do_put(self, descriptor, schema: pa.Schema, batches: list[pa.RecordBatch],
                context: grpc.ServicerContext) -> Iterable[bytes]: ...
@@ -81,12 +83,25 @@ def _ignore(status: grpc.StatusCode) -> None:
     """No one counts errors."""
 
 
-def _parse(name: str) -> Callable[[bytes], object]:
-    def parse(data: bytes):
-        message = FLIGHT[name]()
+def _parse(name: str, data: bytes):
+    """A Flight protobuf message from its bytes; InvalidArgument when they are not one."""
+    message = FLIGHT[name]()
+    try:
         message.ParseFromString(data)
-        return message
-    return parse
+    except DecodeError:
+        raise InvalidArgument(f"the request is not a valid {name} message") from None
+    return message
+
+
+def _parsed(fn: Callable, name: str) -> Callable:
+    """A method taking the parsed request (the gRPC layer hands bytes: its own parse errors would leave as
+    INTERNAL with a logged traceback, or stall a stream)."""
+    return lambda request, context: fn(_parse(name, request), context)
+
+
+def _parsed_stream(fn: Callable, name: str) -> Callable:
+    """A method taking the parsed messages of a client stream, parsed as they are read."""
+    return lambda requests, context: fn((_parse(name, data) for data in requests), context)
 
 
 class FlightService:
@@ -108,20 +123,21 @@ class FlightService:
         return call
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
-        identity = lambda b: b  # noqa: E731 - responses are serialized by the methods
         counted = self.on_error
-        unary = lambda fn, req: grpc.unary_unary_rpc_method_handler(  # noqa: E731
-            _unary(self._authenticated(fn), counted), request_deserializer=_parse(req), response_serializer=identity)
-        server_stream = lambda fn, req: grpc.unary_stream_rpc_method_handler(  # noqa: E731
-            _streaming(self._authenticated(fn), counted), request_deserializer=_parse(req),
-            response_serializer=identity)
-        bidi = lambda fn, req: grpc.stream_stream_rpc_method_handler(  # noqa: E731
-            _streaming(self._authenticated(fn), counted), request_deserializer=_parse(req),
-            response_serializer=identity)
+
+        def unary(fn: Callable, name: str) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(_unary(self._authenticated(_parsed(fn, name)), counted))
+
+        def server_stream(fn: Callable, name: str) -> grpc.RpcMethodHandler:
+            return grpc.unary_stream_rpc_method_handler(_streaming(self._authenticated(_parsed(fn, name)), counted))
+
+        def bidi(fn: Callable, name: str, login: bool = False) -> grpc.RpcMethodHandler:
+            method = _parsed_stream(fn, name)
+            return grpc.stream_stream_rpc_method_handler(
+                _streaming(method if login else self._authenticated(method), counted))
+
         return grpc.method_handlers_generic_handler(SERVICE, {
-            "Handshake": grpc.stream_stream_rpc_method_handler(
-                _streaming(self.handshake, counted), request_deserializer=_parse("HandshakeRequest"),
-                response_serializer=identity),
+            "Handshake": bidi(self.handshake, "HandshakeRequest", login=True),
             "ListFlights": server_stream(self.list_flights, "Criteria"),
             "GetFlightInfo": unary(self.get_flight_info, "FlightDescriptor"),
             "PollFlightInfo": unary(self.unimplemented, "FlightDescriptor"),
@@ -159,7 +175,8 @@ class FlightService:
         if first is None or not first.HasField("flight_descriptor"):
             raise InvalidArgument("DoPut must start with a FlightData carrying a descriptor")
         # An update carries no data; some clients wait for its answer before they end their stream.
-        stream = [first, *messages] if self.handler.reads_data(first.flight_descriptor) else [first]
+        reads = self.handler.reads_data(first.flight_descriptor, first_schema(first))
+        stream = [first, *messages] if reads else [first]
         try:
             schema, batches, _ = decode(stream)
         except (ValueError, pa.ArrowException) as err:

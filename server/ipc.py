@@ -52,6 +52,16 @@ def _encapsulate(header: bytes, body: bytes) -> bytes:
     return _CONTINUATION + struct.pack("<i", len(header) + padding) + header + b"\x00" * padding + body
 
 
+def first_schema(data) -> pa.Schema | None:
+    """The schema a stream's first FlightData carries (None: it carries none)."""
+    if not data.data_header:
+        return None
+    try:
+        return ipc.read_schema(pa.py_buffer(_encapsulate(data.data_header, data.data_body)))
+    except (pa.ArrowException, ValueError):
+        return None
+
+
 def decode(messages: Iterable) -> tuple[pa.Schema, list[pa.RecordBatch], list[bytes]]:
     """Schema, batches and app_metadata payloads of a stream of parsed FlightData messages
     (no Arrow data at all: an empty schema)."""

@@ -7,16 +7,18 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable, Generic, TypeVar
 
 import pyarrow as pa
 
 from quail.engine.errors import Cancelled, NotFound
 from quail.engine.physical import PhysicalPlan
 from quail.engine.work import QueryWork
-from quail.planner.updates import UpdatePlan
 
 from .flight_messages import CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING, CANCEL_STATUS_NOT_CANCELLABLE
+
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -31,59 +33,124 @@ class Running:
 
 @dataclass
 class PreparedStatement:
-    """A query text and the parameter values last bound to it (None: none bound)."""
+    """A query text and the rows of parameter values last bound to it (None: none bound)."""
 
     query: str
-    params: list[Any] | None = None
+    params: pa.Table | None = None
+
+
+class Held(Generic[T]):
+    """Entries by handle, least recently used first, bounded by count and by their estimated bytes: the
+    least recently used go when a new one would pass either bound."""
+
+    def __init__(self, max_count: int, max_bytes: int) -> None:
+        self.max_count, self.max_bytes = max_count, max_bytes
+        self._entries: OrderedDict[bytes, tuple[T, int]] = OrderedDict()
+        self._bytes = 0
+
+    def put(self, handle: bytes, entry: T, size: int) -> None:
+        self._entries[handle] = (entry, size)
+        self._bytes += size
+        while len(self._entries) > self.max_count or (self._bytes > self.max_bytes and len(self._entries) > 1):
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self._bytes -= dropped
+
+    def get(self, handle: bytes) -> T | None:
+        """An entry, now the most recently used."""
+        if handle not in self._entries:
+            return None
+        self._entries.move_to_end(handle)
+        return self._entries[handle][0]
+
+    def pop(self, handle: bytes) -> T | None:
+        found = self._entries.pop(handle, None)
+        if found is None:
+            return None
+        self._bytes -= found[1]
+        return found[0]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _plan_bytes(query: str) -> int:
+    """A planned statement's memory, estimated from its text (its plan's SQL steps repeat the text)."""
+    return 4 * len(query) + 4096
+
+
+def _unknown_prepared() -> NotFound:
+    return NotFound("unknown prepared statement handle (closed, from another server run, or released as the "
+                    "least recently used of too many open ones)")
 
 
 class Statements:
-    """Handles are random 16-byte strings; pending queries are kept for a bounded number of tickets."""
+    """Handles are random 16-byte strings. Prepared statements, planned queries awaiting their ticket, and
+    results awaiting theirs are each bounded by count and estimated bytes: the least recently used go
+    first (a later use of a handle that went gets NOT_FOUND)."""
 
-    def __init__(self, new_work: Callable[[], QueryWork] = QueryWork, max_pending: int = 4096) -> None:
+    def __init__(self, new_work: Callable[[], QueryWork] = QueryWork, max_count: int = 4096,
+                 max_bytes: int = 256 << 20) -> None:
         self._new_work = new_work
         self._lock = threading.Lock()
-        self._prepared: dict[bytes, PreparedStatement] = {}
-        self._pending: OrderedDict[bytes, tuple[PhysicalPlan | UpdatePlan, pa.Schema, str]] = OrderedDict()
+        self._prepared: Held[PreparedStatement] = Held(max_count, max_bytes)
+        self._pending: Held[tuple[PhysicalPlan, pa.Schema, str]] = Held(max_count, max_bytes)
+        self._results: Held[pa.Table] = Held(max_count, max_bytes)
         self._running: dict[bytes, Running] = {}
         self._cancelled: OrderedDict[bytes, None] = OrderedDict()  # tickets cancelled before they were redeemed
-        self._max_pending = max_pending
+        self._max_cancelled = max_count
 
     def prepare(self, query: str) -> bytes:
         handle = os.urandom(16)
         with self._lock:
-            self._prepared[handle] = PreparedStatement(query)
+            self._prepared.put(handle, PreparedStatement(query), _plan_bytes(query))
         return handle
 
     def prepared(self, handle: bytes) -> PreparedStatement:
         with self._lock:
             statement = self._prepared.get(handle)
         if statement is None:
-            raise NotFound("unknown prepared statement handle (closed, or from another server run)")
+            raise _unknown_prepared()
         return statement
 
-    def bind(self, handle: bytes, params: list[Any]) -> None:
-        self.prepared(handle).params = params
+    def bind(self, handle: bytes, params: pa.Table | None) -> None:
+        with self._lock:
+            statement = self._prepared.pop(handle)
+            if statement is None:
+                raise _unknown_prepared()
+            statement.params = params
+            size = _plan_bytes(statement.query) + (params.nbytes if params is not None else 0)
+            self._prepared.put(handle, statement, size)
 
     def close(self, handle: bytes) -> None:
         with self._lock:
-            if self._prepared.pop(handle, None) is None:
+            if self._prepared.pop(handle) is None:
                 raise NotFound("unknown prepared statement handle")
 
-    def add_pending(self, plan: PhysicalPlan | UpdatePlan, schema: pa.Schema, query: str) -> bytes:
-        """Keep a planned query until its ticket is redeemed; the oldest go first when full."""
+    def add_pending(self, plan: PhysicalPlan, schema: pa.Schema, query: str) -> bytes:
+        """Keep a planned query until its ticket is redeemed."""
         handle = os.urandom(16)
         with self._lock:
-            self._pending[handle] = (plan, schema, query)
-            while len(self._pending) > self._max_pending:
-                self._pending.popitem(last=False)
+            self._pending.put(handle, (plan, schema, query), _plan_bytes(query))
         return handle
 
-    def start(self, handle: bytes, user: str) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema, QueryWork]:
+    def add_result(self, table: pa.Table) -> bytes:
+        """Keep the result of a statement that has run until its ticket is redeemed (or never: a client
+        that does not fetch an update's row count)."""
+        handle = os.urandom(16)
+        with self._lock:
+            self._results.put(handle, table, table.nbytes)
+        return handle
+
+    def take_result(self, handle: bytes) -> pa.Table | None:
+        """A kept result, redeemed by its ticket (None: the ticket names no kept result)."""
+        with self._lock:
+            return self._results.pop(handle)
+
+    def start(self, handle: bytes, user: str) -> tuple[PhysicalPlan, pa.Schema, QueryWork]:
         """Redeem a ticket: its plan and schema, and the work record that cancelling it stops."""
         work = self._new_work()
         with self._lock:
-            entry = self._pending.pop(handle, None)
+            entry = self._pending.pop(handle)
             if entry is not None:
                 self._running[handle] = Running(work, entry[2], user)
             cancelled = self._cancelled.pop(handle, False) is None
@@ -112,9 +179,9 @@ class Statements:
     def cancel(self, handle: bytes) -> int:
         """Cancel a query by its ticket's handle: a Flight CancelStatus."""
         with self._lock:
-            if self._pending.pop(handle, None) is not None:
+            if self._pending.pop(handle) is not None:
                 self._cancelled[handle] = None
-                while len(self._cancelled) > self._max_pending:
+                while len(self._cancelled) > self._max_cancelled:
                     self._cancelled.popitem(last=False)
                 return CANCEL_STATUS_CANCELLED
             running = self._running.get(handle)

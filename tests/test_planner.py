@@ -66,9 +66,9 @@ def test_chained_filters_and_bigquery_ai_if(store):
     assert result_schema(plan, store).names == ["id", "body", "stars"]
 
 
-def test_parameters_become_literals(store):
+def test_parameters_become_typed_literals(store):
     plan = plan_sql("SELECT * FROM reviews WHERE id = ? AND body <> ?", store, params=[2, "x"])
-    assert "id = 2" in plan.steps[0].sql and "'x'" in plan.steps[0].sql
+    assert "id = CAST('2' AS BIGINT)" in plan.steps[0].sql and "'x'" in plan.steps[0].sql
     assert plan.parameters == 2 and plan_sql("SELECT 1", store).parameters == 0
     with pytest.raises(InvalidArgument, match="2 parameter"):
         plan_sql("SELECT * FROM reviews WHERE id = ? AND body <> ?", store, params=[2])

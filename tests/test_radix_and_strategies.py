@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from quail.engine.ai_ops import Question, build_requests
+from quail.engine.ai_ops import Question, build_requests, yes_probabilities
+from quail.engine.errors import InvalidArgument
 from quail.engine.radix import build, collapse, common_prefix, ideal_stats, nodes
 from quail.engine.requests import LabelSet, Request, Segment
 from quail.engine.runner import Fill, ModelRunner, pack
@@ -252,3 +253,35 @@ def test_a_short_prefix_and_its_children_share_one_pass(runtime):
                                np.exp(answers["naive"]), atol=1e-5)
     assert tight.stats.forward_passes > 1 and tight.stats.fresh_tokens == works["quail"].stats.fresh_tokens, \
         "documents that did not fit the preamble's pass continue its KV later"
+
+
+def test_long_prompts_run_in_passes_no_longer_than_the_budget(runtime, monkeypatch):
+    """Prompts several budgets long (one shared, one alone) run in chunks: no pass exceeds the budget, the
+    answers equal one unbounded pass's, and each token is computed once."""
+    rng = np.random.default_rng(5)
+    shared, alone = rng.integers(1000, 2000, 700), rng.integers(1000, 2000, 900)
+    requests = [request(shared, [7, p, 9]) for p in range(10, 13)] + [request(alone, [7, 9])]
+    sizes = []
+    forward = type(runtime.runner).forward
+
+    def recording(self, rows, stats):
+        sizes.append(sum(len(r.ids) for r in rows))
+        return forward(self, rows, stats)
+
+    whole = np.array(runtime.variant("quail", token_budget=4096).score(requests))
+    monkeypatch.setattr(type(runtime.runner), "forward", recording)
+    work = QueryWork()
+    chunked = np.array(runtime.variant("quail", token_budget=256).score(requests, work))
+    assert max(sizes) <= 256 and len(sizes) >= -(-(700 + 900) // 256)
+    assert work.stats.fresh_tokens == ideal_stats(requests).fresh_tokens
+    np.testing.assert_allclose(chunked, whole, atol=1e-4)
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_any_pass(runtime, monkeypatch):
+    monkeypatch.setattr(type(runtime.runner), "forward", lambda *a: pytest.fail("no pass may run"))
+    too_long = request(np.ones(runtime.config.max_position + 1, dtype=np.int32))
+    with pytest.raises(InvalidArgument, match=f"reads at most {runtime.config.max_position:,}"):
+        runtime.score([request([1, 2, 3]), too_long], QueryWork())
+    text = "word " * runtime.config.max_position
+    with pytest.raises(InvalidArgument, match="a text beginning 'word word"):
+        yes_probabilities(runtime, Question("Is {0} long?"), [["short", text]])

@@ -77,8 +77,10 @@ def test_ai_filter_matches_hf_scoring_of_the_same_prompts(conn, runtime, hf_p_ye
     assert got == expected
 
 
-def test_bigquery_ai_if_and_full_sql_around_the_filter(server):
-    with ServerProcess(server.data_dir, "--dialect", "bigquery") as bq, connect(bq.uri) as c:
+def test_bigquery_ai_if_and_full_sql_around_the_filter(tmp_path):
+    with ServerProcess(tmp_path, "--dialect", "bigquery") as bq, connect(bq.uri) as c:
+        with c.cursor() as cur:
+            cur.adbc_ingest("reviews", REVIEWS, mode="create")
         table = query(c, "SELECT count(*) AS n FROM reviews WHERE AI.IF(('Is this review positive? ', body))")
         assert table.num_rows == 1 and 0 <= table["n"][0].as_py() <= 5
 

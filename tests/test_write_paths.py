@@ -1,0 +1,143 @@
+"""Every way a client writes rows or binds values, through the real drivers: what was sent is what is stored.
+
+DB-API `execute()` of DDL and DML, `executemany`, prepared updates with
+parameter batches, typed parameters, pandas `to_sql` and polars
+`write_database` over ADBC; each checked by reading the rows back on another
+connection.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import math
+
+import adbc_driver_flightsql.dbapi as flight_sql
+import adbc_driver_manager
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pytest
+
+
+@pytest.fixture(scope="module")
+def uri(server) -> str:
+    return server.uri
+
+
+def _connect(uri: str):
+    return flight_sql.connect(uri, autocommit=True)
+
+
+def _read(uri: str, sql: str) -> list[tuple]:
+    """Rows read back on a fresh connection."""
+    with _connect(uri) as conn, conn.cursor() as cur:
+        cur.execute(sql)
+        return cur.fetchall()
+
+
+def test_ddl_and_dml_take_effect_when_execute_returns_without_a_fetch(uri):
+    with _connect(uri) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE unfetched (a INTEGER)")
+        cur.execute("INSERT INTO unfetched VALUES (1), (2)")
+        cur.execute("INSERT INTO unfetched SELECT a + 10 FROM unfetched")
+        cur.execute("CREATE TABLE unfetched_copy AS SELECT a FROM unfetched WHERE a > 10")
+    assert _read(uri, "SELECT a FROM unfetched ORDER BY a") == [(1,), (2,), (11,), (12,)]
+    assert _read(uri, "SELECT a FROM unfetched_copy ORDER BY a") == [(11,), (12,)]
+    with _connect(uri) as conn, conn.cursor() as cur:
+        cur.execute("DROP TABLE unfetched_copy")
+        cur.execute("INSERT INTO unfetched VALUES (3)")
+        cur.execute("SELECT count(*) FROM unfetched")  # a fetch after updates sees them
+        assert cur.fetchone() == (5,)
+    with pytest.raises(adbc_driver_manager.Error, match="NOT_FOUND"):
+        _read(uri, "SELECT * FROM unfetched_copy")
+
+
+def test_executemany_writes_every_row_as_sent(uri):
+    with _connect(uri) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE pm (id INTEGER, t VARCHAR)")
+        cur.executemany("INSERT INTO pm VALUES (?, ?)", [(7, "sizing"), (8, "color fading"), (9, None)])
+        assert cur.rowcount == 3
+        cur.executemany("INSERT INTO pm (t, id) VALUES (?, ?)", [("by name", 10)])
+        cur.executemany("INSERT INTO pm SELECT ? * 100, upper(?)", [(1, "a"), (2, "b")])
+        assert cur.rowcount == 2
+    assert _read(uri, "SELECT id, t FROM pm ORDER BY id") == [
+        (7, "sizing"), (8, "color fading"), (9, None), (10, "by name"), (100, "A"), (200, "B")]
+
+
+def test_prepared_statements_advertise_their_parameters(uri):
+    with _connect(uri) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS pm (id INTEGER, t VARCHAR)")
+        assert len(cur.adbc_prepare("INSERT INTO pm VALUES (?, ?)")) == 2
+        assert len(cur.adbc_prepare("SELECT id FROM pm WHERE id > ? AND t <> ?")) == 2
+        assert len(cur.adbc_prepare("SELECT 1 AS x")) == 0
+
+
+def test_a_statement_with_unbound_parameters_is_refused_not_run_with_nulls(uri):
+    with _connect(uri) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS pm (id INTEGER, t VARCHAR)")
+        before = _read(uri, "SELECT count(*) FROM pm")
+        for statement in ("INSERT INTO pm VALUES (?, ?)", "SELECT id FROM pm WHERE id = ?"):
+            with pytest.raises(adbc_driver_manager.Error, match="INVALID_ARGUMENT.*no values were bound"):
+                cur.execute(statement)
+    assert _read(uri, "SELECT count(*) FROM pm") == before
+
+
+@pytest.mark.parametrize("value", [
+    float("nan"), float("inf"), -0.0, 1e-300, 2**63 - 1, -(2**63), decimal.Decimal("-1E-30"),
+    decimal.Decimal("12345678901234567890.125"), dt.timedelta(days=2, microseconds=7), b"\x00\xff'",
+    "it's ; DROP TABLE pm --", dt.date(1999, 12, 31), dt.time(23, 59, 58, 1),
+    dt.datetime(2020, 1, 2, 3, 4, 5, 6), dt.datetime(2020, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc), True, None,
+], ids=repr)
+def test_a_parameter_comes_back_as_bound(uri, value):
+    with _connect(uri) as conn, conn.cursor() as cur:
+        cur.execute("SELECT ? AS v", (value,))
+        table = cur.fetch_arrow_table()
+    got = table.column("v")[0].as_py()
+    if isinstance(value, dt.timedelta):  # SQL has intervals, not durations
+        assert (got.months, got.days, got.nanoseconds) == (0, 0, value // dt.timedelta(microseconds=1) * 1000)
+    elif isinstance(value, float) and math.isnan(value):
+        assert isinstance(got, float) and math.isnan(got)
+    else:
+        assert got == value and type(got) is type(value)
+        if isinstance(value, decimal.Decimal):
+            assert got.as_tuple() == value.as_tuple(), "the scale is kept"
+
+
+def test_typed_parameters_are_stored_exactly_by_executemany(uri):
+    rows = [(1, float("nan"), decimal.Decimal("0.10")), (2, float("-inf"), decimal.Decimal("-1.25")),
+            (3, None, None)]
+    with _connect(uri) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE typed (id BIGINT, x DOUBLE, d DECIMAL(10, 2))")
+        cur.executemany("INSERT INTO typed VALUES (?, ?, ?)", rows)
+    got = _read(uri, "SELECT id, x, d FROM typed ORDER BY id")
+    assert math.isnan(got[0][1]) and got[1][1] == float("-inf") and got[2][1] is None
+    assert [(r[0], r[2]) for r in got] == [(1, decimal.Decimal("0.10")), (2, decimal.Decimal("-1.25")), (3, None)]
+
+
+def test_a_prompt_template_may_be_a_parameter(uri):
+    with _connect(uri) as conn, conn.cursor() as cur:
+        cur.adbc_ingest("docs", pa.table({"id": [1, 2], "body": ["great food", "cold soup"]}), mode="replace")
+        template = "Is {0} about food?"
+        cur.execute("SELECT id, AI_SCORE(PROMPT(?, body)) AS s FROM docs ORDER BY id", (template,))
+        bound = cur.fetchall()
+        cur.execute(f"SELECT id, AI_SCORE(PROMPT('{template}', body)) AS s FROM docs ORDER BY id")
+        assert bound == cur.fetchall()
+
+
+def test_pandas_and_polars_writers_store_what_they_wrote(uri):
+    frame = pd.DataFrame({"id": [1, 2, 3], "note": ["a", None, "c'"], "x": [0.5, float("nan"), -1.0]})
+    with _connect(uri) as conn:
+        assert frame.to_sql("from_pandas", conn, index=False) == 3
+        frame.iloc[:1].to_sql("from_pandas", conn, index=False, if_exists="append")
+    assert _read(uri, "SELECT id, note, x FROM from_pandas ORDER BY id, x") == [
+        (1, "a", 0.5), (1, "a", 0.5), (2, None, None), (3, "c'", -1.0)], "pandas writes NaN as NULL"
+    back = pd.read_sql("SELECT id, note FROM from_pandas WHERE id > 1 ORDER BY id", _connect(uri))
+    assert back["id"].tolist() == [2, 3] and back["note"].isna().tolist() == [True, False]
+
+    polars_frame = pl.DataFrame({"id": [1, 2], "text": ["x", "y"], "d": [dt.date(2020, 1, 1), None]})
+    with _connect(uri) as conn:
+        assert polars_frame.write_database("from_polars", conn, engine="adbc") == 2
+    with _connect(uri) as conn:
+        read = pl.read_database("SELECT * FROM from_polars ORDER BY id", conn)
+    assert read.to_dicts() == polars_frame.to_dicts()
