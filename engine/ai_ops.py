@@ -221,6 +221,8 @@ def _parts(fresh: Sequence[float], shared: Sequence[int], per_pass: float) -> li
         return [range(len(total))] if len(total) else []
     low, target, high = np.searchsorted(total, np.array([0.5, 1.0, 1.5]) * HEAD_PASSES * per_pass) + 1
     cuts = range(max(int(low), 1), min(int(high), len(total) - 1) + 1)
+    if not cuts:  # a few rows fill the passes: one part
+        return [range(len(total))]
     end = min(cuts, key=lambda e: (shared[e], abs(e - target)))
     return [range(end), range(end, len(total))]
 

@@ -9,6 +9,16 @@ import pyarrow as pa
 from .errors import AlreadyExists, InvalidArgument, NotFound
 
 
+RESERVED = "__quail"  # the prefix of the relations and columns a plan makes: no stored name may take it
+
+
+def check_names(name: str, columns: list[str]) -> None:
+    """InvalidArgument when a table's name or one of its columns' takes the reserved prefix."""
+    taken = [n for n in [name, *columns] if n.lower().startswith(RESERVED)]
+    if taken:
+        raise InvalidArgument(f"the name {taken[0]!r} is reserved: names starting with {RESERVED} are Quail's own")
+
+
 class Catalog(Protocol):
     """Named Arrow tables, looked up case-insensitively."""
 
@@ -30,6 +40,7 @@ class MemoryCatalog:
     def register(self, name: str, table: pa.Table, replace: bool = False) -> None:
         if not name:
             raise InvalidArgument("a table needs a name")
+        check_names(name, table.schema.names)
         if name.lower() in self._tables and not replace:
             raise AlreadyExists(f"table {name!r} already exists")
         self._tables[name.lower()] = (name, table)

@@ -37,5 +37,9 @@ class Unauthenticated(QuailError):
     """The call carries no valid credentials (missing, wrong, or an expired token)."""
 
 
+class PermissionDenied(QuailError):
+    """The caller is known but may not do this (its role does not allow it)."""
+
+
 class Unimplemented(QuailError):
     """The server does not implement the requested call or command."""

@@ -84,12 +84,13 @@ def _hinted(plan: PhysicalPlan, work: QueryWork | None) -> QueryWork:
     return work
 
 
-def result_schema(plan: PhysicalPlan, catalog: Catalog) -> pa.Schema:
-    """The result schema, found by running the plan over empty tables (no model work)."""
+def result_schema(plan: PhysicalPlan, catalog: Catalog, work: QueryWork | None = None) -> pa.Schema:
+    """The result schema, found by running the plan over empty tables (no model work); DuckDB's planning of
+    it stops when `work` is cancelled or passes its deadline."""
     if plan.analyze:
         return ANALYZE_SCHEMA
     relations = {name: catalog.schema(name).empty_table() for name in plan.tables}
-    with DuckDB() as db:
+    with DuckDB(work) as db:
         for step in plan.steps:
             _run_step(step, relations, db, None, None)
     return relations[plan.result].schema

@@ -134,9 +134,26 @@ def prepare(model: Decoder, config: EngineConfig) -> Decoder:
     return model
 
 
+def _check_device(device: str) -> None:
+    """InvalidArgument unless the device names one this torch build can use."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise InvalidArgument(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
+    if kind not in ("cpu", "cuda"):
+        raise InvalidArgument(f"device {device!r} is not supported: use cpu, cuda or cuda:N")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise InvalidArgument(f"device {device!r}: no CUDA GPU is available to this torch build "
+                              f"({torch.__version__}): use cpu")
+    index = torch.device(device).index
+    if kind == "cuda" and index is not None and index >= torch.cuda.device_count():
+        raise InvalidArgument(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+
+
 def load_runtime(config: EngineConfig | None = None) -> Runtime:
     """Load weights, tokenizer and chat template of the configured model and wrap them in a runtime."""
     config = config or EngineConfig()
+    _check_device(config.device)
     if config.precision not in DTYPES:
         raise InvalidArgument(f"precision {config.precision!r} is not available; use one of {', '.join(DTYPES)}")
     if config.attention_layout not in ATTENTION:

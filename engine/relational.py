@@ -8,6 +8,7 @@ from typing import Iterator, Mapping
 import duckdb
 import pyarrow as pa
 
+from . import sql_guard
 from .errors import Cancelled, InvalidArgument, NotFound
 from .work import QueryWork
 
@@ -17,10 +18,11 @@ class DuckDB:
     connection; each relation is registered the first time a statement sees it (again when its name
     comes to hold another table). Opening a database per statement took ~35 ms on a 2-core CPU, a
     cursor with the query's relations registered again ~8, a statement over registered ones ~1.
-    DuckDB's errors become Quail errors."""
+    Every statement is checked first (sql_guard.py); Python objects are never scanned by name. DuckDB's
+    errors become Quail errors."""
 
     def __init__(self, work: QueryWork | None = None) -> None:
-        self._con = duckdb.connect(config={"enable_external_access": False})
+        self._con = duckdb.connect(config={"enable_external_access": False, "python_enable_replacements": False})
         self._registered: dict[str, pa.Table] = {}
         self._work = work
 
@@ -31,11 +33,13 @@ class DuckDB:
         self._con.close()
 
     @contextmanager
-    def _over(self, relations: Mapping[str, pa.Table]) -> Iterator[duckdb.DuckDBPyConnection]:
-        """The connection with the relations registered, interrupted when the query is cancelled or passes
-        its deadline (then Cancelled or DeadlineExceeded, as the query's work record says)."""
+    def _over(self, sql: str, relations: Mapping[str, pa.Table]) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The connection for a statement allowed over the relations, registered there; interrupted when the
+        query is cancelled or passes its deadline (then Cancelled or DeadlineExceeded, as the query's work
+        record says)."""
         work = self._work or QueryWork()
         try:
+            sql_guard.check(self._con, sql, {name.lower() for name in relations})
             for name, table in relations.items():
                 if self._registered.get(name.lower()) is not table:
                     self._con.register(name, table)
@@ -52,10 +56,10 @@ class DuckDB:
 
     def run(self, sql: str, relations: Mapping[str, pa.Table]) -> pa.Table:
         """Evaluate one statement over the named relations."""
-        with self._over(relations) as con:
+        with self._over(sql, relations) as con:
             return con.sql(sql).to_arrow_table()
 
     def stream(self, sql: str, relations: Mapping[str, pa.Table], rows_per_batch: int) -> Iterator[pa.RecordBatch]:
         """Evaluate one statement, its rows batch by batch as DuckDB produces them (memory bounded by a batch)."""
-        with self._over(relations) as con:
+        with self._over(sql, relations) as con:
             yield from con.sql(sql).to_arrow_reader(rows_per_batch)

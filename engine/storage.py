@@ -24,6 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from .catalog import check_names
 from .errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 
 STORE = "quail-store"  # Quail's subfolder of the data directory
@@ -186,6 +187,7 @@ class TableStore:
         """
         if not name or "/" in name or name.startswith("."):
             raise InvalidArgument(f"invalid table name {name!r}")
+        check_names(name, table.schema.names)
         with self._lock:
             key = name.lower()
             old = self._tables.get(key)

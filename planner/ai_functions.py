@@ -83,6 +83,9 @@ def ai_calls(tree: exp.Expression) -> list[exp.Expression]:
     for call in calls:
         if ai_name(call) not in KNOWN:
             raise InvalidArgument(f"unknown AI function {ai_name(call)}{position(call)}")
+        if isinstance(call.parent, exp.Window) and call.parent.this is call:
+            raise InvalidArgument(f"{ai_name(call)} is not a window function: compute it in a subquery and use "
+                                  f"its column in the window{position(call)}")
     return calls
 
 
@@ -104,7 +107,16 @@ def _arguments(name: str, call: exp.Expression) -> tuple[list[exp.Expression], d
 
 
 def bind(call: exp.Expression) -> AICall:
-    """The bound form of an AI call; InvalidArgument names what is wrong and where."""
+    """The bound form of an AI call; InvalidArgument names what is wrong and where (a call asks about
+    at least one document: a column, or any expression, of each row)."""
+    bound = _bind(call)
+    if not bound.args:
+        raise InvalidArgument(f"{bound.name} asks nothing of the rows: give it a document, as in "
+                              f"PROMPT('... {{0}} ...', column){position(call)}")
+    return bound
+
+
+def _bind(call: exp.Expression) -> AICall:
     name = ai_name(call)
     if name in NOT_YET:
         raise InvalidArgument(f"{name} is not supported yet{position(call)}")
@@ -133,12 +145,12 @@ def _bind_classify(name: str, call: exp.Expression, positional: list[exp.Express
     if len(positional) not in (2, 3):
         raise InvalidArgument(f"{name} takes an input and a list of categories{position(call)}")
     source, categories = positional[0], positional[1]
-    if not isinstance(categories, exp.Array) or not categories.expressions or not all(
+    if not isinstance(categories, exp.Array) or not all(
             isinstance(c, exp.Literal) and c.is_string for c in categories.expressions):
-        raise InvalidArgument(f"{name}'s categories must be a non-empty list of string literals{position(call)}")
+        raise InvalidArgument(f"{name}'s categories must be a list of string literals{position(call)}")
     labels = tuple(c.this for c in categories.expressions)
-    if len(set(labels)) != len(labels) or len(labels) > 26:
-        raise InvalidArgument(f"{name}'s categories must be distinct, at most 26{position(call)}")
+    if len(set(labels)) != len(labels) or not 2 <= len(labels) <= 26:
+        raise InvalidArgument(f"{name} needs 2 to 26 distinct categories, not {len(labels)}{position(call)}")
     if isinstance(source, exp.Anonymous) and source.name.upper() == "PROMPT":
         template, args = _bind_template(source)
     elif isinstance(source, exp.Tuple):

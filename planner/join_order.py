@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 from typing import Callable
 
 PLAIN_SELECTIVITY = 0.1
+MAX_SEARCHED = 10  # tables whose orders the dynamic program searches (2^n subsets): more join as written
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,10 @@ def _frontier(plans: list[tuple[Work, list[int]]]) -> list[tuple[Work, list[int]
 
 def pareto_orders(sizes: list[float], edges: list[Edge]) -> list[tuple[Work, list[int]]]:
     """Every complete left-deep order not dominated on (tokens, pairs, KV written, KV read), by dynamic
-    programming over subsets."""
+    programming over subsets; beyond MAX_SEARCHED tables, the order as written alone."""
     n = len(sizes)
+    if n > MAX_SEARCHED:
+        return [(cost(list(range(n)), sizes, edges), list(range(n)))]
     plans: dict[frozenset[int], list[tuple[Work, list[int]]]] = {frozenset({i}): [(Work(), [i])] for i in range(n)}
     for size in range(2, n + 1):
         for subset in map(frozenset, itertools.combinations(range(n), size)):

@@ -44,7 +44,7 @@ from quail.engine.physical import (CHARS_PER_TOKEN, AIFilterChain, AIStep, JoinC
 from .ai_functions import AICall, ai_calls, ai_name, ancestors, bind, contains_ai
 from .binder import bind_parameters, bind_tables
 from .correlated import decorrelate
-from .dialects import DEFAULT_DIALECT, normalize, parse_statement, position
+from .dialects import DEFAULT_DIALECT, DIALECTS, normalize, parse_statement, position
 from .explain import explain_plan, split_explain
 from .join_order import PLAIN_SELECTIVITY, Edge, Rank, Work, best_order, by_tokens, cost, pareto_orders
 from .streaming import stream_in_chunks
@@ -57,6 +57,8 @@ UNKNOWN_ROWS = 1000  # a relation materialized earlier in the same query
 ROW_ID = "__quail_rid"
 TUPLES = "__quail_t"
 DEFAULT_SELECTIVITY = 0.2
+MAX_TABLES = 32  # tables one SELECT with AI functions joins
+UNLIMITED = 1 << 62  # a LIMIT at least this large limits nothing
 ROWS_MISESTIMATED = (0.1, 10.0)  # the estimates' error each kept join order guards against
 
 
@@ -77,7 +79,7 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
     if explained is not None:
         inner, mode = explained
         return explain_plan(plan_sql(inner, catalog, dialect, params, join_order, rank), mode, catalog)
-    return plan_query(parse_statement(sql, dialect), catalog, params, join_order, rank)
+    return plan_query(name_ai_columns(parse_statement(sql, dialect), dialect), catalog, params, join_order, rank)
 
 
 def plan_query(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | None = None,
@@ -104,6 +106,17 @@ def plan_query(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | N
     return stream_in_chunks(PhysicalPlan(tuple(steps), tables, RESULT, parameters, tuple(notes)))
 
 
+def name_ai_columns(tree: exp.Expression, dialect: str) -> exp.Expression:
+    """The parsed statement with each unaliased result column that has AI functions named by its expression
+    as written in the dialect (as DuckDB and Snowflake name an expression's column), never by the plan's
+    column that computes it."""
+    for select in list(tree.find_all(exp.Select)):
+        for item in list(select.expressions):
+            if not isinstance(item, (exp.Alias, exp.Star)) and contains_ai(item):
+                item.replace(exp.alias_(item.copy(), item.sql(DIALECTS[dialect]), quoted=True))
+    return tree
+
+
 def _plan_select(planner: "AICorePlanner", root: exp.Query) -> list[Step]:
     """Steps computing one SELECT with AI calls into the planner's result; its columns join the scope."""
     select, scope = planner.select, planner.catalog
@@ -125,7 +138,10 @@ def _materialize_sources(select: exp.Select, root: exp.Query, scope: Scope, name
         elif isinstance(source, exp.Table) and source.name.lower() in ctes and not source.db:
             body = ctes[source.name.lower()].this
             query = exp.select(exp.Star()).from_(exp.Table(this=exp.to_identifier(source.name)))
-            query.set("with_", root.args["with_"].copy())
+            needed = list(ctes)[: list(ctes).index(source.name.lower()) + 1]  # it, and those it may read
+            with_ = root.args["with_"].copy()
+            with_.set("expressions", [ctes[name].copy() for name in needed])
+            query.set("with_", with_)
         else:
             continue
         name = names.fresh("from")
@@ -141,14 +157,50 @@ def by_rank(calls: list[AICall]) -> list[AICall]:
 
 
 def conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:
-    """The top-level AND terms of a condition."""
-    if condition is None:
-        return []
-    if isinstance(condition, exp.Paren):
-        return conjuncts(condition.this)
-    if isinstance(condition, exp.And):
-        return conjuncts(condition.left) + conjuncts(condition.right)
-    return [condition]
+    """The top-level AND terms of a condition, in order (without recursion: thousands of terms are fine)."""
+    terms, todo = [], [condition] if condition is not None else []
+    while todo:
+        node = todo.pop()
+        if isinstance(node, exp.Paren):
+            todo.append(node.this)
+        elif isinstance(node, exp.And):
+            todo += [node.right, node.left]
+        else:
+            terms.append(node)
+    return terms
+
+
+def _grouped(select: exp.Select) -> bool:
+    """Whether a SELECT groups its rows: GROUP BY, or an aggregate (not a window's) in its columns or HAVING."""
+    parts = [*select.expressions, select.args.get("having")]
+    return bool(select.args.get("group")) or any(
+        isinstance(n, exp.AggFunc) and not isinstance(n.parent, exp.Window)
+        for part in parts if part is not None for n in part.walk())
+
+
+def _group_keys(select: exp.Select) -> list[exp.Expression]:
+    """The GROUP BY expressions, positions and result column names resolved to the expressions they name."""
+    group = select.args.get("group")
+    named = {item.alias.lower(): item.this for item in select.expressions if isinstance(item, exp.Alias)}
+    keys = []
+    for key in group.expressions if group is not None else []:
+        if isinstance(key, exp.Literal) and key.is_int and 1 <= int(key.this) <= len(select.expressions):
+            key = select.expressions[int(key.this) - 1]
+            key = key.this if isinstance(key, exp.Alias) else key
+        elif isinstance(key, exp.Column) and not key.table and key.name.lower() in named:
+            key = named[key.name.lower()]
+        keys.append(key)
+    return keys
+
+
+def _check_grouped(call: exp.Expression, keys: list[exp.Expression]) -> None:
+    """InvalidArgument unless every column an AI call outside aggregates reads is a GROUP BY key (or in one)."""
+    names = {key.name.lower() for key in keys if isinstance(key, exp.Column)}
+    for column in call.find_all(exp.Column):
+        within = [column, *ancestors(column)]
+        if column.name.lower() not in names and not any(key == node for key in keys for node in within):
+            raise InvalidArgument(f"{ai_name(call)} reads column {column.name!r}, which is neither grouped nor "
+                                  f"aggregated: add it to GROUP BY{position(column)}")
 
 
 def _ident(name: str) -> exp.Identifier:
@@ -231,6 +283,9 @@ class AICorePlanner:
             alias = source.alias_or_name
             columns = {n.lower() for n in self.catalog.schema(source.name).names}
             relations.append(Relation(alias, source, columns, side=join.side if join is not None else ""))
+        if len(relations) > MAX_TABLES:
+            raise InvalidArgument(f"a SELECT with AI functions joins at most {MAX_TABLES} tables, not "
+                                  f"{len(relations)}: join the others in a subquery{position(self.select)}")
         if len({r.alias.lower() for r in relations}) != len(relations):
             raise InvalidArgument("each table of a query with AI functions needs its own alias")
         for i, relation in enumerate(relations):
@@ -321,7 +376,7 @@ class AICorePlanner:
                     refs, call = values[id(node)]
                     column = self._name("ai")
                     tuples = self._ai_value(tuples, relations, refs, call, column)
-                    node.replace(self._value_ref(TUPLES, column, call))
+                    node.replace(self._value_ref(TUPLES, column, call, node))
                     self.tuple_columns.append(column)
             source = exp.From(this=_table(tuples, TUPLES))
             joins = [exp.Join(this=_table(r.core, r.alias), side="LEFT" if r.outer else None,
@@ -348,6 +403,9 @@ class AICorePlanner:
                 raise InvalidArgument(f"AI functions cannot be nested{position(node)}")
             if id(node) in filters:
                 continue
+            if any(isinstance(n, exp.AggFunc) for n in node.walk()):
+                raise InvalidArgument(f"an AI function over aggregates is not supported yet: compute them in a "
+                                      f"subquery and ask about its columns{position(node)}")
             values[id(node)] = (self._refs(node, relations) or frozenset({relations[0].alias}), bind(node))
         return values
 
@@ -370,7 +428,8 @@ class AICorePlanner:
         count, skip = limit.expression, offset.expression if offset is not None else exp.Literal.number(0)
         if not (isinstance(count, exp.Literal) and isinstance(skip, exp.Literal)) or count.is_string or skip.is_string:
             return None
-        return int(count.this) + int(skip.this)
+        rows = int(count.this) + int(skip.this)
+        return rows if rows < UNLIMITED else None
 
     def _core(self, relation: Relation, relations: list[Relation], conditions: list[Condition],
               values: dict[int, tuple[frozenset, AICall]], limit: int | None) -> None:
@@ -397,7 +456,7 @@ class AICorePlanner:
                 column = self._name("ai")
                 call = values[id(node)][1]
                 asks.append((call, "bool" if call.kind == "filter" else call.kind, column))
-                node.replace(self._value_ref(alias, column, call))
+                node.replace(self._value_ref(alias, column, call, node))
                 relation.ai_columns.append(column)
 
         args: list[tuple[str, ...]] = []
@@ -432,13 +491,31 @@ class AICorePlanner:
             current = output
         relation.core = current
 
-    def _value_ref(self, alias: str, column: str, call: AICall) -> exp.Expression:
+    def _value_ref(self, alias: str, column: str, call: AICall, node: exp.Expression) -> exp.Expression:
+        """What stands for an AI value's column in the SELECT; in a grouped SELECT, outside an aggregate,
+        any row's (its arguments are the group's keys: every row of the group asks the same)."""
         ref = _col(alias, column)
+        if self._per_group(node):
+            ref = exp.AnyValue(this=ref)
         if call.name == "AI_CLASSIFY":
             label_list = exp.Array(expressions=[ref])
             obj = exp.Struct(expressions=[exp.PropertyEQ(this=exp.to_identifier("labels"), expression=label_list)])
             return exp.Cast(this=exp.Anonymous(this="TO_JSON", expressions=[obj]), to=exp.DataType.build("JSON"))
         return ref
+
+    def _per_group(self, node: exp.Expression) -> bool:
+        """Whether an AI value is asked per row but read once per group: in a grouped SELECT, outside any
+        aggregate, and not a grouping key itself (GROUP BY ALL groups by every such value). Its arguments
+        must then be grouping keys, so every row of a group asks the same (InvalidArgument otherwise)."""
+        group = self.select.args.get("group")
+        if not _grouped(self.select) or any(isinstance(a, exp.AggFunc) for a in ancestors(node)) or (
+                group is not None and group.args.get("all")):
+            return False
+        keys = _group_keys(self.select)
+        if any(key == above for key in keys for above in (node, *ancestors(node))):
+            return False
+        _check_grouped(node, keys)
+        return True
 
     def _orders(self, relations: list[Relation],
                 pending: list[Condition]) -> tuple[list[list[int]], Callable[[list[int]], int] | None]:

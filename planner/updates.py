@@ -20,7 +20,7 @@ from .binder import bind_parameters
 from .dialects import parse_statement, position
 from .join_order import Rank, by_tokens
 from .explain import split_explain
-from .planner import plan_query, plan_sql
+from .planner import name_ai_columns, plan_query, plan_sql
 
 UPDATES = (exp.Create, exp.Insert, exp.Drop)
 
@@ -48,7 +48,7 @@ def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[An
     """One statement, parsed once: a query's plan (plan_sql), or a CREATE / INSERT / DROP's."""
     if split_explain(sql) is not None:
         return plan_sql(sql, catalog, dialect, params, rank=rank)
-    tree = parse_statement(sql, dialect)
+    tree = name_ai_columns(parse_statement(sql, dialect), dialect)
     if not isinstance(tree, UPDATES):
         return plan_query(tree, catalog, params, rank=rank)
     holders = _only_parameters(tree)

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                         stream=sys.stderr)
     try:
         return args.run(args)
-    except (QuailError, ValueError) as err:
+    except (QuailError, ValueError, OSError) as err:
         print(f"quail: error: {err}", file=sys.stderr)
         return 2
 

@@ -20,6 +20,15 @@ class Limits:
     max_requests: int | None = None
     timeout_s: float | None = None
 
+    def check(self) -> None:
+        """ValueError for a limit that could never let a query run."""
+        if self.max_active < 1:
+            raise ValueError("--max-active must be at least 1")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise ValueError("--max-requests must be at least 1")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ValueError("--query-timeout must be a positive number of seconds")
+
     def work(self) -> QueryWork:
         """A query's work record, carrying its limits."""
         deadline = time.monotonic() + self.timeout_s if self.timeout_s is not None else None

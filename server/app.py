@@ -24,12 +24,13 @@ from quail.planner.cost import DEVICES, sol_seconds
 from quail.planner.dialects import DEFAULT_DIALECT, DIALECTS
 
 from .admission import Limits
-from .auth import Authenticator, load_users
+from .auth import Access, Authenticator, load_users
 from .metrics import Metrics
 from .flight_sql import FlightSQLHandler
 from .grpc_service import FlightService
 
 log = logging.getLogger("quail.server")
+MIN_TOKEN_BUDGET = 16
 GRACE_S = 5.0  # after SIGTERM: running calls' time to finish before their queries are cancelled
 EXIT_S = 10.0  # then: the cancelled work's time to stop before the process exits without it
 # No SO_REUSEPORT: a port another server holds is refused, not shared (gRPC shares it by default).
@@ -56,6 +57,14 @@ class ServerConfig:
 
     def check(self) -> None:
         """Refuse settings that would expose data: no auth off loopback unless told; TLS needs both files."""
+        for name, port in (("port", self.port), ("metrics port", self.metrics_port)):
+            if port is not None and not 0 <= port <= 65535:
+                raise ValueError(f"{name} {port} is not a TCP port (0 to 65535)")
+        if self.engine.token_budget < MIN_TOKEN_BUDGET:
+            raise ValueError(f"the token budget must be at least {MIN_TOKEN_BUDGET} tokens a forward pass")
+        if self.engine.kv_cache_bytes is not None and self.engine.kv_cache_bytes < 0:
+            raise ValueError("the KV cache's bytes cannot be negative (0: no cache)")
+        self.limits.check()
         if self.dialect not in DIALECTS:
             raise ValueError(f"unknown dialect {self.dialect!r}; use one of {', '.join(DIALECTS)}")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -104,9 +113,11 @@ class QuailServer:
         device = engine.speed_of_light_device
         sol = partial(sol_seconds, model=self.runtime.config, device=DEVICES[device], precision=engine.precision,
                       tokens_per_pass=engine.token_budget) if device else None
-        self.handler = FlightSQLHandler(self.store, self.runtime, config.dialect, sol, config.limits, self.metrics)
-        auth = Authenticator(load_users(config.users_file), config.token_ttl_s) if config.users_file else None
-        service = FlightService(self.handler, auth, self.metrics.error)
+        users = load_users(config.users_file) if config.users_file else None
+        self.auth = Authenticator(users, config.token_ttl_s) if users is not None else None
+        self.handler = FlightSQLHandler(self.store, self.runtime, config.dialect, sol, config.limits, self.metrics,
+                                        Access(users))
+        service = FlightService(self.handler, self.auth, self.metrics.error)
         self._grpc.add_generic_rpc_handlers((service.generic_handler(),))
 
     def _listen(self, address: str) -> int:
@@ -134,7 +145,8 @@ class QuailServer:
     def start(self) -> None:
         self._grpc.start()
         if self.config.metrics_port is not None:
-            port = self.metrics.serve(self.config.host, self.config.metrics_port)
+            port = self.metrics.serve(self.config.host, self.config.metrics_port,
+                                      self.auth.admin_http if self.auth is not None else None)
             log.info("metrics on http://%s:%d/metrics", self.config.host, port)
 
     def stop(self, grace: float = GRACE_S) -> None:

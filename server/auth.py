@@ -1,9 +1,17 @@
-"""Authentication: a username and password (Basic, in Handshake) buy a signed, expiring bearer token.
+"""Authentication and roles: a username and password (Basic, in Handshake) buy a signed, expiring bearer
+token; each user's role says what it may do.
 
 Every other call must carry `authorization: Bearer <token>`. A token is
 `<payload>.<signature>`: the payload names the user and the expiry time, the
 signature is an HMAC-SHA256 under a secret drawn when the server starts (so
-tokens end with the server run).
+tokens end with the server run). Failed logins are throttled per user and per
+client address.
+
+One server is one tenant: every user reads every table. Roles, from the users
+file (`user:password:role`): `read` (the default) queries and reads the
+catalog; `write` also creates, fills, replaces and drops tables; `admin` also
+sees every user's query text in `quail_queries` and reads `/metrics`. A server
+without users has one trusted tenant: every caller may do everything.
 """
 
 from __future__ import annotations
@@ -12,26 +20,44 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import secrets
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from quail.engine.errors import InvalidArgument, Unauthenticated
+from quail.engine.errors import InvalidArgument, PermissionDenied, Unauthenticated
 
 
-def load_users(path: str | Path) -> dict[str, str]:
-    """`user:password` lines (blank lines and `#` comments skipped)."""
+ROLES = ("read", "write", "admin")  # each may do what the roles before it may
+FREE_FAILURES = 5  # failed logins in a row (per user, per client address) before they are throttled
+MAX_LOCK_S = 300.0
+
+
+@dataclass(frozen=True)
+class User:
+    password: str
+    role: str = "read"
+
+
+def load_users(path: str | Path) -> dict[str, User]:
+    """`user:password[:role]` lines (blank lines and `#` comments skipped); a last `:part` that is no role
+    belongs to the password."""
     users = {}
     for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        user, sep, password = line.partition(":")
+        user, sep, rest = line.partition(":")
+        password, _, role = rest.rpartition(":")
+        if role not in ROLES or not password:
+            password, role = rest, "read"
         if not sep or not user or not password:
-            raise InvalidArgument(f"{path}:{number}: expected user:password")
-        users[user] = password
+            raise InvalidArgument(f"{path}:{number}: expected user:password or user:password:role")
+        users[user] = User(password, role)
     return users
 
 
@@ -73,13 +99,46 @@ def user_of(context: grpc.ServicerContext) -> str:
     return str(claims.get("user", "-"))
 
 
-class Authenticator:
-    """Checks passwords, issues tokens valid for `ttl_s` seconds, and verifies them."""
+class Throttle:
+    """Failed logins by key (a user, a client address): after FREE_FAILURES in a row, a key is locked for
+    twice as long after each further failure (1 s, 2 s, ... up to MAX_LOCK_S); a success clears it."""
 
-    def __init__(self, users: dict[str, str], ttl_s: float = 3600.0) -> None:
+    def __init__(self) -> None:
+        self._failures: dict[str, tuple[int, float]] = {}
+        self._lock = threading.Lock()
+
+    def check(self, keys: list[str]) -> None:
+        """Unauthenticated while one of the keys is locked (the login is not even tried)."""
+        now = time.monotonic()
+        with self._lock:
+            wait = max((self._until(key) - now for key in keys), default=0.0)
+        if wait > 0:
+            raise Unauthenticated(f"too many failed logins: try again in {math.ceil(wait)} s")
+
+    def _until(self, key: str) -> float:
+        count, last = self._failures.get(key, (0, 0.0))
+        return last + min(MAX_LOCK_S, 2.0 ** (count - FREE_FAILURES)) if count >= FREE_FAILURES else 0.0
+
+    def failed(self, keys: list[str]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for key in keys:
+                self._failures[key] = (self._failures.get(key, (0, 0.0))[0] + 1, now)
+
+    def succeeded(self, keys: list[str]) -> None:
+        with self._lock:
+            for key in keys:
+                self._failures.pop(key, None)
+
+
+class Authenticator:
+    """Checks passwords (throttled), issues tokens valid for `ttl_s` seconds, and verifies them."""
+
+    def __init__(self, users: dict[str, User], ttl_s: float = 3600.0) -> None:
         self.users = users
         self.ttl_s = ttl_s
         self._secret = secrets.token_bytes(32)
+        self.throttle = Throttle()
 
     def _sign(self, payload: bytes) -> str:
         return _b64(hmac.new(self._secret, payload, hashlib.sha256).digest())
@@ -98,20 +157,29 @@ class Authenticator:
             raise Unauthenticated("bearer token expired: log in again")
         return claims["user"]
 
+    def password(self, credentials: str, client: str) -> tuple[str, User]:
+        """The name and user whose Basic credentials these are (throttled per user and per client address)."""
+        try:
+            name, _, password = base64.b64decode(_padded(credentials)).decode().partition(":")
+        except ValueError:
+            raise Unauthenticated("malformed Basic credentials") from None
+        keys = [f"user {name}", f"client {client}"]
+        self.throttle.check(keys)
+        user = self.users.get(name)
+        if user is None or not hmac.compare_digest(user.password.encode(), password.encode()):
+            self.throttle.failed(keys)
+            raise Unauthenticated("wrong username or password")
+        self.throttle.succeeded(keys)
+        return name, user
+
     def login(self, context: grpc.ServicerContext) -> str:
         """Handshake: Basic credentials → a token, sent back as `authorization: Bearer <token>`."""
         scheme, _, credentials = _header(context).partition(" ")
         if scheme.lower() != "basic":
             self.check(context)  # a client that already holds a token may handshake again
             return ""
-        try:
-            user, _, password = base64.b64decode(_padded(credentials)).decode().partition(":")
-        except ValueError:
-            raise Unauthenticated("malformed Basic credentials") from None
-        expected = self.users.get(user)
-        if expected is None or not hmac.compare_digest(expected.encode(), password.encode()):
-            raise Unauthenticated("wrong username or password")
-        token = self.issue(user)
+        name, _ = self.password(credentials, _client(context))
+        token = self.issue(name)
         context.send_initial_metadata((("authorization", f"Bearer {token}"),))
         return token
 
@@ -121,3 +189,40 @@ class Authenticator:
         if scheme.lower() != "bearer" or not token:
             raise Unauthenticated("this server needs a login: connect with a username and password")
         return self.verify(token)
+
+    def admin_http(self, authorization: str | None, client: str) -> bool:
+        """Whether an HTTP request's `Authorization: Basic ...` names an admin (the metrics endpoint)."""
+        scheme, _, credentials = (authorization or "").partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            return self.password(credentials, client)[1].role == "admin"
+        except Unauthenticated:
+            return False
+
+
+class Access:
+    """What each caller may do, by its user's role (no users: every caller may do everything)."""
+
+    def __init__(self, users: dict[str, User] | None = None) -> None:
+        self.users = users
+
+    def role(self, context: grpc.ServicerContext) -> str:
+        if self.users is None:
+            return "admin"
+        user = self.users.get(user_of(context))
+        return user.role if user is not None else "read"
+
+    def allows(self, context: grpc.ServicerContext, role: str) -> bool:
+        return ROLES.index(self.role(context)) >= ROLES.index(role)
+
+    def require(self, context: grpc.ServicerContext, role: str, what: str) -> None:
+        """PermissionDenied unless the caller's role is at least `role`."""
+        if not self.allows(context, role):
+            raise PermissionDenied(f"user {user_of(context)!r} may not {what}: its role is "
+                                   f"{self.role(context)!r}, and that needs {role!r} (the users file's user:password:role)")
+
+
+def _client(context: grpc.ServicerContext) -> str:
+    """The caller's address without its port."""
+    return context.peer().rsplit(":", 1)[0]

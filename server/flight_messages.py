@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from google.protobuf.message import DecodeError, Message
+
+from quail.engine.errors import InvalidArgument
+
 from .protobuf import build_messages
 
 SERVICE = "arrow.flight.protocol.FlightService"
@@ -61,3 +65,13 @@ _SPECS = {
 }
 
 FLIGHT = build_messages("arrow.flight.protocol", _SPECS, nested={"StringListValue": "SessionOptionValue"})
+
+
+def parse(name: str, data: bytes) -> Message:
+    """A Flight message from its bytes; InvalidArgument when they are not one."""
+    message = FLIGHT[name]()
+    try:
+        message.ParseFromString(data)
+    except DecodeError:
+        raise InvalidArgument(f"the request is not a valid {name} message") from None
+    return message

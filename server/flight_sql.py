@@ -28,8 +28,9 @@ from quail.planner.updates import UpdatePlan, plan_statement
 from . import metadata
 from . import sql_messages as sql
 from .admission import Admission, Limits
-from .auth import user_of
-from .flight_messages import CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING, CANCEL_STATUS_NOT_CANCELLABLE, FLIGHT
+from .auth import Access, user_of
+from .flight_messages import (CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING, CANCEL_STATUS_NOT_CANCELLABLE, FLIGHT,
+                              parse)
 from .ipc import plain_schema, schema_bytes
 from .metrics import Metrics
 from .sessions import LAST_QUERY, Sessions
@@ -62,7 +63,7 @@ class FlightSQLHandler:
 
     def __init__(self, store: TableStore, runtime: Runtime, dialect: str,
                  sol: Callable[[Stats], float | None] | None = None, limits: Limits = Limits(),
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, access: Access = Access()) -> None:
         self.store = store
         self.runtime = runtime
         self.sol = sol  # speed-of-light seconds of a query's ideal work (EXPLAIN ANALYZE)
@@ -72,15 +73,23 @@ class FlightSQLHandler:
         self.sessions = Sessions({"dialect": dialect, "catalog": CATALOG_NAME, "schema": SCHEMA_NAME},
                                  {"dialect": tuple(DIALECTS), "catalog": (CATALOG_NAME,), "schema": (SCHEMA_NAME,)})
         self.statements = Statements(limits.work)
-        self.catalog = WithSystemTables(store, {QUERIES: (QUERIES_SCHEMA, self._queries)})
+        self.access = access
+        self.catalog = self._system_tables("-", everyone=True)  # for planning: the tables and their schemas
 
     def cancel_all(self) -> None:
         """Cancel every running query (the server is stopping)."""
         for running in self.statements.running().values():
             running.work.cancel()
 
-    def _queries(self) -> pa.Table:
-        return queries_table(self.statements.running())
+    def _system_tables(self, viewer: str, everyone: bool) -> WithSystemTables:
+        """The stored tables, and the system tables as a viewer sees them (`everyone`: every user's query
+        text, else only the viewer's own)."""
+        return WithSystemTables(self.store, {QUERIES: (QUERIES_SCHEMA, lambda: queries_table(
+            self.statements.running(), viewer, everyone))})
+
+    def _catalog(self, context) -> WithSystemTables:
+        """The catalog a call's statement reads."""
+        return self._system_tables(user_of(context), self.access.allows(context, "admin"))
 
     @staticmethod
     def _command(data: bytes, where: str) -> tuple[str, Message]:
@@ -92,11 +101,14 @@ class FlightSQLHandler:
     def _plan(self, query: str, params: list[pa.Scalar] | None, context) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema]:
         """A query's plan and result schema; a CREATE / INSERT / DROP's plan, whose result is its row count.
         `params`: one row of bound parameter values."""
+        planning = self.limits.work()  # planning counts toward the query's time limit, and stops with its call
+        context.add_callback(planning.cancel)
         plan = plan_statement(query, self.catalog, self.sessions.options(context)["dialect"], params,
                               rank_by_sol(self.sol))
+        planning.check()
         if isinstance(plan, UpdatePlan):
             return plan, UPDATE_SCHEMA
-        return plan, plain_schema(result_schema(plan, self.catalog))
+        return plan, plain_schema(result_schema(plan, self.catalog, planning))
 
     def _substrait(self, cmd: Message) -> tuple[PhysicalPlan, pa.Schema]:
         """A CommandStatementSubstraitPlan's plan and result schema."""
@@ -110,10 +122,12 @@ class FlightSQLHandler:
         start, rows = time.perf_counter(), 0
         try:
             with self.admission.admit(), self.metrics.running.track_inprogress():
+                catalog = self._catalog(context)
                 if isinstance(plan, PhysicalPlan):
-                    batches = execute_stream(plan, self.catalog, self.runtime, work, self.sol, BATCH_ROWS)
+                    batches = execute_stream(plan, catalog, self.runtime, work, self.sol, BATCH_ROWS)
                 else:
-                    batches = iter(pa.table({"rows_affected": [self._update(plan, params, work)]}).to_batches())
+                    written = self._update(plan, params, work, catalog)
+                    batches = iter(pa.table({"rows_affected": [written]}).to_batches())
                 for batch in batches:
                     work.check()  # the client ended the call: stop reading
                     rows += batch.num_rows
@@ -133,11 +147,12 @@ class FlightSQLHandler:
                  handle[:8].hex(), user_of(context), rows, report["wall_s"], report["requests"],
                  report["logical_tokens"], report["fresh_tokens"])
 
-    def _update(self, updates: list[UpdatePlan], params: pa.Table | None, work: QueryWork) -> int:
+    def _update(self, updates: list[UpdatePlan], params: pa.Table | None, work: QueryWork,
+                catalog: WithSystemTables) -> int:
         """Apply CREATE / INSERT / DROP to the store: one atomic commit; the rows written (0 for DROP).
         Several plans (one per row of parameters) are INSERTs into one table, written in one commit."""
         update = updates[0]
-        table = self.catalog.writable(update.table)
+        table = catalog.writable(update.table)
         if update.query is None:
             self.store.drop(table, update.missing_ok)
             log.info("dropped table %s", table)
@@ -147,7 +162,7 @@ class FlightSQLHandler:
         if update.rows_are_parameters and params is not None:
             rows = params
         else:
-            rows = _stacked([execute(u.query, self.catalog, self.runtime, work, self.sol) for u in updates])
+            rows = _stacked([execute(u.query, catalog, self.runtime, work, self.sol) for u in updates])
         if update.if_exists == "append":
             rows = _as_columns_of(rows, self.store.schema(table).names, update.columns, table)
         written = self.store.write(table, rows, "fail" if update.if_exists == "keep" else update.if_exists,
@@ -158,6 +173,7 @@ class FlightSQLHandler:
     def _apply(self, query: str, first: UpdatePlan, params: pa.Table | None, context) -> pa.Table:
         """Run a statement that changes tables, once per row of parameters (INSERT only), as one commit; its
         result (one row: the rows it wrote). `first` is its plan for the first row of parameters."""
+        self.access.require(context, "write", "change tables")
         updates = [first]
         if params is not None and params.num_rows > 1:
             if first.if_exists != "append":
@@ -278,6 +294,7 @@ class FlightSQLHandler:
 
     def _ingest(self, cmd: Message, table: pa.Table, context) -> int:
         """Write an ingested stream: one atomic commit, and none for a stream cut off (_whole)."""
+        self.access.require(context, "write", "ingest tables")
         if cmd.temporary:
             raise InvalidArgument("temporary tables are not supported")
         if not table.schema.names:
@@ -309,21 +326,17 @@ class FlightSQLHandler:
             self.statements.close(request.prepared_statement_handle)
             return []
         if action.type == "SetSessionOptions":
-            request = FLIGHT["SetSessionOptionsRequest"]()
-            request.ParseFromString(action.body)
-            return [self.sessions.set(context, request)]
+            return [self.sessions.set(context, parse("SetSessionOptionsRequest", action.body))]
         if action.type == "GetSessionOptions":
             return [self.sessions.get(context)]
         if action.type == "CloseSession":
             return [self.sessions.close(context)]
         if action.type == "CancelFlightInfo":
-            request = FLIGHT["CancelFlightInfoRequest"]()
-            request.ParseFromString(action.body)
+            request = parse("CancelFlightInfoRequest", action.body)
             return [FLIGHT["CancelFlightInfoResult"](status=self._cancel(request.info)).SerializeToString()]
         if action.type == "CancelQuery":
             _, request = self._command(action.body, "CancelQuery")
-            info = FLIGHT["FlightInfo"]()
-            info.ParseFromString(request.info)
+            info = parse("FlightInfo", request.info)
             return [sql.pack(sql.new("ActionCancelQueryResult", result=self._cancel(info)))]
         raise Unimplemented(f"unsupported action {action.type!r}")
 

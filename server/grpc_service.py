@@ -8,21 +8,22 @@ server log, never with a stack trace.
 from __future__ import annotations
 
 import logging
+import traceback
 import uuid
 from typing import Callable, Iterable, Iterator, Protocol
 
 import grpc
 import pyarrow as pa
-from google.protobuf.message import DecodeError
 
 from quail.engine.errors import InvalidArgument, QuailError, Unimplemented
 
 from .auth import Authenticator
-from .flight_messages import FLIGHT, SERVICE
+from .flight_messages import FLIGHT, SERVICE, parse
 from .ipc import decode, encode, first_schema, schema_bytes
 from .status import status_of
 
 log = logging.getLogger("quail.server")
+LOGGED_FRAMES = 12  # an internal error's innermost frames in the log (one entry, however deep the stack)
 
 
 class FlightHandler(Protocol):
@@ -56,7 +57,8 @@ def _abort(context: grpc.ServicerContext, exc: Exception, on_error: OnError) -> 
         on_error(status_of(exc))
         context.abort(status_of(exc), str(exc))
     ref = uuid.uuid4().hex[:12]
-    log.error("internal error %s", ref, exc_info=exc)
+    frames = "".join(traceback.format_tb(exc.__traceback__, limit=-LOGGED_FRAMES))
+    log.error("internal error %s: %s: %s\n%s", ref, type(exc).__name__, exc, frames.rstrip())
     on_error(grpc.StatusCode.INTERNAL)
     context.abort(grpc.StatusCode.INTERNAL, f"internal error (server log reference {ref})")
 
@@ -83,25 +85,15 @@ def _ignore(status: grpc.StatusCode) -> None:
     """No one counts errors."""
 
 
-def _parse(name: str, data: bytes):
-    """A Flight protobuf message from its bytes; InvalidArgument when they are not one."""
-    message = FLIGHT[name]()
-    try:
-        message.ParseFromString(data)
-    except DecodeError:
-        raise InvalidArgument(f"the request is not a valid {name} message") from None
-    return message
-
-
 def _parsed(fn: Callable, name: str) -> Callable:
     """A method taking the parsed request (the gRPC layer hands bytes: its own parse errors would leave as
     INTERNAL with a logged traceback, or stall a stream)."""
-    return lambda request, context: fn(_parse(name, request), context)
+    return lambda request, context: fn(parse(name, request), context)
 
 
 def _parsed_stream(fn: Callable, name: str) -> Callable:
     """A method taking the parsed messages of a client stream, parsed as they are read."""
-    return lambda requests, context: fn((_parse(name, data) for data in requests), context)
+    return lambda requests, context: fn((parse(name, data) for data in requests), context)
 
 
 class FlightService:

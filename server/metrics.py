@@ -1,4 +1,5 @@
-"""Prometheus metrics of one server, on an HTTP port: queries, model tokens, speed of light, errors by status.
+"""Prometheus metrics of one server, on an HTTP port: queries, model tokens, speed of light, errors by status;
+on a server with users, for admins only (HTTP Basic).
 
 Rates come from the counters (tokens per second: rate(quail_tokens_total[1m]);
 the KV hit rate: rate of cached over rate of logical tokens). Each server owns its registry.
@@ -6,10 +7,12 @@ the KV hit rate: rate of cached over rate of logical tokens). Each server owns i
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from quail.engine.runner import ModelRunner
 
@@ -40,9 +43,35 @@ class Metrics:
         self.errors = Counter("quail_errors", "Calls that ended in an error, by gRPC status", ["status"],
                               registry=self.registry)
 
-    def serve(self, host: str, port: int) -> int:
-        """Serve /metrics over HTTP; the port listened on."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, host: str, port: int, admits: Callable[[str | None, str], bool] | None = None) -> int:
+        """Serve /metrics over HTTP; the port listened on. `admits(authorization header, client address)`:
+        which requests may read it (None: all; else the others get 401 and a Basic challenge)."""
+        registry = self.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                if self.path.split("?", 1)[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                if admits is not None and not admits(self.headers.get("Authorization"), self.client_address[0]):
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="quail metrics"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = generate_latest(registry)
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+                """Requests are not logged."""
+
+        server = ThreadingHTTPServer((host, port), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="quail-metrics", daemon=True).start()
         return server.server_port
 
     def query_done(self, report: dict[str, Any]) -> None:

@@ -22,11 +22,16 @@ QUERIES_SCHEMA = pa.schema([
 ])
 
 
-def queries_table(running: dict[bytes, Running]) -> pa.Table:
+HIDDEN = "(another user's query)"
+
+
+def queries_table(running: dict[bytes, Running], viewer: str = "-", everyone: bool = True) -> pa.Table:
     """One row per statement being executed, its progress in fresh tokens: done of planned so far
-    (planned grows as each AI step hands its requests to the runtime)."""
+    (planned grows as each AI step hands its requests to the runtime). The text of another user's query
+    shows only to a viewer who sees `everyone`'s."""
     now = time.time()
-    rows = [{"query_id": handle[:8].hex(), "user_name": r.user, "query": r.query, "started": int(r.started * 1000),
+    rows = [{"query_id": handle[:8].hex(), "user_name": r.user,
+             "query": r.query if everyone or r.user == viewer else HIDDEN, "started": int(r.started * 1000),
              "elapsed_s": now - r.started, "requests": r.work.stats.requests,
              "forward_passes": r.work.stats.forward_passes, "ai_steps_done": len(r.work.stages),
              "tokens_done": r.work.stats.fresh_tokens, "tokens_planned": r.work.stats.planned_tokens}

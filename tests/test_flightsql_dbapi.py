@@ -20,7 +20,7 @@ FOOD = "SELECT id FROM notes WHERE AI_FILTER(PROMPT('Is this text about food? {0
 def secured(tmp_path_factory):
     root = tmp_path_factory.mktemp("dbapi")
     users = root / "users"
-    users.write_text("ann:s3cret\n")
+    users.write_text("ann:s3cret:write\n")
     with ServerProcess(root / "data", "--users", str(users)) as server:
         yield server
 

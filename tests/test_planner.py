@@ -56,12 +56,12 @@ def test_ai_values_become_columns_of_their_table(store):
 
 
 def test_chained_filters_and_bigquery_ai_if(store):
-    plan = plan_sql("SELECT * FROM reviews WHERE AI.IF(('Is ', body, ' about food?')) AND AI.IF('Is it true?')",
+    plan = plan_sql("SELECT * FROM reviews WHERE AI.IF(('Is ', body, ' about food?')) AND AI.IF(('True? ', body))",
                     store, dialect="bigquery")
     (chain,) = [s for s in plan.steps if isinstance(s, AIFilterChain)]
     ai = chain.filters
     assert chain.limit is None, "two filters over every row: re-ranked after the first rows"
-    assert [s.template for s in ai] == ["Is it true?", "Is {0} about food?"], "equal selectivity: the shorter first"
+    assert [s.template for s in ai] == ["True? {0}", "Is {0} about food?"], "equal selectivity: the shorter first"
     assert ai[1].input == ai[0].output
     assert result_schema(plan, store).names == ["id", "body", "stars"]
 

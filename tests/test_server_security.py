@@ -8,6 +8,7 @@ import time
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import adbc_driver_manager
+import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
@@ -101,3 +102,88 @@ def test_public_address_needs_auth_or_an_explicit_yes(tmp_path):
         ServerConfig(host="0.0.0.0", data_dir=tmp_path).check()
     ServerConfig(host="0.0.0.0", data_dir=tmp_path, public_without_auth=True).check()
     ServerConfig(host="0.0.0.0", data_dir=tmp_path, users_file=tmp_path / "users").check()
+
+
+@pytest.fixture(scope="module")
+def roles(tmp_path_factory):
+    """A server whose users file gives each role: reader (the default), writer, admin; metrics served."""
+    import socket
+
+    root = tmp_path_factory.mktemp("roles")
+    users = root / "users"
+    users.write_text("reader:r-pass\nwriter:w:pass:write\nboss:b-pass:admin\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with ServerProcess(root / "data", "--users", str(users), "--metrics-port", str(port)) as server:
+        server.metrics_port = port
+        yield server
+
+
+def _connect(uri: str, user: str, password: str):
+    return flight_sql.connect(uri, db_kwargs={"username": user, "password": password}, autocommit=True)
+
+
+def test_only_writers_change_tables_and_everyone_reads_them(roles):
+    with _connect(roles.uri, "writer", "w:pass") as conn, conn.cursor() as cur:
+        cur.adbc_ingest("shared", pa.table({"x": [1, 2]}), mode="create")
+        cur.execute("INSERT INTO shared VALUES (3)")
+    with _connect(roles.uri, "reader", "r-pass") as conn, conn.cursor() as cur:
+        cur.execute("SELECT sum(x) FROM shared")
+        assert cur.fetchall() == [(6,)]
+        for attempt in (lambda: cur.adbc_ingest("mine", pa.table({"x": [1]}), mode="create"),
+                        lambda: cur.execute("DROP TABLE shared"),
+                        lambda: cur.execute("INSERT INTO shared VALUES (4)"),
+                        lambda: cur.execute("CREATE TABLE copy AS SELECT * FROM shared")):
+            with pytest.raises(adbc_driver_manager.Error, match="PERMISSION_DENIED|UNAUTHORIZED") as err:
+                attempt()
+            assert "'reader' may not" in str(err.value) and "role is 'read'" in str(err.value)
+        cur.execute("SELECT sum(x) FROM shared")
+        assert cur.fetchall() == [(6,)], "nothing was written"
+
+
+def test_query_text_shows_to_its_user_and_admins_only(roles):
+    def running_queries(user: str, password: str) -> list[dict]:
+        with _connect(roles.uri, user, password) as conn, conn.cursor() as cur:
+            cur.execute("SELECT user_name, query FROM quail_queries")
+            return cur.fetch_arrow_table().to_pylist()
+
+    mine = running_queries("reader", "r-pass")
+    assert mine == [{"user_name": "reader", "query": "SELECT user_name, query FROM quail_queries"}]
+    from quail.server.system_tables import HIDDEN, queries_table
+    from quail.server.statements import Running
+    from quail.engine.work import QueryWork
+
+    running = {b"a" * 16: Running(QueryWork(), "SELECT secret", "writer"),
+               b"b" * 16: Running(QueryWork(), "SELECT mine", "reader")}
+    assert queries_table(running, "reader", everyone=False)["query"].to_pylist() == [HIDDEN, "SELECT mine"]
+    assert queries_table(running, "boss", everyone=True)["query"].to_pylist() == ["SELECT secret", "SELECT mine"]
+
+
+def test_failed_logins_are_throttled_per_user_and_client(roles):
+    for _ in range(5):
+        with pytest.raises(adbc_driver_manager.Error, match="wrong username or password"):
+            _connect(roles.uri, "boss", "guess").cursor().execute("SELECT 1")
+    with pytest.raises(adbc_driver_manager.Error, match="too many failed logins"):
+        _connect(roles.uri, "boss", "b-pass").cursor().execute("SELECT 1")
+    time.sleep(1.5)
+    with _connect(roles.uri, "boss", "b-pass") as conn, conn.cursor() as cur:  # the lock lapsed: the right one works
+        cur.execute("SELECT 1 AS x")
+        assert cur.fetchall() == [(1,)]
+
+
+def test_metrics_need_an_admin_login(roles):
+    import base64
+    import urllib.error
+    import urllib.request
+
+    url = f"http://127.0.0.1:{roles.metrics_port}/metrics"
+    for credentials in (None, "reader:r-pass", "boss:wrong"):
+        request = urllib.request.Request(url)
+        if credentials:
+            request.add_header("Authorization", "Basic " + base64.b64encode(credentials.encode()).decode())
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(request, timeout=10)
+        assert err.value.code == 401 and "Basic" in err.value.headers["WWW-Authenticate"]
+    request = urllib.request.Request(url, headers={"Authorization": "Basic " + base64.b64encode(b"boss:b-pass").decode()})
+    assert "quail_queries_running" in urllib.request.urlopen(request, timeout=10).read().decode()

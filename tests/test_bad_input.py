@@ -1,0 +1,139 @@
+"""What a fuzzer, an attacker or a careless BI tool sends, through the real ADBC driver to a real server:
+each gets a clear status and message (never INTERNAL, never a silent repair), and the server keeps
+answering; result columns are named as the user wrote them."""
+
+from __future__ import annotations
+
+import adbc_driver_flightsql.dbapi as flight_sql
+import adbc_driver_manager
+import pyarrow as pa
+import pytest
+
+from quail.clients.server_process import ServerProcess
+
+REVIEWS = pa.table({"id": [1, 2, 3, 4], "body": ["Great pasta.", "Cold soup, rude staff.", "A fine film.", None],
+                    "stars": [5, 1, 4, 2]})
+TOPICS = pa.table({"id": [1, 2], "topic": ["food", "films"]})
+SCORE = "AI_SCORE(PROMPT('Is {0} about food?', body))"
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory):
+    with ServerProcess(tmp_path_factory.mktemp("bad"), "--query-timeout", "10") as server:
+        with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.adbc_ingest("reviews", REVIEWS, mode="create")
+            cur.adbc_ingest("topics", TOPICS, mode="create")
+        yield server.uri
+
+
+def _query(uri: str, sql: str) -> pa.Table:
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(sql)
+        return cur.fetch_arrow_table()
+
+
+def _refused(uri: str, sql: str) -> str:
+    """The message of the error the statement gets (it must get one)."""
+    with pytest.raises(adbc_driver_manager.Error) as err:
+        _query(uri, sql)
+    message = str(err.value)
+    assert "INTERNAL" not in message and "Traceback" not in message, message
+    return message
+
+
+@pytest.mark.parametrize("sql, fragment", [
+    ("SELECT r.id FROM reviews r LEFT JOIN topics t ON", "line 1, column 47: ON needs a condition"),
+    ("SELECT r.id FROM reviews r JOIN topics t ON WHERE r.id > 1", "ON needs a condition"),
+    ("SELECT round(, 1) FROM reviews", "line 1, column 14: an empty item in a list"),
+    ("SELECT id FROM reviews WHERE stars BETWEEN -10 A", "BETWEEN needs AND"),
+    ("SELECT r.id FROM reviews r, topics t WHERE AI_FILTER(PROMPT('{0} {1}', r.body, , t.topic))",
+     "an empty item in a list"),
+    ("SELECT coalesce(id, ) FROM reviews", "an empty item in a list"),
+    ("SELECT " + "(" * 40 + "1" + ")" * 40, "nest more than 32 deep"),
+    ("SELECT " + "NOT " * 100 + "TRUE", "nest more than 32 deep"),
+    ("SELECT " + "abs(" * 100 + "1" + ")" * 100, "nest more than 32 deep"),
+    ("SELECT " + "CASE WHEN TRUE THEN " * 60 + "1" + " END" * 60, "nest more than 32 deep"),
+], ids=["left-join-on-nothing", "on-then-where", "empty-argument", "between-without-and", "empty-prompt-argument",
+        "trailing-comma", "deep-parentheses", "deep-not", "deep-calls", "deep-case"])
+def test_malformed_sql_is_a_syntax_error_with_its_position_not_repaired(uri, sql, fragment):
+    message = _refused(uri, sql)
+    assert message.startswith("INVALID_ARGUMENT") and fragment in message, message
+
+
+@pytest.mark.parametrize("sql, status, fragment", [
+    ("SELECT * FROM LATERAL query('SELECT 42')", "INVALID_ARGUMENT", "query() is not available"),
+    ("SELECT * FROM reviews, LATERAL duckdb_settings()", "INVALID_ARGUMENT", "duckdb_settings() is not available"),
+    ("SELECT * FROM range(50000000)", "INVALID_ARGUMENT", "table functions are not supported"),
+    ("SELECT * FROM TABLE(GENERATOR(ROWCOUNT => 1e9))", "INVALID_ARGUMENT", "not"),
+    ("SELECT current_setting('home_directory')", "INVALID_ARGUMENT", "current_setting() is not available"),
+    ("SELECT * FROM checkpoint()", "INVALID_ARGUMENT", "table functions are not supported"),
+    ("SELECT * FROM read_text('/etc/passwd')", "INVALID_ARGUMENT", "table functions are not supported"),
+    ("SELECT * FROM information_schema.tables", "NOT_FOUND", "does not exist"),
+    ("SELECT * FROM '/etc/passwd'", "INVALID_ARGUMENT", "table functions are not supported"),
+    ("SELECT (SELECT count(*) FROM LATERAL range(5))", "INVALID_ARGUMENT", "range() is not available"),
+], ids=["lateral-query", "lateral-settings", "range", "generator", "current-setting", "checkpoint", "read-text",
+        "information-schema", "file-path", "lateral-in-a-subquery"])
+def test_only_allowed_functions_and_tables_run(uri, sql, status, fragment):
+    message = _refused(uri, sql)
+    assert message.startswith(status) and fragment in message, message
+
+
+@pytest.mark.parametrize("sql, fragment", [
+    ("SELECT id FROM reviews WHERE AI_FILTER('Is it sunny?')", "asks nothing of the rows"),
+    ("SELECT AI_SCORE('constant') FROM reviews", "asks nothing of the rows"),
+    ("SELECT AI_CLASSIFY(PROMPT('no placeholders'), ['a', 'b']) FROM reviews", "asks nothing of the rows"),
+    (f"SELECT {SCORE} OVER () FROM reviews", "not a window function"),
+    ("SELECT AI_CLASSIFY(body, ['only']) FROM reviews", "needs 2 to 26 distinct categories, not 1"),
+    (f"SELECT stars, {SCORE} FROM reviews GROUP BY stars", "reads column 'body', which is neither grouped"),
+    ("SELECT max(body), AI_SCORE(PROMPT('{0}', max(body))) FROM reviews", "over aggregates is not supported"),
+], ids=["filter-without-document", "score-of-a-constant", "classify-without-document", "window", "one-category",
+        "ungrouped-column", "over-an-aggregate"])
+def test_ai_calls_that_cannot_be_asked_are_invalid(uri, sql, fragment):
+    message = _refused(uri, sql)
+    assert message.startswith("INVALID_ARGUMENT") and fragment in message, message
+
+
+def test_reserved_names_are_refused_and_cannot_change_results(uri):
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        for name in ("__quail_sub_1", "__QUAIL_result"):
+            with pytest.raises(adbc_driver_manager.Error, match="INVALID_ARGUMENT.*reserved"):
+                cur.adbc_ingest(name, pa.table({"id": [4]}), mode="create")
+        with pytest.raises(adbc_driver_manager.Error, match="INVALID_ARGUMENT.*reserved"):
+            cur.adbc_ingest("fine", pa.table({"__quail_rid": [4]}), mode="create")
+        with pytest.raises(adbc_driver_manager.Error, match="INVALID_ARGUMENT.*reserved"):
+            cur.execute("CREATE TABLE __quail_t AS SELECT 1 AS x")
+    got = _query(uri, f"SELECT id FROM reviews WHERE id IN (SELECT id FROM reviews WHERE {SCORE} >= 0) ORDER BY id")
+    assert got["id"].to_pylist() == [1, 2, 3]
+
+
+def test_huge_limits_and_long_conditions_plan(uri):
+    assert _query(uri, "SELECT id FROM reviews ORDER BY id LIMIT 9223372036854775807")["id"].to_pylist() == [1, 2, 3, 4]
+    got = _query(uri, f"SELECT id FROM reviews WHERE {SCORE} >= 0 LIMIT 9223372036854775807")
+    assert sorted(got["id"].to_pylist()) == [1, 2, 3]
+    terms = " AND ".join(f"id <> {i}" for i in range(10, 3010))
+    got = _query(uri, f"SELECT id FROM reviews WHERE {terms} AND AI_FILTER(PROMPT('Is {{0}} short?', body)) "
+                      f"AND id < 3 ORDER BY id")
+    assert set(got["id"].to_pylist()) <= {1, 2}
+
+
+def test_planning_is_bounded_by_the_query_timeout(uri):
+    joins = ", ".join(f"reviews a{i}" for i in range(300))
+    chain = " AND ".join(f"a{i}.id = a{i + 1}.id" for i in range(299))
+    with pytest.raises(adbc_driver_manager.Error, match="time limit") as err:
+        _query(uri, f"SELECT count(*) FROM {joins} WHERE {chain}")
+    assert err.value.vendor_code == 4, "gRPC DEADLINE_EXCEEDED"
+    assert _query(uri, "SELECT count(*) AS n FROM reviews")["n"].to_pylist() == [4], "the server keeps answering"
+
+
+def test_result_columns_are_named_as_written(uri):
+    table = _query(uri, f"SELECT id, {SCORE}, AI_FILTER(PROMPT('Is {{0}} kind?', body)), "
+                        "AI_CLASSIFY(body, ['food', 'film']) FROM reviews ORDER BY id")
+    assert table.column_names == ["id", SCORE, "AI_FILTER(PROMPT('Is {0} kind?', body))",
+                                  "AI_CLASSIFY(body, ['food', 'film'])"]
+    counted = _query(uri, "SELECT count_if(AI_FILTER(PROMPT('Is {0} kind?', body))) AS n FROM reviews")
+    assert counted.schema.field("n").type == pa.int64()
+    grouped = _query(uri, "SELECT stars, count(*) AS n FROM reviews GROUP BY stars "
+                          "HAVING AI_FILTER(PROMPT('Is {0} a big number?', stars)) OR TRUE ORDER BY stars")
+    assert grouped.column_names == ["stars", "n"] and grouped["stars"].to_pylist() == [1, 2, 4, 5]
+    nested = _query(uri, f"SELECT * FROM (SELECT id, {SCORE} FROM reviews) WHERE id = 1")
+    assert nested.column_names == ["id", SCORE]
