@@ -154,8 +154,9 @@ class Grammar:
             query = f"WITH w AS ({query}) SELECT * FROM w WHERE w.c0 IS NOT NULL"
         elif roll < 0.3:
             query = f"SELECT * FROM ({query}) q WHERE EXISTS (SELECT 1 FROM t2 z WHERE z.k IS NOT NULL)"
-        elif roll < 0.4:
-            query += f" ORDER BY 1 LIMIT {self.pick('0', '3', '100')}"
+        elif roll < 0.4:  # ordered by every column: the rows kept are the same in any engine
+            columns = ", ".join(str(k + 1) for k in range(items.count(" AS ")))
+            query += f" ORDER BY {columns} LIMIT {self.pick('0', '3', '100')}"
         return query
 
     def ai(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from typing import Iterator, Mapping
 
@@ -13,6 +14,32 @@ from .errors import Cancelled, InvalidArgument, NotFound
 from .work import QueryWork
 
 
+CONFIG = {"enable_external_access": False, "python_enable_replacements": False}  # no files, no Python objects
+
+
+@functools.lru_cache(maxsize=1024)
+def result_columns(schema: pa.Schema) -> list[tuple[pa.Field, str]]:
+    """Each column of a table as `SELECT *` returns it (DuckDB's Arrow type, which may differ from the
+    stored one: a string view comes back a string) and DuckDB's name of its SQL type."""
+    row = pa.Table.from_arrays([pa.nulls(1, f.type) for f in schema], names=schema.names)
+    quoted = ", ".join(f"typeof({_quoted(name)})" for name in schema.names)
+    with DuckDB() as db:
+        returned = db.run("SELECT * FROM t", {"t": row}).schema
+        names = [c[0].as_py() for c in db.run(f"SELECT {quoted} FROM t", {"t": row}).columns] if schema.names else []
+    return list(zip(returned, names))
+
+
+@functools.cache
+def keywords() -> frozenset[str]:
+    """DuckDB's SQL keywords, upper-case."""
+    with duckdb.connect(config=CONFIG) as con:
+        return frozenset(name.upper() for (name,) in con.sql("SELECT keyword_name FROM duckdb_keywords()").fetchall())
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
 class DuckDB:
     """One in-memory DuckDB without file access for a query's statements, run one after another on one
     connection; each relation is registered the first time a statement sees it (again when its name
@@ -22,7 +49,7 @@ class DuckDB:
     errors become Quail errors."""
 
     def __init__(self, work: QueryWork | None = None) -> None:
-        self._con = duckdb.connect(config={"enable_external_access": False, "python_enable_replacements": False})
+        self._con = duckdb.connect(config=CONFIG)
         self._registered: dict[str, pa.Table] = {}
         self._work = work
 

@@ -8,9 +8,11 @@ from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.dialects.snowflake import Snowflake
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ErrorLevel, ParseError, TokenError
-from sqlglot.tokens import Token, TokenType
+from sqlglot.tokens import TokenType
 
 from quail.engine.errors import InvalidArgument
+
+from . import strict
 
 AI_DOTTED = ("IF", "CLASSIFY", "SCORE")
 
@@ -66,22 +68,18 @@ DIALECTS = {"snowflake": QuailSnowflake, "bigquery": QuailBigQuery, "duckdb": Qu
 DEFAULT_DIALECT = "snowflake"
 
 
-MAX_NESTING = 32  # parentheses, brackets, CASEs and NOTs one inside another
-
-
 def parse_statement(sql: str, dialect: str = DEFAULT_DIALECT) -> exp.Expression:
     """One statement's syntax tree; InvalidArgument names the position of a syntax error.
 
-    Parsing is strict: what sqlglot would silently repair (an empty list item,
-    a JOIN's ON without a condition, AS or WHEN without what follows them,
-    BETWEEN without AND) is an error, and so is nesting deeper than MAX_NESTING.
+    Parsing is strict (strict.py; BETWEEN without AND: StrictParser): what
+    sqlglot would silently repair is an error with its position.
     """
     if dialect not in DIALECTS:
         raise InvalidArgument(f"unknown SQL dialect {dialect!r}; use one of {', '.join(DIALECTS)}")
     reader = Dialect.get_or_raise(DIALECTS[dialect])
     try:
         tokens = reader.tokenize(sql)
-        _strict(tokens)
+        strict.check(tokens)
         trees = [t for t in reader.parser(error_level=ErrorLevel.IMMEDIATE).parse(tokens, sql) if t is not None]
     except ParseError as err:
         first = err.errors[0] if err.errors else {}
@@ -97,56 +95,6 @@ def parse_statement(sql: str, dialect: str = DEFAULT_DIALECT) -> exp.Expression:
     if len(trees) != 1:
         raise InvalidArgument(f"expected one SQL statement, got {len(trees)}")
     return trees[0]
-
-
-_OPEN = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE, TokenType.CASE}
-_CLOSE = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE, TokenType.END}
-_CLAUSE = {TokenType.SEMICOLON, TokenType.COMMA, TokenType.WHERE, TokenType.GROUP_BY, TokenType.ORDER_BY,
-           TokenType.HAVING, TokenType.LIMIT, TokenType.OFFSET, TokenType.FETCH, TokenType.JOIN, TokenType.INNER,
-           TokenType.LEFT, TokenType.RIGHT, TokenType.FULL, TokenType.CROSS, TokenType.OUTER, TokenType.NATURAL,
-           TokenType.ASOF, TokenType.POSITIONAL, TokenType.SEMI, TokenType.ANTI, TokenType.UNION,
-           TokenType.EXCEPT, TokenType.INTERSECT, TokenType.QUALIFY, TokenType.WINDOW, TokenType.ON,
-           TokenType.USING, TokenType.OR, TokenType.FROM, TokenType.THEN, TokenType.ELSE, TokenType.WHEN,
-           TokenType.BETWEEN} | _CLOSE  # tokens no expression starts with, nor continues through at its level
-
-
-def _strict(tokens: list[Token]) -> None:
-    """SyntaxError-like InvalidArgument for what sqlglot parses leniently, and for deep nesting."""
-    depth, nots = 0, 0
-    for i, token in enumerate(tokens):
-        kind = token.token_type
-        after = tokens[i + 1].token_type if i + 1 < len(tokens) else None
-        nots = nots + 1 if kind == TokenType.NOT else 0
-        depth += (kind in _OPEN) - (kind in _CLOSE)
-        if depth + nots > MAX_NESTING:
-            _refuse(token, f"expressions nest more than {MAX_NESTING} deep")
-        if (kind in (TokenType.COMMA, TokenType.L_PAREN, TokenType.L_BRACKET) and after == TokenType.COMMA) or (
-                kind == TokenType.COMMA and after in (TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE)):
-            _refuse(tokens[i + 1], "an empty item in a list")
-        if kind == TokenType.ON and (after is None or after in _CLAUSE):
-            _refuse(token, "ON needs a condition")
-        if kind == TokenType.ALIAS and (after is None or after in _CLAUSE):
-            _refuse(token, "AS needs a name")
-        if kind == TokenType.WHEN and not _follows(tokens, i + 1, TokenType.THEN):
-            _refuse(token, "WHEN needs THEN")
-
-
-def _follows(tokens: list[Token], start: int, wanted: TokenType) -> bool:
-    """Whether a `wanted` token at the level of tokens[start] comes before that level's expression ends."""
-    depth = 0
-    for token in tokens[start:]:
-        kind = token.token_type
-        if depth == 0 and kind == wanted:
-            return True
-        if depth == 0 and kind in _CLAUSE:
-            return False
-        depth += (kind in _OPEN) - (kind in _CLOSE)
-    return False
-
-
-def _refuse(token: Token, what: str) -> None:
-    column = max(1, token.col - len(token.text) + 1)  # sqlglot's col is the token's last character
-    raise InvalidArgument(f"SQL syntax error at line {token.line}, column {column}: {what} near {token.text!r}")
 
 
 def normalize(tree: exp.Expression) -> exp.Expression:

@@ -7,6 +7,7 @@ import re
 import pyarrow as pa
 
 import quail
+from quail.engine.relational import keywords, result_columns
 from quail.engine.storage import TableStore
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
 from quail.planner.substrait_export import SUBSTRAIT_VERSION
@@ -41,6 +42,32 @@ SQL_INFO_SCHEMA = pa.schema([
 ])
 _STRING, _BOOL, _BIGINT, _INT32, _STRING_LIST = 0, 1, 2, 3, 4
 
+SQL_92 = frozenset("""
+ABSOLUTE ACTION ADD ALL ALLOCATE ALTER AND ANY ARE AS ASC ASSERTION AT AUTHORIZATION AVG BEGIN BETWEEN BIT
+BIT_LENGTH BOTH BY CASCADE CASCADED CASE CAST CATALOG CHAR CHARACTER CHAR_LENGTH CHARACTER_LENGTH CHECK CLOSE
+COALESCE COLLATE COLLATION COLUMN COMMIT CONNECT CONNECTION CONSTRAINT CONSTRAINTS CONTINUE CONVERT CORRESPONDING
+COUNT CREATE CROSS CURRENT CURRENT_DATE CURRENT_TIME CURRENT_TIMESTAMP CURRENT_USER CURSOR DATE DAY DEALLOCATE DEC
+DECIMAL DECLARE DEFAULT DEFERRABLE DEFERRED DELETE DESC DESCRIBE DESCRIPTOR DIAGNOSTICS DISCONNECT DISTINCT DOMAIN
+DOUBLE DROP ELSE END END-EXEC ESCAPE EXCEPT EXCEPTION EXEC EXECUTE EXISTS EXTERNAL EXTRACT FALSE FETCH FIRST FLOAT
+FOR FOREIGN FOUND FROM FULL GET GLOBAL GO GOTO GRANT GROUP HAVING HOUR IDENTITY IMMEDIATE IN INDICATOR INITIALLY
+INNER INPUT INSENSITIVE INSERT INT INTEGER INTERSECT INTERVAL INTO IS ISOLATION JOIN KEY LANGUAGE LAST LEADING LEFT
+LEVEL LIKE LOCAL LOWER MATCH MAX MIN MINUTE MODULE MONTH NAMES NATIONAL NATURAL NCHAR NEXT NO NOT NULL NULLIF
+NUMERIC OCTET_LENGTH OF ON ONLY OPEN OPTION OR ORDER OUTER OUTPUT OVERLAPS PAD PARTIAL POSITION PRECISION PREPARE
+PRESERVE PRIMARY PRIOR PRIVILEGES PROCEDURE PUBLIC READ REAL REFERENCES RELATIVE RESTRICT REVOKE RIGHT ROLLBACK
+ROWS SCHEMA SCROLL SECOND SECTION SELECT SESSION SESSION_USER SET SIZE SMALLINT SOME SPACE SQL SQLCODE SQLERROR
+SQLSTATE SUBSTRING SUM SYSTEM_USER TABLE TEMPORARY THEN TIME TIMESTAMP TIMEZONE_HOUR TIMEZONE_MINUTE TO TRAILING
+TRANSACTION TRANSLATE TRANSLATION TRIM TRUE UNION UNIQUE UNKNOWN UPDATE UPPER USAGE USER USING VALUE VALUES
+VARCHAR VARYING VIEW WHEN WHENEVER WHERE WITH WORK WRITE YEAR ZONE
+""".split())  # SQL-92's reserved words
+AI_KEYWORDS = ("AI_FILTER", "AI_CLASSIFY", "AI_SCORE", "PROMPT")
+
+
+def sql_keywords() -> list[str]:
+    """SqlInfo SQL_KEYWORDS: the words Quail's SQL reserves or treats specially that SQL-92 does not (DuckDB's
+    keywords and the AI functions), sorted."""
+    return sorted((keywords() | set(AI_KEYWORDS)) - SQL_92)
+
+
 # SqlInfo ids (FlightSql.proto) → (union member, value).
 SQL_INFO = {
     0: (_STRING, "Quail"),                       # FLIGHT_SQL_SERVER_NAME
@@ -64,7 +91,7 @@ SQL_INFO = {
     504: (_STRING, '"'),                        # SQL_IDENTIFIER_QUOTE_CHAR
     505: (_INT32, 1),                            # SQL_QUOTED_IDENTIFIER_CASE: case-insensitive
     506: (_BOOL, True),                          # SQL_ALL_TABLES_ARE_SELECTABLE
-    508: (_STRING_LIST, ["AI_FILTER", "PROMPT"]),  # SQL_KEYWORDS beyond SQL-92
+    508: (_STRING_LIST, sql_keywords()),         # SQL_KEYWORDS beyond SQL-92
     563: (_BOOL, False),                         # SQL_TRANSACTIONS_SUPPORTED
 }
 
@@ -172,9 +199,28 @@ def tables(store: TableStore, system: dict[str, pa.Schema], catalog: str | None,
             row = {"catalog_name": CATALOG_NAME, "db_schema_name": SCHEMA_NAME, "table_name": name,
                    "table_type": kind}
             if include_schema:
-                row["table_schema"] = schema_bytes(schema_of(name))
+                row["table_schema"] = schema_bytes(listed_schema(name, schema_of(name), kind != "TABLE"))
             rows.append(row)
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+def listed_schema(table: str, stored: pa.Schema, read_only: bool) -> pa.Schema:
+    """A table's schema as GetTables lists it: each column as a query returns it (so what a BI tool is
+    told is what it gets), with Flight SQL's column metadata (catalog, schema, table, SQL type name,
+    precision and scale, flags) and the nullability keys ADBC's drivers read (`XDBC_NULLABLE`)."""
+    fields = []
+    for field, type_name in result_columns(stored):
+        text = pa.types.is_string(field.type) or pa.types.is_large_string(field.type)
+        meta = {"ARROW:FLIGHT:SQL:CATALOG_NAME": CATALOG_NAME, "ARROW:FLIGHT:SQL:DB_SCHEMA_NAME": SCHEMA_NAME,
+                "ARROW:FLIGHT:SQL:TABLE_NAME": table, "ARROW:FLIGHT:SQL:TYPE_NAME": type_name,
+                "ARROW:FLIGHT:SQL:IS_AUTO_INCREMENT": "0", "ARROW:FLIGHT:SQL:IS_CASE_SENSITIVE": "1" if text else "0",
+                "ARROW:FLIGHT:SQL:IS_READ_ONLY": "1" if read_only else "0", "ARROW:FLIGHT:SQL:IS_SEARCHABLE": "1",
+                "XDBC_NULLABLE": str(_NULLABLE), "XDBC_IS_NULLABLE": "YES"}
+        if pa.types.is_decimal(field.type):
+            meta |= {"ARROW:FLIGHT:SQL:PRECISION": str(field.type.precision),
+                     "ARROW:FLIGHT:SQL:SCALE": str(field.type.scale)}
+        fields.append(field.with_nullable(True).with_metadata(meta))
+    return pa.schema(fields)
 
 
 def table_types() -> pa.Table:

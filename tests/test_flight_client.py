@@ -61,6 +61,10 @@ def test_sql_info(client):
     assert table.schema.field("info_name") == pa.field("info_name", pa.uint32(), False)
     assert dict(zip(table["info_name"].to_pylist(), table["value"].to_pylist())) == {
         0: "Quail", 3: False, 4: True, 10: True, 504: '"'}
+    _, keywords = fetch(client, sql.new("CommandGetSqlInfo", info=[508]))
+    listed = keywords["value"][0].as_py()
+    assert {"AI_FILTER", "AI_CLASSIFY", "AI_SCORE", "PROMPT", "QUALIFY", "PIVOT", "ILIKE"} <= set(listed)
+    assert not {"SELECT", "WHERE", "JOIN"} & set(listed), "SQL-92's own keywords are not listed"
 
 
 def test_unknown_command_is_unimplemented(client):

@@ -141,3 +141,22 @@ def test_pandas_and_polars_writers_store_what_they_wrote(uri):
     with _connect(uri) as conn:
         read = pl.read_database("SELECT * FROM from_polars ORDER BY id", conn)
     assert read.to_dicts() == polars_frame.to_dicts()
+
+
+def test_listed_schemas_are_what_queries_return(uri):
+    """GetTables (ADBC's get_objects and get_table_schema) lists each column as a query returns it, with
+    its SQL type name and nullability; a polars-written string view comes back, and is listed, a string."""
+    with _connect(uri) as conn:
+        pl.DataFrame({"id": [1], "label": ["x"], "amount": [decimal.Decimal("1.50")]}).write_database(
+            "views", conn, engine="adbc")
+        for table in ("views", "quail_queries"):
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT * FROM {table}")
+                returned = cur.fetch_arrow_table().schema
+            assert conn.adbc_get_table_schema(table) == returned, table
+        objects = conn.adbc_get_objects(table_name_filter="views").read_all().to_pylist()
+        (table,) = objects[0]["catalog_db_schemas"][0]["db_schema_tables"]
+        columns = {c["column_name"]: c for c in table["table_columns"]}
+        assert {n: c["xdbc_type_name"] for n, c in columns.items()} == {
+            "id": "BIGINT", "label": "VARCHAR", "amount": "DECIMAL(3,2)"}
+        assert all(c["xdbc_nullable"] == 1 and c["xdbc_is_nullable"] == "YES" for c in columns.values())
