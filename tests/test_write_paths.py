@@ -158,5 +158,5 @@ def test_listed_schemas_are_what_queries_return(uri):
         (table,) = objects[0]["catalog_db_schemas"][0]["db_schema_tables"]
         columns = {c["column_name"]: c for c in table["table_columns"]}
         assert {n: c["xdbc_type_name"] for n, c in columns.items()} == {
-            "id": "BIGINT", "label": "VARCHAR", "amount": "DECIMAL(3,2)"}
+            "id": "BIGINT", "label": "VARCHAR", "amount": "DECIMAL(38,2)"}
         assert all(c["xdbc_nullable"] == 1 and c["xdbc_is_nullable"] == "YES" for c in columns.values())
