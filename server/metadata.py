@@ -206,16 +206,17 @@ def tables(store: TableStore, system: dict[str, pa.Schema], catalog: str | None,
 
 def listed_schema(table: str, stored: pa.Schema, read_only: bool) -> pa.Schema:
     """A table's schema as GetTables lists it: each column as a query returns it (so what a BI tool is
-    told is what it gets), with Flight SQL's column metadata (catalog, schema, table, SQL type name,
-    precision and scale, flags) and the nullability keys ADBC's drivers read (`XDBC_NULLABLE`)."""
+    told is what it gets: nullable, as every result column), with Flight SQL's column metadata (catalog,
+    schema, table, SQL type name, precision and scale, flags). The schema's name goes under the spec's key
+    and under the older `SCHEMA_NAME` that drivers built on earlier Flight SQL libraries read."""
     fields = []
     for field, type_name in result_columns(stored):
         text = pa.types.is_string(field.type) or pa.types.is_large_string(field.type)
         meta = {"ARROW:FLIGHT:SQL:CATALOG_NAME": CATALOG_NAME, "ARROW:FLIGHT:SQL:DB_SCHEMA_NAME": SCHEMA_NAME,
-                "ARROW:FLIGHT:SQL:TABLE_NAME": table, "ARROW:FLIGHT:SQL:TYPE_NAME": type_name,
-                "ARROW:FLIGHT:SQL:IS_AUTO_INCREMENT": "0", "ARROW:FLIGHT:SQL:IS_CASE_SENSITIVE": "1" if text else "0",
-                "ARROW:FLIGHT:SQL:IS_READ_ONLY": "1" if read_only else "0", "ARROW:FLIGHT:SQL:IS_SEARCHABLE": "1",
-                "XDBC_NULLABLE": str(_NULLABLE), "XDBC_IS_NULLABLE": "YES"}
+                "ARROW:FLIGHT:SQL:SCHEMA_NAME": SCHEMA_NAME, "ARROW:FLIGHT:SQL:TABLE_NAME": table,
+                "ARROW:FLIGHT:SQL:TYPE_NAME": type_name, "ARROW:FLIGHT:SQL:IS_AUTO_INCREMENT": "0",
+                "ARROW:FLIGHT:SQL:IS_CASE_SENSITIVE": "1" if text else "0",
+                "ARROW:FLIGHT:SQL:IS_READ_ONLY": "1" if read_only else "0", "ARROW:FLIGHT:SQL:IS_SEARCHABLE": "1"}
         if pa.types.is_decimal(field.type):
             meta |= {"ARROW:FLIGHT:SQL:PRECISION": str(field.type.precision),
                      "ARROW:FLIGHT:SQL:SCALE": str(field.type.scale)}
