@@ -26,10 +26,10 @@ test: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/quail serve
 
-# What a GPU run carries (ignored by git): wheels of this tree and of what the GPU image lacks, and
-# the embedded model's tokenizer for dummy weights. Then: device run, carry [".whl", ".carry"].
-# Not protobuf: the image's own (7.36, with its C module) serves the Substrait messages; a carried
-# pure-Python protobuf would meet that C module and fail to import.
+# What a GPU host without a package index needs besides torch (ignored by git): wheels of this tree and
+# of the other dependencies, and the embedded model's tokenizer for dummy weights; copy .whl/ and .carry/
+# there with the tree. Not protobuf: the host's own (with its C module) serves the Substrait messages; a
+# pure-Python protobuf beside it would meet that C module and fail to import.
 gpu-carry: $(STAMP)
 	rm -rf .whl/quail_server-*.whl
 	$(BIN)/python -m pip wheel --quiet --no-deps -w .whl .

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (see README, "Benchmarks"): installs the carried wheels, then the
+# Runs on a GPU host (see README, "Benchmarks"): installs the wheels of `make gpu-carry`, then the
 # given module (bench.run or bench.gpu_check) with its arguments; results go to $OUT.
 #   bash bench/gpu_run.sh MODULE ARGS...                       one process
 #   bash bench/gpu_run.sh --parts 'J2A,JF;J3,J1' MODULE ARGS... one process per part, part i on GPU i,
 #                                                              each given --queries PART --tag partI
 #   bash bench/gpu_run.sh --detach ...                         the same in its own process session,
-#       writing to /tmp/quail-run, for runs longer than one device command; collect (and keep the
-#       machine busy) with `bash bench/gpu_wait.sh SECONDS` until it says the run is done
+#       writing to /tmp/quail-run, for runs longer than a session's command may last; collect with
+#       `bash bench/gpu_wait.sh SECONDS` until it says the run is done
 set -euo pipefail
 if [ "${1:-}" = "--detach" ]; then
     shift
