@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -126,14 +126,25 @@ def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
         return members, {j: build_requests(runtime, jobs[j][0], [[col[i] for col in jobs[j][1]] for i in indices])
                          for j, indices in members.items()}
 
-    launched = []
-    with ThreadPoolExecutor(1, thread_name_prefix="quail-prompts") as builder:
-        coming = builder.submit(built, parts[0]) if parts else None
-        for k in range(len(parts)):
-            members, requests = coming.result()
-            if k + 1 < len(parts):  # tokenized while this part's passes are queued (launches release the GIL)
-                coming = builder.submit(built, parts[k + 1])
-            launched.append((members, requests, runtime.launch([r for rs in requests.values() for r in rs], work)))
+    def each_built() -> Iterator[tuple[dict[int, list[int]], dict[int, list[Request]]]]:
+        """Each part's rows and requests: the next tokenized on a thread while this part's passes are queued
+        (launches release the GIL); with a token limit, every part first, so that the step's tokens are
+        counted before its first pass."""
+        if work.max_tokens is not None:
+            every = [built(part) for part in parts]
+            work.check_tokens(sum(len(r) for _, requests in every for rs in requests.values() for r in rs))
+            yield from every
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="quail-prompts") as builder:
+            coming = builder.submit(built, parts[0]) if parts else None
+            for k in range(len(parts)):
+                done = coming.result()
+                if k + 1 < len(parts):
+                    coming = builder.submit(built, parts[k + 1])
+                yield done
+
+    launched = [(members, requests, runtime.launch([r for rs in requests.values() for r in rs], work))
+                for members, requests in each_built()]
     found: list[dict[int, tuple[Request, np.ndarray]]] = [{} for _ in jobs]
     for members, requests, scoring in launched:
         answers = iter(scoring.read())

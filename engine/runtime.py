@@ -98,8 +98,8 @@ class Runtime:
         self.refuse_too_long(requests)
         work = work if work is not None else QueryWork()
         work.count(len(requests))
+        work.spend_tokens(sum(len(r) for r in requests))
         work.requests.extend(requests)
-        work.stats.logical_tokens += sum(len(r) for r in requests)
         work.check()
         strategy = STRATEGIES[self.strategy] if isinstance(self.strategy, str) else self.strategy
         hidden = strategy(self.runner.for_query(work.check, work.retain_documents), requests, work.stats)

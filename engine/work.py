@@ -20,7 +20,8 @@ class QueryWork:
 
     stages: one entry per AI operator: rows in and out, provided and observed selectivity.
     `cancel()` (from any thread) stops the query at its next step or forward pass, as
-    passing `deadline` (time.monotonic() seconds) does; `max_requests` bounds its model requests.
+    passing `deadline` (time.monotonic() seconds) does; `max_requests` bounds its model requests and
+    `max_tokens` their prompts' tokens (logical: every prompt in full).
     """
 
     stats: Stats = field(default_factory=Stats)
@@ -29,6 +30,7 @@ class QueryWork:
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     deadline: float | None = None
     max_requests: int | None = None
+    max_tokens: int | None = None
     retain_documents: bool = False  # later AI steps may read the same documents: keep their KV (kv_cache.py)
     announced: int = 0  # requests counted (`announce`) that have not reached the runtime yet
     _interrupts: list[Callable[[], None]] = field(default_factory=list, repr=False)
@@ -84,6 +86,17 @@ class QueryWork:
             raise ResourceExhausted(f"the query asks the model more than {self.max_requests} times "
                                     f"(the server's --max-requests per query)")
         self.stats.requests += requests - taken
+
+    def check_tokens(self, tokens: int) -> None:
+        """ResourceExhausted if prompts of this many more tokens would pass the query's limit."""
+        if self.max_tokens is not None and self.stats.logical_tokens + tokens > self.max_tokens:
+            raise ResourceExhausted(f"the query's prompts come to more than {self.max_tokens:,} tokens "
+                                    f"(the server's --max-tokens per query)")
+
+    def spend_tokens(self, tokens: int) -> None:
+        """Count prompts of this many tokens (checked against the limit first)."""
+        self.check_tokens(tokens)
+        self.stats.logical_tokens += tokens
 
     def ideal(self) -> Stats:
         """Each distinct prefix of all the query's prompts computed once (unlimited KV, nothing resident

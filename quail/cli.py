@@ -23,7 +23,7 @@ def _serve(args: argparse.Namespace) -> int:
                        dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
                        tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
                        public_without_auth=args.public_without_auth,
-                       limits=Limits(args.max_active, args.max_requests, args.query_timeout),
+                       limits=Limits(args.max_active, args.max_requests, args.query_timeout, args.max_tokens),
                        metrics_port=args.metrics_port))
     return 0
 
@@ -61,7 +61,11 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-active", type=int, default=64,
                        help="queries running or waiting for the model at once; more are refused (default 64)")
     serve.add_argument("--max-requests", type=int, default=None, help="model requests one query may make")
-    serve.add_argument("--query-timeout", type=float, default=None, help="seconds one query may run")
+    serve.add_argument("--max-tokens", type=int, default=None,
+                       help="prompt tokens one query may send the model (every prompt in full), checked per AI "
+                            "step before it runs")
+    serve.add_argument("--query-timeout", type=float, default=None,
+                       help="seconds one query may take, planning included")
     serve.add_argument("--metrics-port", type=int, default=None,
                        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: not served)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],

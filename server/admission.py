@@ -14,11 +14,13 @@ from quail.engine.work import QueryWork
 
 @dataclass(frozen=True)
 class Limits:
-    """max_active: queries running or waiting for the model at once; per query: model requests and seconds."""
+    """max_active: queries running or waiting for the model at once; per query: model requests, their
+    prompts' tokens, and seconds."""
 
     max_active: int = 64
     max_requests: int | None = None
     timeout_s: float | None = None
+    max_tokens: int | None = None
 
     def check(self) -> None:
         """ValueError for a limit that could never let a query run."""
@@ -26,13 +28,15 @@ class Limits:
             raise ValueError("--max-active must be at least 1")
         if self.max_requests is not None and self.max_requests < 1:
             raise ValueError("--max-requests must be at least 1")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError("--max-tokens must be at least 1")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ValueError("--query-timeout must be a positive number of seconds")
 
     def work(self) -> QueryWork:
         """A query's work record, carrying its limits."""
         deadline = time.monotonic() + self.timeout_s if self.timeout_s is not None else None
-        return QueryWork(deadline=deadline, max_requests=self.max_requests)
+        return QueryWork(deadline=deadline, max_requests=self.max_requests, max_tokens=self.max_tokens)
 
 
 class Admission:

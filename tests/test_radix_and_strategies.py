@@ -285,3 +285,14 @@ def test_a_prompt_longer_than_the_context_is_refused_before_any_pass(runtime, mo
     text = "word " * runtime.config.max_position
     with pytest.raises(InvalidArgument, match="a text beginning 'word word"):
         yes_probabilities(runtime, Question("Is {0} long?"), [["short", text]])
+
+
+def test_a_step_past_the_token_limit_is_refused_before_any_pass(runtime, monkeypatch):
+    from quail.engine.errors import ResourceExhausted
+
+    texts = [f"review {i}: " + "the soup was cold " * 40 for i in range(40)]  # a step in two parts
+    work = QueryWork(max_tokens=2000)
+    monkeypatch.setattr(type(runtime.runner), "forward", lambda *a: pytest.fail("no pass may run"))
+    with pytest.raises(ResourceExhausted, match="more than 2,000 tokens"):
+        yes_probabilities(runtime.variant("quail", token_budget=256), Question("Is {0} kind?"), [texts], work)
+    assert work.stats.forward_passes == 0 and work.stats.logical_tokens == 0

@@ -7,9 +7,16 @@ import sys
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import pyarrow as pa
+import pytest
 
 from quail.clients.server_process import ServerProcess
 from quail.engine.storage import STORE
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess:
@@ -44,3 +51,18 @@ def test_a_busy_port_and_a_held_data_directory_are_refused_in_one_line(tmp_path)
         with conn.cursor() as cur:  # the first server still answers every connection
             cur.execute("SELECT 1 AS x")
             assert cur.fetchall() == [(1,)]
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param(("--device", "cuda"), "no CUDA GPU is available",
+                 marks=pytest.mark.skipif(_has_cuda(), reason="this machine has a CUDA GPU")),
+    (("--device", "gpu"), "unknown device 'gpu'"),
+    (("--port", "99999"), "port 99999 is not a TCP port"), (("--token-budget", "0"), "token budget must be at least"),
+    (("--max-active", "0"), "--max-active must be at least 1"), (("--users", "/no/such/file"), "No such file"),
+    (("--dialect", "postgres"), "unknown dialect"),
+], ids=["cuda-without-gpu", "unknown-device", "port", "budget", "max-active", "users-file", "dialect"])
+def test_bad_startup_options_are_one_line(tmp_path, args, message):
+    refused = _serve("--data-dir", str(tmp_path), "--port", "0", *args)
+    assert refused.returncode == 2 and "serving" not in refused.stdout
+    line = refused.stderr.strip()
+    assert line.startswith("quail: error: ") and message in line and "\n" not in line, refused.stderr
