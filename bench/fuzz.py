@@ -103,7 +103,8 @@ class Grammar:
             return self.pick(f"({sub()} + {sub()})", f"({sub()} * {sub()})", f"abs({sub()})",
                              f"coalesce({sub()}, {sub()})", f"length({sub('str')})",
                              f"CASE WHEN {self.cond(scope, depth + 1)} THEN {sub()} ELSE {sub()} END",
-                             f"CAST({sub('num')} AS BIGINT)" if self.rng.random() < 0.2 else f"greatest({sub()}, {sub()})")
+                             f"CAST({sub('num')} AS BIGINT)" if self.rng.random() < 0.2
+                             else f"greatest({sub()}, {sub()})")
         if kind == "num":
             return self.pick(f"({sub()} - {sub('int')})", f"round({sub()}, 1)", f"({sub()} / 4.0)",
                              f"nullif({sub()}, 0.0)")

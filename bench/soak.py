@@ -28,8 +28,8 @@ from quail.clients.server_process import ServerProcess
 REVIEWS = pa.table({
     "id": pa.array(range(400), pa.int64()),
     "stars": pa.array([i % 5 + 1 for i in range(400)], pa.int64()),
-    "body": [f"Review {i}: the {['soup', 'film', 'room', 'car'][i % 4]} was {['great', 'cold', 'fine', 'late'][i % 7 % 4]}."
-             for i in range(400)],
+    "body": [f"Review {i}: the {['soup', 'film', 'room', 'car'][i % 4]} was "
+             f"{['great', 'cold', 'fine', 'late'][i % 7 % 4]}." for i in range(400)],
 })
 PLAIN = ["SELECT stars, count(*) AS n, avg(id) AS a FROM reviews GROUP BY stars ORDER BY stars",
          "SELECT id, body FROM reviews WHERE id % 37 = {k} ORDER BY id",
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         latencies: dict[str, list[float]] = defaultdict(list)
         errors: list[str] = []
         lock = threading.Lock()
-        client(server.uri, -1, time.monotonic() + 20, latencies, errors, lock)  # warm: every kind once or more
+        client(server.uri, args.clients, time.monotonic() + 20, latencies, errors, lock)  # warm: every kind once+
         start_rss, peak = rss_kib(pid), 0
         latencies.clear()
         until = time.monotonic() + args.minutes * 60

@@ -146,7 +146,7 @@ def _cte(tokens: list[Token], i: int) -> Problem:
         if k >= len(tokens) or tokens[k].token_type != T.ALIAS:
             return tokens[min(k, len(tokens) - 1)], "a WITH query needs AS before its parentheses"
         k += 1
-        while k < len(tokens) and tokens[k].token_type != T.L_PAREN and tokens[k].text.upper() in ("NOT", "MATERIALIZED"):
+        while k < len(tokens) and tokens[k].text.upper() in ("NOT", "MATERIALIZED"):
             k += 1
         if k >= len(tokens) or tokens[k].token_type != T.L_PAREN:
             return tokens[min(k, len(tokens) - 1)], "a WITH query needs its query in parentheses"

@@ -219,8 +219,8 @@ class Access:
     def require(self, context: grpc.ServicerContext, role: str, what: str) -> None:
         """PermissionDenied unless the caller's role is at least `role`."""
         if not self.allows(context, role):
-            raise PermissionDenied(f"user {user_of(context)!r} may not {what}: its role is "
-                                   f"{self.role(context)!r}, and that needs {role!r} (the users file's user:password:role)")
+            raise PermissionDenied(f"user {user_of(context)!r} may not {what}: its role is {self.role(context)!r}, "
+                                   f"and that needs {role!r} (the users file's user:password:role)")
 
 
 def _client(context: grpc.ServicerContext) -> str:

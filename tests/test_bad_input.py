@@ -121,7 +121,8 @@ def test_huge_limits_and_long_conditions_plan(uri):
 def test_a_statement_of_more_than_64_tables_is_refused_at_once(uri):
     def joined(n: int) -> str:
         tables = ", ".join(f"reviews a{i}" for i in range(n))
-        return f"SELECT count(*) AS n FROM {tables} WHERE " + " AND ".join(f"a{i}.id = a{i + 1}.id" for i in range(n - 1))
+        chain = " AND ".join(f"a{i}.id = a{i + 1}.id" for i in range(n - 1))
+        return f"SELECT count(*) AS n FROM {tables} WHERE {chain}"
 
     assert _query(uri, joined(64))["n"].to_pylist() == [4]
     started = time.monotonic()

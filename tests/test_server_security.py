@@ -185,5 +185,6 @@ def test_metrics_need_an_admin_login(roles):
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(request, timeout=10)
         assert err.value.code == 401 and "Basic" in err.value.headers["WWW-Authenticate"]
-    request = urllib.request.Request(url, headers={"Authorization": "Basic " + base64.b64encode(b"boss:b-pass").decode()})
+    admin = "Basic " + base64.b64encode(b"boss:b-pass").decode()
+    request = urllib.request.Request(url, headers={"Authorization": admin})
     assert "quail_queries_running" in urllib.request.urlopen(request, timeout=10).read().decode()
