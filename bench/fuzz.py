@@ -227,9 +227,12 @@ class Outcome:
 
 
 def _rows(table: pa.Table) -> Counter:
+    """The rows as a multiset, floats to 9 digits, nested values (lists, structs) as their JSON text."""
     def value(v: Any) -> Any:
         if isinstance(v, float):
             return "nan" if math.isnan(v) else float(f"{v:.9g}")
+        if isinstance(v, (dict, list)):
+            return json.dumps(v, sort_keys=True, default=str)
         return v
     return Counter(tuple(value(v) for v in row.values()) for row in table.to_pylist())
 
