@@ -278,8 +278,11 @@ class Fuzzer:
             return (match.group(1) if match else "UNKNOWN"), None, str(err)
 
     def _duckdb(self, sql: str) -> tuple[str, pa.Table | None]:
+        """DuckDB's own answer: ("OK", rows), ("SYNTAX", None) or ("ERROR", None) (also for a statement that
+        is no query, which DuckDB answers with no relation)."""
         try:
-            return "OK", self.reference.sql(sql).to_arrow_table()
+            relation = self.reference.sql(sql)
+            return ("OK", relation.to_arrow_table()) if relation is not None else ("ERROR", None)
         except duckdb.ParserException:
             return "SYNTAX", None
         except duckdb.Error:
