@@ -48,7 +48,8 @@ def _function_name(func: exp.Func) -> str:
 
 def ai_name(node: exp.Expression) -> str | None:
     """'AI_FILTER', 'AI.IF', ... when node calls an AI function (known or not), else None."""
-    if isinstance(node, exp.Dot) and node.this.name.upper() == "AI" and isinstance(node.expression, exp.Func):
+    if isinstance(node, exp.Dot) and isinstance(node.this, exp.Expression) and node.this.name.upper() == "AI" \
+            and isinstance(node.expression, exp.Func):
         return "AI." + _function_name(node.expression).removeprefix("AI_")
     if isinstance(node, exp.Func) and not isinstance(node.parent, exp.Dot):
         name = _function_name(node)

@@ -26,6 +26,7 @@ _CLAUSE = {T.SEMICOLON, T.COMMA, T.WHERE, T.GROUP_BY, T.ORDER_BY, T.HAVING, T.LI
            T.UNION, T.EXCEPT, T.INTERSECT, T.QUALIFY, T.WINDOW, T.ON, T.USING, T.OR, T.FROM, T.THEN, T.ELSE,
            T.WHEN, T.BETWEEN} | _CLOSE  # tokens no expression starts with, nor continues through at its level
 _COMPARISONS = {T.EQ, T.NEQ, T.GT, T.GTE, T.LT, T.LTE}
+_LIST_STARTS = {T.COMMA, T.L_PAREN, T.L_BRACKET, T.SELECT, T.DISTINCT, T.GROUP_BY, T.ORDER_BY, T.PARTITION_BY}
 _UNCONDITIONAL = {T.CROSS, T.NATURAL, T.POSITIONAL}  # joins that take no ON
 _SECTIONS = {T.SELECT, T.FROM, T.JOIN, T.ON, T.USING, T.WHERE, T.GROUP_BY, T.HAVING, T.ORDER_BY, T.QUALIFY,
              T.LIMIT, T.WINDOW, T.VALUES}  # where a statement's parts begin
@@ -72,18 +73,22 @@ def _after(tokens: list[Token], i: int) -> TokenType | None:
 
 def _empty_item(tokens: list[Token], i: int) -> Problem:
     kind, after = tokens[i].token_type, _after(tokens, i)
-    if (kind in (T.COMMA, T.L_PAREN, T.L_BRACKET) and after == T.COMMA) or (
+    if (kind in _LIST_STARTS and after == T.COMMA) or (
             kind == T.COMMA and after in (T.R_PAREN, T.R_BRACKET, T.R_BRACE)):
         return tokens[i + 1], "an empty item in a list"
     return None
 
 
 def _nothing_after(tokens: list[Token], i: int) -> Problem:
-    """ON, AS and IS need what follows them (a condition, a name, a value)."""
+    """ON, AS, IS and IN need what follows them (a condition, a name, a value, a list); AS also needs an
+    expression before it."""
     kind, after = tokens[i].token_type, _after(tokens, i)
-    needs = {T.ON: "ON needs a condition", T.ALIAS: "AS needs a name", T.IS: "IS needs what it tests"}.get(kind)
+    needs = {T.ON: "ON needs a condition", T.ALIAS: "AS needs a name", T.IS: "IS needs what it tests",
+             T.IN: "IN needs a list or a query"}.get(kind)
     if needs and (after is None or after in _CLAUSE or (kind == T.ALIAS and after == T.NUMBER)):
         return tokens[i], needs
+    if kind == T.ALIAS and i > 0 and tokens[i - 1].token_type in _LIST_STARTS:
+        return tokens[i], "AS needs an expression before it"
     if kind == T.NOT and after == T.IS:
         return tokens[i], "NOT IS is not SQL: write IS NOT"
     return None
@@ -120,6 +125,17 @@ def _table_star(tokens: list[Token], i: int) -> Problem:
         depth += (kind in _CLOSE) - (kind in _OPEN)
         if depth < 0 or (depth == 0 and kind in _SECTIONS):
             return (tokens[i], "a table name cannot be followed by *") if kind in (T.FROM, T.JOIN) else None
+    return None
+
+
+def _lateral(tokens: list[Token], i: int) -> Problem:
+    """LATERAL starts a FROM item: after FROM, JOIN or a comma, before a subquery or a function."""
+    if tokens[i].token_type != T.LATERAL:
+        return None
+    before = tokens[i - 1].token_type if i > 0 else None
+    after = _after(tokens, i)
+    if before not in (T.FROM, T.JOIN, T.COMMA) or after is None or after in _CLAUSE or after == T.DOT:
+        return tokens[i], "LATERAL belongs in FROM, before a subquery or a function"
     return None
 
 
@@ -180,5 +196,6 @@ def _follows(tokens: list[Token], start: int, wanted: set[TokenType]) -> bool:
 
 
 RULES: list[Callable[[list[Token], int], Problem]] = [
-    _empty_item, _nothing_after, _when_then, _two_comparisons, _two_strings, _table_star, _join_condition, _cte,
+    _empty_item, _nothing_after, _when_then, _two_comparisons, _two_strings, _table_star, _lateral,
+    _join_condition, _cte,
 ]

@@ -55,8 +55,21 @@ def _refused(uri: str, sql: str) -> str:
     ("SELECT " + "NOT " * 100 + "TRUE", "nest more than 32 deep"),
     ("SELECT " + "abs(" * 100 + "1" + ")" * 100, "nest more than 32 deep"),
     ("SELECT " + "CASE WHEN TRUE THEN " * 60 + "1" + " END" * 60, "nest more than 32 deep"),
+    ("SELECT id FROM reviews GROUP BY id HAVING count(*) > > 0", "two comparisons in a row"),
+    ("SELECT id FROM reviews WHERE body NOT IS NULL", "write IS NOT"),
+    ("SELECT id, max(stars AS m FROM reviews GROUP BY id", "this is never closed"),
+    ("SELECT r.id FROM reviews r FULL JOIN topics t", "JOIN needs ON or USING"),
+    ("WITH w (SELECT 1) SELECT * FROM w", "needs AS before its parentheses"),
+    ("SELECT , id FROM reviews", "an empty item in a list"),
+    ("SELECT AS TRUE c0 FROM reviews", "AS needs an expression before it"),
+    ("SELECT id FROM reviews WHERE stars IN", "IN needs a list or a query"),
+    ("SELECT id AS g FROM reviews GROUP BY LATERAL . id", "LATERAL belongs in FROM"),
+    ("SELECT length('a' 'b')", "two strings in a row"),
+    ("SELECT id FROM reviews * r", "a table name cannot be followed by *"),
 ], ids=["left-join-on-nothing", "on-then-where", "empty-argument", "between-without-and", "empty-prompt-argument",
-        "trailing-comma", "deep-parentheses", "deep-not", "deep-calls", "deep-case"])
+        "trailing-comma", "deep-parentheses", "deep-not", "deep-calls", "deep-case", "two-comparisons", "not-is",
+        "unclosed-call", "full-join-without-on", "with-without-as", "leading-comma", "as-without-expression",
+        "in-without-list", "lateral-in-group-by", "two-strings", "table-star"])
 def test_malformed_sql_is_a_syntax_error_with_its_position_not_repaired(uri, sql, fragment):
     message = _refused(uri, sql)
     assert message.startswith("INVALID_ARGUMENT") and fragment in message, message
