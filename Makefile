@@ -38,7 +38,7 @@ gpu-carry: $(STAMP)
 		-d .whl duckdb==2.0.1 sqlglot==30.30.0 substrait==0.37.1 substrait-protobuf==0.106.0 \
 		substrait-extensions==0.106.0 substrait-antlr==0.106.0 antlr4-python3-runtime==4.13.2 \
 		pyyaml==6.0.3
-	$(BIN)/python -c "from quail.engine.models import export_embedded_tokenizer; export_embedded_tokenizer('.carry/tokenizer')"
+	$(BIN)/python -c "from quail.engine.runtime.loading import export_embedded_tokenizer; export_embedded_tokenizer('.carry/tokenizer')"
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -7,13 +7,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from quail.engine.config import ModelConfig
-from quail.engine.model import Decoder
-from quail.engine.models import building_on
-from quail.engine.requests import Request
-from quail.engine.runner import ModelRunner, pack
-from quail.engine.stats import Stats, causal_pairs
-from quail.engine.strategies import Strategy
+from quail.engine.model.config import ModelConfig
+from quail.engine.model.decoder import Decoder
+from quail.engine.runtime.counters import Stats, causal_pairs
+from quail.engine.runtime.loading import building_on
+from quail.engine.runtime.model_runner import ModelRunner
+from quail.engine.runtime.requests import Request
+from quail.engine.runtime.scheduler import Strategy, pack
 
 
 def hf_model(model: Decoder):

@@ -25,12 +25,12 @@ import numpy as np
 import torch
 
 import quail
-from quail.engine import strategies
-from quail.engine.ai_ops import Question, build_requests
-from quail.engine.attention import Rows, attend, attention
-from quail.engine.kv import KV
-from quail.engine.models import load_runtime
-from quail.engine.stats import Stats
+from quail.engine.ai.operators import Question, build_requests
+from quail.engine.kernels.attention import Rows, attend, attention
+from quail.engine.kv.runs import KV
+from quail.engine.runtime.counters import Stats
+from quail.engine.runtime.loading import load_runtime
+from quail.engine.runtime.runtime import STRATEGIES
 
 from .datagen import Workload, generate
 
@@ -47,7 +47,7 @@ def _requests(runtime):
 
 
 def _run(runtime, requests, strategy):
-    hidden = torch.stack(strategies.STRATEGIES[strategy](runtime.runner, requests, Stats()))
+    hidden = torch.stack(STRATEGIES[strategy](runtime.runner, requests, Stats()))
     return hidden.float(), runtime.runner.answer_logprobs(hidden, runtime.yes_no).cpu().numpy()
 
 
@@ -91,7 +91,8 @@ def kernels(device: str) -> dict:
 def fp8_kernel_errors(device: str) -> dict:
     """The Triton quantizations against their torch references: each one's error against fp32 (the
     dequantized rows), and how far apart their per-token scales are."""
-    from quail.engine import fp8, fp8_kernels
+    from quail.engine.kernels import fp8
+    from quail.engine.kernels import fp8_triton as fp8_kernels
 
     torch.manual_seed(3)
     gate, up = (torch.randn(3000, 9728, device=device, dtype=torch.bfloat16) for _ in range(2))
@@ -109,7 +110,7 @@ def fp8_kernel_errors(device: str) -> dict:
 
 def compiled_parts(runtime) -> dict:
     """Each compiled layer part against the same part run eagerly, on the same inputs."""
-    from quail.engine.model import DecoderLayer, rope_tables
+    from quail.engine.model.decoder import DecoderLayer, rope_tables
 
     model = runtime.runner.model
     layer = model.layers[0]

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from quail.engine.config import EngineConfig
-from quail.engine.kv import KV
-from quail.engine.models import load_runtime
-from quail.engine.runner import Row
-from quail.engine.stats import Stats
+from quail.engine.kv.runs import KV
+from quail.engine.model.config import EngineConfig
+from quail.engine.runtime.counters import Stats
+from quail.engine.runtime.loading import load_runtime
+from quail.engine.runtime.scheduler import Row
 
 VARIANTS = [("bf16", True, "buckets"), ("bf16", True, "varlen"), ("fp8", True, "varlen")]
 

@@ -27,10 +27,10 @@ from typing import Any
 
 
 import quail
-from quail.engine.ai_ops import Question, yes_probabilities
-from quail.engine.config import ATTENTION
+from quail.engine.ai.operators import Question, yes_probabilities
 from quail.engine.errors import QuailError
-from quail.engine.runtime import Runtime
+from quail.engine.model.config import ATTENTION
+from quail.engine.runtime.runtime import Runtime
 from quail.planner.cost import DEVICES
 
 from .baselines import hf_strategy

@@ -1,1 +1,1 @@
-"""Execution: relational operators over Arrow, AI operators and the inference runtime."""
+"""Execution, in layers (each imports only those before it): kv, kernels, model, runtime, ai, exec."""

@@ -8,10 +8,10 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 from sqlglot import exp
 
-from quail.engine.catalog import Catalog
 from quail.engine.errors import InvalidArgument, NotFound
+from quail.engine.exec.catalog import Catalog
 
-from .dialects import position
+from quail.planner.dialects import position
 
 UNBOUND = "quail_unbound_parameter"
 CATALOG_NAME = "quail"

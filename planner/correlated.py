@@ -19,9 +19,9 @@ from sqlglot import exp
 
 from quail.engine.errors import InvalidArgument
 
-from .ai_functions import ancestors
-from .dialects import position
-from .subqueries import sources
+from quail.planner.ai_calls import ancestors
+from quail.planner.dialects import position
+from quail.planner.subqueries import sources
 
 KEY = "__quail_key"
 IN_VALUE = "__quail_in"

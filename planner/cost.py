@@ -15,10 +15,10 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from quail.engine.config import ModelConfig
-from quail.engine.stats import Stats
+from quail.engine.model.config import ModelConfig
+from quail.engine.runtime.counters import Stats
 
-from .join_order import Rank, Work, by_tokens
+from quail.planner.join_order import Rank, Work, by_tokens
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from sqlglot.tokens import TokenType
 
 from quail.engine.errors import InvalidArgument
 
-from . import strict
+from quail.planner import strict
 
 AI_DOTTED = ("IF", "CLASSIFY", "SCORE")
 

@@ -8,11 +8,12 @@ from dataclasses import replace
 
 from sqlglot import exp
 
-from quail.engine.catalog import Catalog
 from quail.engine.errors import InvalidArgument
-from quail.engine.physical import CHUNK_ROWS, PhysicalPlan, SQLStep, describe
+from quail.engine.exec.catalog import Catalog
+from quail.engine.exec.plan import PhysicalPlan, SQLStep
+from quail.engine.runtime.scheduler import CHUNK_ROWS
 
-from .substrait_export import export_plan
+from quail.planner.substrait.producer import export_plan
 
 EXPLAIN = re.compile(r"^\s*EXPLAIN\b(?:\s+(ANALYZE)\b|\s*\(\s*FORMAT\s+(\w+)\s*\))?", re.IGNORECASE)
 COLUMN = "plan"
@@ -35,7 +36,8 @@ def explain_lines(plan: PhysicalPlan) -> list[str]:
     """The planner's notes, then one line per step in execution order."""
     chunked = [f"note: rows stream in chunks as their model work is done ({CHUNK_ROWS[0]} input rows first, "
                f"doubling up to {CHUNK_ROWS[1]})"] if plan.chunked else []
-    return [f"note: {note}" for note in plan.notes] + chunked + [line for step in plan.steps for line in describe(step)]
+    steps = [line for step in plan.steps for line in step.describe()]
+    return [f"note: {note}" for note in plan.notes] + chunked + steps
 
 
 def explain_plan(plan: PhysicalPlan, mode: str, catalog: Catalog) -> PhysicalPlan:

@@ -14,7 +14,7 @@ import dataclasses
 import sqlglot
 from sqlglot import exp
 
-from quail.engine.physical import AIFilterChain, AIStep, PhysicalPlan, SQLStep
+from quail.engine.exec.plan import AIFilterChain, AIStep, PhysicalPlan, SQLStep
 
 _SCALAR = {"TO_JSON"}  # functions sqlglot does not know (Anonymous) that are row-wise: AI_CLASSIFY's object
 _WHOLE = ("joins", "group", "having", "order", "limit", "offset", "distinct", "qualify", "windows", "with_")

@@ -16,11 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
-from quail.engine.catalog import Catalog
 from quail.engine.errors import InvalidArgument
+from quail.engine.exec.catalog import Catalog
 
-from .ai_functions import ai_name, ancestors
-from .dialects import position
+from quail.planner.ai_calls import ai_name, ancestors
+from quail.planner.dialects import position
 
 
 @dataclass

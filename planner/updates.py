@@ -12,15 +12,15 @@ from typing import Any, Sequence
 
 from sqlglot import exp
 
-from quail.engine.catalog import Catalog
 from quail.engine.errors import InvalidArgument
-from quail.engine.physical import PhysicalPlan
+from quail.engine.exec.catalog import Catalog
+from quail.engine.exec.plan import PhysicalPlan
 
-from .binder import bind_parameters
-from .dialects import parse_statement, position
-from .join_order import Rank, by_tokens
-from .explain import split_explain
-from .planner import name_ai_columns, plan_query, plan_sql
+from quail.planner.binder import bind_parameters
+from quail.planner.dialects import parse_statement, position
+from quail.planner.explain import split_explain
+from quail.planner.join_order import Rank, by_tokens
+from quail.planner.planner import name_ai_columns, plan_query, plan_sql
 
 UPDATES = (exp.Create, exp.Insert, exp.Drop)
 

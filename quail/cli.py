@@ -11,7 +11,7 @@ from quail.engine.errors import QuailError
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from quail.engine.config import EngineConfig
+    from quail.engine.model.config import EngineConfig
     from quail.server.admission import Limits
     from quail.server.app import ServerConfig, serve
 
@@ -29,7 +29,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from quail.engine.config import ATTENTION
+    from quail.engine.model.config import ATTENTION
     from quail.planner.cost import DEVICES
 
     top = argparse.ArgumentParser(prog="quail", description="Quail: AI-SQL over Arrow Flight SQL")

@@ -1,7 +1,8 @@
-"""Quail over Flight SQL: `connect` gives an ADBC connection to a server; a remote Session runs there.
+"""Quail over Flight SQL: `connect` gives an ADBC connection to a server; a RemoteSession makes a Session's
+calls there.
 
     import quail
-    with quail.Session(endpoint="grpc://localhost:31337") as session:
+    with quail.RemoteSession("grpc://localhost:31337") as session:
         session.register("reviews", table)
         rows = session.sql("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body))").collect()
 

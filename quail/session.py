@@ -6,7 +6,7 @@
         result = session.sql("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body))").run()
         rows, report = result.to_rows(), result.report
 
-The same planner, executor and runtime serve the Flight SQL server.
+The same query service (server/query_service.py) plans and runs the Flight SQL server's statements.
 """
 
 from __future__ import annotations
@@ -20,21 +20,17 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from quail.engine.catalog import MemoryCatalog
-from quail.engine.config import EngineConfig
 from quail.engine.errors import InvalidArgument
-from quail.engine.executor import execute, result_schema
-from quail.engine.models import load_runtime
-from quail.engine.physical import PhysicalPlan
-from quail.engine.runtime import Runtime
-from quail.engine.stats import Stats
-from quail.engine.work import QueryWork
-from quail.planner.cost import DEVICES, rank_by_sol, sol_seconds
+from quail.engine.exec.catalog import MemoryCatalog
+from quail.engine.exec.plan import PhysicalPlan
+from quail.engine.model.config import EngineConfig
+from quail.engine.runtime.loading import load_runtime
+from quail.engine.runtime.query_work import QueryWork
+from quail.engine.runtime.runtime import Runtime
 from quail.planner.dialects import DEFAULT_DIALECT
 from quail.planner.explain import explain_lines
-from quail.planner.planner import plan_sql
-from quail.planner.substrait_export import export_plan
-from quail.planner.substrait_import import QUERY_TEXT, import_plan
+from quail.planner.substrait.consumer import QUERY_TEXT
+from quail.server.query_service import QueryService
 
 
 class DocumentProvider:
@@ -132,24 +128,13 @@ class Query:
 
 
 class Session:
-    """Tables registered in memory and one model runtime; a context manager.
+    """Tables registered in memory and one model runtime; a context manager. (`quail.RemoteSession` makes
+    the same calls on a Quail server.)"""
 
-    `Session(endpoint="grpc://host:port")` is a session on a Quail server
-    instead (quail.remote.RemoteSession): the same calls, run there.
-    """
-
-    def __new__(cls, config: EngineConfig | None = None, runtime: Runtime | None = None,
-                endpoint: str | None = None):
-        if endpoint is not None:
-            from quail.remote import RemoteSession
-
-            return RemoteSession(endpoint)
-        return super().__new__(cls)
-
-    def __init__(self, config: EngineConfig | None = None, runtime: Runtime | None = None,
-                 endpoint: str | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, runtime: Runtime | None = None) -> None:
         self.config = config or EngineConfig()
         self.runtime = runtime or load_runtime(self.config)
+        self.service = QueryService.serving(self.runtime, self.config)
         self.catalog = MemoryCatalog()
 
     def __enter__(self) -> "Session":
@@ -167,34 +152,23 @@ class Session:
 
     def sql(self, text: str, dialect: str = DEFAULT_DIALECT, params: list[Any] | None = None) -> Query:
         """A query; `params` bind its `?` placeholders in order (it runs only with them bound)."""
-        query = self._query(text, plan_sql(text, self.catalog, dialect, params, rank=rank_by_sol(self._sol)))
-        query.bound = params is not None or not query.plan.parameters
-        return query
+        plan, schema = self.service.plan_query(text, self.catalog, dialect, params)
+        return Query(self, text, plan, schema, bound=params is not None or not plan.parameters)
 
     def substrait(self, text: str, dialect: str = DEFAULT_DIALECT, params: list[Any] | None = None) -> bytes:
         """The query's optimized plan as a serialized Substrait plan (`EXPLAIN (FORMAT SUBSTRAIT)` returns it too)."""
-        plan = plan_sql(text, self.catalog, dialect, params, rank=rank_by_sol(self._sol))
-        return export_plan(plan, self.catalog).SerializeToString()
+        return self.service.substrait(text, self.catalog, dialect, params)
 
     def execute_substrait(self, plan: bytes) -> Result:
         """Run a serialized Substrait plan over the registered tables: one `substrait` made, or one written
         by hand within the same subset (AI work as calls of Quail's AI extension functions)."""
-        return self._query(QUERY_TEXT, import_plan(plan, self.catalog)).run()
-
-    def _query(self, text: str, plan: PhysicalPlan) -> Query:
-        return Query(self, text, plan, result_schema(plan, self.catalog))
-
-    def _sol(self, ideal: Stats) -> float | None:
-        """Speed-of-light seconds of the ideal work on the configured device (None: no device constants)."""
-        device = self.config.speed_of_light_device
-        return (sol_seconds(ideal, self.runtime.config, DEVICES[device], self.config.precision, self.config.token_budget)
-                if device else None)
+        return Query(self, QUERY_TEXT, *self.service.plan_substrait(plan, self.catalog)).run()
 
     def _run(self, query: Query) -> Result:
         if not query.bound:
             raise InvalidArgument(f"the query has {query.plan.parameters} parameter(s) and no values were bound")
         work = QueryWork()
         started = time.perf_counter()
-        table = execute(query.plan, self.catalog, self.runtime, work, self._sol)
-        report = Report(**work.report(time.perf_counter() - started, self._sol))
+        table = self.service.execute(query.plan, self.catalog, work)
+        report = Report(**self.service.report(work, time.perf_counter() - started))
         return Result(table.cast(query.schema), report)

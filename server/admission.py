@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from quail.engine.errors import ResourceExhausted
-from quail.engine.work import QueryWork
+from quail.engine.runtime.query_work import QueryWork
 
 
 @dataclass(frozen=True)

@@ -11,23 +11,22 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import grpc
 
-from quail.engine.config import EngineConfig
 from quail.engine.errors import Unavailable
-from quail.engine.models import load_runtime
-from quail.engine.storage import TableStore
-from quail.planner.cost import DEVICES, sol_seconds
+from quail.engine.exec.storage import TableStore
+from quail.engine.model.config import EngineConfig
+from quail.engine.runtime.loading import load_runtime
 from quail.planner.dialects import DEFAULT_DIALECT, DIALECTS
 
-from .admission import Limits
-from .auth import Access, Authenticator, load_users
-from .metrics import Metrics
-from .flight_sql import FlightSQLHandler
-from .grpc_service import FlightService
+from quail.server.admission import Limits
+from quail.server.auth import Access, Authenticator, load_users
+from quail.server.flight_sql import FlightSQLHandler
+from quail.server.grpc_service import FlightService
+from quail.server.metrics import Metrics
+from quail.server.query_service import QueryService
 
 log = logging.getLogger("quail.server")
 MIN_TOKEN_BUDGET = 16
@@ -110,13 +109,10 @@ class QuailServer:
         self.runtime = load_runtime(engine)
         self.runtime.warm_up()
         self.metrics = Metrics(self.runtime.runner)
-        device = engine.speed_of_light_device
-        sol = partial(sol_seconds, model=self.runtime.config, device=DEVICES[device], precision=engine.precision,
-                      tokens_per_pass=engine.token_budget) if device else None
         users = load_users(config.users_file) if config.users_file else None
         self.auth = Authenticator(users, config.token_ttl_s) if users is not None else None
-        self.handler = FlightSQLHandler(self.store, self.runtime, config.dialect, sol, config.limits, self.metrics,
-                                        Access(users))
+        self.handler = FlightSQLHandler(self.store, QueryService.serving(self.runtime, engine), config.dialect,
+                                        config.limits, self.metrics, Access(users))
         service = FlightService(self.handler, self.auth, self.metrics.error)
         self._grpc.add_generic_rpc_handlers((service.generic_handler(),))
 

@@ -6,7 +6,7 @@ from google.protobuf.message import DecodeError, Message
 
 from quail.engine.errors import InvalidArgument
 
-from .protobuf import build_messages
+from quail.server.protobuf import build_messages
 
 SERVICE = "arrow.flight.protocol.FlightService"
 DESCRIPTOR_PATH, DESCRIPTOR_CMD = 1, 2

@@ -7,36 +7,34 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 from google.protobuf.message import Message
 
 from quail.engine.errors import Cancelled, InvalidArgument, NotFound, QuailError, Unimplemented
-from quail.engine.executor import execute, execute_stream, result_schema
-from quail.engine.physical import PhysicalPlan
-from quail.engine.work import QueryWork
-from quail.engine.runtime import Runtime
-from quail.engine.stats import Stats
-from quail.engine.storage import TableStore
+from quail.engine.exec.plan import PhysicalPlan
+from quail.engine.exec.storage import TableStore
+from quail.engine.runtime.query_work import QueryWork
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
-from quail.planner.cost import rank_by_sol
 from quail.planner.dialects import DIALECTS
-from quail.planner.substrait_import import QUERY_TEXT, import_plan
-from quail.planner.updates import UpdatePlan, plan_statement
+from quail.planner.substrait.consumer import QUERY_TEXT
+from quail.planner.updates import UpdatePlan
 
-from . import metadata
-from . import sql_messages as sql
-from .admission import Admission, Limits
-from .auth import Access, user_of
-from .flight_messages import (CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING, CANCEL_STATUS_NOT_CANCELLABLE, FLIGHT,
-                              parse)
-from .ipc import plain_schema, schema_bytes
-from .metrics import Metrics
-from .sessions import LAST_QUERY, Sessions
-from .statements import Statements
-from .system_tables import QUERIES, QUERIES_SCHEMA, WithSystemTables, queries_table
-from .status import status_of
+from quail.server import metadata
+from quail.server import sql_messages as sql
+from quail.server.admission import Admission, Limits
+from quail.server.auth import Access, user_of
+from quail.server.flight_messages import (CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING,
+                                          CANCEL_STATUS_NOT_CANCELLABLE, FLIGHT, parse)
+from quail.server.ipc import plain_schema, schema_bytes
+from quail.server.metrics import Metrics
+from quail.server.query_service import QueryService
+from quail.server.session_options import LAST_QUERY, Sessions
+from quail.server.statements import Statements
+from quail.server.status import status_of
+from quail.server.system_tables import QUERIES, QUERIES_SCHEMA, WithSystemTables, queries_table
 
 log = logging.getLogger("quail.server")
 BATCH_ROWS = 65536
@@ -47,29 +45,18 @@ _IF_MISSING = {sql.TABLE_NOT_EXIST_UNSPECIFIED: "fail", sql.TABLE_NOT_EXIST_CREA
                sql.TABLE_NOT_EXIST_FAIL: "fail"}
 _UPDATES = ("CommandStatementUpdate", "CommandPreparedStatementUpdate")
 UPDATE_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
-_ACTIONS = [
-    ("CreatePreparedStatement", "Prepare a SQL query; returns its handle and result schema"),
-    ("ClosePreparedStatement", "Release a prepared statement"),
-    ("SetSessionOptions", "Set session options: dialect (snowflake, bigquery, duckdb), catalog, schema"),
-    ("GetSessionOptions", "The session's options"),
-    ("CloseSession", "Forget the session's options"),
-    ("CancelFlightInfo", "Cancel a query by its FlightInfo: stops its model work within a forward pass"),
-    ("CancelQuery", "Cancel a query by its FlightInfo (Flight SQL's older action)"),
-]
 
 
 class FlightSQLHandler:
     """Answers Flight SQL commands against one table store and one model runtime."""
 
-    def __init__(self, store: TableStore, runtime: Runtime, dialect: str,
-                 sol: Callable[[Stats], float | None] | None = None, limits: Limits = Limits(),
+    def __init__(self, store: TableStore, service: QueryService, dialect: str, limits: Limits = Limits(),
                  metrics: Metrics | None = None, access: Access = Access()) -> None:
         self.store = store
-        self.runtime = runtime
-        self.sol = sol  # speed-of-light seconds of a query's ideal work (EXPLAIN ANALYZE)
+        self.service = service
         self.admission = Admission(limits.max_active)
         self.limits = limits
-        self.metrics = metrics or Metrics(runtime.runner)
+        self.metrics = metrics or Metrics(service.runtime.runner)
         self.sessions = Sessions({"dialect": dialect, "catalog": CATALOG_NAME, "schema": SCHEMA_NAME},
                                  {"dialect": tuple(DIALECTS), "catalog": (CATALOG_NAME,), "schema": (SCHEMA_NAME,)})
         self.statements = Statements(limits.work)
@@ -103,17 +90,14 @@ class FlightSQLHandler:
         `params`: one row of bound parameter values."""
         planning = self.limits.work()  # planning counts toward the query's time limit, and stops with its call
         context.add_callback(planning.cancel)
-        plan = plan_statement(query, self.catalog, self.sessions.options(context)["dialect"], params,
-                              rank_by_sol(self.sol))
-        planning.check()
-        if isinstance(plan, UpdatePlan):
-            return plan, UPDATE_SCHEMA
-        return plan, plain_schema(result_schema(plan, self.catalog, planning))
+        plan, schema = self.service.plan(query, self.catalog, self.sessions.options(context)["dialect"], params,
+                                         planning)
+        return plan, UPDATE_SCHEMA if schema is None else plain_schema(schema)
 
     def _substrait(self, cmd: Message) -> tuple[PhysicalPlan, pa.Schema]:
         """A CommandStatementSubstraitPlan's plan and result schema."""
-        plan = import_plan(cmd.plan.plan, self.catalog)
-        return plan, plain_schema(result_schema(plan, self.catalog))
+        plan, schema = self.service.plan_substrait(cmd.plan.plan, self.catalog)
+        return plan, plain_schema(schema)
 
     def _stream(self, plan: PhysicalPlan | list[UpdatePlan], params: pa.Table | None, schema: pa.Schema,
                 work: QueryWork, context, handle: bytes) -> Iterator[pa.RecordBatch]:
@@ -124,7 +108,7 @@ class FlightSQLHandler:
             with self.admission.admit(), self.metrics.running.track_inprogress():
                 catalog = self._catalog(context)
                 if isinstance(plan, PhysicalPlan):
-                    batches = execute_stream(plan, catalog, self.runtime, work, self.sol, BATCH_ROWS)
+                    batches = self.service.stream(plan, catalog, work, BATCH_ROWS)
                 else:
                     written = self._update(plan, params, work, catalog)
                     batches = iter(pa.table({"rows_affected": [written]}).to_batches())
@@ -140,7 +124,7 @@ class FlightSQLHandler:
             raise
         finally:
             self.statements.finish(handle)
-        report = work.report(time.perf_counter() - start, self.sol)
+        report = self.service.report(work, time.perf_counter() - start)
         self.sessions.record(context, LAST_QUERY, json.dumps(report))
         self.metrics.query_done(report)
         log.info("query %s done for %s: %d rows in %.3fs, %d requests, %d logical / %d fresh tokens",
@@ -162,7 +146,7 @@ class FlightSQLHandler:
         if update.rows_are_parameters and params is not None:
             rows = params
         else:
-            rows = _stacked([execute(u.query, catalog, self.runtime, work, self.sol) for u in updates])
+            rows = _stacked([self.service.execute(u.query, catalog, work) for u in updates])
         if update.if_exists == "append":
             rows = _as_columns_of(rows, self.store.schema(table).names, update.columns, table)
         written = self.store.write(table, rows, "fail" if update.if_exists == "keep" else update.if_exists,
@@ -204,64 +188,63 @@ class FlightSQLHandler:
             handle = self.statements.add_pending(plan, schema, query)
         return self._info(descriptor, schema, sql.pack(sql.new("TicketStatementQuery", statement_handle=handle)))
 
+    def _route(self, data: bytes, rpc: str) -> tuple[Callable, Message]:
+        """The handler of a command (or ticket) for one RPC, from COMMANDS, and the command."""
+        name, cmd = self._command(data, rpc)
+        handler = getattr(COMMANDS.get(name), _RPC_FIELDS[rpc], None)
+        if handler is None:
+            raise Unimplemented(f"{rpc}: unsupported command {name}")
+        return handler, cmd
+
     def get_flight_info(self, descriptor, context) -> Message:
-        name, cmd = self._command(descriptor.cmd, "GetFlightInfo")
-        if name == "CommandStatementQuery":
-            return self._statement_info(descriptor, cmd.query, None, context)
-        if name == "CommandStatementSubstraitPlan":
-            plan, schema = self._substrait(cmd)
-            handle = self.statements.add_pending(plan, schema, QUERY_TEXT)
-            return self._info(descriptor, schema, sql.pack(sql.new("TicketStatementQuery", statement_handle=handle)))
-        if name == "CommandPreparedStatementQuery":
-            statement = self.statements.prepared(cmd.prepared_statement_handle)
-            return self._statement_info(descriptor, statement.query, statement.params, context)
-        return self._info(descriptor, self._metadata(name, cmd).schema, descriptor.cmd)
+        handler, cmd = self._route(descriptor.cmd, "GetFlightInfo")
+        return handler(self, cmd, descriptor, context)
 
     def get_schema(self, descriptor, context) -> pa.Schema:
-        name, cmd = self._command(descriptor.cmd, "GetSchema")
-        if name == "CommandStatementQuery":
-            return self._plan(cmd.query, None, context)[1]
-        if name == "CommandStatementSubstraitPlan":
-            return self._substrait(cmd)[1]
-        if name == "CommandPreparedStatementQuery":
-            statement = self.statements.prepared(cmd.prepared_statement_handle)
-            return self._plan(statement.query, _first_row(statement.params), context)[1]
-        return self._metadata(name, cmd).schema
+        handler, cmd = self._route(descriptor.cmd, "GetSchema")
+        return handler(self, cmd, context)
 
     def do_get(self, ticket, context) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
-        name, cmd = self._command(ticket.ticket, "DoGet")
-        if name == "TicketStatementQuery":
-            done = self.statements.take_result(cmd.statement_handle)
-            if done is not None:  # a statement that changed tables when it was planned: its result
-                return done.schema, done.to_batches()
-            plan, schema, work = self.statements.start(cmd.statement_handle, user_of(context))
-            context.add_callback(work.cancel)  # the client ended the call (or it finished): stop the model work
-            batches = self._stream(plan, None, schema, work, context, cmd.statement_handle)
-            first = next(batches, None)  # the model work: its errors leave before any data, as a plain status
-            return schema, [] if first is None else itertools.chain([first], batches)
-        table = self._metadata(name, cmd)
-        return table.schema, table.to_batches()
+        handler, cmd = self._route(ticket.ticket, "DoGet")
+        return handler(self, cmd, context)
 
-    def _metadata(self, name: str, cmd: Message) -> pa.Table:
-        if name == "CommandGetCatalogs":
-            return metadata.catalogs()
-        if name == "CommandGetDbSchemas":
-            return metadata.db_schemas(_optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern"))
-        if name == "CommandGetTables":
-            return metadata.tables(self.store, self.catalog.system_schemas(), _optional(cmd, "catalog"),
-                                   _optional(cmd, "db_schema_filter_pattern"), _optional(cmd, "table_name_filter_pattern"),
-                                   list(cmd.table_types), cmd.include_schema)
-        if name == "CommandGetTableTypes":
-            return metadata.table_types()
-        if name == "CommandGetSqlInfo":
-            return metadata.sql_info(list(cmd.info))
-        if name == "CommandGetPrimaryKeys":
-            return metadata.primary_keys()
-        if name in ("CommandGetImportedKeys", "CommandGetExportedKeys", "CommandGetCrossReference"):
-            return metadata.foreign_keys()
-        if name == "CommandGetXdbcTypeInfo":
-            return metadata.xdbc_type_info(_optional(cmd, "data_type"))
-        raise Unimplemented(f"unsupported command {name}")
+    def _query_info(self, cmd: Message, descriptor, context) -> Message:
+        return self._statement_info(descriptor, cmd.query, None, context)
+
+    def _query_schema(self, cmd: Message, context) -> pa.Schema:
+        return self._plan(cmd.query, None, context)[1]
+
+    def _substrait_info(self, cmd: Message, descriptor, context) -> Message:
+        plan, schema = self._substrait(cmd)
+        handle = self.statements.add_pending(plan, schema, QUERY_TEXT)
+        return self._info(descriptor, schema, sql.pack(sql.new("TicketStatementQuery", statement_handle=handle)))
+
+    def _substrait_schema(self, cmd: Message, context) -> pa.Schema:
+        return self._substrait(cmd)[1]
+
+    def _prepared_info(self, cmd: Message, descriptor, context) -> Message:
+        statement = self.statements.prepared(cmd.prepared_statement_handle)
+        return self._statement_info(descriptor, statement.query, statement.params, context)
+
+    def _prepared_schema(self, cmd: Message, context) -> pa.Schema:
+        statement = self.statements.prepared(cmd.prepared_statement_handle)
+        return self._plan(statement.query, _first_row(statement.params), context)[1]
+
+    def _ticket(self, cmd: Message, context) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
+        """A statement's rows: a query's, run now, or the result an update left when it was planned."""
+        done = self.statements.take_result(cmd.statement_handle)
+        if done is not None:  # a statement that changed tables when it was planned: its result
+            return done.schema, done.to_batches()
+        plan, schema, work = self.statements.start(cmd.statement_handle, user_of(context))
+        context.add_callback(work.cancel)  # the client ended the call (or it finished): stop the model work
+        batches = self._stream(plan, None, schema, work, context, cmd.statement_handle)
+        first = next(batches, None)  # the model work: its errors leave before any data, as a plain status
+        return schema, [] if first is None else itertools.chain([first], batches)
+
+    def _tables(self, cmd: Message) -> pa.Table:
+        return metadata.tables(self.store, self.catalog.system_schemas(), _optional(cmd, "catalog"),
+                               _optional(cmd, "db_schema_filter_pattern"), _optional(cmd, "table_name_filter_pattern"),
+                               list(cmd.table_types), cmd.include_schema)
 
     def reads_data(self, descriptor, schema: pa.Schema | None) -> bool:
         """Ingest and parameter binds carry data; an update carries parameters only when its first message
@@ -269,28 +252,35 @@ class FlightSQLHandler:
         return sql.unpack(descriptor.cmd)[0] not in _UPDATES or bool(schema)
 
     def do_put(self, descriptor, schema: pa.Schema, batches: list[pa.RecordBatch], context) -> Iterable[bytes]:
-        name, cmd = self._command(descriptor.cmd, "DoPut")
-        table = pa.Table.from_batches(batches, schema)
-        if name == "CommandStatementIngest":
-            rows = self._ingest(cmd, table, context)
-            return [sql.new("DoPutUpdateResult", record_count=rows).SerializeToString()]
-        if name == "CommandPreparedStatementQuery":
-            handle = cmd.prepared_statement_handle
-            self.statements.bind(handle, _parameters(table))
-            return [sql.new("DoPutPreparedStatementResult", prepared_statement_handle=handle).SerializeToString()]
-        if name in _UPDATES:
-            if name == "CommandStatementUpdate":
-                query, params = cmd.query, None
-            else:
-                statement = self.statements.prepared(cmd.prepared_statement_handle)
-                query, params = statement.query, _parameters(table) if table.num_columns else statement.params
-            update, _ = self._plan(query, _first_row(params), context)
-            if not isinstance(update, UpdatePlan):
-                raise InvalidArgument("a query is not an update: ask for its rows with GetFlightInfo")
-            _check_bound(update, params)
-            rows = self._apply(query, update, params, context).column(0)[0].as_py()
-            return [sql.new("DoPutUpdateResult", record_count=rows).SerializeToString()]
-        raise Unimplemented(f"DoPut: unsupported command {name}")
+        handler, cmd = self._route(descriptor.cmd, "DoPut")
+        return handler(self, cmd, pa.Table.from_batches(batches, schema), context)
+
+    def _ingested(self, cmd: Message, table: pa.Table, context) -> list[bytes]:
+        return [sql.new("DoPutUpdateResult", record_count=self._ingest(cmd, table, context)).SerializeToString()]
+
+    def _bind(self, cmd: Message, table: pa.Table, context) -> list[bytes]:
+        """Parameter values for a prepared statement."""
+        handle = cmd.prepared_statement_handle
+        self.statements.bind(handle, _parameters(table))
+        return [sql.new("DoPutPreparedStatementResult", prepared_statement_handle=handle).SerializeToString()]
+
+    def _statement_update(self, cmd: Message, table: pa.Table, context) -> list[bytes]:
+        return self._put_update(cmd.query, None, context)
+
+    def _prepared_update(self, cmd: Message, table: pa.Table, context) -> list[bytes]:
+        """A prepared update with the rows of parameters sent along, else those bound before."""
+        statement = self.statements.prepared(cmd.prepared_statement_handle)
+        return self._put_update(statement.query, _parameters(table) if table.num_columns else statement.params,
+                                context)
+
+    def _put_update(self, query: str, params: pa.Table | None, context) -> list[bytes]:
+        """An update sent by DoPut, run once (or once per row of parameters) in one commit."""
+        update, _ = self._plan(query, _first_row(params), context)
+        if not isinstance(update, UpdatePlan):
+            raise InvalidArgument("a query is not an update: ask for its rows with GetFlightInfo")
+        _check_bound(update, params)
+        rows = self._apply(query, update, params, context).column(0)[0].as_py()
+        return [sql.new("DoPutUpdateResult", record_count=rows).SerializeToString()]
 
     def _ingest(self, cmd: Message, table: pa.Table, context) -> int:
         """Write an ingested stream: one atomic commit, and none for a stream cut off (_whole)."""
@@ -311,34 +301,34 @@ class FlightSQLHandler:
         return rows
 
     def do_action(self, action, context) -> Iterable[bytes]:
-        if action.type == "CreatePreparedStatement":
-            _, request = self._command(action.body, "CreatePreparedStatement")
-            plan, schema = self._plan(request.query, None, context)
-            parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(plan.parameters)])
-            if isinstance(plan, UpdatePlan):
-                schema = pa.schema([])  # an update: JDBC then runs it by DoPut(CommandPreparedStatementUpdate)
-            result = sql.new("ActionCreatePreparedStatementResult",
-                             prepared_statement_handle=self.statements.prepare(request.query),
-                             dataset_schema=schema_bytes(schema), parameter_schema=schema_bytes(parameters))
-            return [sql.pack(result)]
-        if action.type == "ClosePreparedStatement":
-            _, request = self._command(action.body, "ClosePreparedStatement")
-            self.statements.close(request.prepared_statement_handle)
-            return []
-        if action.type == "SetSessionOptions":
-            return [self.sessions.set(context, parse("SetSessionOptionsRequest", action.body))]
-        if action.type == "GetSessionOptions":
-            return [self.sessions.get(context)]
-        if action.type == "CloseSession":
-            return [self.sessions.close(context)]
-        if action.type == "CancelFlightInfo":
-            request = parse("CancelFlightInfoRequest", action.body)
-            return [FLIGHT["CancelFlightInfoResult"](status=self._cancel(request.info)).SerializeToString()]
-        if action.type == "CancelQuery":
-            _, request = self._command(action.body, "CancelQuery")
-            info = parse("FlightInfo", request.info)
-            return [sql.pack(sql.new("ActionCancelQueryResult", result=self._cancel(info)))]
-        raise Unimplemented(f"unsupported action {action.type!r}")
+        if action.type not in ACTIONS:
+            raise Unimplemented(f"unsupported action {action.type!r}")
+        return ACTIONS[action.type][1](self, action.body, context)
+
+    def _prepare(self, body: bytes, context) -> list[bytes]:
+        _, request = self._command(body, "CreatePreparedStatement")
+        plan, schema = self._plan(request.query, None, context)
+        parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(plan.parameters)])
+        if isinstance(plan, UpdatePlan):
+            schema = pa.schema([])  # an update: JDBC then runs it by DoPut(CommandPreparedStatementUpdate)
+        result = sql.new("ActionCreatePreparedStatementResult",
+                         prepared_statement_handle=self.statements.prepare(request.query),
+                         dataset_schema=schema_bytes(schema), parameter_schema=schema_bytes(parameters))
+        return [sql.pack(result)]
+
+    def _close_prepared(self, body: bytes, context) -> list[bytes]:
+        _, request = self._command(body, "ClosePreparedStatement")
+        self.statements.close(request.prepared_statement_handle)
+        return []
+
+    def _cancel_flight_info(self, body: bytes, context) -> list[bytes]:
+        request = parse("CancelFlightInfoRequest", body)
+        return [FLIGHT["CancelFlightInfoResult"](status=self._cancel(request.info)).SerializeToString()]
+
+    def _cancel_query(self, body: bytes, context) -> list[bytes]:
+        _, request = self._command(body, "CancelQuery")
+        info = parse("FlightInfo", request.info)
+        return [sql.pack(sql.new("ActionCancelQueryResult", result=self._cancel(info)))]
 
     def _cancel(self, info: Message) -> int:
         """Cancel the queries a FlightInfo's tickets name: the least final status among them."""
@@ -354,7 +344,60 @@ class FlightSQLHandler:
                                   CANCEL_STATUS_NOT_CANCELLABLE].index)
 
     def list_actions(self) -> list[tuple[str, str]]:
-        return list(_ACTIONS)
+        return [(name, description) for name, (description, _) in ACTIONS.items()]
+
+
+@dataclass(frozen=True)
+class Route:
+    """What each RPC does with one Flight SQL command (None: the RPC does not take it)."""
+
+    info: Callable | None = None  # GetFlightInfo: (handler, command, descriptor, context) → FlightInfo
+    schema: Callable | None = None  # GetSchema: (handler, command, context) → schema
+    get: Callable | None = None  # DoGet: (handler, command, context) → (schema, batches)
+    put: Callable | None = None  # DoPut: (handler, command, table, context) → result messages
+
+
+def _listing(make: Callable[[FlightSQLHandler, Message], pa.Table]) -> Route:
+    """A catalog command: its FlightInfo's ticket is the command itself, redeemed by DoGet for the listing."""
+    return Route(info=lambda h, cmd, descriptor, context: h._info(descriptor, make(h, cmd).schema, descriptor.cmd),
+                 schema=lambda h, cmd, context: make(h, cmd).schema,
+                 get=lambda h, cmd, context: (lambda table: (table.schema, table.to_batches()))(make(h, cmd)))
+
+
+COMMANDS: dict[str, Route] = {
+    "CommandStatementQuery": Route(FlightSQLHandler._query_info, FlightSQLHandler._query_schema),
+    "CommandStatementSubstraitPlan": Route(FlightSQLHandler._substrait_info, FlightSQLHandler._substrait_schema),
+    "CommandPreparedStatementQuery": Route(FlightSQLHandler._prepared_info, FlightSQLHandler._prepared_schema,
+                                           put=FlightSQLHandler._bind),
+    "TicketStatementQuery": Route(get=FlightSQLHandler._ticket),
+    "CommandStatementUpdate": Route(put=FlightSQLHandler._statement_update),
+    "CommandPreparedStatementUpdate": Route(put=FlightSQLHandler._prepared_update),
+    "CommandStatementIngest": Route(put=FlightSQLHandler._ingested),
+    "CommandGetCatalogs": _listing(lambda h, cmd: metadata.catalogs()),
+    "CommandGetDbSchemas": _listing(lambda h, cmd: metadata.db_schemas(
+        _optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern"))),
+    "CommandGetTables": _listing(FlightSQLHandler._tables),
+    "CommandGetTableTypes": _listing(lambda h, cmd: metadata.table_types()),
+    "CommandGetSqlInfo": _listing(lambda h, cmd: metadata.sql_info(list(cmd.info))),
+    "CommandGetPrimaryKeys": _listing(lambda h, cmd: metadata.primary_keys()),
+    "CommandGetImportedKeys": _listing(lambda h, cmd: metadata.foreign_keys()),
+    "CommandGetExportedKeys": _listing(lambda h, cmd: metadata.foreign_keys()),
+    "CommandGetCrossReference": _listing(lambda h, cmd: metadata.foreign_keys()),
+    "CommandGetXdbcTypeInfo": _listing(lambda h, cmd: metadata.xdbc_type_info(_optional(cmd, "data_type"))),
+}
+_RPC_FIELDS = {"GetFlightInfo": "info", "GetSchema": "schema", "DoGet": "get", "DoPut": "put"}
+
+ACTIONS: dict[str, tuple[str, Callable]] = {  # DoAction's types: (description, handler(handler, body, context))
+    "CreatePreparedStatement": ("Prepare a SQL query; returns its handle and result schema", FlightSQLHandler._prepare),
+    "ClosePreparedStatement": ("Release a prepared statement", FlightSQLHandler._close_prepared),
+    "SetSessionOptions": ("Set session options: dialect (snowflake, bigquery, duckdb), catalog, schema",
+                          lambda h, body, context: [h.sessions.set(context, parse("SetSessionOptionsRequest", body))]),
+    "GetSessionOptions": ("The session's options", lambda h, body, context: [h.sessions.get(context)]),
+    "CloseSession": ("Forget the session's options", lambda h, body, context: [h.sessions.close(context)]),
+    "CancelFlightInfo": ("Cancel a query by its FlightInfo: stops its model work within a forward pass",
+                         FlightSQLHandler._cancel_flight_info),
+    "CancelQuery": ("Cancel a query by its FlightInfo (Flight SQL's older action)", FlightSQLHandler._cancel_query),
+}
 
 
 CUT_OFF_WAIT_S = 0.25  # gRPC ends a cut-off stream's messages a moment before it marks the call cancelled

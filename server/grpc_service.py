@@ -17,10 +17,10 @@ import pyarrow as pa
 
 from quail.engine.errors import InvalidArgument, QuailError, Unimplemented
 
-from .auth import Authenticator
-from .flight_messages import FLIGHT, SERVICE, parse
-from .ipc import decode, encode, first_schema, schema_bytes
-from .status import status_of
+from quail.server.auth import Authenticator
+from quail.server.flight_messages import FLIGHT, SERVICE, parse
+from quail.server.ipc import decode, encode, first_schema, schema_bytes
+from quail.server.status import status_of
 
 log = logging.getLogger("quail.server")
 LOGGED_FRAMES = 12  # an internal error's innermost frames in the log (one entry, however deep the stack)

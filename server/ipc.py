@@ -8,7 +8,7 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .flight_messages import FLIGHT
+from quail.server.flight_messages import FLIGHT
 
 _CONTINUATION = b"\xff\xff\xff\xff"
 _END_OF_STREAM = _CONTINUATION + b"\x00\x00\x00\x00"

@@ -7,12 +7,13 @@ import re
 import pyarrow as pa
 
 import quail
-from quail.engine.relational import keywords, result_columns
-from quail.engine.storage import TableStore
+from quail.engine.ai.kinds import SQL_NAMES
+from quail.engine.exec.relational import keywords, result_columns
+from quail.engine.exec.storage import TableStore
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
-from quail.planner.substrait_export import SUBSTRAIT_VERSION
+from quail.planner.substrait.producer import SUBSTRAIT_VERSION
 
-from .ipc import schema_bytes
+from quail.server.ipc import schema_bytes
 
 TABLE_TYPES = ("SYSTEM TABLE", "TABLE")
 
@@ -59,7 +60,7 @@ SQLSTATE SUBSTRING SUM SYSTEM_USER TABLE TEMPORARY THEN TIME TIMESTAMP TIMEZONE_
 TRANSACTION TRANSLATE TRANSLATION TRIM TRUE UNION UNIQUE UNKNOWN UPDATE UPPER USAGE USER USING VALUE VALUES
 VARCHAR VARYING VIEW WHEN WHENEVER WHERE WITH WORK WRITE YEAR ZONE
 """.split())  # SQL-92's reserved words
-AI_KEYWORDS = ("AI_FILTER", "AI_CLASSIFY", "AI_SCORE", "PROMPT")
+AI_KEYWORDS = (*(name for name in SQL_NAMES if "." not in name), "PROMPT")
 
 
 def sql_keywords() -> list[str]:

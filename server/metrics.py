@@ -14,7 +14,7 @@ from typing import Any, Callable
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from quail.engine.runner import ModelRunner
+from quail.engine.runtime.model_runner import ModelRunner
 
 
 class Metrics:

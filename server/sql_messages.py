@@ -9,7 +9,7 @@ from __future__ import annotations
 from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError, Message
 
-from .protobuf import build_messages
+from quail.server.protobuf import build_messages
 
 PACKAGE = "arrow.flight.protocol.sql"
 TYPE_URL_PREFIX = f"type.googleapis.com/{PACKAGE}."

@@ -12,10 +12,10 @@ from typing import Callable, Generic, TypeVar
 import pyarrow as pa
 
 from quail.engine.errors import Cancelled, NotFound
-from quail.engine.physical import PhysicalPlan
-from quail.engine.work import QueryWork
+from quail.engine.exec.plan import PhysicalPlan
+from quail.engine.runtime.query_work import QueryWork
 
-from .flight_messages import CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING, CANCEL_STATUS_NOT_CANCELLABLE
+from quail.server.flight_messages import CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING, CANCEL_STATUS_NOT_CANCELLABLE
 
 
 T = TypeVar("T")

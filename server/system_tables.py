@@ -7,10 +7,10 @@ from typing import Callable
 
 import pyarrow as pa
 
-from quail.engine.catalog import Catalog
 from quail.engine.errors import InvalidArgument
+from quail.engine.exec.catalog import Catalog
 
-from .statements import Running
+from quail.server.statements import Running
 
 QUERIES = "quail_queries"
 QUERIES_SCHEMA = pa.schema([

@@ -8,7 +8,8 @@ import pytest
 
 import quail
 from quail.clients.server_process import ServerProcess
-from quail.engine.models import embedded_gguf, load_runtime
+from quail.engine.runtime.loading import embedded_gguf, load_runtime
+from tests.sample_tables import ASPECTS, REVIEWS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -37,6 +38,12 @@ def hash_session(runtime):
         return made
 
     return session
+
+
+@pytest.fixture(scope="module")
+def session(hash_session):
+    """The sample reviews and aspects (sample_tables.py) in a session answering by content hash."""
+    return hash_session(reviews=REVIEWS, aspects=ASPECTS)
 
 
 @pytest.fixture(scope="session")

@@ -15,43 +15,17 @@ import pyarrow as pa
 import pytest
 
 import quail
-from quail.engine import ai_ops
-from quail.engine.ai_ops import Question, build_requests, content_hash, yes_probabilities
+from quail.engine.ai.operators import Question, build_requests, content_hash
 from quail.engine.errors import InvalidArgument
-from quail.engine.executor import execute
-from quail.engine.physical import AIFilterChain
+from quail.engine.exec.executor import execute
+from quail.engine.exec.plan import AIFilterChain
 from quail.planner.planner import plan_sql
-
-REVIEWS = pa.table({
-    "id": list(range(8)),
-    "body": ["Great pasta and friendly staff.", "Cold soup, rude waiter.", "Far too expensive for the portions.",
-             "Lovely garden terrace.", "Booking online was a nightmare.", "Best espresso in town.",
-             "Noisy room, thin walls.", None],
-    "stars": [5, 1, 2, 4, 1, 5, 2, 3],
-})
-ASPECTS = pa.table({"id": [0, 1, 2], "aspect": ["the food", "the price", "the service"]})
-SELECTIVITY = 0.5
-
-
-@pytest.fixture(scope="module")
-def session(hash_session):
-    return hash_session(reviews=REVIEWS, aspects=ASPECTS)
-
-
-def decide(runtime, template: str, layout: str, docs: list[str], anchor: int = 0) -> bool:
-    """The hash decision of the prompt the layout renders for these documents."""
-    (request,) = build_requests(runtime, Question(template, layout, anchor=anchor), [docs])
-    return content_hash(request) < SELECTIVITY
+from tests.sample_tables import ASPECTS, FILTER, JOIN, OPTS, REVIEWS, SELECTIVITY, decide
 
 
 def rows(session, sql: str) -> list[tuple]:
     table = session.sql(sql).run().collect()
     return list(zip(*(column.to_pylist() for column in table.columns)))
-
-
-FILTER = "Is {0} a complaint?"
-JOIN = "Does {0} discuss {1}?"
-OPTS = f"{{'selectivity': {SELECTIVITY}}}"
 
 
 def test_filter_with_relational_conditions(session):
@@ -146,56 +120,6 @@ def test_score_orders_by_the_models_probability(runtime):
     want = sorted(scores.items(), key=lambda kv: -kv[1])[:3]
     assert [g[0] for g in got] == [w[0] for w in want]
     assert np.allclose([g[1] for g in got], [w[1] for w in want], atol=1e-4)
-
-
-def test_a_large_step_is_cut_once_where_rows_share_least():
-    fresh = [100.0] * 200
-    shared = [50 if i % 10 else 0 for i in range(200)]  # groups of ten rows share a prefix
-    head, rest = ai_ops._parts(fresh, shared, per_pass=500.0)
-    assert head == range(0, 20) and rest == range(20, 200), "about four passes first, cut between groups"
-    shared[20] = 50  # the group boundary nearest the target is gone: the next nearest
-    assert ai_ops._parts(fresh, shared, per_pass=500.0)[0] in (range(0, 10), range(0, 30))
-    assert ai_ops._parts([100.0] * 60, [0] * 60, per_pass=500.0) == [range(0, 60)], "a small step is not cut"
-    assert ai_ops._parts([], [], per_pass=500.0) == []
-
-
-@pytest.mark.parametrize("a, b", [("", ""), ("abc", "abd"), ("x" * 5000 + "1", "x" * 5000 + "2"), ("ab", "abc"),
-                                  ("same", "same"), ("a", "b")])
-def test_shared_chars(a, b):
-    common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    assert ai_ops._shared_chars(a, b) == common
-
-
-@pytest.mark.parametrize("strategy", ["quail", "naive"])
-def test_a_step_in_parts_answers_as_one_call(runtime, monkeypatch, strategy):
-    """Rows of a large step (a small token budget): every row gets the answer its prompt gets alone, NULL
-    rows none; quail takes them in two parts in the order of their anchor's text, a baseline in one call
-    in table order."""
-    small = runtime.variant(strategy, token_budget=48)
-    texts = [None if i == 5 else f"Visit {i % 4}: {'the room was cold' if i % 3 else 'lovely staff'} ({i})."
-             for i in range(120)]
-    launched = []
-    launch = type(small).launch
-    monkeypatch.setattr(type(small), "launch", lambda self, requests, work=None:
-                        launched.append(list(requests)) or launch(self, requests, work))
-    probs = yes_probabilities(small, Question("Is {0} a complaint?"), [texts])
-    assert len(launched) == (2 if strategy == "quail" else 1), "quail's runtime gets the step in two parts"
-    alone = runtime.variant("naive")
-    for text, p in zip(texts, probs):
-        if text is None:
-            assert np.isnan(p)
-            continue
-        (request,) = build_requests(runtime, Question("Is {0} a complaint?"), [[text]])
-        assert abs(p - float(np.exp(alone.score([request])[0][1]))) < 1e-4
-    first = [r.segments[1].key for r in launched[0]]
-    documents = [r.segments[1] for r in build_requests(runtime, Question("Is {0} a complaint?"),
-                                                       [[t] for t in texts if t is not None])]
-    if strategy == "quail":
-        ordered = sorted(t for t in texts if t is not None)
-        want = build_requests(runtime, Question("Is {0} a complaint?"), [[t] for t in ordered[:len(first)]])
-        assert first == [r.segments[1].key for r in want], "quail: in the order of the documents' text"
-    else:
-        assert first == [d.key for d in documents[:len(first)]], "a baseline: in table order"
 
 
 def test_limit_reaches_the_model(runtime):
@@ -388,28 +312,6 @@ def test_distinct_having_window_and_offset_around_ai(session):
     assert got == [(i, len(ordered) - ordered.index(i)) for i in ordered[1:3]]
 
 
-def test_filters_reranked_by_observed_selectivity_keep_the_rows(runtime):
-    """A chain planned in the worse order is re-ranked after the first rows; the rows stay the same."""
-    from dataclasses import replace
-
-    from quail.engine.work import QueryWork
-
-    session = quail.Session(runtime=runtime.variant("quail"))
-    session.runtime.decisions = "hash"
-    session.register("many", pa.table({"id": list(range(200)), "body": [f"Review {i} of a cafe." for i in range(200)]}))
-    sql = ("SELECT id FROM many WHERE AI_FILTER(PROMPT('Is {0} long?', body), {'selectivity': 0.9}) "
-           "AND AI_FILTER(PROMPT('Is {0} rude?', body), {'selectivity': 0.1}) ORDER BY id")
-    plan = session.sql(sql).plan
-    (chain,) = [s for s in plan.steps if isinstance(s, AIFilterChain)]
-    assert [f.selectivity for f in chain.filters] == [0.1, 0.9], "ranked by the hints"
-    worse = replace(plan, steps=tuple(replace(s, filters=s.filters[::-1]) if s is chain else s for s in plan.steps))
-    work = QueryWork()
-    got = execute(worse, session.catalog, session.runtime, work).column("id").to_pylist()
-    assert got == [r["id"] for r in session.sql(sql).run().to_rows()] and got
-    (rerank,) = [s for s in work.stages if s["operator"] == "ai_filter_rerank"]
-    assert rerank["order"] == ["Is {0} rude?", "Is {0} long?"]
-
-
 @pytest.mark.parametrize("sql", [
     "SELECT r.id FROM reviews r WHERE EXISTS (SELECT 1 FROM aspects a WHERE a.id > 0 AND {pair:r:a})",
     "SELECT r.id FROM reviews r WHERE NOT EXISTS (SELECT 1 FROM aspects a WHERE {pair:r:a})",
@@ -455,7 +357,7 @@ def test_left_join_equals_the_swapped_right_join(session):
 def test_join_order_rechosen_by_the_cores_observed_rows(session):
     """Kept orders: the estimate's cheapest and the cheapest under a tenfold misestimate of one table;
     the executor picks by the cores' observed rows; every kept order returns the same rows."""
-    from quail.engine.physical import JoinChoice
+    from quail.engine.exec.plan import JoinChoice
 
     sql = (f"SELECT r.id, a.id, q.id FROM reviews r JOIN aspects a ON AI_FILTER(PROMPT('{JOIN}', r.body, a.aspect), "
            f"{OPTS}) JOIN reviews q ON AI_FILTER(PROMPT('{JOIN}', q.body, a.aspect), {OPTS}) WHERE q.stars = 5")
@@ -470,107 +372,3 @@ def test_join_order_rechosen_by_the_cores_observed_rows(session):
         assert sorted(zip(*(c.to_pylist() for c in table.columns))) == want, order
     analyzed = session.sql("EXPLAIN ANALYZE " + sql).collect().column(0).to_pylist()
     assert any(line.startswith("stage join_order -> ") and "cores of [8, 3, 2] rows" in line for line in analyzed)
-
-
-def test_chunked_plans_stream_the_rows_a_whole_run_gives(session, monkeypatch):
-    """Chunks of two rows, then four: the same rows in the same order as one run over all rows, and
-    each AI operator's stage counts every row once."""
-    from quail.engine import executor
-    from quail.engine.work import QueryWork
-
-    monkeypatch.setattr(executor, "CHUNK_ROWS", (2, 4))
-    sql = (f"SELECT id, upper(body) AS loud, AI_CLASSIFY(body, ['food', 'price', 'place']) AS topic FROM reviews "
-           f"WHERE stars < 5 AND AI_FILTER(PROMPT('{FILTER}', body), {OPTS})")
-    query = session.sql(sql)
-    assert query.plan.chunked
-    inputs, ai_step = [], executor._ai_step
-    monkeypatch.setattr(executor, "_ai_step", lambda step, rows, *args: (
-        inputs.append((step.kind, rows.num_rows)), ai_step(step, rows, *args))[1])
-    work = QueryWork()
-    streamed = list(executor.execute_stream(query.plan, session.catalog, session.runtime, work))
-    assert [n for kind, n in inputs if kind == "filter"] == [2, 4], "the filter ran over two chunks"
-    whole = executor.execute(query.plan, session.catalog, session.runtime)
-    assert pa.Table.from_batches(streamed, whole.schema).to_pylist() == whole.to_pylist()
-    stages = {stage["operator"]: stage for stage in work.stages}
-    assert stages["ai_filter"]["rows_in"] == sum(1 for s in REVIEWS["stars"].to_pylist() if s < 5)
-    assert stages["ai_classify"]["rows_in"] == whole.num_rows
-
-
-def test_a_chain_of_filters_reads_each_document_once(session, monkeypatch):
-    """The second filter continues the documents the first one computed (the prefix cache): without the
-    cache it computes them again; with it, only its question (the few question tokens the two filters
-    share are the regret left)."""
-    first = f"SELECT id FROM reviews WHERE AI_FILTER(PROMPT('{FILTER}', body), {OPTS})"
-    chain = first + " AND AI_FILTER(PROMPT('Does {0} mention the staff or the owner?', body), {'selectivity': 0.9})"
-    cached = session.sql(chain).run()
-    monkeypatch.setattr(session.runtime.runner, "cache", None)
-    uncached = session.sql(chain).run()
-    assert cached.collect() == uncached.collect()
-    alone = session.sql(first).run().report
-    second = cached.report.requests - alone.requests
-    assert second > 0 and cached.report.fresh_tokens < uncached.report.fresh_tokens
-    assert uncached.report.kv_regret_tokens > cached.report.kv_regret_tokens
-    assert cached.report.kv_regret_tokens - alone.kv_regret_tokens <= 4 * second
-
-
-def test_a_second_join_continues_the_anchors_the_first_kept(session, monkeypatch):
-    """In a query that asks the model again, an AI join keeps in the prefix cache each anchor one of
-    whose partners passed, and drops the others; a second join anchored on the same documents continues
-    them instead of computing them again (the few question tokens its partners share are the regret left)."""
-    cache = session.runtime.runner.cache
-    first = (f"SELECT r.id AS r, a.id AS a FROM reviews r "
-             f"JOIN aspects a ON AI_FILTER(PROMPT('{JOIN}', r.body, a.aspect), {OPTS})")
-    both = first.replace("AS a FROM", "AS a, b.id AS b FROM") + (
-        f" JOIN aspects b ON AI_FILTER(PROMPT('Is {{1}} praised in {{0}}?', r.body, b.aspect), {OPTS})")
-    alone = session.sql(first).run().report
-    cached = session.sql(both).run()
-    kept = cached.collect()
-    anchors = {i: r.prefix(2)[1] for i, body in enumerate(REVIEWS["body"].to_pylist()) if body
-               for r in build_requests(session.runtime, Question(JOIN, "join"), [[body, "the food"]])}
-    passed = set(kept.column("r").to_pylist())
-    assert 0 < len(passed) < len(anchors), "some anchors with a partner that passed, some without"
-    assert {i for i, key in anchors.items() if cache.get(key) is not None} == passed
-    monkeypatch.setattr(session.runtime.runner, "cache", None)
-    assert session.sql(both).run().collect() == kept
-    second = cached.report.requests - alone.requests
-    assert second > 0 and cached.report.kv_regret_tokens - alone.kv_regret_tokens <= 4 * second
-
-
-def test_a_chain_keeps_only_the_documents_still_in_play(session, monkeypatch):
-    """With room in the cache for four documents, the chain runs in parts of two rows after its probe
-    (two parts in flight), pipelined: each model call asks the first filter about a part and the second
-    about the rows of the part before that passed the first, continuing their documents; the documents
-    a filter rejected leave the cache: what stays is the rows that passed."""
-    from quail.engine import executor
-
-    cache = session.runtime.runner.cache
-    cache.clear()
-    asked = build_requests(session.runtime, Question(FILTER), [[b] for b in REVIEWS["body"].to_pylist() if b])
-    longest = max(r.prefix(2)[0] for r in asked)
-    monkeypatch.setattr(cache, "budget_bytes", session.runtime.kv_bytes_per_token * (4 * longest + 1))
-    monkeypatch.setattr(executor, "PROBE_ROWS", 2)
-    parts, calls, together = [], [], executor._asked_together
-    def counted(steps, *args):  # the model calls of the run (not those of its result schema, over no rows)
-        if any(rows.num_rows for _, rows in steps):
-            parts.extend(rows.num_rows for _, rows in steps)
-            calls.append(len(steps))
-        return together(steps, *args)
-
-    monkeypatch.setattr(executor, "_asked_together", counted)
-    chain = (f"SELECT id, body FROM reviews WHERE AI_FILTER(PROMPT('{FILTER}', body), {{'selectivity': 0.8}}) "
-             f"AND AI_FILTER(PROMPT('Does {{0}} mention the staff or the owner?', body), {{'selectivity': 0.8}})")
-    result = session.sql(chain).run()
-    kept = result.collect()
-    assert max(parts) <= 2 < REVIEWS.num_rows - 2, "after the probe, parts of the rows the cache holds"
-    probe, pipelined = calls[:2], calls[2:]
-    assert probe == [1, 1], "the probe asks each filter alone"
-    assert pipelined == [1] + [2] * (len(pipelined) - 2) + [1] and len(pipelined) > 2, "both filters in one call"
-    passed = set(kept.column("body").to_pylist())
-    rejected = [r for r, b in zip(asked, [b for b in REVIEWS["body"].to_pylist() if b]) if b not in passed]
-    assert rejected and all(cache.get(r.prefix(2)[1]) is None for r in rejected), "rejected documents left"
-    held = [r for r, b in zip(asked, [b for b in REVIEWS["body"].to_pylist() if b]) if b in passed]
-    assert 0 < len(cache) == sum(cache.get(r.prefix(2)[1]) is not None for r in held), "only documents that passed"
-    monkeypatch.setattr(session.runtime.runner, "cache", None)
-    uncached = session.sql(chain).run()
-    assert uncached.collect() == kept
-    assert result.report.fresh_tokens < uncached.report.fresh_tokens

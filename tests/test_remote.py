@@ -1,4 +1,4 @@
-"""One code path, two front doors: the same queries in-process, through Session(endpoint=...) and plain ADBC."""
+"""One code path, two front doors: the same queries in-process, through RemoteSession and plain ADBC."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ QUERIES = [
 def sessions(runtime, server):
     local = quail.Session(runtime=runtime)
     local.register("reviews", quail.DocumentProvider.from_table(REVIEWS, id_col="id"))
-    with quail.Session(endpoint=server.uri) as remote:
+    with quail.RemoteSession(server.uri) as remote:
         assert isinstance(remote, quail.RemoteSession)
         remote.register("reviews", quail.DocumentProvider.from_table(REVIEWS, id_col="id"))
         yield local, remote
@@ -40,7 +40,7 @@ def test_in_process_remote_and_adbc_agree(sessions, server, dialect, sql):
     assert there.collect().to_pylist() == here.to_pylist()
     tokens = ["requests", "logical_tokens"]
     assert {k: getattr(there.report, k) for k in tokens} == {k: getattr(ran_here.report, k) for k in tokens}
-    # The server keeps documents' KV across queries (kv_cache.py): it may compute fewer tokens than a fresh runtime.
+    # The server keeps documents' KV across queries (kv/prefix_cache.py): it may compute fewer tokens than a fresh runtime.
     assert there.report.fresh_tokens <= ran_here.report.fresh_tokens
     assert there.report.kv_regret_tokens <= ran_here.report.kv_regret_tokens
     assert there.report.wall_s > 0 and there.report.sol_s is not None

@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 import quail
-import quail.engine.attention as attention
-from quail.engine.attention import attend
-from quail.engine.config import ATTENTION
-from quail.engine.runner import ModelRunner
+from quail.engine.kernels.attention import attend
+import quail.engine.kernels.attention as attention
+from quail.engine.model.config import ATTENTION
+from quail.engine.runtime.model_runner import ModelRunner
 
 from bench.datagen import Workload, generate
 from bench.run import corpora_for, query_text, run_query, warm_up

@@ -1,4 +1,4 @@
-"""GPU probe: the fp8 path's activation quantizations as Triton kernels (engine/fp8_kernels.py) against
+"""GPU probe: the fp8 path's activation quantizations as Triton kernels (engine/kernels/fp8_triton.py) against
 torch, eager and compiled, on one F1-sized pass of Qwen3-4B (16K tokens), with their errors.
 
 - `silu_mul`: silu(gate) · up quantized per token (the down projection's input, 16K × 9728);
@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from quail.engine import fp8, fp8_kernels
+from quail.engine.kernels import fp8
+
+from quail.engine.kernels import fp8_triton as fp8_kernels
 
 from .timing import timed_ms
 

@@ -9,7 +9,7 @@ brings them): its first call and warm calls in milliseconds, TFLOP/s of useful
 - `cudnn`: cuDNN over the same packed rows (`_cudnn_attention_forward` with
   cumulative offsets: ragged, no padding);
 - `flex`: FlexAttention with a document mask (compiled Triton);
-- `triton64`, `triton128`: our Triton kernel (engine/attention_kernels.py) with
+- `triton64`, `triton128`: our Triton kernel (engine/kernels/attention_triton.py) with
   64 or 128 queries a program; `triton:M:N:W:S[:heavy]` the same with M queries
   and N keys a step, W warps, S pipeline stages, the blocks with the most keys
   first where `heavy`; `--sweep` adds every such setting;
@@ -94,8 +94,8 @@ def triton_kernel(block: int, block_n: int | None = None, num_warps: int | None 
                   num_stages: int | None = None, heavy_first: bool = False) -> Callable:
     """Our kernel; settings left None are the shipped ones. heavy_first: blocks ordered by the keys
     their last query sees, most first (the tail of the launch then holds the short blocks)."""
-    from quail.engine.attention import query_blocks
-    from quail.engine.attention_kernels import packed_attention
+    from quail.engine.kernels.attention import query_blocks
+    from quail.engine.kernels.attention_triton import packed_attention
 
     settings = {name: value for name, value in
                 (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages)) if value is not None}

@@ -1,5 +1,5 @@
 """GPU probe: launch settings (columns per step, warps, pipeline stages) of the fp8 quantization kernel
-(engine/fp8_kernels.py) on an F1-sized pass of Qwen3-4B: SiLU·mul + quantization of 16K × 9,728 and the
+(engine/kernels/fp8_triton.py) on an F1-sized pass of Qwen3-4B: SiLU·mul + quantization of 16K × 9,728 and the
 quantization of 16K × 4,096, each setting's milliseconds, GB/s of compulsory traffic, and whether its
 output equals the shipped settings' bit for bit. Writes quantize-launch.json to --out.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from quail.engine import fp8_kernels
+from quail.engine.kernels import fp8_triton as fp8_kernels
 
 from .timing import timed_ms
 

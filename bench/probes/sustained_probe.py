@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from quail.engine.config import EngineConfig
-from quail.engine.models import load_runtime
-from quail.engine.runner import Row
-from quail.engine.stats import Stats
+from quail.engine.model.config import EngineConfig
+from quail.engine.runtime.counters import Stats
+from quail.engine.runtime.loading import load_runtime
+from quail.engine.runtime.scheduler import Row
 
 
 def composition(rng: np.random.Generator, budget: int = 16384) -> list[Row]:

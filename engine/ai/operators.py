@@ -1,0 +1,285 @@
+"""AI operators: rows become model requests through the prompt layout, answers become values."""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from quail.engine.ai.labels import Branch, branches, name_logprobs
+from quail.engine.errors import InvalidArgument
+from quail.engine.runtime.prompt import LAYOUTS, LETTERS
+from quail.engine.runtime.query_work import QueryWork
+from quail.engine.runtime.requests import LabelSet, Request, Segment
+from quail.engine.runtime.runtime import Runtime
+from quail.engine.runtime.scheduler import step_parts
+
+
+ANSWERS = ("letters", "names")
+
+
+@dataclass(frozen=True)
+class Question:
+    """What each row is asked: a template over its documents, a layout, and yes/no or category answers.
+
+    `anchor` is the placeholder whose document comes first in the prompt;
+    categories are answered by letter or by name (`answers`: "letters", "names").
+    """
+
+    template: str
+    layout: str = "filter"
+    labels: tuple[str, ...] = ()
+    anchor: int = 0
+    answers: str = "letters"
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown prompt layout {self.layout!r}")
+        if self.answers not in ANSWERS:
+            raise ValueError(f"unknown way of answering {self.answers!r}")
+        if len(self.labels) > len(LETTERS) or len(set(self.labels)) != len(self.labels):
+            raise InvalidArgument(f"categories must be distinct and at most {len(LETTERS)}")
+
+
+def _documents(runtime: Runtime, docs: Sequence[Sequence[str]]) -> list[list[Segment]]:
+    """Each row's document segments; every distinct (position, text) is tokenized once."""
+    distinct = list(dict.fromkeys((k, text) for row in docs for k, text in enumerate(row)))
+    segments = dict(zip(distinct, runtime.segments([runtime.layout.document(k, t) for k, t in distinct])))
+    return [[segments[(k, text)] for k, text in enumerate(row)] for row in docs]
+
+
+def _labels(runtime: Runtime, question: Question) -> LabelSet:
+    if not question.labels:
+        return runtime.yes_no
+    return runtime.letters(len(question.labels), question.labels)
+
+
+def build_requests(runtime: Runtime, question: Question, docs: Sequence[Sequence[str]]) -> list[Request]:
+    """One request per row; docs[i] holds that row's PROMPT arguments as text."""
+    layout = runtime.layout
+    preamble, asked, cue = runtime.segments([
+        layout.preamble(),
+        layout.question(question.template, question.labels, question.answers == "names")
+        + ("\n\n" if question.layout == "join" else ""),
+        layout.answer_cue(),
+    ])
+    labels = _labels(runtime, question)
+    requests = []
+    for row in _documents(runtime, docs):
+        first, rest = row[question.anchor], row[: question.anchor] + row[question.anchor + 1:]
+        if question.layout == "join":
+            segments = (preamble, first, asked, *rest, cue)
+        else:
+            segments = (preamble, first, *rest, asked, cue)
+        requests.append(Request(segments, labels))
+    return requests
+
+
+def content_hash(request: Request) -> float:
+    """A uniform number in [0, 1) fixed by the prompt's content: decisions for random weights."""
+    digest = hashlib.blake2b(b"".join(s.key for s in request.segments), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
+def _present(args: Sequence[Sequence[str | None]]) -> list[int]:
+    """The rows without a NULL argument."""
+    rows = len(args[0]) if args else 0
+    return [i for i in range(rows) if all(col[i] is not None for col in args)]
+
+
+def _prompts(runtime: Runtime, question: Question,
+             args: Sequence[Sequence[str | None]]) -> tuple[list[int], list[Request]]:
+    """The rows without a NULL argument, and their requests."""
+    present = _present(args)
+    return present, build_requests(runtime, question, [[col[i] for col in args] for i in present])
+
+
+Job = tuple[Question, Sequence[Sequence[str | None]]]  # a question and its PROMPT arguments, a column each
+
+
+def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
+             ) -> list[tuple[list[int], list[Request], list[np.ndarray]]]:
+    """Each job's rows without a NULL argument, their requests and their answers.
+
+    The rows of all jobs go to the runtime in parts (`step_parts`: a large step's
+    head, then its rest): the rest's requests are built (tokenized, on a
+    thread of their own) while the head is planned and its passes queued and
+    run, and every answer is read at the end, so the device starts after a
+    head's worth of host work, not a step's. A runtime that plans its own
+    order (quail) gets the rows in the order of their anchor document's text,
+    so rows that share a prefix share a part; the baselines get them in table
+    order, in one call (the prefix baseline's block cache lives for a call).
+    """
+    rows = [(j, i) for j, (_, args) in enumerate(jobs) for i in _present(args)]
+    _refuse_too_long(runtime, jobs, rows)
+    order, parts = _ordered_parts(runtime, jobs, rows)
+    work = work if work is not None else QueryWork()
+    work.announce(len(rows))
+
+    def built(part: range) -> tuple[dict[int, list[int]], dict[int, list[Request]]]:
+        members: dict[int, list[int]] = {}
+        for r in order[part.start:part.stop]:
+            members.setdefault(rows[r][0], []).append(rows[r][1])
+        return members, {j: build_requests(runtime, jobs[j][0], [[col[i] for col in jobs[j][1]] for i in indices])
+                         for j, indices in members.items()}
+
+    def each_built() -> Iterator[tuple[dict[int, list[int]], dict[int, list[Request]]]]:
+        """Each part's rows and requests: the next tokenized on a thread while this part's passes are queued
+        (launches release the GIL); with a token limit, every part first, so that the step's tokens are
+        counted before its first pass."""
+        if work.max_tokens is not None:
+            every = [built(part) for part in parts]
+            work.check_tokens(sum(len(r) for _, requests in every for rs in requests.values() for r in rs))
+            yield from every
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="quail-prompts") as builder:
+            coming = builder.submit(built, parts[0]) if parts else None
+            for k in range(len(parts)):
+                done = coming.result()
+                if k + 1 < len(parts):
+                    coming = builder.submit(built, parts[k + 1])
+                yield done
+
+    launched = [(members, requests, runtime.launch([r for rs in requests.values() for r in rs], work))
+                for members, requests in each_built()]
+    found: list[dict[int, tuple[Request, np.ndarray]]] = [{} for _ in jobs]
+    for members, requests, scoring in launched:
+        answers = iter(scoring.read())
+        for j, indices in members.items():
+            found[j].update((i, (request, next(answers))) for i, request in zip(indices, requests[j]))
+    out = []
+    for answered in found:
+        indices = sorted(answered)
+        out.append((indices, [answered[i][0] for i in indices], [answered[i][1] for i in indices]))
+    return out
+
+
+def _refuse_too_long(runtime: Runtime, jobs: Sequence[Job], rows: list[tuple[int, int]]) -> None:
+    """InvalidArgument, before any of the step's passes, when a row's prompt is longer than the model's
+    context. A token is at least one byte of text, so only rows whose text (frame and arguments) has more
+    bytes than the context holds tokens are tokenized here (once: the texts cache keeps them)."""
+    limit = runtime.config.max_position
+    layout = runtime.layout
+    for j, (question, args) in enumerate(jobs):
+        frame = _utf8(layout.preamble() + layout.question(question.template, question.labels,
+                                                          question.answers == "names") + layout.answer_cue())
+        suspects = [i for jj, i in rows if jj == j and frame + sum(_utf8(layout.document(k, col[i]))
+                                                                 for k, col in enumerate(args)) > limit]
+        for i in suspects:
+            longest = max((col[i] for col in args), key=len)
+            runtime.refuse_too_long(build_requests(runtime, question, [[col[i] for col in args]]),
+                                    f" asking {question.template!r} of a text beginning {longest[:40]!r}")
+
+
+def _utf8(text: str) -> int:
+    return len(text.encode())
+
+
+def _ordered_parts(runtime: Runtime, jobs: Sequence[Job], rows: list[tuple[int, int]]
+                   ) -> tuple[list[int], list[range]]:
+    """The order in which the rows (job, row) go to the runtime, and the parts of that order: quail's
+    runtime gets them as the scheduler orders and cuts them (`step_parts`); a baseline in table order, in
+    one call (the prefix baseline's block cache lives for a call)."""
+    if not runtime.plans_order:
+        return list(range(len(rows))), [range(len(rows))] if rows else []
+    return step_parts([_texts(jobs[j], i) for j, i in rows], runtime.runner.token_budget)
+
+
+def _texts(job: Job, row: int) -> tuple[str, ...]:
+    """The row's PROMPT arguments, its anchor's first."""
+    question, args = job
+    anchor = args[question.anchor][row]
+    return (anchor, *(col[row] for k, col in enumerate(args) if k != question.anchor))
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A yes/no question over rows: args holds one column (list of texts) per PROMPT argument; how its
+    answers are decided (`selectivity`, `decide`) and whether rejected rows leave the prefix cache."""
+
+    question: Question
+    args: Sequence[Sequence[str | None]]
+    selectivity: float = 0.2
+    decide: bool = True
+    forget_rejected: bool = False
+
+
+def yes_probabilities(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
+                      work: QueryWork | None = None, selectivity: float = 0.2, decide: bool = True,
+                      forget_rejected: bool = False) -> np.ndarray:
+    """P(yes) per row; args holds one column (list of texts) per PROMPT argument.
+
+    A row with a NULL argument gets NaN: SQL's unknown. When the runtime decides
+    by hash (random weights), the forward pass still runs in full; a decision
+    (`decide`) is then yes for a `selectivity` fraction of prompts, and a score
+    the prompt's uniform content hash. `forget_rejected`: a filter's rejected
+    rows leave the query, so their documents leave the prefix cache (unless a
+    row that passed shares them: a join's anchor).
+    """
+    return yes_probabilities_together(runtime, [Ask(question, args, selectivity, decide, forget_rejected)], work)[0]
+
+
+def yes_probabilities_together(runtime: Runtime, asks: Sequence[Ask], work: QueryWork | None = None
+                               ) -> list[np.ndarray]:
+    """P(yes) per row of each question (as yes_probabilities), all their requests scored in one call:
+    their forward passes are shared, and so is what their prompts have in common."""
+    answered = _answers(runtime, [(ask.question, ask.args) for ask in asks], work)
+    return [_probabilities(runtime, ask, *found) for ask, found in zip(asks, answered)]
+
+
+def _probabilities(runtime: Runtime, ask: Ask, present: list[int], requests: list[Request],
+                   answers: list[np.ndarray]) -> np.ndarray:
+    probs = np.full(len(ask.args[0]) if ask.args else 0, np.nan)
+    for i, request, logp in zip(present, requests, answers):
+        if runtime.decisions == "hash":
+            u = content_hash(request)
+            probs[i] = float(u < ask.selectivity) if ask.decide else u
+        else:
+            probs[i] = float(np.exp(logp[1]))
+    if ask.forget_rejected:
+        passed = [probs[i] > 0.5 for i in present]
+        runtime.forget([r for r, ok in zip(requests, passed) if not ok], [r for r, ok in zip(requests, passed) if ok])
+    return probs
+
+
+def classify(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
+             work: QueryWork | None = None) -> list[str | None]:
+    """The most probable category per row (None where an argument is NULL)."""
+    if question.answers == "names":
+        present, requests, scores = _ask_by_name(runtime, question, args, work)
+    else:
+        present, requests, scores = _answers(runtime, [(question, args)], work)[0]
+    out: list[str | None] = [None] * (len(args[0]) if args else 0)
+    for i, request, logp in zip(present, requests, scores):
+        if runtime.decisions == "hash":
+            index = int(content_hash(request) * len(question.labels))
+        else:
+            index = int(np.argmax(logp))
+        out[i] = question.labels[index]
+    return out
+
+
+def _ask_by_name(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
+                 work: QueryWork | None) -> tuple[list[int], list[Request], list[np.ndarray]]:
+    """Each row's prompt, asked once per branch point of the names' token trie (labels.py):
+    the rows, their prompts, and log P(name) per name."""
+    present, prompts = _prompts(runtime, question, args)
+    found = branches([list(runtime.tokenizer.encode(name)) for name in question.labels])
+    asked_at = [_branch_ask(runtime, branch) for branch in found]
+    asked = [Request(prompt.segments + path, labels) for prompt in prompts for path, labels in asked_at]
+    answers = runtime.score(asked, work)
+    per_row = len(found)
+    scores = [name_logprobs(found, answers[k * per_row:(k + 1) * per_row], len(question.labels))
+              for k in range(len(prompts))]
+    return present, prompts, scores
+
+
+def _branch_ask(runtime: Runtime, branch: Branch) -> tuple[tuple[Segment, ...], LabelSet]:
+    """What follows every prompt at a branch point: its path as a segment, and the tokens where names part."""
+    ways = tuple(branch.ways)
+    labels = LabelSet(tuple(str(t) for t in ways), ways, tuple(range(len(ways))))
+    path = (Segment.of(np.array(branch.path, dtype=np.int32), runtime.model_id),) if branch.path else ()
+    return path, labels

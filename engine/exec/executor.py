@@ -1,0 +1,317 @@
+"""Runs a physical plan: relational steps in DuckDB, AI steps through the runtime."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from quail.engine.ai.kinds import KINDS
+from quail.engine.ai.operators import Ask, Question, classify, yes_probabilities_together
+from quail.engine.exec.catalog import Catalog
+from quail.engine.exec.plan import (AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step, ai_steps,
+                                    filter_rank)
+from quail.engine.exec.relational import DuckDB
+from quail.engine.runtime.counters import Stats
+from quail.engine.runtime.query_work import QueryWork
+from quail.engine.runtime.runtime import Runtime
+from quail.engine.runtime.scheduler import CHARS_PER_TOKEN, CHUNK_ROWS, PROBE_ROWS
+
+
+
+ANALYZE_SCHEMA = pa.schema([("plan", pa.string())])
+
+
+def execute(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work: QueryWork | None = None,
+            sol: Callable[[Stats], float | None] | None = None) -> pa.Table:
+    """All steps in order; the final relation's rows. Model work is recorded in `work`.
+
+    An analyze plan returns what each step did instead (`analyze`); `sol` gives
+    the speed-of-light seconds of the ideal work, where the caller knows the device.
+    """
+    relations = {name: catalog.table(name) for name in plan.tables}
+    work = _hinted(plan, work)
+    with DuckDB(work) as db:
+        if plan.analyze:
+            return analyze(plan, relations, db, runtime, work, sol)
+        for step in plan.steps:
+            _run_step(step, relations, db, runtime, work)
+    return relations[plan.result]
+
+
+def execute_stream(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work: QueryWork | None = None,
+                   sol: Callable[[Stats], float | None] | None = None,
+                   rows_per_batch: int = 65536) -> Iterator[pa.RecordBatch]:
+    """The result's batches as they are produced: a plan of one DuckDB statement (no AI work) streams
+    from DuckDB; a chunked plan yields each chunk's rows once its model work is done; any other runs
+    its steps, then yields the final relation batch by batch."""
+    if not plan.analyze and len(plan.steps) == 1 and isinstance(plan.steps[0], SQLStep):
+        with DuckDB(work) as db:
+            yield from db.stream(plan.steps[0].sql, {name: catalog.table(name) for name in plan.tables}, rows_per_batch)
+    elif not plan.analyze and plan.chunked:
+        for chunk in _chunks(plan, catalog, runtime, work):
+            yield from chunk.to_batches(max_chunksize=rows_per_batch)
+    else:
+        yield from execute(plan, catalog, runtime, work, sol).to_batches(max_chunksize=rows_per_batch)
+
+
+def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
+            work: QueryWork | None) -> Iterator[pa.Table]:
+    """The result of a chunked plan, chunk by chunk: the leading SQL steps once, then the rest over
+    consecutive slices of their output, each twice the last (up to CHUNK_ROWS[1])."""
+    relations = {name: catalog.table(name) for name in plan.tables}
+    work = _hinted(plan, work)
+    lead = next(i for i, step in enumerate(plan.steps) if not isinstance(step, SQLStep))
+    with DuckDB(work) as db:
+        for step in plan.steps[:lead]:
+            _run_step(step, relations, db, runtime, work)
+        source = plan.steps[lead - 1].output
+        rows, start, size = relations[source], 0, CHUNK_ROWS[0]
+        while start < rows.num_rows:
+            chunk = {**relations, source: rows.slice(start, size)}
+            for step in plan.steps[lead:]:
+                _run_step(step, chunk, db, runtime, work)
+            yield chunk[plan.result]
+            start, size = start + size, min(2 * size, CHUNK_ROWS[1])
+
+
+def _hinted(plan: PhysicalPlan, work: QueryWork | None) -> QueryWork:
+    """The query's work record, told to keep documents' KV when it asks the model more than once."""
+    work = work if work is not None else QueryWork()
+    work.retain_documents = ai_steps(plan.steps) > 1
+    return work
+
+
+def result_schema(plan: PhysicalPlan, catalog: Catalog, work: QueryWork | None = None) -> pa.Schema:
+    """The result schema, found by running the plan over empty tables (no model work); DuckDB's planning of
+    it stops when `work` is cancelled or passes its deadline."""
+    if plan.analyze:
+        return ANALYZE_SCHEMA
+    relations = {name: catalog.schema(name).empty_table() for name in plan.tables}
+    with DuckDB(work) as db:
+        for step in plan.steps:
+            _run_step(step, relations, db, None, None)
+    return relations[plan.result].schema
+
+
+def _run_step(step: Step, relations: dict[str, pa.Table], db: DuckDB, runtime: Runtime | None,
+              work: QueryWork | None) -> None:
+    if work is not None:
+        work.check()
+    step.visit(_Run(relations, db, runtime, work))
+
+
+@dataclass
+class _Run:
+    """Runs each kind of step: its output joins the relations."""
+
+    relations: dict[str, pa.Table]
+    db: DuckDB
+    runtime: Runtime | None
+    work: QueryWork | None
+
+    def sql_step(self, step: SQLStep) -> None:
+        self.relations[step.output] = self.db.run(step.sql, self.relations)
+
+    def ai_step(self, step: AIStep) -> None:
+        self.relations[step.output] = _ai_step(step, self.relations[step.input], self.runtime, self.work)
+
+    def ai_chain(self, step: AIFilterChain) -> None:
+        self.relations[step.output] = _ai_chain(step, self.relations[step.input], self.runtime, self.work)
+
+    def join_choice(self, step: JoinChoice) -> None:
+        _join_choice(step, self.relations, self.db, self.runtime, self.work)
+
+
+def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], db: DuckDB, runtime: Runtime | None,
+            work: QueryWork, sol: Callable[[Stats], float | None] | None) -> pa.Table:
+    """Run the plan; a line per step with its rows and seconds, then the AI stages and the model work."""
+    lines = [f"note: {note}" for note in plan.notes]
+    started = time.perf_counter()
+    for step in plan.steps:
+        begun = time.perf_counter()
+        _run_step(step, relations, db, runtime, work)
+        first, *rest = step.describe()
+        lines += [f"{first}  [{relations[step.output].num_rows} rows, {time.perf_counter() - begun:.3f}s]", *rest]
+    wall = time.perf_counter() - started
+    for stage in work.stages:
+        if stage["operator"] == "join_order":
+            lines.append(f"stage join_order -> {stage['output']}: cores of {stage['rows']} rows, joined in the "
+                         f"order {', '.join(stage['chosen'])} (planned: {', '.join(stage['planned'])})")
+            continue
+        if stage["operator"] == "ai_filter_rerank":
+            lines.append(f"stage {stage['operator']} -> {stage['output']}: after {PROBE_ROWS} rows, "
+                         f"{stage['order']} (observed {stage['selectivity_observed']})")
+            continue
+        observed = stage.get("selectivity_observed")
+        lines.append(f"stage {stage['operator']} -> {stage['output']}: {stage['rows_in']} rows in"
+                     + (f", {stage['rows_out']} out, selectivity {stage['selectivity_provided']:g} estimated, "
+                        f"{observed:.3f} observed" if observed is not None else ""))
+    report = work.report(wall, sol)
+    lines.append(f"model: {report['requests']} requests, {report['logical_tokens']} logical tokens, "
+                 f"{report['fresh_tokens']} fresh, {report['cached_tokens']} cached, "
+                 f"KV regret {report['kv_regret_tokens']}")
+    sol_s = report["sol_s"]
+    lines.append(f"wall {wall:.3f}s" + (f", speed of light {sol_s:.3f}s ({sol_s / wall:.2f} of wall)"
+                                        if sol_s is not None and wall > 0 else ""))
+    return pa.table({"plan": pa.array(lines, pa.string())})
+
+
+def _join_choice(step: JoinChoice, relations: dict[str, pa.Table], db: DuckDB, runtime: Runtime | None,
+                 work: QueryWork | None) -> None:
+    """The join order the cores' observed rows make cheapest, then its steps."""
+    rows = [relations[core].num_rows for core in step.cores]
+    chosen = step.pick(rows)
+    if work is not None:
+        work.stages.append({"operator": "join_order", "output": step.output, "rows": rows,
+                            "planned": list(step.orders[0]), "chosen": list(step.orders[chosen])})
+    for sub in step.alternatives[chosen]:
+        _run_step(sub, relations, db, runtime, work)
+
+
+def _question(step: AIStep) -> Question:
+    return Question(step.template, step.layout, step.labels, step.anchor, step.answers)
+
+
+def _args(step: AIStep, rows: pa.Table) -> list[list[str | None]]:
+    return [rows.column(c).to_pylist() for c in step.arg_columns]
+
+
+def _ask(step: AIStep, rows: pa.Table, work: QueryWork | None) -> Ask:
+    """A filter's or score's question over the rows."""
+    return Ask(_question(step), _args(step, rows), step.selectivity, decide=KINDS[step.kind].answer == "yes_no",
+               forget_rejected=KINDS[step.kind].keeps_rows and work is not None and work.retain_documents)
+
+
+def _values(step: AIStep, probs: np.ndarray) -> pa.Array:
+    if KINDS[step.kind].answer == "probability":
+        return pa.array(probs, pa.float64(), from_pandas=True)
+    return pa.array(np.where(np.isnan(probs), None, probs > 0.5).tolist(), pa.bool_())
+
+
+def _ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
+    if KINDS[step.kind].answer != "category":
+        return _asked_together([(step, rows)], runtime, work)[0]
+    if rows.num_rows and runtime is None:
+        raise RuntimeError("an AI step over rows needs a runtime")
+    answers = pa.array(classify(runtime, _question(step), _args(step, rows), work) if rows.num_rows else [],
+                       pa.string())
+    return _answered(step, rows, answers, work)
+
+
+def _asked_together(steps: list[tuple[AIStep, pa.Table]], runtime: Runtime | None,
+                    work: QueryWork | None) -> list[pa.Table]:
+    """Each yes/no step's output over its rows (filters: the rows that pass), the model asked once for
+    all of them (their passes shared)."""
+    asked = [_ask(step, rows, work) for step, rows in steps if rows.num_rows]
+    if asked and runtime is None:
+        raise RuntimeError("an AI step over rows needs a runtime")
+    probs = iter(yes_probabilities_together(runtime, asked, work) if asked else [])
+    empty = {step.kind: pa.array([], KINDS[step.kind].value or pa.bool_()) for step, _ in steps}
+    return [_answered(step, rows, _values(step, next(probs)) if rows.num_rows else empty[step.kind], work)
+            for step, rows in steps]
+
+
+def _answered(step: AIStep, rows: pa.Table, answers: pa.Array, work: QueryWork | None) -> pa.Table:
+    """The step's output from its answers (a filter keeps the rows answered yes), its stage recorded."""
+    base = rows.drop_columns(list(step.arg_columns))
+    if KINDS[step.kind].keeps_rows:
+        out = base.filter(pc.fill_null(answers, False)) if rows.num_rows else base
+    else:
+        out = base.append_column(step.column, answers)
+    if work is not None and rows.num_rows:
+        stage = {"operator": f"ai_{step.kind}", "output": step.output, "template": step.template,
+                 "rows_in": rows.num_rows}
+        if KINDS[step.kind].answer == "yes_no":
+            yes = int(pc.sum(pc.fill_null(answers, False).cast(pa.int64())).as_py() or 0)
+            stage.update(rows_out=out.num_rows, selectivity_provided=step.selectivity,
+                         selectivity_observed=yes / rows.num_rows)
+        _record(work, stage)
+    return out
+
+
+def _record(work: QueryWork, stage: dict) -> None:
+    """Add an AI operator's stage, or its counts to the stage of the same operator run before (chunks)."""
+    same = next((s for s in work.stages if s["operator"] == stage["operator"] and s["output"] == stage["output"]),
+                None)
+    if same is None:
+        work.stages.append(stage)
+        return
+    same["rows_in"] += stage["rows_in"]
+    if "rows_out" in stage:
+        yes = same["selectivity_observed"] * (same["rows_in"] - stage["rows_in"]) \
+            + stage["selectivity_observed"] * stage["rows_in"]
+        same["rows_out"] += stage["rows_out"]
+        same["selectivity_observed"] = yes / same["rows_in"]
+
+
+def _ai_chain(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
+    """Filter chunks of rows through every filter until `limit` rows have passed (all rows: _reranked)."""
+    if chain.limit is None:
+        return _reranked(chain, rows, runtime, work)
+    expected = float(np.prod([f.selectivity for f in chain.filters]))
+    size = max(chain.limit, int(np.ceil(1.5 * chain.limit / expected)))
+    kept: list[pa.Table] = []
+    start, passed = 0, 0
+    while True:
+        chunk = rows.slice(start, size)
+        for step in chain.filters:
+            chunk = _ai_step(step, chunk, runtime, work)
+        kept.append(chunk)
+        passed += chunk.num_rows
+        start += size
+        if passed >= chain.limit or start >= rows.num_rows:
+            break
+        size *= 2
+    out = pa.concat_tables(kept) if len(kept) > 1 else kept[0]
+    return out.slice(0, chain.limit)
+
+
+def _reranked(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
+    """The first PROBE_ROWS rows through the filters in plan order; the rest in the order their observed
+    selectivities rank best, in parts pipelined through the filters: each model call asks the first
+    filter about a new part, the second about the last part's rows that passed the first, and so on,
+    so a later filter's few rows ride in the passes of a part's documents instead of passes of their
+    own. Parts are sized so the prefix cache holds the documents of every part in flight (each later
+    filter continues them). A row passes when every filter keeps it, in either order."""
+    sample, observed = rows.slice(0, PROBE_ROWS), []
+    for step in chain.filters:
+        asked = sample.num_rows
+        sample = _ai_step(step, sample, runtime, work)
+        observed.append(sample.num_rows / asked if asked else step.selectivity)
+    order = sorted(range(len(chain.filters)), key=lambda i: filter_rank(chain.filters[i].template, observed[i]))
+    if work is not None and order != sorted(order):
+        work.stages.append({"operator": "ai_filter_rerank", "output": chain.output,
+                            "order": [chain.filters[i].template for i in order],
+                            "selectivity_observed": [round(observed[i], 4) for i in order]})
+    filters = [chain.filters[i] for i in order]
+    rest, kept = rows.slice(PROBE_ROWS), [sample]
+    in_flight = sum(float(np.prod([observed[i] for i in order[:j]])) for j in range(len(order)))
+    cached = _cached_rows(filters[0], rest, runtime) if len(order) > 1 else None
+    size = max(1, int(cached / in_flight)) if cached else max(rest.num_rows, 1)
+    parts = [rest.slice(start, size) for start in range(0, rest.num_rows, size)]
+    waiting: list[pa.Table | None] = [None] * len(filters)  # rows waiting for each filter
+    for turn in range(len(parts) + len(filters) - 1 if parts else 0):
+        waiting[0] = parts[turn] if turn < len(parts) else None
+        now = [j for j, part in enumerate(waiting) if part is not None]
+        passed = _asked_together([(filters[j], waiting[j]) for j in now], runtime, work)
+        waiting = [None] * len(filters)
+        for j, part in zip(now, passed):
+            if j + 1 < len(filters):
+                waiting[j + 1] = part
+            else:
+                kept.append(part)
+    return pa.concat_tables(kept)
+
+
+def _cached_rows(step: AIStep, rows: pa.Table, runtime: Runtime | None) -> int | None:
+    """Rows whose documents the prefix cache holds at once (None: no cache), their length estimated from
+    the first document's characters."""
+    if runtime is None or not rows.num_rows:
+        return None
+    chars = pc.mean(pc.utf8_length(rows.column(step.arg_columns[step.anchor]).cast(pa.string()))).as_py()
+    return runtime.rows_cached((chars or 0) / CHARS_PER_TOKEN)

@@ -1,0 +1,191 @@
+"""Physical plan nodes: the steps the planner hands to the executor.
+
+Each step describes itself (EXPLAIN's lines), counts the times it asks the
+model, and hands itself to a StepVisitor's method for its kind: the executor
+runs steps that way, Substrait export translates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Generic, Protocol, TypeVar, Union
+
+from quail.engine.runtime.scheduler import PROBE_ROWS
+
+T = TypeVar("T", covariant=True)
+
+
+class StepVisitor(Protocol, Generic[T]):
+    """What does something with each kind of step (run it, translate it)."""
+
+    def sql_step(self, step: "SQLStep") -> T: ...
+
+    def ai_step(self, step: "AIStep") -> T: ...
+
+    def ai_chain(self, step: "AIFilterChain") -> T: ...
+
+    def join_choice(self, step: "JoinChoice") -> T: ...
+
+
+class _OneStep:
+    """A step that is itself as planned (a join choice is the steps of its first order), asking the model
+    `ASKS` times."""
+
+    ASKS: ClassVar[int] = 0
+
+    def asks(self) -> int:
+        return self.ASKS
+
+    def planned(self) -> tuple["Step", ...]:
+        return (self,)
+
+
+@dataclass(frozen=True)
+class SQLStep(_OneStep):
+    """Run one DuckDB statement over named relations (tables and earlier outputs)."""
+
+    sql: str
+    output: str
+
+    def describe(self) -> list[str]:
+        return [f"DuckDB -> {self.output}: {self.sql}"]
+
+    def visit(self, visitor: StepVisitor[T]) -> T:
+        return visitor.sql_step(self)
+
+
+@dataclass(frozen=True)
+class AIStep(_OneStep):
+    """Ask the model a question about each row of `input`.
+
+    kind "filter" keeps the rows answered yes; "bool" (yes/no), "score" (P(yes))
+    and "classify" (the chosen category) add the answer as `column`. The
+    `arg_columns` hold the PROMPT arguments as text, in placeholder order, and
+    are dropped from the output. `layout` is "filter" (documents, then the
+    question) or "join" (the anchor, the question, then the other documents);
+    `anchor` is the placeholder whose document comes first ({0} unless the
+    query says otherwise); `labels` are the categories of a classify question,
+    answered by letter or by name (`answers`: "letters" or "names", ai/labels.py);
+    `selectivity` is the expected fraction answered yes (a hint, or the default).
+    """
+
+    ASKS: ClassVar[int] = 1
+
+    input: str
+    output: str
+    kind: str
+    template: str
+    arg_columns: tuple[str, ...]
+    layout: str = "filter"
+    labels: tuple[str, ...] = ()
+    column: str = ""
+    selectivity: float = 0.2
+    anchor: int = 0
+    answers: str = "letters"
+
+    def describe(self) -> list[str]:
+        anchor = f", anchor {{{self.anchor}}}" if self.anchor else ""
+        return [f"AI {self.kind} ({self.layout} layout{anchor}, selectivity {self.selectivity:g}) "
+                f"{self.input} -> {self.output}: {self.template!r} over {list(self.arg_columns)}"]
+
+    def visit(self, visitor: StepVisitor[T]) -> T:
+        return visitor.ai_step(self)
+
+
+@dataclass(frozen=True)
+class AIFilterChain(_OneStep):
+    """AI filters over `input`, all of which a row must pass; the output keeps the input's order.
+
+    With a `limit` (a LIMIT reaching the model) rows are taken in input order,
+    in growing chunks, until `limit` rows pass: the same rows whatever the chunk
+    sizes. Without one, every row is asked: the first PROBE_ROWS in plan order,
+    the rest with the filters re-ranked by the selectivities observed on those.
+    """
+
+    input: str
+    output: str
+    filters: tuple[AIStep, ...]
+    limit: int | None = None
+
+    def describe(self) -> list[str]:
+        """One line, then one per filter, indented."""
+        head = (f"AI filters until {self.limit} rows pass, in table order" if self.limit is not None else
+                f"AI filters, in this order for the first {PROBE_ROWS} rows, then ranked by observed selectivity")
+        return [f"{head}: {self.input} -> {self.output}"] + ["  " + f.describe()[0] for f in self.filters]
+
+    def asks(self) -> int:
+        return len(self.filters)
+
+    def visit(self, visitor: StepVisitor[T]) -> T:
+        return visitor.ai_chain(self)
+
+
+def filter_rank(template: str, selectivity: float) -> float:
+    """Cost per row over the fraction of rows a filter removes (Hellerstein and Stonebraker): lower first.
+
+    Filters on one table read the same documents, so the question's length is
+    what their costs differ by.
+    """
+    return (len(template) + 1) / (1 - min(selectivity, 0.999))
+
+
+@dataclass(frozen=True)
+class JoinChoice:
+    """An AI core's join orders, one chosen when its cores' rows are known.
+
+    `cores` are the relations joined (in slot order); each alternative's steps
+    (for `orders[k]`, table aliases) end in `output`. `pick` takes the cores'
+    observed row counts and returns the index of the cheapest order under the
+    planner's cost model: the estimates it planned with, with observed rows.
+    """
+
+    cores: tuple[str, ...]
+    orders: tuple[tuple[str, ...], ...]
+    alternatives: tuple[tuple["Step", ...], ...]
+    output: str
+    pick: Callable[[list[int]], int] = field(compare=False, repr=False)
+
+    def describe(self) -> list[str]:
+        orders = "; ".join(", ".join(order) for order in self.orders)
+        return ([f"join order chosen by the cores' observed rows, among: {orders} -> {self.output}; "
+                 f"the first, as planned:"] + ["  " + line for sub in self.alternatives[0] for line in sub.describe()])
+
+    def asks(self) -> int:
+        """Its first order's."""
+        return ai_steps(self.alternatives[0])
+
+    def planned(self) -> tuple["Step", ...]:
+        """The steps of the order planned first."""
+        return tuple(s for step in self.alternatives[0] for s in step.planned())
+
+    def visit(self, visitor: StepVisitor[T]) -> T:
+        return visitor.join_choice(self)
+
+
+Step = Union[SQLStep, AIStep, AIFilterChain, JoinChoice]
+
+
+def ai_steps(steps: tuple[Step, ...]) -> int:
+    """How many times the steps ask the model (a filter chain: once per filter; a join choice: its first order)."""
+    return sum(step.asks() for step in steps)
+
+
+@dataclass(frozen=True)
+class PhysicalPlan:
+    """Steps in execution order; `tables` are the stored tables they read, `result` the final relation.
+
+    `parameters` is how many `?` placeholders the query text had (bound before planning);
+    `notes` are the planner's words on its choices (EXPLAIN shows them);
+    `analyze`: run the steps, then return what each did instead of their rows
+    (EXPLAIN ANALYZE: one string column, `plan`); `chunked`: the input of the
+    first non-SQL step may run through the remaining steps in consecutive chunks
+    of rows, each chunk's result rows complete (planner/streaming.py).
+    """
+
+    steps: tuple[Step, ...]
+    tables: tuple[str, ...]
+    result: str
+    parameters: int = 0
+    notes: tuple[str, ...] = ()
+    analyze: bool = False
+    chunked: bool = False

@@ -1,0 +1,432 @@
+"""Attention of packed rows: causal over each row's own tokens, merged by log-sum-exp with what they continue.
+
+Per layer, each row attends to its own tokens and to the keys it continues: a
+resident run (a document or join anchor many rows continue, read once per call
+for all of them, never copied per row) and its chain (earlier rows of the same
+pass). Paths, every one equal to the fp32 reference (`attend`, `_matmuls`) to
+float round-off:
+- unpadded rows where Triton is installed: one kernel call per layer
+  (`fused_packed`, attention_triton.py), runs and own tokens in one online
+  softmax, rows continuing a long run cut into blocks across rows;
+- unpadded rows without Triton: one flash varlen call for own tokens, one for
+  the runs, merged (`merge`);
+- padded rows (buckets, padding_buckets.py): cuDNN per bucket in bf16/fp16,
+  two matmuls for short rows and in fp32.
+Why these paths, with the measurements behind each: bench/GPU_NOTES.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from quail.engine.kernels.padding_buckets import SMALL, padded_shape, width_class
+from quail.engine.kv.runs import KV
+
+try:
+    from quail.engine.kernels import attention_triton as attention_kernels  # Triton, with CUDA builds of torch
+except ImportError:
+    attention_kernels = None
+
+
+QUERY_BLOCK = 64  # queries a program of the Triton kernel takes: of one row, or of one run's rows (attention_triton.py)
+
+
+def query_blocks(spans: list[tuple[int, int, int]], block: int) -> np.ndarray:
+    """(blocks, 3) int32 for the Triton kernel: each span of queries (first, end, the run they continue
+    or −1) cut in order into blocks of at most `block`: each block's first query, count and run."""
+    table = np.asarray(spans, dtype=np.int64).reshape(-1, 3)
+    counts = -(-(table[:, 1] - table[:, 0]) // block)
+    span = np.repeat(np.arange(len(table)), counts)
+    firsts = table[span, 0] + block * (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+    return np.stack([firsts, np.minimum(block, table[span, 1] - firsts), table[span, 2]], axis=1).astype(np.int32)
+
+
+def _on(device: torch.device, array: np.ndarray) -> torch.Tensor:
+    """A host array on the device without waiting for the work queued there (pinned, non-blocking)."""
+    host = torch.from_numpy(array)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+
+def _buckets(lengths: list[int], starts: np.ndarray, device: torch.device
+             ) -> tuple[list[tuple[int, int, int]], torch.Tensor]:
+    """Each padding bucket's (offset, rows, width) in one flat buffer, and each packed token's place there."""
+    members: dict[int, list[int]] = {}
+    for b, n in enumerate(lengths):
+        members.setdefault(width_class(n), []).append(b)
+    buckets, base, offset = [], np.zeros(len(lengths), dtype=np.int64), 0
+    for _, rows in sorted(members.items()):
+        count, width = padded_shape(len(rows), max(lengths[b] for b in rows))
+        base[rows] = offset + width * np.arange(len(rows))
+        buckets.append((offset, count, width))
+        offset += count * width
+    within = np.arange(starts[-1]) - np.repeat(starts[:-1], lengths)
+    return buckets, _on(device, np.repeat(base, lengths) + within)
+
+
+@dataclass(eq=False)
+class Before:
+    """What a stretch of rows continues: resident KV (`past`) and/or tokens earlier in the same pass
+    (`chain`: their packed indices on the device), in that order."""
+
+    past: KV | None
+    chain: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return (len(self.past) if self.past is not None else 0) + (len(self.chain) if self.chain is not None else 0)
+
+    def pieces(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Its keys and values in `layer`, piece by piece (k, v: the pass's own, for the chain)."""
+        out = [(piece.keys[layer], piece.values[layer]) for piece in self.past.chunks()] if self.past else []
+        if self.chain is not None:
+            out.append((k.index_select(0, self.chain), v.index_select(0, self.chain)))
+        return out
+
+
+@dataclass
+class Packed:
+    """Rows laid out for one flash varlen call (no padding), with short runs before them copied in.
+
+    A resident run no longer than its rows' own tokens together (a preamble
+    before documents) is cheaper to copy before each of its rows than to attend
+    separately and merge; so are the tokens of earlier rows of the pass that a
+    row continues (its chain, short by the strategy's choice). Each row's keys
+    are [copied run, chain, own tokens]. offsets and key_offsets: (rows + 1)
+    cumulative query and key counts on the device, longest and longest_keys
+    their largest steps, key_total the last; rows: each packed query's row;
+    blocks: the query blocks of the Triton kernel (query_blocks): a row's own,
+    or, for the rows continuing a run attended apart (`runs`, in order),
+    blocks across them; own_index: where the packed
+    tokens' keys go in the key buffer (None: the buffer is the packed keys
+    themselves); inlined: each copied run and how many rows it precedes;
+    inline_index: where those copies go, in that order; chain_from and
+    chain_to: which packed tokens' keys are copied where as chains.
+    """
+
+    offsets: torch.Tensor
+    key_offsets: torch.Tensor
+    longest: int
+    longest_keys: int
+    key_total: int
+    rows: torch.Tensor
+    blocks: torch.Tensor
+    own_index: torch.Tensor | None = None
+    inlined: list[tuple[KV, int]] = field(default_factory=list)
+    inline_index: torch.Tensor | None = None
+    chain_from: torch.Tensor | None = None
+    chain_to: torch.Tensor | None = None
+
+    def keys(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers of the varlen call: each row's copied run and chain (if any), then its own."""
+        if self.own_index is None:
+            return k, v
+        runs = [(run.layer(layer), count) for run, count in self.inlined]  # a chained run's pieces joined once
+        out = []
+        for own, pick in ((k, 0), (v, 1)):
+            buffer = own.new_empty(self.key_total, *own.shape[1:])
+            buffer.index_copy_(0, self.own_index, own)
+            if runs:
+                copies = torch.cat([kv[pick].repeat(count, 1, 1) for kv, count in runs])
+                buffer.index_copy_(0, self.inline_index, copies)
+            if self.chain_from is not None:
+                buffer.index_copy_(0, self.chain_to, own.index_select(0, self.chain_from))
+            out.append(buffer)
+        return out[0], out[1]
+
+
+def _chains(starts: np.ndarray, parents: list[int | None]) -> list[np.ndarray]:
+    """Each row's chain: the packed tokens of the earlier rows it continues, first ancestor first."""
+    chains: list[np.ndarray] = []
+    for b, parent in enumerate(parents):
+        if parent is None:
+            chains.append(np.zeros(0, dtype=np.int64))
+            continue
+        if not 0 <= parent < b:
+            raise ValueError(f"row {b} continues row {parent}: a row continues an earlier row of its pass")
+        chains.append(np.concatenate([chains[parent], np.arange(starts[parent], starts[parent + 1])]))
+    return chains
+
+
+def _packed(lengths: list[int], starts: np.ndarray, row_runs: list[tuple[int, int, KV]], chains: list[np.ndarray],
+            device: torch.device) -> tuple[Packed, list[tuple[int, int, KV]]]:
+    """The varlen layout of the rows, and the runs (first row, end row, KV) left to attend separately."""
+    lengths_a = np.asarray(lengths, dtype=np.int64)
+    copied = np.zeros(len(lengths), dtype=np.int64)
+    chained = np.array([len(c) for c in chains], dtype=np.int64)
+    inlined, kept = [], []
+    for first, end, run in row_runs:
+        if len(run) * (end - first) <= lengths_a[first:end].sum():
+            copied[first:end] = len(run)
+            inlined.append((first, end, run))
+        else:
+            kept.append((first, end, run))
+    before = copied + chained
+    key_offsets = np.concatenate([[0], np.cumsum(before + lengths_a)])
+    apart = np.zeros(len(lengths), dtype=bool)
+    for first, end, _ in kept:
+        apart[first:end] = True
+    spans = [(starts[b], starts[b + 1], -1) for b in np.flatnonzero(~apart)]
+    spans += [(starts[first], starts[end], i) for i, (first, end, _) in enumerate(kept)]
+    packed = Packed(_on(device, starts.astype(np.int32)), _on(device, key_offsets.astype(np.int32)),
+                    int(lengths_a.max()), int((before + lengths_a).max()), int(key_offsets[-1]),
+                    _on(device, np.repeat(np.arange(len(lengths), dtype=np.int32), lengths_a)),
+                    _on(device, query_blocks(spans, QUERY_BLOCK)))
+    if not before.any():
+        return packed, kept
+    own = np.repeat(key_offsets[:-1] + before - starts[:-1], lengths_a) + np.arange(starts[-1])
+    packed.own_index = _on(device, own)
+    if inlined:
+        copies = np.concatenate([key_offsets[b] + np.arange(len(run)) for first, end, run in inlined
+                                 for b in range(first, end)])
+        packed.inline_index = _on(device, copies)
+        packed.inlined = [(run, end - first) for first, end, run in inlined]
+    if chained.any():
+        packed.chain_from = _on(device, np.concatenate(chains))
+        packed.chain_to = _on(device, np.concatenate([key_offsets[b] + copied[b] + np.arange(n)
+                                                      for b, n in enumerate(chained)]))
+    return packed, kept
+
+
+def _stretches(keys: list[tuple[int, ...]]) -> list[tuple[int, int]]:
+    """(first row, end row) of each stretch of consecutive rows with equal keys."""
+    out: list[tuple[int, int]] = []
+    for b, key in enumerate(keys):
+        if out and keys[out[-1][0]] == key:
+            out[-1] = (out[-1][0], b + 1)
+        else:
+            out.append((b, b + 1))
+    return out
+
+
+@dataclass
+class Rows:
+    """Where each row's new tokens sit in the packed batch, and what they continue.
+
+    starts: (rows + 1) offsets into the packed tokens; context: how many tokens
+    come before each row's own (its resident KV, then its chain: the tokens of
+    the earlier rows of the pass it continues). For attention, rows are
+    padded per bucket (width_class), not to the pass's longest row: buckets
+    holds (offset, rows, width) of each bucket's (rows × width) block in one
+    flat padded buffer, and pad_index (tokens,) the flat position of each packed
+    token there. runs: (first token, end token, Before) for each stretch of
+    consecutive rows that continue the same keys attended separately;
+    past_index: the packed tokens in such stretches, in run order (None
+    when no row is); run_offsets: (cumulative query tokens, cumulative keys)
+    of those runs laid end to end, for a varlen kernel, and run_blocks their
+    query blocks (query_blocks). Unpadded: no buckets;
+    `packed` lays the rows out for one varlen call, short runs and chains copied in.
+    """
+
+    lengths: list[int]
+    starts: list[int]
+    context: list[int]
+    buckets: list[tuple[int, int, int]]
+    pad_index: torch.Tensor | None
+    runs: list[tuple[int, int, Before]]
+    past_index: torch.Tensor | None = None
+    run_offsets: tuple[torch.Tensor, torch.Tensor] | None = None
+    run_blocks: torch.Tensor | None = None
+    packed: Packed | None = None
+
+    @classmethod
+    def build(cls, lengths: list[int], pasts: list[KV | None], device: torch.device, padded: bool = True,
+              parents: list[int | None] | None = None) -> "Rows":
+        """The layout of rows of `lengths` new tokens after `pasts` and, where `parents` names one, after
+        that earlier row of the pass (and what it continues: its past is theirs); padded: per bucket, else
+        for one varlen call."""
+        starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        parents = parents or [None] * len(lengths)
+        if any(p is not None and pasts[b] is not pasts[p] for b, p in enumerate(parents)):
+            raise ValueError("a row continuing an earlier row of its pass continues that row's past too")
+        chains = _chains(starts, parents)
+        context = [(len(past) if past is not None else 0) + len(chain) for past, chain in zip(pasts, chains)]
+        buckets, pad_index, packed = [], None, None
+        if padded:
+            buckets, pad_index = _buckets(lengths, starts, device)
+            stretches = _stretches([(id(past), parent) for past, parent in zip(pasts, parents)])
+            runs = [(first, end, Before(pasts[first], _on(device, chains[first]) if len(chains[first]) else None))
+                    for first, end in stretches if context[first]]
+        else:
+            stretches = _stretches([(id(past),) for past in pasts])
+            row_runs = [(first, end, pasts[first]) for first, end in stretches if pasts[first] is not None]
+            packed, kept = _packed(lengths, starts, row_runs, chains, device)
+            runs = [(first, end, Before(run)) for first, end, run in kept]
+        runs = [(int(starts[first]), int(starts[end]), before) for first, end, before in runs]
+        layout = cls(lengths, starts.tolist(), context, buckets, pad_index, runs, packed=packed)
+        if runs:
+            layout.past_index = _on(device, np.concatenate([np.arange(a, e) for a, e, _ in runs]))
+            sizes = np.array([[0, 0]] + [[e - a, len(run)] for a, e, run in runs], dtype=np.int32)
+            sizes = sizes.cumsum(0, dtype=np.int32)
+            layout.run_offsets = (_on(device, sizes[:, 0].copy()), _on(device, sizes[:, 1].copy()))
+            layout.run_blocks = _on(device, query_blocks(
+                [(sizes[i, 0], sizes[i + 1, 0], i) for i in range(len(runs))], QUERY_BLOCK))
+        return layout
+
+    def pad(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """(tokens, heads, d) packed → per bucket (rows, heads, width, d), right-padded with zeros."""
+        offset, rows, width = self.buckets[-1]
+        out = x.new_zeros(offset + rows * width, *x.shape[1:])
+        out.index_copy_(0, self.pad_index, x)
+        return [out[o : o + r * w].view(r, w, *x.shape[1:]).transpose(1, 2) for o, r, w in self.buckets]
+
+    def unpad(self, blocks: list[torch.Tensor]) -> torch.Tensor:
+        """Per bucket (rows, heads, width, ...) → (tokens, heads, ...)."""
+        flat = [x.transpose(1, 2).reshape(-1, *x.shape[1:2], *x.shape[3:]) for x in blocks]
+        return (flat[0] if len(flat) == 1 else torch.cat(flat)).index_select(0, self.pad_index)
+
+
+def _fused(q: torch.Tensor) -> bool:
+    return q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+
+
+SCORES_PER_BLOCK = 1 << 24  # attention scores (fp32) `_matmuls` holds at once: 64 MiB, whatever the rows' length
+
+
+def _matmuls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention as two matmuls in the inputs' dtype, softmax and log-sum-exp in fp32.
+
+    q (b, h, n, d), k/v (b, h_kv, m, d): the q heads of one kv head are stacked
+    (h = h_kv · group, head i reads kv head i // group), so k and v are never
+    repeated. Causal: bottom-right aligned (query i sees keys up to m − n + i).
+    Queries go in blocks of at most SCORES_PER_BLOCK scores, so long rows never
+    hold an n × m matrix.
+    """
+    b, h, n, d = q.shape
+    m = k.shape[2]
+    step = max(1, SCORES_PER_BLOCK // (b * h * m))
+    if step < n:
+        parts = [_matmuls_block(q[:, :, i:i + step], k, v, causal, m - n + i) for i in range(0, n, step)]
+        return torch.cat([o for o, _ in parts], dim=2), torch.cat([lse for _, lse in parts], dim=2)
+    return _matmuls_block(q, k, v, causal, m - n)
+
+
+def _matmuls_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, offset: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_matmuls` of consecutive queries, the first of which sees keys up to `offset` when causal."""
+    b, h, n, d = q.shape
+    kv_heads, m = k.shape[1], k.shape[2]
+    group = h // kv_heads
+    scores = (q.reshape(b, kv_heads, group * n, d) @ k.transpose(-1, -2)).float() * d ** -0.5
+    if causal:
+        allowed = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(offset).repeat(group, 1)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(scores, -1, keepdim=True)
+    out = torch.exp(scores - lse).to(v.dtype) @ v
+    return out.view(b, h, n, d), lse.view(b, h, n)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention output (b, h, n, d) and log-sum-exp (b, h, n) in fp32; k/v may have fewer heads (GQA).
+
+    cuDNN for bf16/fp16 on CUDA, unless every row is short; else two matmuls
+    (fp32: the reference, exact to round-off).
+    """
+    if not _fused(q) or max(q.shape[2], k.shape[2]) <= SMALL:
+        return _matmuls(q, k, v, causal)
+    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q, k, v, None, True, 0.0, causal, False, scale=q.shape[-1] ** -0.5)[:2]
+    return out, lse.view(q.shape[:3])
+
+
+def own_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed, layer: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's causal attention to its own tokens (after its copied run and chain, if any), all rows
+    in one flash varlen call (where Triton is absent: else `fused_packed`): (n, h, d), (n, h). Causal
+    masks align bottom-right: token i of a row after p copied keys sees keys up to p + i."""
+    keys, values = packed.keys(k, v, layer)
+    out, lse = torch.ops.aten._flash_attention_forward(
+        q, keys, values, packed.offsets, packed.key_offsets, packed.longest, packed.longest_keys, 0.0, True,
+        False, scale=q.shape[-1] ** -0.5)[:2]
+    return out, lse.transpose(0, 1)
+
+
+def _run_keys(rows: Rows, k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values of the runs attended apart in `layer`, laid end to end in run order."""
+    pieces = [piece for *_, run in rows.runs for piece in run.pieces(k, v, layer)]
+    return torch.cat([piece[0] for piece in pieces]), torch.cat([piece[1] for piece in pieces])
+
+
+def fused_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, layer: int) -> torch.Tensor:
+    """Unpadded rows by one call of the Triton kernel: each row's own tokens (after its copied run and
+    chain) causally and, for the rows continuing a run attended apart, that run's keys first, in the
+    same online softmax (nothing merged afterwards): (n, h, d)."""
+    packed = rows.packed
+    keys, values = packed.keys(k, v, layer)
+    runs = (*_run_keys(rows, k, v, layer), rows.run_offsets[1]) if rows.runs else None
+    return attention_kernels.packed_attention(q, packed.blocks, QUERY_BLOCK,
+                                              (keys, values, packed.offsets, packed.key_offsets, packed.rows),
+                                              runs)[0]
+
+
+def over_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, layer: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of the tokens in rows.past_index to their runs' keys (non-causal): (n, h, d), (n, h).
+
+    k and v: the pass's own (a run's chain is theirs). One run of padded rows:
+    one cuDNN call. Several, or unpadded rows: one call of the Triton kernel
+    (flash varlen without Triton) over the runs' keys laid end to end. fp32:
+    the reference, run by run.
+    """
+    def packed(t: torch.Tensor) -> torch.Tensor:  # (n, h, d) → (1, h, n, d) view
+        return t.transpose(0, 1)[None]
+
+    if not _fused(q) or (len(rows.runs) == 1 and rows.packed is None):
+        outs, lses = [], []
+        for first, end, run in rows.runs:
+            pieces = run.pieces(k, v, layer)
+            keys, values = (torch.cat([piece[i] for piece in pieces]) for i in (0, 1))
+            out, lse = attend(packed(q[first:end]), packed(keys), packed(values), causal=False)
+            outs.append(out[0].transpose(0, 1))
+            lses.append(lse[0].transpose(0, 1))
+        return torch.cat(outs), torch.cat(lses)
+    keys, values = _run_keys(rows, k, v, layer)
+    cu_q, cu_k = rows.run_offsets
+    queries = q.index_select(0, rows.past_index)
+    if attention_kernels is not None:
+        return attention_kernels.packed_attention(queries, rows.run_blocks, QUERY_BLOCK, runs=(keys, values, cu_k))
+    out, lse = torch.ops.aten._flash_attention_forward(
+        queries, keys, values, cu_q, cu_k, max(e - a for a, e, _ in rows.runs),
+        max(len(run) for *_, run in rows.runs), 0.0, False, False, scale=q.shape[-1] ** -0.5)[:2]
+    return out, lse.transpose(0, 1)
+
+
+def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
+    """Two partial attentions over disjoint key sets as one: o (n, h, d), lse (n, h)."""
+    lse = torch.logaddexp(lse1, lse2)
+    return ((torch.exp(lse1 - lse)[..., None] * o1.float() + torch.exp(lse2 - lse)[..., None] * o2.float())
+            .to(o1.dtype))
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, layer: int,
+              merger: Callable[..., torch.Tensor] = merge) -> torch.Tensor:
+    """Packed q (tokens, heads, d) and k/v (tokens, kv_heads, d) → output (tokens, heads, d).
+
+    Each row attends causally to its own tokens (one kernel call per padding
+    bucket, or one varlen call for them all) and to every key it continues in
+    `layer`: a resident run's, and its chain's (earlier rows of the pass, whose
+    keys are in k and v); `merger` is `merge` or a compiled (fused) version of it.
+    Unpadded rows with Triton: all of it in one kernel call (`fused_packed`).
+    """
+    if rows.packed is not None and attention_kernels is not None:
+        return fused_packed(q, k, v, rows, layer)
+    if rows.packed is not None:
+        out, lse = own_varlen(q, k, v, rows.packed, layer)
+        if not rows.runs:
+            return out
+    else:
+        blocks = zip(rows.pad(q), rows.pad(k), rows.pad(v))
+        if not rows.runs and not _fused(q):
+            return rows.unpad([F.scaled_dot_product_attention(*b, is_causal=True, enable_gqa=True) for b in blocks])
+        own = [attend(*b, causal=True) for b in blocks]
+        out = rows.unpad([o for o, _ in own])
+        if not rows.runs:
+            return out
+        lse = rows.unpad([l[..., None] for _, l in own])[..., 0]
+    index = rows.past_index
+    lse = lse.index_select(0, index)
+    past, past_lse = over_runs(q, k, v, rows, layer)
+    return out.index_copy_(0, index, merger(out.index_select(0, index), lse, past, past_lse))

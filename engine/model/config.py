@@ -1,0 +1,114 @@
+"""Configuration: the shape of a decoder (model facts) and how an engine runs it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+ATTENTION = ("buckets", "varlen")  # rows padded per length bucket for cuDNN, or one flash varlen call
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a Llama-family decoder (Llama, Qwen2, Qwen3)."""
+
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float
+    rms_norm_eps: float
+    qk_norm: bool = False
+    attention_bias: bool = False
+    tie_embeddings: bool = True
+    max_position: int = 8192
+
+    @classmethod
+    def from_hf(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
+        """Read an HF `config.json` dictionary of a Llama, Qwen2 or Qwen3 model."""
+        arch = cfg["model_type"]
+        if arch not in ("llama", "qwen2", "qwen3"):
+            raise ValueError(f"unsupported model_type {arch!r} (llama, qwen2, qwen3)")
+        heads = cfg["num_attention_heads"]
+        rope = cfg.get("rope_parameters") or {}
+        return cls(
+            arch=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            intermediate_size=cfg["intermediate_size"],
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            qk_norm=arch == "qwen3",
+            attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_position=int(cfg.get("max_position_embeddings", 8192)),
+        )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Which model runs where, and how.
+
+    backend: accepted as scripts for the seed system pass it; Quail always runs
+    its own runtime. model: a model name or path (None: the embedded SmolLM2-135M; "dummy:<shape>":
+    random weights of a named shape; an HF directory, a .gguf file, or an HF repo
+    id in the local cache); device: "cpu" or "cuda"; precision: "fp32", "bf16" or
+    "fp8" (e4m3 linear layers, bf16 elsewhere); compile: compile the layers'
+    token-wise parts (None: on CUDA only); strategy: "quail" (share every common prefix) or the baselines
+    "naive" and "prefix"; token_budget: new tokens per forward pass;
+    decisions: "model", or "hash" for random weights; tokenizer: an HF tokenizer
+    directory (tokenizer.json, chat_template.jinja) for dummy weights (None: the
+    embedded model's); sol_device: the device constants the speed of light uses
+    ("cpu", "h100-sxm", "h200"; None: "cpu" on the CPU, else none); kv_cache_bytes:
+    the documents' KV kept between AI steps and queries (kv/prefix_cache.py; None:
+    1 GiB on the CPU, a quarter of a GPU's memory; 0: none); attention: how rows attend to their own
+    tokens: "buckets" (rows padded per length bucket; cuDNN on a GPU) or "varlen" (one
+    flash varlen call, no padding; CUDA in bf16 or fp8 only; None: varlen where it runs,
+    else buckets).
+    """
+
+    model: str | None = None
+    device: str = "cpu"
+    gpus: int = 1
+    precision: str = "fp32"
+    strategy: str = "quail"
+    token_budget: int = 4096
+    decisions: str = "model"
+    tokenizer: str | None = None
+    sol_device: str | None = None
+    compile: bool | None = None
+    kv_cache_bytes: int | None = None
+    attention: str | None = None
+    backend: str | None = None
+
+    @property
+    def compiled(self) -> bool:
+        return self.compile if self.compile is not None else self.device.startswith("cuda")
+
+    @property
+    def flash_capable(self) -> bool:
+        """Whether flash kernels run here: CUDA in bf16 or fp8."""
+        return self.device.startswith("cuda") and self.precision != "fp32"
+
+    @property
+    def attention_layout(self) -> str:
+        """attention, else "varlen" where flash runs (no cuDNN plan per new shape: faster first runs,
+        bench/GPU_NOTES.md), else "buckets"."""
+        if self.attention:
+            return self.attention
+        return "varlen" if self.flash_capable else "buckets"
+
+    @property
+    def speed_of_light_device(self) -> str | None:
+        """The device constants speed-of-light figures use: sol_device, else "cpu" on the CPU, else none."""
+        if self.sol_device:
+            return self.sol_device
+        return "cpu" if self.device == "cpu" else None

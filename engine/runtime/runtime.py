@@ -1,0 +1,198 @@
+"""The runtime: owns the model, tokenizer and prompt layout, and scores requests from every query."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from quail.engine.errors import InvalidArgument
+from quail.engine.kv.prefix_cache import PrefixCache
+from quail.engine.model.decoder import Decoder
+from quail.engine.model.tokenizer import Tokenizer
+from quail.engine.runtime import baselines
+from quail.engine.runtime.counters import Stats
+from quail.engine.runtime.model_runner import ModelRunner
+from quail.engine.runtime.prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
+from quail.engine.runtime.query_work import QueryWork
+from quail.engine.runtime.requests import LabelSet, Request, Segment, document_prefix
+from quail.engine.runtime.scheduler import Strategy, tree
+from quail.engine.runtime.text_segments import SegmentCache
+
+
+STRATEGIES: dict[str, Strategy] = {"quail": tree, "naive": baselines.independent, "prefix": baselines.block_prefix}
+
+
+@dataclass
+class Scoring:
+    """Answers being computed on the device: (request indices, their log-probabilities) per label set,
+    every request in one of them."""
+
+    groups: list[tuple[list[int], torch.Tensor]]
+
+    def read(self) -> list[np.ndarray]:
+        """Per-answer log-probabilities of each request, once the device has them."""
+        out: list[np.ndarray] = [np.empty(0)] * sum(len(members) for members, _ in self.groups)
+        for members, logprobs in self.groups:
+            for i, row in zip(members, logprobs.cpu().numpy()):
+                out[i] = row
+        return out
+
+
+class Runtime:
+    """One per device, serving every running query: their forward passes take turns (scheduler.Turns).
+
+    `strategy` is how requests become forward passes: a name from STRATEGIES
+    ("quail": the scheduler's `tree`, every common prefix once; "naive" and "prefix": baselines.py)
+    or a Strategy function (a benchmark baseline).
+    `decisions` is "model" (answers from the model) or "hash" (random weights:
+    answers by content hash, forward passes still run in full).
+    `device_of`: a runner on the same device, whose turns, KV ledger and prefix cache this runtime's
+    runner shares; else `cache` holds documents' KV between steps and queries (kv/prefix_cache.py).
+    `texts`: the tokenized texts kept between steps and queries (default: a cache of its own).
+    """
+
+    def __init__(self, model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame,
+                 strategy: str | Strategy = "quail", token_budget: int = 4096, decisions: str = "model",
+                 device_of: ModelRunner | None = None, cache: PrefixCache | None = None,
+                 texts: SegmentCache | None = None) -> None:
+        if isinstance(strategy, str) and strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
+        if decisions not in ("model", "hash"):
+            raise ValueError(f"decisions must be 'model' or 'hash', not {decisions!r}")
+        self.decisions = decisions
+        self.model_id = model_id
+        self.config = model.config
+        self.tokenizer = tokenizer
+        self.layout = PromptLayout(frame)
+        self.runner = ModelRunner(model, token_budget, cache=cache) if device_of is None else \
+            ModelRunner(model, token_budget, device_of.turns, ledger=device_of.ledger, cache=device_of.cache)
+        self.strategy = strategy
+        self.texts = texts if texts is not None else SegmentCache()
+        self.yes_no = self._yes_no_labels()
+        self._preamble_tokens: int | None = None
+
+    def variant(self, strategy: str | Strategy, token_budget: int | None = None) -> "Runtime":
+        """Another runtime over the same weights and tokenizer (and the device's turns and KV ledger, and
+        the tokenized texts), scoring by another strategy."""
+        return Runtime(self.model_id, self.runner.model, self.tokenizer, self.layout.frame, strategy,
+                       token_budget or self.runner.token_budget, self.decisions, self.runner, texts=self.texts)
+
+    def segments(self, texts: list[str]) -> list[Segment]:
+        """Each text as a segment of its own, tokenized once (the texts cache)."""
+        return self.texts.segments(texts, self._tokenized)
+
+    def _tokenized(self, texts: list[str]) -> list[Segment]:
+        return [Segment.of(ids, self.model_id) for ids in self.tokenizer.encode_batch(texts)]
+
+    def score(self, requests: Sequence[Request], work: QueryWork | None = None) -> list[np.ndarray]:
+        """Per-answer log-probabilities of each request (answer order = its label set's names).
+
+        The requests and the work done for them are added to `work`.
+        """
+        return self.launch(requests, work).read()
+
+    def launch(self, requests: Sequence[Request], work: QueryWork | None = None) -> "Scoring":
+        """The requests' forward passes queued on the device, their answers read later (`Scoring.read`),
+        so the host can build the next requests while these passes run; otherwise as `score`."""
+        if not requests:
+            return Scoring([])
+        self.refuse_too_long(requests)
+        work = work if work is not None else QueryWork()
+        work.count(len(requests))
+        work.spend_tokens(sum(len(r) for r in requests))
+        work.requests.extend(requests)
+        work.check()
+        strategy = STRATEGIES[self.strategy] if isinstance(self.strategy, str) else self.strategy
+        hidden = strategy(self.runner.for_query(work.check, work.retain_documents), requests, work.stats)
+        by_labels: dict[LabelSet, list[int]] = {}
+        for i, request in enumerate(requests):
+            by_labels.setdefault(request.labels, []).append(i)
+        groups = [(members, self.runner.answer_logprobs(torch.stack([hidden[i] for i in members]), labels))
+                  for labels, members in by_labels.items()]
+        return Scoring(groups)
+
+    def refuse_too_long(self, requests: Sequence[Request], where: str = "") -> None:
+        """InvalidArgument when a request is longer than the model's context (it would never be answered
+        right, and would hold the device for nothing)."""
+        longest = max((len(r) for r in requests), default=0)
+        if longest > self.config.max_position:
+            raise InvalidArgument(f"a prompt{where} has {longest:,} tokens; the model {self.model_id} reads at most "
+                                  f"{self.config.max_position:,}: shorten its text")
+
+    @property
+    def plans_order(self) -> bool:
+        """Whether this runtime's strategy plans the order of what it computes (quail's radix plan), so
+        requests may come in any order; the baselines take them in the order given, as a generic server."""
+        return self.strategy == "quail"
+
+    def warm_up(self, full: bool | None = None) -> Stats:
+        """Run the passes queries bring, so the first query does not pay for first calls (kernels loaded
+        lazily, layers compiled, GEMMs of a full pass); returns what they did. full (default: on a GPU):
+        rows of more than a full pass after a shared prefix as long as each (copied before each row on a
+        GPU), then short rows after two long prefixes (attended apart and merged); always one short request
+        alone (compiled layers specialize a size of one)."""
+        rng = np.random.default_rng(0)
+
+        def segment(n: int) -> Segment:
+            return Segment.of(rng.integers(100, 1000, n), self.model_id)
+
+        work = QueryWork()
+        self.score([Request((segment(16),), self.yes_no)], work)  # a pass of one row: the last layer's one position
+        if not (self.runner.device.type == "cuda" if full is None else full):
+            return work.stats
+        shared = segment(200)  # kept (radix.worth_keeping) and copied (attention.Packed): both bounds met
+        rows = [(shared, segment(200)) for _ in range(self.runner.token_budget // 200 + 8)]
+        anchors = [segment(600) for _ in range(2)]
+        partners = [(anchor, segment(12)) for anchor in anchors for _ in range(60)]
+        self.score([Request(parts, self.yes_no) for parts in rows + partners], work)
+        return work.stats
+
+    def forget(self, rejected: Sequence[Request], accepted: Sequence[Request]) -> None:
+        """Drop the rejected requests' document prefixes from the prefix cache, but those an accepted request
+        shares: the plan will not ask about them again (a join's anchor stays while a partner of it passed)."""
+        if self.runner.cache is None:
+            return
+        kept = {prefix[1] for prefix in map(document_prefix, accepted) if prefix is not None}
+        for request in rejected:
+            prefix = document_prefix(request)
+            if prefix is not None and prefix[1] not in kept:
+                self.runner.cache.drop(prefix[1])
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of one token's keys and values over all layers."""
+        config = self.config
+        return 2 * config.num_layers * config.num_kv_heads * config.head_dim \
+            * self.runner.model.embed_tokens.weight.element_size()
+
+    def rows_cached(self, tokens_per_document: float) -> int | None:
+        """How many rows' document prefixes (the preamble and a document of this many tokens) the prefix
+        cache holds at once (None: no cache)."""
+        cache = self.runner.cache
+        if cache is None:
+            return None
+        if self._preamble_tokens is None:
+            self._preamble_tokens = len(self.tokenizer.encode(self.layout.preamble()))
+        per_row = self.kv_bytes_per_token * (self._preamble_tokens + tokens_per_document)
+        return max(1, int(cache.budget_bytes // per_row))
+
+    def letters(self, count: int, names: tuple[str, ...]) -> LabelSet:
+        """Answers A, B, ... (one per category name), each spelled by its single-token letter."""
+        ids = [self._single_token((LETTERS[i], " " + LETTERS[i])) for i in range(count)]
+        if not all(ids):
+            raise ValueError("the tokenizer does not spell every category letter as a single token")
+        return LabelSet(names, tuple(t for spelled in ids for t in spelled),
+                        tuple(i for i, spelled in enumerate(ids) for _ in spelled))
+
+    def _single_token(self, spellings: tuple[str, ...]) -> list[int]:
+        ids = [self.tokenizer.encode(s) for s in spellings]
+        return list(dict.fromkeys(int(t[0]) for t in ids if len(t) == 1))
+
+    def _yes_no_labels(self) -> LabelSet:
+        false_ids, true_ids = self._single_token(FALSE_SPELLINGS), self._single_token(TRUE_SPELLINGS)
+        if not false_ids or not true_ids:
+            raise ValueError("the tokenizer spells neither Yes nor No as a single token")
+        return LabelSet(("false", "true"), tuple(false_ids + true_ids), (0,) * len(false_ids) + (1,) * len(true_ids))

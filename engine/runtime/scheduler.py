@@ -1,0 +1,334 @@
+"""The scheduler: every decision of what runs in which forward pass, and when.
+
+- Turns: concurrent queries' passes run one at a time, first come first served.
+- What fits a pass: a token budget, and padded attention's area at most PAD_FACTOR times it (Fill, pack).
+- In what order a step's requests are computed (`tree`, the quail strategy): each shared prefix once,
+  longest roots first, depth first, short prefixes joined by their children in one pass, prompts longer
+  than a pass in chunks, documents' KV from the prefix cache where it holds them.
+- How a step is cut into parts handed to the runtime (`step_parts`): rows ordered by their anchor's text,
+  a head of about HEAD_PASSES passes (the device starts early), then the rest.
+- How many rows the executor sends at a time: PROBE_ROWS (an AI filter chain's probe), CHUNK_ROWS
+  (a streamed plan's chunks).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+import numpy as np
+
+from quail.engine.kernels.padding_buckets import padded_shape, width_class
+from quail.engine.runtime.counters import Stats
+from quail.engine.runtime.radix import RadixNode, build, collapse, nodes
+from quail.engine.runtime.requests import Request, document_prefix
+
+if TYPE_CHECKING:
+    import torch
+
+    from quail.engine.kv.prefix_cache import PrefixCache
+    from quail.engine.kv.runs import KV
+    from quail.engine.runtime.model_runner import ModelRunner
+
+Strategy = Callable[["ModelRunner", Sequence[Request], Stats], "list[torch.Tensor]"]
+
+PROBE_ROWS = 64
+CHARS_PER_TOKEN = 4.0  # for estimates only: English text in a BPE vocabulary
+CHUNK_ROWS = (64, 8192)  # a chunked plan's first and largest chunks: the first rows leave after a pass or two
+
+
+class Turns:
+    """A first-in first-out lock: each waiting query gets the device once before any query gets it again.
+
+    A query takes a turn per forward pass, so a short query admitted while a
+    long one runs waits one pass, not the long query's whole step.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: deque[threading.Event] = deque()
+        self._busy = False
+
+    def waiting(self) -> int:
+        """Queries waiting for the device."""
+        with self._lock:
+            return len(self._waiting)
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        mine = threading.Event()
+        with self._lock:
+            if self._busy:
+                self._waiting.append(mine)
+            else:
+                self._busy = True
+                mine.set()
+        mine.wait()
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._waiting:
+                    self._waiting.popleft().set()
+                else:
+                    self._busy = False
+
+
+@dataclass
+class Row:
+    """New tokens to compute after `past` (None: from position 0) and, where `parent` names one, after
+    that earlier row of the same pass (whose past is this row's too); keep_kv returns their KV, else
+    keep_tokens > 0 the KV of the first keep_tokens of them."""
+
+    ids: np.ndarray
+    past: KV | None = None
+    keep_kv: bool = False
+    keep_tokens: int = 0
+    parent: int | None = None
+
+
+PAD_FACTOR = 2  # attention pads each row to its bucket's longest: padded area ≤ PAD_FACTOR × budget
+
+
+@dataclass
+class Fill:
+    """A forward pass being filled: new tokens, and each padding bucket's rows and longest row (padded:
+    attention pads rows per bucket, so the padded area is bounded too)."""
+
+    budget: int
+    tokens: int = 0
+    buckets: dict[int, tuple[int, int]] = field(default_factory=dict)
+    padded: bool = True
+
+    def _area(self, length: int) -> int:
+        """The padded attention area with one more row of `length` tokens."""
+        key = width_class(length)
+        rows, width = self.buckets.get(key, (0, 0))
+        others = sum(math.prod(padded_shape(r, w)) for k, (r, w) in self.buckets.items() if k != key)
+        return others + math.prod(padded_shape(rows + 1, max(width, length)))
+
+    def admits(self, length: int) -> bool:
+        """Whether a row of `length` new tokens still fits (an empty pass takes any row)."""
+        if not self.buckets:
+            return True
+        fits = self.tokens + length <= self.budget
+        return fits and (not self.padded or self._area(length) <= PAD_FACTOR * self.budget)
+
+    def add(self, length: int) -> None:
+        key = width_class(length)
+        rows, width = self.buckets.get(key, (0, 0))
+        self.buckets[key] = (rows + 1, max(width, length))
+        self.tokens += length
+
+
+def new_pass(runner: ModelRunner) -> Fill:
+    """An empty forward pass of the runner's budget and attention layout."""
+    return Fill(runner.token_budget, padded=runner.model.padded_attention)
+
+
+def pack(lengths: Sequence[int], budget: int, padded: bool = True) -> list[list[int]]:
+    """Consecutive index runs that fit the budget (one row at least).
+
+    The linear layers see packed tokens only; padded attention pads each row to
+    the longest of its bucket, a waste `Fill` bounds.
+    """
+    batches: list[list[int]] = []
+    fill = Fill(budget, padded=padded)
+    for i, length in enumerate(lengths):
+        if not batches or not fill.admits(length):
+            batches.append([])
+            fill = Fill(budget, padded=padded)
+        batches[-1].append(i)
+        fill.add(length)
+    return batches
+
+
+def step_parts(texts: Sequence[tuple[str, ...]], token_budget: int) -> tuple[list[int], list[range]]:
+    """The order in which a step's rows (each given by its prompt's texts, its anchor's first) go to the
+    runtime, and the parts of that order: sorted by text, so rows that share a prefix share a part, then
+    cut by `_parts` (a pass holding about `token_budget` × CHARS_PER_TOKEN characters)."""
+    order = sorted(range(len(texts)), key=texts.__getitem__)
+    shared = [0] + [_shared_chars(texts[a][0], texts[b][0]) for a, b in zip(order, order[1:])]
+    fresh = [ROW_CHARS + sum(map(len, texts[r])) - common for r, common in zip(order, shared)]
+    return order, _parts(fresh, shared, token_budget * CHARS_PER_TOKEN)
+
+
+HEAD_PASSES = 4  # a large step's first part, in forward passes of estimated fresh tokens
+ROW_CHARS = 32  # a row's fresh characters besides its arguments' (the answer cue; a filter's question)
+
+
+def _parts(fresh: Sequence[float], shared: Sequence[int], per_pass: float) -> list[range]:
+    """The rows (their fresh characters given, `per_pass` to a forward pass) in one part, or, when they
+    fill more than 3 × HEAD_PASSES passes, in two: a head of about HEAD_PASSES passes, then the rest. The
+    head ends within half its size of that, before the row sharing the fewest characters with the row
+    before it (`shared`), nearest the target among those. Each part ends in a pass that is rarely full,
+    so a step is cut once: enough to start the device early and tokenize the rest beside it."""
+    total = np.cumsum(fresh, dtype=np.float64)
+    if not len(total) or total[-1] <= 3 * HEAD_PASSES * per_pass:
+        return [range(len(total))] if len(total) else []
+    low, target, high = np.searchsorted(total, np.array([0.5, 1.0, 1.5]) * HEAD_PASSES * per_pass) + 1
+    cuts = range(max(int(low), 1), min(int(high), len(total) - 1) + 1)
+    if not cuts:  # a few rows fill the passes: one part
+        return [range(len(total))]
+    end = min(cuts, key=lambda e: (shared[e], abs(e - target)))
+    return [range(end), range(end, len(total))]
+
+
+def _shared_chars(a: str, b: str) -> int:
+    """The length of the longest common prefix of a and b (slices compared: C speed, few of them)."""
+    if a == b:
+        return len(a)
+    longest = min(len(a), len(b))
+    low, high = 0, 1  # a[:low] == b[:low]; high doubles until a[:high] differs
+    while high <= longest and a[:high] == b[:high]:
+        low, high = high, 2 * high
+    high = min(high - 1, longest)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+Item = tuple[RadixNode, "KV | None", "int | None"]  # a node, the resident KV it continues, its parent's row
+
+
+def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
+    """Last hidden state per request, each distinct prefix computed once.
+
+    Passes are filled from the front of a frontier that starts as the roots,
+    longest first. A short node's children join its own pass right behind it
+    (`_shares`: they attend to its keys there, copied before each of them);
+    the children of other nodes, and those that did not fit, go to the front
+    once the pass ran, grouped by parent (each parent's KV one run): depth
+    first, so a parent's KV is dropped as soon as its last child ran. With the
+    runner's prefix cache, requests whose document prefix is cached continue
+    from it, and, where the runner retains them (a query asking the model again
+    later), the document prefixes computed are stored there (kv/prefix_cache.py).
+    """
+    hidden: list[torch.Tensor | None] = [None] * len(requests)
+    prefixes = [document_prefix(r) if runner.cache is not None else None for r in requests]
+    roots = [(_chunked(node, runner.token_budget), kv) for node, kv in _roots(runner.cache, requests, prefixes)]
+    frontier: deque[Item] = deque((node, kv, None) for node, kv in sorted(
+        roots, key=lambda item: len(item[0]), reverse=True))
+    stats.planned_tokens += sum(len(node) for root, *_ in frontier for node in [root, *nodes(root)])
+    copies: dict[int, tuple[KV, KV]] = {}  # each run a stored prefix continues, and its copy for the cache
+    while frontier:
+        items, shared = _fill(runner, frontier)
+        stored = [runner.retain and _stores(runner.cache, prefixes[node.rep], node) for node, *_ in items]
+        rows = [_row(requests[c.rep], c, kv, parent, prefixes[c.rep][0] if store else 0)
+                for (c, kv, parent), store in zip(items, stored)]
+        last, kept = runner.forward(rows, stats)
+        runs: list[KV | None] = []
+        children: list[Item] = []
+        for (node, kv, parent), row, h, new, store, joined in zip(items, rows, last, kept, stored, shared):
+            for i in node.ends:
+                hidden[i] = h
+            base = runs[parent] if parent is not None else kv
+            runs.append(None if new is None else new if base is None else base.then(new))
+            if store:
+                length, key = prefixes[node.rep]
+                head = new if row.keep_tokens else new.slice(0, length - node.start).owned()
+                runner.cache.put(key, head if base is None else _copied(copies, base).then(head))
+            if node.children and not joined:
+                children.extend((child, runs[-1], None) for child in sorted(node.children, key=len, reverse=True))
+        while frontier and frontier[0][2] is not None:  # children that joined a pass they did not fit in
+            node, _, parent = frontier.popleft()
+            children.append((node, runs[parent], None))
+        frontier.extendleft(reversed(children))
+    return hidden
+
+
+def _chunked(root: RadixNode, budget: int) -> RadixNode:
+    """The tree with every edge longer than `budget` cut into a chain of edges of at most `budget` tokens
+    (in place): a long prompt is computed in chunks, each continuing the KV of the one before, so no
+    forward pass is longer than the budget (its time and memory bounded; cancellation between them)."""
+    for node in [root, *nodes(root)]:
+        while len(node) > budget:
+            tail = RadixNode(node.start + budget, node.end, node.rep, node.children, node.ends)
+            node.end, node.children, node.ends = node.start + budget, [tail], []
+            node = tail
+    return root
+
+
+def _copied(copies: dict[int, tuple[KV, KV]], run: KV) -> KV:
+    """The run copied once for all the cached prefixes that continue it: the cache never holds the
+    KV a query keeps (the ledger counts that until the query is done with it)."""
+    if id(run) not in copies:
+        copies[id(run)] = (run, run.owned())
+    return copies[id(run)][1]
+
+
+def _fill(runner: ModelRunner, frontier: deque[Item]) -> tuple[list[Item], list[bool]]:
+    """A pass's items from the frontier's front, and whether each one's children joined the frontier's
+    front to follow it in the same pass (parent: its index in the pass)."""
+    fill, items, shared, chain = new_pass(runner), [], [], []
+    while frontier and fill.admits(len(frontier[0][0])):
+        node, kv, parent = frontier.popleft()
+        fill.add(len(node))
+        chain.append(0 if parent is None else chain[parent] + len(items[parent][0]))
+        items.append((node, kv, parent))
+        shared.append(bool(node.children) and _shares(chain[-1] + len(node), node.children))
+        if shared[-1]:
+            frontier.extendleft((child, kv, len(items) - 1) for child in sorted(node.children, key=len))
+    return items, shared
+
+
+def _shares(chain: int, children: list[RadixNode]) -> bool:
+    """Whether children attend to a prefix of `chain` tokens computed in their own pass (copied before
+    each of them, as a short resident run is: attention.Packed) rather than to its KV in a later pass:
+    when the copies are no more than the tokens of the children and of all below them. A preamble
+    joins the documents below it; an anchor does not join its partners' short questions."""
+    return chain * len(children) <= sum(child.tokens_below() for child in children)
+
+
+def _roots(cache: PrefixCache | None, requests: Sequence[Request],
+           prefixes: list[tuple[int, bytes] | None]) -> list[tuple[RadixNode, KV | None]]:
+    """The first nodes to compute, with the KV they continue: one radix tree over the requests whose
+    document prefix is not cached, one per cached prefix over the requests continuing it."""
+    if cache is None:
+        return [(node, None) for node in collapse(build(requests)).children]
+    groups: dict[bytes | None, list[int]] = {}
+    hits: dict[bytes, KV] = {}  # fetched once: another query may evict an entry meanwhile
+    for i, prefix in enumerate(prefixes):
+        found = hits.get(prefix[1]) or cache.get(prefix[1]) if prefix is not None else None
+        if found is not None:
+            hits[prefix[1]] = found
+        groups.setdefault(prefix[1] if found is not None else None, []).append(i)
+    out: list[tuple[RadixNode, KV | None]] = []
+    for key, members in groups.items():
+        root = collapse(build([requests[i] for i in members]))
+        for node in nodes(root):
+            node.rep, node.ends = members[node.rep], [members[i] for i in node.ends]
+        if key is None:
+            out.extend((node, None) for node in root.children)
+            continue
+        cached, length = hits[key], prefixes[members[0]][0]
+        todo = list(root.children)  # each continues the cached prefix: all its requests share it
+        while todo:
+            node = todo.pop()
+            node.start = max(node.start, length)
+            if len(node):
+                out.append((node, cached))
+            else:
+                todo.extend(node.children)
+    return out
+
+
+def _row(request: Request, node: RadixNode, past: KV | None, parent: int | None, stored: int) -> Row:
+    """The node's tokens after `past` and its parent's row; its KV kept for its children, or (a leaf
+    that completes a document prefix of `stored` tokens to cache) just its part of that prefix, gathered
+    with the pass's other such parts (the cache keeps it after a copy of what the row continues)."""
+    keep_tokens = stored - node.start if stored and not node.children else 0
+    return Row(request.tokens(node.start, node.end), past, bool(node.children), keep_tokens, parent)
+
+
+def _stores(cache: PrefixCache | None, prefix: tuple[int, bytes] | None, node: RadixNode) -> bool:
+    """Whether computing this node completes its requests' document prefix (then it is cached)."""
+    return cache is not None and prefix is not None and node.start < prefix[0] <= node.end

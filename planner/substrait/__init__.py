@@ -1,0 +1,1 @@
+"""Substrait: a physical plan exported as a Substrait plan (producer), and one imported as a plan (consumer)."""

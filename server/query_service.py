@@ -1,0 +1,92 @@
+"""One statement planned and run: what the Flight SQL handler and the in-process Session share.
+
+A statement is planned (its join orders priced by the speed of light on the
+serving device, where one is named), its result schema found, then run to a
+table or a stream of batches, and reported with its speed of light.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+
+from quail.engine.exec.catalog import Catalog
+from quail.engine.exec.executor import execute, execute_stream, result_schema
+from quail.engine.exec.plan import PhysicalPlan
+from quail.engine.model.config import EngineConfig
+from quail.engine.runtime.counters import Stats
+from quail.engine.runtime.query_work import QueryWork
+from quail.engine.runtime.runtime import Runtime
+from quail.planner.cost import DEVICES, rank_by_sol, sol_seconds
+from quail.planner.planner import plan_sql
+from quail.planner.substrait.consumer import import_plan
+from quail.planner.substrait.producer import export_plan
+from quail.planner.updates import UpdatePlan, plan_statement
+
+
+@dataclass
+class QueryService:
+    """Plans statements over a catalog and runs them on one runtime.
+
+    `sol_device` names the device constants (planner/cost.py) that price join
+    orders and give reports their speed of light; None: join orders priced by
+    tokens, no speed of light.
+    """
+
+    runtime: Runtime
+    sol_device: str | None = None
+    precision: str = "fp32"
+    token_budget: int = 4096
+
+    @classmethod
+    def serving(cls, runtime: Runtime, config: EngineConfig) -> "QueryService":
+        """The service of a runtime loaded with `config`."""
+        return cls(runtime, config.speed_of_light_device, config.precision, config.token_budget)
+
+    def sol(self, ideal: Stats) -> float | None:
+        """Speed-of-light seconds of the ideal work on the serving device (None: no device named)."""
+        if self.sol_device is None:
+            return None
+        return sol_seconds(ideal, self.runtime.config, DEVICES[self.sol_device], self.precision, self.token_budget)
+
+    def plan(self, text: str, catalog: Catalog, dialect: str, params: Sequence[Any] | None = None,
+             work: QueryWork | None = None) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema | None]:
+        """A statement's plan and result schema (None for a CREATE / INSERT / DROP, whose result is the rows
+        it wrote); finding the schema stops when `work` is cancelled or passes its deadline."""
+        plan = plan_statement(text, catalog, dialect, params, rank_by_sol(self.sol))
+        if work is not None:
+            work.check()
+        if isinstance(plan, UpdatePlan):
+            return plan, None
+        return plan, result_schema(plan, catalog, work)
+
+    def plan_query(self, text: str, catalog: Catalog, dialect: str,
+                   params: Sequence[Any] | None = None) -> tuple[PhysicalPlan, pa.Schema]:
+        """A query's plan and result schema."""
+        plan = plan_sql(text, catalog, dialect, params, rank=rank_by_sol(self.sol))
+        return plan, result_schema(plan, catalog)
+
+    def plan_substrait(self, plan: bytes, catalog: Catalog) -> tuple[PhysicalPlan, pa.Schema]:
+        """A serialized Substrait plan's physical plan and result schema."""
+        physical = import_plan(plan, catalog)
+        return physical, result_schema(physical, catalog)
+
+    def substrait(self, text: str, catalog: Catalog, dialect: str, params: Sequence[Any] | None = None) -> bytes:
+        """A query's optimized plan as a serialized Substrait plan."""
+        plan = plan_sql(text, catalog, dialect, params, rank=rank_by_sol(self.sol))
+        return export_plan(plan, catalog).SerializeToString()
+
+    def execute(self, plan: PhysicalPlan, catalog: Catalog, work: QueryWork) -> pa.Table:
+        """The query's rows; its model work recorded in `work`."""
+        return execute(plan, catalog, self.runtime, work, self.sol)
+
+    def stream(self, plan: PhysicalPlan, catalog: Catalog, work: QueryWork,
+               rows_per_batch: int) -> Iterator[pa.RecordBatch]:
+        """The query's rows batch by batch, as they are produced."""
+        return execute_stream(plan, catalog, self.runtime, work, self.sol, rows_per_batch)
+
+    def report(self, work: QueryWork, wall_s: float) -> dict[str, Any]:
+        """What the query cost, with its speed of light."""
+        return work.report(wall_s, self.sol)

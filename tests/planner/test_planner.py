@@ -1,0 +1,163 @@
+"""Planning: relational predicates before the model, AI filters bound to templates, errors with positions."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from quail.engine.errors import InvalidArgument, NotFound
+from quail.engine.exec.executor import execute, result_schema
+from quail.engine.exec.plan import AIFilterChain, AIStep, SQLStep
+from quail.engine.exec.storage import TableStore
+from quail.planner.planner import plan_sql
+
+
+@pytest.fixture()
+def store(tmp_path):
+    s = TableStore(tmp_path)
+    s.write("reviews", pa.table({"id": [1, 2], "body": ["good", "bad"], "stars": [5, 1]}))
+    return s
+
+
+def test_plain_query_is_one_duckdb_step(store):
+    plan = plan_sql("SELECT count(*) FROM quail.main.reviews", store)
+    assert plan.tables == ("reviews",)
+    assert [type(s) for s in plan.steps] == [SQLStep]
+    assert "quail" not in plan.steps[0].sql
+
+
+def test_relational_conjuncts_run_before_the_model(store):
+    plan = plan_sql("SELECT id FROM reviews r WHERE r.stars > 3 AND AI_FILTER(PROMPT('Is {0} kind?', r.body)) "
+                    "AND id < 10 ORDER BY id LIMIT 5", store)
+    first, ai, last = plan.steps
+    assert isinstance(first, SQLStep) and "stars > 3" in first.sql and "id < 10" in first.sql
+    assert isinstance(ai, AIStep) and ai.kind == "filter" and ai.template == "Is {0} kind?"
+    assert ai.input == first.output and ai.layout == "filter"
+    assert "AI_FILTER" not in last.sql and "LIMIT 5" in last.sql and "WHERE" not in last.sql
+    assert result_schema(plan, store).names == ["id"]
+
+
+def test_join_condition_is_asked_per_distinct_pair_in_the_join_layout(store):
+    plan = plan_sql("SELECT a.id, b.id FROM reviews a JOIN reviews b ON a.stars > b.stars "
+                    "AND AI_FILTER(PROMPT('Is {0} kinder than {1}?', a.body, b.body))", store)
+    (ai,) = [s for s in plan.steps if isinstance(s, AIStep)]
+    assert ai.layout == "join" and ai.kind == "filter"
+    combos = next(s for s in plan.steps if s.output == ai.input)
+    assert "DISTINCT" in combos.sql
+    assert result_schema(plan, store).names == ["id", "id"]
+
+
+def test_ai_values_become_columns_of_their_table(store):
+    plan = plan_sql("SELECT *, AI_SCORE(PROMPT('Is {0} kind?', body)) AS s FROM reviews "
+                    "WHERE AI_CLASSIFY(body, ['a', 'b']):labels[0]::string = 'a' ORDER BY s DESC LIMIT 1", store)
+    kinds = [s.kind for s in plan.steps if isinstance(s, AIStep)]
+    assert sorted(kinds) == ["classify", "score"]
+    assert result_schema(plan, store).names == ["id", "body", "stars", "s"]
+
+
+def test_chained_filters_and_bigquery_ai_if(store):
+    plan = plan_sql("SELECT * FROM reviews WHERE AI.IF(('Is ', body, ' about food?')) AND AI.IF(('True? ', body))",
+                    store, dialect="bigquery")
+    (chain,) = [s for s in plan.steps if isinstance(s, AIFilterChain)]
+    ai = chain.filters
+    assert chain.limit is None, "two filters over every row: re-ranked after the first rows"
+    assert [s.template for s in ai] == ["True? {0}", "Is {0} about food?"], "equal selectivity: the shorter first"
+    assert ai[1].input == ai[0].output
+    assert result_schema(plan, store).names == ["id", "body", "stars"]
+
+
+def test_parameters_become_typed_literals(store):
+    plan = plan_sql("SELECT * FROM reviews WHERE id = ? AND body <> ?", store, params=[2, "x"])
+    assert "id = CAST('2' AS BIGINT)" in plan.steps[0].sql and "'x'" in plan.steps[0].sql
+    assert plan.parameters == 2 and plan_sql("SELECT 1", store).parameters == 0
+    with pytest.raises(InvalidArgument, match="2 parameter"):
+        plan_sql("SELECT * FROM reviews WHERE id = ? AND body <> ?", store, params=[2])
+
+
+@pytest.mark.parametrize("sql, error, message", [
+    ("SELECT * FROM reviews WHERE", InvalidArgument, "line 1, column"),
+    ("SELECT * FROM missing", NotFound, "'missing' does not exist at line 1, column 21"),
+    ("SELECT * FROM other.reviews", NotFound, "schema 'other'"),
+    ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0} and {1}', body))", InvalidArgument, "uses {1}"),
+    ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('no holes', body))", InvalidArgument, "argument 1 has no"),
+    ("SELECT * FROM reviews WHERE AI_FILTR(body)", InvalidArgument, "unknown AI function AI_FILTR"),
+    ("SELECT * FROM reviews r JOIN reviews s USING (id) WHERE AI_FILTER(PROMPT('{0} or {1}', r.body, s.body))",
+     InvalidArgument, "a USING, NATURAL or special join in a query with AI functions is not supported yet"),
+    ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0}', body), {'anchor': 1})", InvalidArgument,
+     "anchor must name a placeholder, 0 to 0, not 1"),
+    ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0}', body), {'temperature': 1})", InvalidArgument,
+     "options must be"),
+    ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0}', body), {'selectivity': 2})", InvalidArgument,
+     "selectivity must be in"),
+    ("SELECT AI_CLASSIFY(body, 'a') FROM reviews", InvalidArgument, "list of string literals"),
+    ("SELECT AI_CLASSIFY(body, ['a', 'b'], {'answers': 'emoji'}) FROM reviews", InvalidArgument,
+     "config must be {'answers': 'letters' | 'names'}"),
+    ("SELECT AI_COMPLETE('m', body) FROM reviews", InvalidArgument, "not supported yet"),
+    ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0}', AI_CLASSIFY(body, ['a'])))", InvalidArgument,
+     "cannot be nested"),
+    ("SELECT * FROM reviews WHERE AI_FILTER(body)", InvalidArgument, "expects PROMPT"),
+    ("DELETE FROM reviews", InvalidArgument, "only queries"),
+    ("SELECT 1; SELECT 2", InvalidArgument, "one SQL statement"),
+])
+def test_errors_name_the_problem(store, sql, error, message):
+    with pytest.raises(error, match=message.replace("{", r"\{").replace("}", r"\}")):
+        plan_sql(sql, store)
+
+
+def test_unknown_column_is_invalid_argument(store):
+    plan = plan_sql("SELECT nope FROM reviews", store)
+    with pytest.raises(InvalidArgument, match="nope"):
+        result_schema(plan, store)
+
+
+def test_filters_run_in_rank_order(store):
+    """The filter removing the most rows per unit of cost runs first, whatever the order in the query."""
+    sql = ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('Is {0} long?', body), {'selectivity': 0.9}) "
+           "AND AI_FILTER(PROMPT('Is {0} about food?', body), {'selectivity': 0.1})")
+    (chain,) = [s for s in plan_sql(sql, store).steps if isinstance(s, AIFilterChain)]
+    assert [s.selectivity for s in chain.filters] == [0.1, 0.9]
+
+
+def test_explain_through_sql(store):
+    plan = plan_sql("EXPLAIN SELECT * FROM reviews WHERE AI_FILTER(PROMPT('Is {0} long?', body)) LIMIT 2", store)
+    lines = execute(plan, store, None).column("plan").to_pylist()
+    assert any(line.startswith("AI filters until 2 rows pass") for line in lines)
+    assert lines[-1].startswith("DuckDB -> __quail_result")
+    with pytest.raises(NotFound, match="line 1, column 29"):  # positions count the EXPLAIN too
+        plan_sql("EXPLAIN SELECT * FROM nowhere", store)
+
+
+def test_explain_says_when_the_other_anchor_is_cheaper():
+    from quail.engine.exec.catalog import MemoryCatalog
+
+    catalog = MemoryCatalog()
+    catalog.register("claims", pa.table({"id": list(range(40)), "claim": ["Tea helps."] * 40}))
+    catalog.register("passages", pa.table({"id": list(range(5)), "passage": ["A long study of tea. " * 40] * 5}))
+    sql = ("SELECT c.id, p.id FROM claims c JOIN passages p "
+           "ON AI_FILTER(PROMPT('Does {1} support {0}?', c.claim, p.passage)OPTIONS)")
+    notes = plan_sql(sql.replace("OPTIONS", ""), catalog).notes
+    assert any("anchoring {1} would ask" in n and "add {'anchor': 1}" in n for n in notes)
+    assert not any("anchoring" in n for n in plan_sql(sql.replace("OPTIONS", ", {'anchor': 1}"), catalog).notes)
+
+
+@pytest.mark.parametrize("sql, chunked", [
+    ("SELECT id, upper(body) AS b FROM reviews WHERE stars > 1 AND AI_FILTER(PROMPT('Is {0} kind?', body))", True),
+    ("SELECT id, AI_CLASSIFY(body, ['good', 'bad']) AS c FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body))",
+     True),
+    ("SELECT id, AI_FILTER(PROMPT('Is {0} kind?', body)) AS kind FROM reviews", True),
+    ("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body)) "
+     "AND AI_FILTER(PROMPT('Is {0} long?', body))", True),
+    ("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body)) ORDER BY id", False),
+    ("SELECT count(*) FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body))", False),
+    ("SELECT DISTINCT stars FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body))", False),
+    ("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body)) LIMIT 1", False),
+    ("SELECT id, row_number() OVER () AS n FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body))", False),
+    ("SELECT a.id FROM reviews a JOIN reviews b ON AI_FILTER(PROMPT('Is {0} like {1}?', a.body, b.body))", False),
+])
+def test_plans_stream_in_chunks_only_when_each_row_stands_alone(store, sql, chunked):
+    """One table's rows through AI steps and a tail that maps rows one to one: chunks; anything that
+    needs all rows at once (order, aggregates, DISTINCT, LIMIT, windows, joins): whole."""
+    plan = plan_sql(sql, store)
+    assert plan.chunked is chunked
+    assert any("stream in chunks" in line for line in plan_sql("EXPLAIN " + sql, store).steps[0].sql.split("\n")) \
+        is chunked

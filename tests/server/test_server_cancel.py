@@ -1,0 +1,338 @@
+"""Running queries on a real server process: cancelling (CancelFlightInfo, the older CancelQuery, an
+ADBC client ending its call: the model work stops), sharing the model (forward passes take turns),
+watching them (the quail_queries system table), limits, metrics, many clients, shutdown."""
+
+from __future__ import annotations
+
+import threading
+
+import adbc_driver_flightsql.dbapi as flight_sql
+import adbc_driver_manager
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+from quail.server import sql_messages as sql
+from quail.server.flight_messages import (CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING,
+                                          CANCEL_STATUS_NOT_CANCELLABLE, FLIGHT)
+
+REVIEWS = pa.table({"id": list(range(600)),
+                    "body": [f"Review {i}: the soup was {'cold' if i % 2 else 'hot'} and the staff "
+                             f"{'rude' if i % 3 else 'kind'}; we paid {i % 40 + 10} euros." for i in range(600)]})
+TOPICS = pa.table({"id": list(range(12)), "topic": ["food", "service", "price", "noise", "a film", "weather",
+                                                    "a car", "music", "sports", "travel", "books", "health"]})
+LONG = ("SELECT r.id, t.id FROM reviews r JOIN topics t "
+        "ON AI_FILTER(PROMPT('Is the review {0} about {1}?', r.body, t.topic))")  # 7,200 model requests
+QUICK = "SELECT id FROM topics WHERE AI_FILTER(PROMPT('Is {0} about food?', topic)) ORDER BY id"
+
+
+@pytest.fixture(scope="module")
+def uri(server):
+    with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.adbc_ingest("reviews", REVIEWS, mode="replace")
+        cur.adbc_ingest("topics", TOPICS, mode="replace")
+    return server.uri
+
+
+def _info(client: flight.FlightClient, query: str) -> flight.FlightInfo:
+    command = sql.pack(sql.new("CommandStatementQuery", query=query))
+    return client.get_flight_info(flight.FlightDescriptor.for_command(command))
+
+
+def _reading(client: flight.FlightClient, info: flight.FlightInfo) -> tuple[threading.Thread, list]:
+    outcome: list = []
+
+    def read() -> None:
+        try:
+            outcome.append(client.do_get(info.endpoints[0].ticket).read_all())
+        except flight.FlightError as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    return thread, outcome
+
+
+def _answers_quickly(uri: str) -> None:
+    """A small AI query gets the model at once: the cancelled one (minutes of work) no longer holds it."""
+    done = threading.Event()
+
+    def run() -> None:
+        with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.execute(QUICK)
+            if cur.fetch_arrow_table().num_rows <= TOPICS.num_rows:
+                done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(60), "the cancelled query still holds the model"
+
+
+def _cancel_flight_info(client: flight.FlightClient, info: flight.FlightInfo) -> int:
+    parsed = FLIGHT["FlightInfo"]()
+    parsed.ParseFromString(info.serialize())
+    body = FLIGHT["CancelFlightInfoRequest"](info=parsed).SerializeToString()
+    (result,) = client.do_action(flight.Action("CancelFlightInfo", body))
+    status = FLIGHT["CancelFlightInfoResult"]()
+    status.ParseFromString(result.body.to_pybytes())
+    return status.status
+
+
+def test_cancel_flight_info_stops_a_running_query(uri):
+    client = flight.FlightClient(uri)
+    info = _info(client, LONG)
+    thread, outcome = _reading(client, info)
+    threading.Event().wait(2.0)  # the query is running: its model work has begun
+    assert _cancel_flight_info(client, info) == CANCEL_STATUS_CANCELLING
+    thread.join(60)
+    assert not thread.is_alive()
+    (err,) = outcome
+    assert isinstance(err, flight.FlightCancelledError) and "cancelled" in str(err)
+    assert _cancel_flight_info(client, info) == CANCEL_STATUS_NOT_CANCELLABLE, "it is over"
+    _answers_quickly(uri)
+
+
+def _progress(cur, query: str) -> dict | None:
+    cur.execute("SELECT * FROM quail_queries")
+    return next((row for row in cur.fetch_arrow_table().to_pylist() if row["query"] == query), None)
+
+
+def test_queries_take_turns_and_show_their_progress(uri):
+    """While a long AI query runs, quail_queries shows its progress, and a short AI query sent after it
+    is answered while the long one still runs: their forward passes take turns."""
+    client = flight.FlightClient(uri)
+    info = _info(client, LONG)
+    thread, outcome = _reading(client, info)
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        for _ in range(240):
+            started = _progress(cur, LONG)
+            if started is not None and started["tokens_done"] > 0:
+                break
+            threading.Event().wait(0.25)
+        assert started is not None and started["requests"] == REVIEWS.num_rows * TOPICS.num_rows
+        assert 0 < started["tokens_done"] < started["tokens_planned"] and started["user_name"] == "-"
+        cur.execute(QUICK)
+        assert cur.fetch_arrow_table().num_rows <= TOPICS.num_rows
+        assert thread.is_alive(), "the short query was answered while the long one ran"
+        later = _progress(cur, LONG)
+        assert later["query_id"] == started["query_id"] and later["tokens_done"] > started["tokens_done"]
+        assert later["elapsed_s"] > started["elapsed_s"]
+        watching = _progress(cur, "SELECT * FROM quail_queries")
+        assert watching is not None and watching["tokens_planned"] == 0, "a query sees itself, no model work"
+    assert _cancel_flight_info(client, info) == CANCEL_STATUS_CANCELLING
+    thread.join(60)
+    assert not thread.is_alive() and isinstance(outcome[0], flight.FlightCancelledError)
+
+
+def test_ai_rows_stream_before_the_query_ends(uri):
+    """An AI projection over 600 rows: the client holds the first chunk's rows while the query still
+    runs (quail_queries lists it), then the rest arrive, in table order."""
+    from quail.engine.runtime.scheduler import CHUNK_ROWS
+
+    query = "SELECT id, AI_FILTER(PROMPT('Is {0} about food?', body)) AS food FROM reviews"
+    client = flight.FlightClient(uri)
+    reader = client.do_get(_info(client, query).endpoints[0].ticket)
+    first = reader.read_chunk().data
+    assert first.num_rows == CHUNK_ROWS[0]
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        assert _progress(cur, query) is not None, "the first rows left before the query finished"
+    rest = reader.read_all()
+    assert first.column("id").to_pylist() + rest.column("id").to_pylist() == list(range(REVIEWS.num_rows))
+
+
+def test_system_tables_are_listed_and_read_only(uri):
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        assert "SYSTEM TABLE" in conn.adbc_get_table_types()
+        listed = conn.adbc_get_objects(table_types_filter=["SYSTEM TABLE"]).read_all().to_pylist()
+        tables = listed[0]["catalog_db_schemas"][0]["db_schema_tables"]
+        assert [(t["table_name"], t["table_type"]) for t in tables] == [("quail_queries", "SYSTEM TABLE")]
+        assert conn.adbc_get_table_schema("quail_queries").names[:3] == ["query_id", "user_name", "query"]
+        for statement in ("DROP TABLE quail_queries", "INSERT INTO quail_queries SELECT * FROM quail_queries",
+                          "CREATE TABLE quail_queries AS SELECT 1 AS x"):
+            with pytest.raises(adbc_driver_manager.Error, match="system table") as info:
+                cur.execute(statement)
+                cur.fetch_arrow_table()
+            assert info.value.vendor_code == 3, "gRPC INVALID_ARGUMENT"
+        with pytest.raises(adbc_driver_manager.Error, match="system table"):
+            cur.adbc_ingest("quail_queries", TOPICS, mode="append")
+
+
+def test_a_query_cancelled_before_its_ticket_is_redeemed_never_runs(uri):
+    client = flight.FlightClient(uri)
+    info = _info(client, LONG)
+    body = sql.pack(sql.new("ActionCancelQueryRequest", info=info.serialize()))
+    (result,) = client.do_action(flight.Action("CancelQuery", body))
+    _, answer = sql.unpack(result.body.to_pybytes())
+    assert answer.result == CANCEL_STATUS_CANCELLED
+    with pytest.raises(flight.FlightError, match="cancelled"):
+        client.do_get(info.endpoints[0].ticket).read_all()
+
+
+def test_an_adbc_client_cancelling_its_call_stops_the_query(uri):
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        failure: list = []
+
+        def run() -> None:
+            try:
+                cur.execute(LONG)
+                cur.fetch_arrow_table()
+            except adbc_driver_manager.Error as err:
+                failure.append(err)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        threading.Event().wait(2.0)
+        cur.adbc_cancel()
+        thread.join(60)
+        assert not thread.is_alive() and failure
+    _answers_quickly(uri)
+
+
+def test_limits_per_query_and_admission(tmp_path):
+    """--max-requests refuses a query asking more (RESOURCE_EXHAUSTED), --query-timeout stops a long
+    one (DEADLINE_EXCEEDED), --max-active refuses a query past the running ones (RESOURCE_EXHAUSTED)."""
+    from quail.clients.server_process import ServerProcess
+
+    args = ("--max-requests", "5000", "--query-timeout", "3", "--max-active", "1")
+    with ServerProcess(tmp_path, *args) as limited:
+        with flight_sql.connect(limited.uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.adbc_ingest("reviews", REVIEWS, mode="replace")
+            cur.adbc_ingest("topics", TOPICS, mode="replace")
+            with pytest.raises(adbc_driver_manager.Error, match="more than 5000 times") as info:
+                cur.execute(LONG)
+                cur.fetch_arrow_table()
+            assert info.value.vendor_code == 8, "gRPC RESOURCE_EXHAUSTED"
+            half = LONG + " WHERE r.id < 400"  # 4,800 requests: allowed, but minutes of work
+            with pytest.raises(adbc_driver_manager.Error, match="time limit") as info:
+                cur.execute(half)
+                cur.fetch_arrow_table()
+            assert info.value.status_code == adbc_driver_manager.AdbcStatusCode.TIMEOUT
+            assert info.value.vendor_code == 4, "gRPC DEADLINE_EXCEEDED"
+        client = flight.FlightClient(limited.uri)
+        running = _info(client, half)
+        thread, outcome = _reading(client, running)
+        threading.Event().wait(1.0)
+        with pytest.raises(pa.ArrowException, match="RESOURCE_EXHAUSTED:the server is busy"):
+            client.do_get(_info(client, QUICK).endpoints[0].ticket).read_all()
+        thread.join(60)
+        assert isinstance(outcome[0], flight.FlightTimedOutError), "the running query hit its time limit"
+
+
+def test_prometheus_metrics(tmp_path):
+    """--metrics-port: queries by status, model tokens by kind, errors by status, speed-of-light fractions."""
+    import socket
+    import urllib.request
+
+    from quail.clients.server_process import ServerProcess
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with ServerProcess(tmp_path, "--metrics-port", str(port)) as served:
+        with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.adbc_ingest("topics", TOPICS, mode="replace")
+            cur.execute(QUICK)
+            cur.fetch_arrow_table()
+            cur.execute("SELECT id, AI_FILTER(PROMPT('Is {0} about food?', topic)) AS food, "
+                        "AI_FILTER(PROMPT('Is {0} fun?', topic)) AS fun FROM topics")
+            cur.fetch_arrow_table()  # asks twice, rejects none: keeps the topics' KV for later queries
+            with pytest.raises(adbc_driver_manager.Error):
+                cur.execute("SELECT * FROM no_such_table")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    assert values['quail_queries_total{status="OK"}'] >= 1
+    assert values['quail_tokens_total{kind="fresh"}'] > 0 and values['quail_tokens_total{kind="logical"}'] > 0
+    assert values['quail_errors_total{status="NOT_FOUND"}'] == 1
+    assert values["quail_query_sol_fraction_count"] >= 1 and values["quail_queries_running"] == 0
+    assert values["quail_queries_waiting"] == 0 and values["quail_kv_resident_bytes"] == 0, "all freed"
+    assert values["quail_kv_cached_bytes"] > 0, "the documents asked about stay cached for later queries"
+
+
+def test_sixteen_clients_at_once(uri):
+    """Mixed AI and plain queries from 16 connections at the same time: all answered, right rows."""
+    import concurrent.futures
+
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(QUICK)
+        ai_rows = cur.fetch_arrow_table().to_pylist()
+
+    def client(k: int) -> bool:
+        with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+            if k % 2:
+                cur.execute(QUICK)
+                return cur.fetch_arrow_table().to_pylist() == ai_rows
+            cur.execute(f"SELECT count(*) AS n FROM reviews WHERE id % 16 = {k}")
+            return cur.fetch_arrow_table().to_pylist() == [{"n": len(range(k, 600, 16))}]
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        assert all(pool.map(client, range(16)))
+
+
+def test_sigterm_drains_and_an_interrupted_ingest_leaves_a_whole_table(tmp_path):
+    """SIGTERM during a large ingest and a long query: new calls are refused while the server drains,
+    the process exits, and after a restart the table is either the old one or the new one, whole."""
+    import signal
+
+    from quail.clients.server_process import ServerProcess
+
+    big = pa.table({"id": pa.array(range(3_000_000), pa.int64()),
+                    "text": pa.array(["x" * 40] * 3_000_000)})
+    with ServerProcess(tmp_path) as served:
+        with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.adbc_ingest("reviews", REVIEWS, mode="replace")
+            cur.adbc_ingest("topics", TOPICS, mode="replace")
+            cur.adbc_ingest("big", big.slice(0, 10), mode="create")
+        client = flight.FlightClient(served.uri)
+        thread, outcome = _reading(client, _info(client, LONG))
+
+        def ingest() -> None:
+            try:
+                with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
+                    cur.adbc_ingest("big", big, mode="replace")
+                    outcome.append("ingested")
+            except adbc_driver_manager.Error as err:
+                outcome.append(err)
+
+        writer = threading.Thread(target=ingest)
+        writer.start()
+        threading.Event().wait(0.5)
+        served.process.send_signal(signal.SIGTERM)
+        threading.Event().wait(0.2)
+        with pytest.raises(flight.FlightUnavailableError):
+            client.get_flight_info(flight.FlightDescriptor.for_command(
+                sql.pack(sql.new("CommandStatementQuery", query="SELECT 1"))))
+        assert served.process.wait(60) == 0
+        thread.join(60)
+        writer.join(60)
+        assert not thread.is_alive() and not writer.is_alive()
+    with ServerProcess(tmp_path) as restarted:
+        with flight_sql.connect(restarted.uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.execute("SELECT count(*) AS n, max(id) AS top FROM big")
+            (row,) = cur.fetch_arrow_table().to_pylist()
+    assert (row["n"], row["top"]) in {(10, 9), (big.num_rows, big.num_rows - 1)}
+
+
+def test_an_ingest_cut_off_by_its_client_writes_nothing(uri):
+    """A client process dies in the middle of a replacing ingest: the table keeps its old rows."""
+    import subprocess
+    import sys
+
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.adbc_ingest("kept", TOPICS, mode="replace")
+    script = f"""
+import os, pyarrow as pa, pyarrow.flight as flight
+from quail.server import sql_messages as sql
+client = flight.FlightClient({uri!r})
+command = sql.pack(sql.new("CommandStatementIngest", table="kept", table_definition_options=sql.new(
+    "TableDefinitionOptions", if_not_exist=sql.TABLE_NOT_EXIST_CREATE, if_exists=sql.TABLE_EXISTS_REPLACE)))
+batch = pa.record_batch({{"id": list(range(1000)), "topic": ["x"] * 1000}})
+writer, _ = client.do_put(flight.FlightDescriptor.for_command(command), batch.schema)
+for _ in range(20):
+    writer.write_batch(batch)
+os._exit(1)  # no end of stream
+"""
+    assert subprocess.run([sys.executable, "-c", script], timeout=60).returncode == 1
+    threading.Event().wait(1.0)
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) AS n FROM kept")
+        assert cur.fetch_arrow_table().to_pylist() == [{"n": TOPICS.num_rows}]

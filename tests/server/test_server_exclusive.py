@@ -1,0 +1,68 @@
+"""A server owns its port and its data directory, and never touches files it did not write."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import adbc_driver_flightsql.dbapi as flight_sql
+import pyarrow as pa
+import pytest
+
+from quail.clients.server_process import ServerProcess
+from quail.engine.exec.storage import STORE
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess:
+    """A `quail serve` expected to refuse to start: its exit code and output."""
+    return subprocess.run([sys.executable, "-m", "quail.cli", "serve", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_users_files_in_the_data_directory_survive_a_server(tmp_path):
+    (tmp_path / "thesis.txt").write_text("four years of work")
+    with ServerProcess(tmp_path) as server, flight_sql.connect(server.uri, autocommit=True) as conn:
+        with conn.cursor() as cur:
+            cur.adbc_ingest("t", pa.table({"a": [1, 2]}), mode="create")
+    with ServerProcess(tmp_path) as server, flight_sql.connect(server.uri, autocommit=True) as conn:
+        with conn.cursor() as cur:
+            cur.execute("SELECT sum(a) AS s FROM t")
+            assert cur.fetchall() == [(3,)]
+    assert (tmp_path / "thesis.txt").read_text() == "four years of work"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["thesis.txt", STORE])
+
+
+def test_a_busy_port_and_a_held_data_directory_are_refused_in_one_line(tmp_path):
+    with ServerProcess(tmp_path / "first") as first, flight_sql.connect(first.uri, autocommit=True) as conn:
+        port = first.uri.rsplit(":", 1)[1]
+        same_port = _serve("--port", port, "--data-dir", str(tmp_path / "second"))
+        assert same_port.returncode == 2 and "serving" not in same_port.stdout
+        assert same_port.stderr.strip() == f"quail: error: cannot listen on 127.0.0.1:{port}: the port is in use"
+        same_dir = _serve("--port", "0", "--data-dir", str(tmp_path / "first"))
+        assert same_dir.returncode == 2 and "serving" not in same_dir.stdout
+        assert same_dir.stderr.strip().startswith("quail: error: the data directory")
+        assert "in use by another Quail server" in same_dir.stderr and "\n" not in same_dir.stderr.strip()
+        with conn.cursor() as cur:  # the first server still answers every connection
+            cur.execute("SELECT 1 AS x")
+            assert cur.fetchall() == [(1,)]
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param(("--device", "cuda"), "no CUDA GPU is available",
+                 marks=pytest.mark.skipif(_has_cuda(), reason="this machine has a CUDA GPU")),
+    (("--device", "gpu"), "unknown device 'gpu'"),
+    (("--port", "99999"), "port 99999 is not a TCP port"), (("--token-budget", "0"), "token budget must be at least"),
+    (("--max-active", "0"), "--max-active must be at least 1"), (("--users", "/no/such/file"), "No such file"),
+    (("--dialect", "postgres"), "unknown dialect"),
+], ids=["cuda-without-gpu", "unknown-device", "port", "budget", "max-active", "users-file", "dialect"])
+def test_bad_startup_options_are_one_line(tmp_path, args, message):
+    refused = _serve("--data-dir", str(tmp_path), "--port", "0", *args)
+    assert refused.returncode == 2 and "serving" not in refused.stdout
+    line = refused.stderr.strip()
+    assert line.startswith("quail: error: ") and message in line and "\n" not in line, refused.stderr

@@ -1,0 +1,190 @@
+"""Logins, bearer tokens on every call, expiry, TLS, and refusing an open public address: a real server."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import time
+
+import adbc_driver_flightsql.dbapi as flight_sql
+import adbc_driver_manager
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+from quail.clients.server_process import ServerProcess
+from quail.server import sql_messages as sql
+from quail.server.app import ServerConfig
+
+TTL = 4.0
+
+
+def _query(uri: str, **db_kwargs) -> list[dict]:
+    with flight_sql.connect(uri, db_kwargs=db_kwargs or None, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("SELECT 41 + 1 AS x")
+        return cur.fetch_arrow_table().to_pylist()
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    root = tmp_path_factory.mktemp("secured")
+    users = root / "users"
+    users.write_text("# who may log in\nann:s3cret\n")
+    with ServerProcess(root / "data", "--users", str(users), "--token-ttl", str(TTL)) as server:
+        yield server
+
+
+def test_login_gives_access(secured):
+    assert _query(secured.uri, username="ann", password="s3cret") == [{"x": 42}]
+
+
+@pytest.mark.parametrize("credentials", [{"username": "ann", "password": "wrong"}, {"username": "bob", "password": "x"},
+                                         {}], ids=["wrong-password", "unknown-user", "none"])
+def test_bad_or_missing_credentials_are_unauthenticated(secured, credentials):
+    with pytest.raises(adbc_driver_manager.Error, match="UNAUTHENTICATED"):
+        _query(secured.uri, **credentials)
+
+
+def test_every_call_needs_a_valid_unexpired_token(secured):
+    client = flight.connect(secured.uri)
+    command = flight.FlightDescriptor.for_command(sql.pack(sql.new("CommandStatementQuery", query="SELECT 1")))
+    calls = [lambda o: list(client.list_actions(o)), lambda o: client.get_flight_info(command, o),
+             lambda o: client.get_schema(command, o), lambda o: list(client.list_flights(options=o)),
+             lambda o: client.do_get(flight.Ticket(b"x"), o).read_all()]
+    forged = flight.FlightCallOptions(headers=[(b"authorization", b"Bearer eyJ1c2VyIjoiYW5uIn0.AAAA")])
+    for call in calls:
+        for options in (flight.FlightCallOptions(), forged):
+            # pyarrow raises FlightUnauthenticatedError, or for GetSchema an OSError naming the status
+            with pytest.raises((flight.FlightUnauthenticatedError, OSError), match="(?i)unauthenticated"):
+                call(options)
+    header = client.authenticate_basic_token(b"ann", b"s3cret")
+    fresh = flight.FlightCallOptions(headers=[header])
+    assert client.get_flight_info(command, fresh).schema.names == ["1"]
+    time.sleep(TTL + 1)
+    with pytest.raises(flight.FlightUnauthenticatedError, match="expired"):
+        client.get_flight_info(command, fresh)
+
+
+def _self_signed(directory) -> tuple:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=1))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_tls_round_trip(tmp_path):
+    cert, key = _self_signed(tmp_path)
+    with ServerProcess(tmp_path / "data", "--tls-cert", str(cert), "--tls-key", str(key)) as server:
+        assert server.uri.startswith("grpc+tls://")
+        assert _query(server.uri, **{"adbc.flight.sql.client_option.tls_root_certs": cert.read_text()}) == [{"x": 42}]
+        with pytest.raises(adbc_driver_manager.Error):
+            _query(server.uri.replace("grpc+tls://", "grpc://"))
+
+
+def test_public_address_needs_auth_or_an_explicit_yes(tmp_path):
+    with pytest.raises(ValueError, match="refusing to serve 0.0.0.0 without authentication"):
+        ServerConfig(host="0.0.0.0", data_dir=tmp_path).check()
+    ServerConfig(host="0.0.0.0", data_dir=tmp_path, public_without_auth=True).check()
+    ServerConfig(host="0.0.0.0", data_dir=tmp_path, users_file=tmp_path / "users").check()
+
+
+@pytest.fixture(scope="module")
+def roles(tmp_path_factory):
+    """A server whose users file gives each role: reader (the default), writer, admin; metrics served."""
+    import socket
+
+    root = tmp_path_factory.mktemp("roles")
+    users = root / "users"
+    users.write_text("reader:r-pass\nwriter:w:pass:write\nboss:b-pass:admin\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with ServerProcess(root / "data", "--users", str(users), "--metrics-port", str(port)) as server:
+        server.metrics_port = port
+        yield server
+
+
+def _connect(uri: str, user: str, password: str):
+    return flight_sql.connect(uri, db_kwargs={"username": user, "password": password}, autocommit=True)
+
+
+def test_only_writers_change_tables_and_everyone_reads_them(roles):
+    with _connect(roles.uri, "writer", "w:pass") as conn, conn.cursor() as cur:
+        cur.adbc_ingest("shared", pa.table({"x": [1, 2]}), mode="create")
+        cur.execute("INSERT INTO shared VALUES (3)")
+    with _connect(roles.uri, "reader", "r-pass") as conn, conn.cursor() as cur:
+        cur.execute("SELECT sum(x) FROM shared")
+        assert cur.fetchall() == [(6,)]
+        for attempt in (lambda: cur.adbc_ingest("mine", pa.table({"x": [1]}), mode="create"),
+                        lambda: cur.execute("DROP TABLE shared"),
+                        lambda: cur.execute("INSERT INTO shared VALUES (4)"),
+                        lambda: cur.execute("CREATE TABLE copy AS SELECT * FROM shared")):
+            with pytest.raises(adbc_driver_manager.Error, match="PERMISSION_DENIED|UNAUTHORIZED") as err:
+                attempt()
+            assert "'reader' may not" in str(err.value) and "role is 'read'" in str(err.value)
+        cur.execute("SELECT sum(x) FROM shared")
+        assert cur.fetchall() == [(6,)], "nothing was written"
+
+
+def test_query_text_shows_to_its_user_and_admins_only(roles):
+    def running_queries(user: str, password: str) -> list[dict]:
+        with _connect(roles.uri, user, password) as conn, conn.cursor() as cur:
+            cur.execute("SELECT user_name, query FROM quail_queries")
+            return cur.fetch_arrow_table().to_pylist()
+
+    mine = running_queries("reader", "r-pass")
+    assert mine == [{"user_name": "reader", "query": "SELECT user_name, query FROM quail_queries"}]
+    from quail.engine.runtime.query_work import QueryWork
+    from quail.server.statements import Running
+    from quail.server.system_tables import HIDDEN, queries_table
+
+    running = {b"a" * 16: Running(QueryWork(), "SELECT secret", "writer"),
+               b"b" * 16: Running(QueryWork(), "SELECT mine", "reader")}
+    assert queries_table(running, "reader", everyone=False)["query"].to_pylist() == [HIDDEN, "SELECT mine"]
+    assert queries_table(running, "boss", everyone=True)["query"].to_pylist() == ["SELECT secret", "SELECT mine"]
+
+
+def test_failed_logins_are_throttled_per_user_and_client(roles):
+    for _ in range(5):
+        with pytest.raises(adbc_driver_manager.Error, match="wrong username or password"):
+            _connect(roles.uri, "boss", "guess").cursor().execute("SELECT 1")
+    with pytest.raises(adbc_driver_manager.Error, match="too many failed logins"):
+        _connect(roles.uri, "boss", "b-pass").cursor().execute("SELECT 1")
+    time.sleep(1.5)
+    with _connect(roles.uri, "boss", "b-pass") as conn, conn.cursor() as cur:  # the lock lapsed: the right one works
+        cur.execute("SELECT 1 AS x")
+        assert cur.fetchall() == [(1,)]
+
+
+def test_metrics_need_an_admin_login(roles):
+    import base64
+    import urllib.error
+    import urllib.request
+
+    url = f"http://127.0.0.1:{roles.metrics_port}/metrics"
+    for credentials in (None, "reader:r-pass", "boss:wrong"):
+        request = urllib.request.Request(url)
+        if credentials:
+            request.add_header("Authorization", "Basic " + base64.b64encode(credentials.encode()).decode())
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(request, timeout=10)
+        assert err.value.code == 401 and "Basic" in err.value.headers["WWW-Authenticate"]
+    admin = "Basic " + base64.b64encode(b"boss:b-pass").decode()
+    request = urllib.request.Request(url, headers={"Authorization": admin})
+    assert "quail_queries_running" in urllib.request.urlopen(request, timeout=10).read().decode()

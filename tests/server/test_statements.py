@@ -1,0 +1,54 @@
+"""Server-side statement state is bounded: abandoned tickets, results and prepared statements cannot
+pile up (the least recently used go, and a later use of their handle is NOT_FOUND)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from quail.engine.errors import NotFound
+from quail.engine.exec.plan import PhysicalPlan
+from quail.server.statements import Statements
+
+
+def test_prepared_statements_are_bounded_by_count_and_bytes_least_recently_used_first():
+    statements = Statements(max_count=3, max_bytes=1 << 30)
+    first, second, third = (statements.prepare(f"SELECT {i}") for i in range(3))
+    statements.prepared(first)  # used: now the most recent
+    statements.prepare("SELECT 3")
+    with pytest.raises(NotFound, match="least recently used"):
+        statements.prepared(second)
+    assert statements.prepared(first).query == "SELECT 0" and statements.prepared(third).query == "SELECT 2"
+
+    by_bytes = Statements(max_count=1000, max_bytes=10 << 20)
+    handles = [by_bytes.prepare("SELECT '" + "x" * (1 << 20) + "'") for _ in range(20)]
+    kept = [h for h in handles if _exists(by_bytes, h)]
+    assert 1 <= len(kept) <= 3 and kept == handles[-len(kept):], "a megabyte statement is ~4 MB planned"
+
+
+def test_bound_parameters_count_toward_the_bound():
+    statements = Statements(max_count=1000, max_bytes=8 << 20)
+    old, new = statements.prepare("SELECT ?"), statements.prepare("SELECT ?")
+    statements.bind(new, pa.table({"p": pa.array([b"x" * (8 << 20)])}))
+    assert not _exists(statements, old) and _exists(statements, new)
+
+
+def test_unredeemed_tickets_and_results_are_bounded():
+    statements = Statements(max_count=2, max_bytes=1 << 30)
+    plan = PhysicalPlan((), (), "r")
+    tickets = [statements.add_pending(plan, pa.schema([]), f"SELECT {i}") for i in range(3)]
+    with pytest.raises(NotFound):
+        statements.start(tickets[0], "-")
+    assert statements.start(tickets[2], "-")[0] is plan
+    results = [statements.add_result(pa.table({"rows_affected": [i]})) for i in range(3)]
+    assert statements.take_result(results[0]) is None
+    assert statements.take_result(results[2]).to_pylist() == [{"rows_affected": 2}]
+    assert statements.take_result(results[2]) is None, "a result is read once"
+
+
+def _exists(statements: Statements, handle: bytes) -> bool:
+    try:
+        statements.prepared(handle)
+        return True
+    except NotFound:
+        return False
