@@ -31,7 +31,7 @@ serve: $(STAMP)
 # there with the tree. Not protobuf: the host's own (with its C module) serves the Substrait messages; a
 # pure-Python protobuf beside it would meet that C module and fail to import.
 gpu-carry: $(STAMP)
-	rm -rf .whl/quail_server-*.whl
+	rm -rf build .whl/quail_server-*.whl
 	$(BIN)/python -m pip wheel --quiet --no-deps -w .whl .
 	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
 		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
