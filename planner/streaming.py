@@ -14,7 +14,7 @@ import dataclasses
 import sqlglot
 from sqlglot import exp
 
-from quail.engine.exec.plan import AIFilterChain, AIStep, PhysicalPlan, SQLStep
+from quail.engine.exec.plan import PhysicalPlan, SQLStep
 
 _SCALAR = {"TO_JSON"}  # functions sqlglot does not know (Anonymous) that are row-wise: AI_CLASSIFY's object
 _WHOLE = ("joins", "group", "having", "order", "limit", "offset", "distinct", "qualify", "windows", "with_")
@@ -30,8 +30,7 @@ def stream_in_chunks(plan: PhysicalPlan) -> PhysicalPlan:
         return plan
     source = steps[lead - 1].output
     for step in middle:
-        if not (isinstance(step, AIStep) or isinstance(step, AIFilterChain) and step.limit is None) \
-                or step.input != source:
+        if not step.row_by_row() or step.input != source:
             return plan
         source = step.output
     return dataclasses.replace(plan, chunked=True) if _row_wise(tail.sql, source) else plan

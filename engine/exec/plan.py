@@ -32,9 +32,15 @@ class _OneStep:
     `ASKS` times."""
 
     ASKS: ClassVar[int] = 0
+    ROW_BY_ROW: ClassVar[bool] = False
 
     def asks(self) -> int:
         return self.ASKS
+
+    def row_by_row(self) -> bool:
+        """Whether each output row comes from one input row alone, whatever the other rows (AI steps: the
+        prompt is a function of the row), so the step may run over its input in chunks."""
+        return self.ROW_BY_ROW
 
     def planned(self) -> tuple["Step", ...]:
         return (self,)
@@ -70,6 +76,7 @@ class AIStep(_OneStep):
     """
 
     ASKS: ClassVar[int] = 1
+    ROW_BY_ROW: ClassVar[bool] = True
 
     input: str
     output: str
@@ -116,6 +123,10 @@ class AIFilterChain(_OneStep):
     def asks(self) -> int:
         return len(self.filters)
 
+    def row_by_row(self) -> bool:
+        """Without a limit (with one, which rows are asked depends on the rows before them)."""
+        return self.limit is None
+
     def visit(self, visitor: StepVisitor[T]) -> T:
         return visitor.ai_chain(self)
 
@@ -149,6 +160,9 @@ class JoinChoice:
         orders = "; ".join(", ".join(order) for order in self.orders)
         return ([f"join order chosen by the cores' observed rows, among: {orders} -> {self.output}; "
                  f"the first, as planned:"] + ["  " + line for sub in self.alternatives[0] for line in sub.describe()])
+
+    def row_by_row(self) -> bool:
+        return False
 
     def asks(self) -> int:
         """Its first order's."""
