@@ -24,8 +24,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.running = Gauge("quail_queries_running", "Queries executing or waiting for the model",
                              registry=self.registry)
-        Gauge("quail_queries_waiting", "Queries waiting for their turn on the device (for one forward pass)",
-              registry=self.registry).set_function(runner.turns.waiting)
+        Gauge("quail_queries_waiting", "Queries with model work in the device's scheduler",
+              registry=self.registry).set_function(runner.scheduler.waiting)
         Gauge("quail_kv_resident_bytes", "Bytes of KV kept between forward passes and still needed",
               registry=self.registry).set_function(lambda: runner.ledger.resident_bytes)
         Gauge("quail_kv_cached_bytes", "Bytes of documents' KV kept between AI steps and queries",

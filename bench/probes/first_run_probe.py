@@ -69,19 +69,20 @@ def main() -> None:
                                 attention=args.attention, kv_cache_bytes=args.kv_cache_bytes)
     session = quail.Session(config)
     passes: list[dict] = []
-    forward = ModelRunner.forward
+    forward = ModelRunner.forward_shared
 
-    def timed(runner, rows, stats):  # CUDA events around each pass: its GPU span, without a sync
+    def timed(runner, groups):  # CUDA events around each pass: its GPU span, without a sync
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         host = time.perf_counter()
         start.record()
-        out = forward(runner, rows, stats)
+        out = forward(runner, groups)
+        rows = [row for owned, _ in groups for row in owned]
         end.record()
         passes.append({"start": start, "end": end, "host_ms": 1000 * (time.perf_counter() - host),
                        "tokens": sum(len(r.ids) for r in rows), "rows": len(rows)})
         return out
 
-    ModelRunner.forward = timed
+    ModelRunner.forward_shared = timed
     warm_up(session.runtime)
     for name, table in tables.items():
         session.register(name, table)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Sequence
 
 import numpy as np
@@ -20,20 +20,44 @@ from quail.engine.kv.runs import KV
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.requests import Request
-from quail.engine.runtime.scheduler import Row, new_pass, pack
+from quail.engine.runtime.scheduler import Fill, Row
 
 
 def independent(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
-    """Last hidden state per request, each prompt computed in full; batches packed by length."""
-    order = sorted(range(len(requests)), key=lambda i: -len(requests[i]))
-    stats.planned_tokens += sum(len(r) for r in requests)
-    hidden: list[torch.Tensor | None] = [None] * len(requests)
-    for batch in pack([len(requests[i]) for i in order], runner.token_budget, runner.model.padded_attention):
-        members = [order[i] for i in batch]
-        last, _ = runner.forward([Row(requests[i].ids()) for i in members], stats)
-        for i, h in zip(members, last):
-            hidden[i] = h
-    return hidden
+    """Last hidden state per request, each prompt computed in full; passes packed by length."""
+    job = _Independent(runner, requests, stats)
+    runner.scheduler.run(job)
+    return job.hidden
+
+
+class _Independent:
+    """The naive baseline's work: the prompts longest first, as many to a pass as fit."""
+
+    def __init__(self, runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> None:
+        self.runner, self.requests, self.stats = runner, requests, stats
+        self.order = deque(sorted(range(len(requests)), key=lambda i: -len(requests[i])))
+        stats.planned_tokens += sum(len(r) for r in requests)
+        self.hidden: list[torch.Tensor | None] = [None] * len(requests)
+        self.members: list[int] = []
+
+    def done(self) -> bool:
+        return not self.order and not self.members
+
+    def fill(self, fill: Fill, tokens: int | None) -> None:
+        mine = sum(len(self.requests[i]) for i in self.members)
+        while self.order and fill.admits(len(self.requests[self.order[0]])) and (tokens is None or mine < tokens):
+            i = self.order.popleft()
+            fill.add(len(self.requests[i]))
+            mine += len(self.requests[i])
+            self.members.append(i)
+
+    def rows(self, base: int) -> list[Row]:
+        return [Row(self.requests[i].ids()) for i in self.members]
+
+    def take(self, last: torch.Tensor, kept: list[KV | None]) -> None:
+        for i, h in zip(self.members, last):
+            self.hidden[i] = h
+        self.members = []
 
 
 class BlockPrefixCache:
@@ -72,37 +96,61 @@ class BlockPrefixCache:
 
 def block_prefix(runner: ModelRunner, requests: Sequence[Request], stats: Stats,
                  cache: BlockPrefixCache | None = None) -> list[torch.Tensor]:
-    """Last hidden state per request; arrival order, reusing cached blocks from earlier batches.
+    """Last hidden state per request; arrival order, reusing cached blocks from earlier passes.
 
-    A batch takes requests in order while its new tokens fit the budget;
-    lookups see the cache as it was before the batch, as a real server's do.
+    A pass takes requests in order while their new tokens fit the budget;
+    lookups see the cache as it was before the pass, as a real server's do.
     """
-    cache = cache or BlockPrefixCache()
-    stats.planned_tokens += sum(len(r) for r in requests)  # at most: cached blocks are not known ahead
-    hidden: list[torch.Tensor | None] = [None] * len(requests)
-    size = cache.block_size
-    pending: list[tuple[int, list[bytes], int, Row]] = []
-    fill = new_pass(runner)
+    job = _BlockPrefix(runner, requests, stats, cache or BlockPrefixCache())
+    runner.scheduler.run(job)
+    return job.hidden
 
-    def flush() -> None:
-        last, kept = runner.forward([row for *_, row in pending], stats)
-        for (i, keys, hits, _), h, kv in zip(pending, last, kept):
-            hidden[i] = h
+
+class _BlockPrefix:
+    """The prefix-caching baseline's work: each pass the next requests in arrival order, each after its
+    longest run of cached blocks; the blocks it computed cached after the pass."""
+
+    def __init__(self, runner: ModelRunner, requests: Sequence[Request], stats: Stats,
+                 cache: BlockPrefixCache) -> None:
+        self.runner, self.requests, self.stats, self.cache = runner, requests, stats, cache
+        stats.planned_tokens += sum(len(r) for r in requests)  # at most: cached blocks are not known ahead
+        self.hidden: list[torch.Tensor | None] = [None] * len(requests)
+        self.next = 0
+        self.looked_up: tuple[int, list[bytes], int, Row] | None = None  # looked up, did not fit the last pass
+        self.pending: list[tuple[int, list[bytes], int, Row]] = []
+
+    def done(self) -> bool:
+        return self.next == len(self.requests) and self.looked_up is None and not self.pending
+
+    def _look_up(self) -> tuple[int, list[bytes], int, Row]:
+        i, ids = self.next, self.requests[self.next].ids()
+        self.next += 1
+        keys = self.cache.keys(ids)
+        hit = self.cache.lookup(keys, (len(ids) - 1) // self.cache.block_size)
+        row = Row(ids[len(hit) * self.cache.block_size:], functools.reduce(KV.then, hit) if hit else None,
+                  keep_kv=True)
+        return i, keys, len(hit), row
+
+    def fill(self, fill: Fill, tokens: int | None) -> None:
+        mine = sum(len(row.ids) for *_, row in self.pending)
+        while self.looked_up is not None or self.next < len(self.requests):
+            entry = self.looked_up or self._look_up()
+            self.looked_up = None
+            if not fill.admits(len(entry[3].ids)) or tokens is not None and mine >= tokens:
+                self.looked_up = entry
+                return
+            fill.add(len(entry[3].ids))
+            mine += len(entry[3].ids)
+            self.pending.append(entry)
+
+    def rows(self, base: int) -> list[Row]:
+        return [row for *_, row in self.pending]
+
+    def take(self, last: torch.Tensor, kept: list[KV | None]) -> None:
+        size = self.cache.block_size
+        for (i, keys, hits, _), h, kv in zip(self.pending, last, kept):
+            self.hidden[i] = h
             new = kv.owned()
             for b in range(hits, len(keys)):
-                cache.store(keys[b], new.slice((b - hits) * size, (b - hits + 1) * size))
-        pending.clear()
-
-    for i, request in enumerate(requests):
-        ids = request.ids()
-        keys = cache.keys(ids)
-        hit = cache.lookup(keys, (len(ids) - 1) // size)
-        row = Row(ids[len(hit) * size :], functools.reduce(KV.then, hit) if hit else None, keep_kv=True)
-        if not fill.admits(len(row.ids)):
-            flush()
-            fill = new_pass(runner)
-        fill.add(len(row.ids))
-        pending.append((i, keys, len(hit), row))
-    if pending:
-        flush()
-    return hidden
+                self.cache.store(keys[b], new.slice((b - hits) * size, (b - hits + 1) * size))
+        self.pending = []

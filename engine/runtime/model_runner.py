@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -13,7 +13,7 @@ from quail.engine.kv.runs import KV, KVLedger
 from quail.engine.model.decoder import Decoder
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.requests import LabelSet
-from quail.engine.runtime.scheduler import Row, Turns
+from quail.engine.runtime.scheduler import PassScheduler, Row
 
 
 def go_on() -> None:
@@ -54,28 +54,28 @@ def _kept(rows: list[Row], layout: Rows, keys: list[torch.Tensor], values: list[
 class ModelRunner:
     """Runs forward passes of a decoder over packed rows and the head cut to label tokens.
 
-    Runners over one model share its `turns`, KV `ledger` and prefix `cache` (kv/prefix_cache.py; None:
-    none): each pass takes a turn, so concurrent queries' passes interleave in arrival order. `check`
-    raises to stop a query before its next pass (see `for_query`).
+    Runners over one model share its `scheduler` (the device's owner loop, which runs every query's
+    passes), KV `ledger` and prefix `cache` (kv/prefix_cache.py; None: none). `check` raises to stop a
+    query before its next pass (see `for_query`).
     """
 
-    def __init__(self, model: Decoder, token_budget: int = 4096, turns: Turns | None = None,
+    def __init__(self, model: Decoder, token_budget: int = 4096, scheduler: PassScheduler | None = None,
                  check: Callable[[], None] = go_on, ledger: KVLedger | None = None,
                  cache: PrefixCache | None = None, retain: bool = False) -> None:
         self.model = model
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
-        self.turns = turns or Turns()
+        self.scheduler = scheduler or PassScheduler(self)
         self.check = check
         self.ledger = ledger or KVLedger()
         self.cache = cache
         self.retain = retain
 
     def for_query(self, check: Callable[[], None], retain: bool = False) -> "ModelRunner":
-        """This runner for one query: same model, budget, turns, KV ledger and prefix cache; `check`
+        """This runner for one query: same model, budget, scheduler, KV ledger and prefix cache; `check`
         before each pass; `retain`: store the documents' KV it computes in the cache (the query's later
         AI steps may read them)."""
-        return ModelRunner(self.model, self.token_budget, self.turns, check, self.ledger, self.cache, retain)
+        return ModelRunner(self.model, self.token_budget, self.scheduler, check, self.ledger, self.cache, retain)
 
     def _inputs(self, rows: list[Row], layout: Rows) -> tuple[torch.Tensor, ...]:
         """Packed token ids, their positions (after what each row continues), each row's last index."""
@@ -88,14 +88,16 @@ class ModelRunner:
         ids_t, positions_t = host.to(self.device, non_blocking=True)
         return ids_t, positions_t, torch.from_numpy(starts[1:] - 1).to(self.device, non_blocking=True)
 
-    @torch.inference_mode()
     def forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:
-        """Last hidden state of each row, and the KV of rows that asked to keep it."""
-        with self.turns.turn():
-            self.check()
-            return self._forward(rows, stats)
+        """Last hidden state of each row, and the KV of rows that asked to keep it: one pass, now, on the
+        caller's thread (the scheduler runs the queries' passes; this is for probes and tests)."""
+        return self.forward_shared([(rows, stats)])
 
-    def _forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:
+    @torch.inference_mode()
+    def forward_shared(self, groups: Sequence[tuple[list[Row], Stats]]) -> tuple[torch.Tensor, list[KV | None]]:
+        """One pass over the rows of several owners, in order (a row's parent is its index in the pass):
+        each row's last hidden state and kept KV, each owner's work counted in its stats."""
+        rows = [row for owned, _ in groups for row in owned]
         lengths = [len(r.ids) for r in rows]
         layout = Rows.build(lengths, [r.past for r in rows], self.device, self.model.padded_attention,
                             [r.parent for r in rows])
@@ -103,11 +105,11 @@ class ModelRunner:
         keep = any(r.keep_kv or r.keep_tokens for r in rows)
         hidden, keys, values = self.model(ids, positions, layout, last, keep)
         kept = _kept(rows, layout, keys, values, self.ledger) if keep else [None] * len(rows)
-        stats.forward_passes += 1
-        stats.fresh_tokens += sum(lengths)
-        stats.attention_pairs += sum(causal_pairs(q, c) for q, c in zip(lengths, layout.context))
-        stats.kv_read += sum(layout.context)
-        stats.kv_written += sum(q for q, r in zip(lengths, rows) if r.keep_kv)
+        start = 0
+        for owned, stats in groups:
+            end = start + len(owned)
+            _count(stats, lengths[start:end], layout.context[start:end], owned)
+            start = end
         return hidden, kept
 
     @torch.inference_mode()
@@ -121,3 +123,14 @@ class ModelRunner:
         members_t = torch.from_numpy(members).to(hidden.device, non_blocking=True)
         logp = torch.log_softmax(self.model.label_logits(hidden, ids), dim=-1)
         return torch.logsumexp(logp[:, None, :] + members_t, dim=-1)
+
+
+def _count(stats: Stats, lengths: list[int], context: list[int], rows: list[Row]) -> None:
+    """An owner's rows of a pass in its counters (a pass it has no rows in does not count)."""
+    if not rows:
+        return
+    stats.forward_passes += 1
+    stats.fresh_tokens += sum(lengths)
+    stats.attention_pairs += sum(causal_pairs(q, c) for q, c in zip(lengths, context))
+    stats.kv_read += sum(context)
+    stats.kv_written += sum(q for q, r in zip(lengths, rows) if r.keep_kv)

@@ -42,14 +42,15 @@ class Scoring:
 
 
 class Runtime:
-    """One per device, serving every running query: their forward passes take turns (scheduler.Turns).
+    """One per device, serving every running query: their forward passes are packed together
+    by the device's scheduler (scheduler.PassScheduler).
 
     `strategy` is how requests become forward passes: a name from STRATEGIES
     ("quail": the scheduler's `tree`, every common prefix once; "naive" and "prefix": baselines.py)
     or a Strategy function (a benchmark baseline).
     `decisions` is "model" (answers from the model) or "hash" (random weights:
     answers by content hash, forward passes still run in full).
-    `device_of`: a runner on the same device, whose turns, KV ledger and prefix cache this runtime's
+    `device_of`: a runner on the same device, whose scheduler, KV ledger and prefix cache this runtime's
     runner shares; else `cache` holds documents' KV between steps and queries (kv/prefix_cache.py).
     `texts`: the tokenized texts kept between steps and queries (default: a cache of its own).
     """
@@ -68,14 +69,14 @@ class Runtime:
         self.tokenizer = tokenizer
         self.layout = PromptLayout(frame)
         self.runner = ModelRunner(model, token_budget, cache=cache) if device_of is None else \
-            ModelRunner(model, token_budget, device_of.turns, ledger=device_of.ledger, cache=device_of.cache)
+            ModelRunner(model, token_budget, device_of.scheduler, ledger=device_of.ledger, cache=device_of.cache)
         self.strategy = strategy
         self.texts = texts if texts is not None else SegmentCache()
         self.yes_no = self._yes_no_labels()
         self._preamble_tokens: int | None = None
 
     def variant(self, strategy: str | Strategy, token_budget: int | None = None) -> "Runtime":
-        """Another runtime over the same weights and tokenizer (and the device's turns and KV ledger, and
+        """Another runtime over the same weights and tokenizer (and the device's scheduler and KV ledger, and
         the tokenized texts), scoring by another strategy."""
         return Runtime(self.model_id, self.runner.model, self.tokenizer, self.layout.frame, strategy,
                        token_budget or self.runner.token_budget, self.decisions, self.runner, texts=self.texts)

@@ -1,6 +1,8 @@
 """The scheduler: every decision of what runs in which forward pass, and when.
 
-- Turns: concurrent queries' passes run one at a time, first come first served.
+- Which queries' rows share a pass (`PassScheduler`, the device's owner loop): every running query's
+  model work waits in one place and each pass is packed from many queries' rows, the queries taking the
+  lead in turn, each up to an equal share of the budget before any takes more.
 - What fits a pass: a token budget, and padded attention's area at most PAD_FACTOR times it (Fill, pack).
 - In what order a step's requests are computed (`tree`, the quail strategy): each shared prefix once,
   longest roots first, depth first, short prefixes joined by their children in one pass, prompts longer
@@ -16,9 +18,8 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -39,43 +40,6 @@ Strategy = Callable[["ModelRunner", Sequence[Request], Stats], "list[torch.Tenso
 PROBE_ROWS = 64
 CHARS_PER_TOKEN = 4.0  # for estimates only: English text in a BPE vocabulary
 CHUNK_ROWS = (64, 8192)  # a chunked plan's first and largest chunks: the first rows leave after a pass or two
-
-
-class Turns:
-    """A first-in first-out lock: each waiting query gets the device once before any query gets it again.
-
-    A query takes a turn per forward pass, so a short query admitted while a
-    long one runs waits one pass, not the long query's whole step.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._waiting: deque[threading.Event] = deque()
-        self._busy = False
-
-    def waiting(self) -> int:
-        """Queries waiting for the device."""
-        with self._lock:
-            return len(self._waiting)
-
-    @contextmanager
-    def turn(self) -> Iterator[None]:
-        mine = threading.Event()
-        with self._lock:
-            if self._busy:
-                self._waiting.append(mine)
-            else:
-                self._busy = True
-                mine.set()
-        mine.wait()
-        try:
-            yield
-        finally:
-            with self._lock:
-                if self._waiting:
-                    self._waiting.popleft().set()
-                else:
-                    self._busy = False
 
 
 @dataclass
@@ -128,6 +92,132 @@ class Fill:
 def new_pass(runner: ModelRunner) -> Fill:
     """An empty forward pass of the runner's budget and attention layout."""
     return Fill(runner.token_budget, padded=runner.model.padded_attention)
+
+
+class Job(Protocol):
+    """A query's model work as the scheduler drives it, a pass at a time: rows for a pass, then their
+    results. `runner` is the query's (its budget, check and cache), `stats` its counters."""
+
+    runner: ModelRunner
+    stats: Stats
+
+    def done(self) -> bool: ...
+
+    def fill(self, fill: Fill, tokens: int | None) -> None: ...
+
+    def rows(self, base: int) -> list[Row]: ...
+
+    def take(self, last: torch.Tensor, kept: list[KV | None]) -> None: ...
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """A job in the scheduler, and how its query thread learns that it ended."""
+
+    job: Job
+    ended: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class PassScheduler:
+    """The device's owner loop: every running query's model work waits here, and each forward pass is
+    packed from the rows of many queries (continuous batching across queries).
+
+    Fairness: the queries with work lead a pass in turn (round robin) and each
+    takes up to an equal share of its token budget (the leader's runner's)
+    before any takes more; what one leaves unused goes to the others in the
+    same order. A query admitted while others run joins the next pass, so a
+    short interactive query waits about one pass while a long scan keeps its
+    share of every pass. Before each pass each query's check runs: a query
+    cancelled or past its deadline leaves at once, its rows with it.
+    """
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.passes = 0
+        self._cond = threading.Condition()
+        self._waiting: deque[_Waiting] = deque()
+        self._thread: threading.Thread | None = None
+
+    def waiting(self) -> int:
+        """Queries with model work in the scheduler."""
+        with self._cond:
+            return len(self._waiting)
+
+    def run(self, job: Job) -> None:
+        """Drive the job until its last pass is queued on the device (called from its query's thread);
+        raises what its check (or its pass) raised."""
+        if job.done():
+            return
+        waiting = _Waiting(job)
+        with self._cond:
+            self._waiting.append(waiting)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="quail-scheduler", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        waiting.ended.wait()
+        if waiting.error is not None:
+            raise waiting.error
+
+    def _loop(self) -> None:
+        while True:
+            self._pass(self._queue())  # no reference to a query's work outlives its pass here
+
+    def _queue(self) -> list[_Waiting]:
+        with self._cond:
+            while not self._waiting:
+                self._cond.wait()
+            return list(self._waiting)
+
+    def _pass(self, queue: list[_Waiting]) -> None:
+        """One forward pass over the rows of the queries in `queue` (in their order) that may go on."""
+        live = []
+        for waiting in queue:
+            try:
+                waiting.job.runner.check()
+                live.append(waiting)
+            except BaseException as err:  # the query's own error (cancelled, past its deadline) goes to it
+                self._end(waiting, err)
+        if not live:
+            return
+        fill = new_pass(live[0].job.runner)
+        for tokens in (fill.budget // len(live), None):
+            for waiting in live:
+                waiting.job.fill(fill, tokens)
+        groups, base = [], 0
+        for waiting in live:
+            rows = waiting.job.rows(base)
+            groups.append((rows, waiting.job.stats))
+            base += len(rows)
+        try:
+            last, kept = self.runner.forward_shared(groups)
+        except BaseException as err:  # the pass failed: every query in it gets the error
+            for waiting in live:
+                self._end(waiting, err)
+            return
+        self.passes += 1
+        start = 0
+        for waiting, (rows, _) in zip(live, groups):
+            try:
+                waiting.job.take(last[start:start + len(rows)], kept[start:start + len(rows)])
+            except BaseException as err:
+                self._end(waiting, err)
+                continue
+            finally:
+                start += len(rows)
+            if waiting.job.done():
+                self._end(waiting, None)
+        with self._cond:
+            if self._waiting and self._waiting[0] is live[0]:
+                self._waiting.rotate(-1)
+
+    def _end(self, waiting: _Waiting, error: BaseException | None) -> None:
+        with self._cond:
+            if waiting in self._waiting:
+                self._waiting.remove(waiting)
+        waiting.error = error
+        waiting.ended.set()
 
 
 def pack(lengths: Sequence[int], budget: int, padded: bool = True) -> list[list[int]]:
@@ -200,7 +290,15 @@ Item = tuple[RadixNode, "KV | None", "int | None"]  # a node, the resident KV it
 
 
 def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
-    """Last hidden state per request, each distinct prefix computed once.
+    """Last hidden state per request, each distinct prefix computed once (TreeJob), its passes shared with
+    the other queries on the device."""
+    job = TreeJob(runner, requests, stats)
+    runner.scheduler.run(job)
+    return job.hidden
+
+
+class TreeJob:
+    """The quail strategy's work on a set of requests, a pass at a time.
 
     Passes are filled from the front of a frontier that starts as the roots,
     longest first. A short node's children join its own pass right behind it
@@ -212,37 +310,74 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
     from it, and, where the runner retains them (a query asking the model again
     later), the document prefixes computed are stored there (kv/prefix_cache.py).
     """
-    hidden: list[torch.Tensor | None] = [None] * len(requests)
-    prefixes = [document_prefix(r) if runner.cache is not None else None for r in requests]
-    roots = [(_chunked(node, runner.token_budget), kv) for node, kv in _roots(runner.cache, requests, prefixes)]
-    frontier: deque[Item] = deque((node, kv, None) for node, kv in sorted(
-        roots, key=lambda item: len(item[0]), reverse=True))
-    stats.planned_tokens += sum(len(node) for root, *_ in frontier for node in [root, *nodes(root)])
-    copies: dict[int, tuple[KV, KV]] = {}  # each run a stored prefix continues, and its copy for the cache
-    while frontier:
-        items, shared = _fill(runner, frontier)
-        stored = [runner.retain and _stores(runner.cache, prefixes[node.rep], node) for node, *_ in items]
-        rows = [_row(requests[c.rep], c, kv, parent, prefixes[c.rep][0] if store else 0)
-                for (c, kv, parent), store in zip(items, stored)]
-        last, kept = runner.forward(rows, stats)
+
+    def __init__(self, runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> None:
+        self.runner, self.requests, self.stats = runner, requests, stats
+        self.hidden: list[torch.Tensor | None] = [None] * len(requests)
+        self.prefixes = [document_prefix(r) if runner.cache is not None else None for r in requests]
+        roots = [(_chunked(node, runner.token_budget), kv) for node, kv in _roots(runner.cache, requests, self.prefixes)]
+        self.frontier: deque[Item] = deque((node, kv, None) for node, kv in sorted(
+            roots, key=lambda item: len(item[0]), reverse=True))
+        stats.planned_tokens += sum(len(node) for root, *_ in self.frontier for node in [root, *nodes(root)])
+        self.copies: dict[int, tuple[KV, KV]] = {}  # each run a stored prefix continues, and its copy for the cache
+        self.items: list[Item] = []  # this pass's, with whether each one's children joined it, and its chain
+        self.shared: list[bool] = []
+        self.chain: list[int] = []
+        self.stored: list[bool] = []
+        self.placed: list[Row] = []
+
+    def done(self) -> bool:
+        return not self.frontier and not self.items
+
+    def fill(self, fill: Fill, tokens: int | None) -> None:
+        """Items for the pass from the frontier's front while it admits them (and, given `tokens`, until
+        this job has that many in it); a node whose children join it pushes them to the front (parent:
+        its index among this job's items)."""
+        mine = sum(len(node) for node, *_ in self.items)
+        while self.frontier and fill.admits(len(self.frontier[0][0])) and (tokens is None or mine < tokens):
+            node, kv, parent = self.frontier.popleft()
+            fill.add(len(node))
+            mine += len(node)
+            self.chain.append(0 if parent is None else self.chain[parent] + len(self.items[parent][0]))
+            self.items.append((node, kv, parent))
+            self.shared.append(bool(node.children) and _shares(self.chain[-1] + len(node), node.children))
+            if self.shared[-1]:
+                self.frontier.extendleft((child, kv, len(self.items) - 1) for child in sorted(node.children, key=len))
+
+    def rows(self, base: int) -> list[Row]:
+        """The items' rows, this job's first at index `base` of the pass."""
+        runner, prefixes = self.runner, self.prefixes
+        self.stored = [runner.retain and _stores(runner.cache, prefixes[node.rep], node) for node, *_ in self.items]
+        self.placed = [_row(self.requests[c.rep], c, kv, None if parent is None else base + parent,
+                            prefixes[c.rep][0] if store else 0)
+                       for (c, kv, parent), store in zip(self.items, self.stored)]
+        return self.placed
+
+    def take(self, last: torch.Tensor, kept: list[KV | None]) -> None:
+        """The pass's results for this job's rows: hidden states of the requests that end there, the runs
+        the children continue, the document prefixes stored."""
+        runner, prefixes = self.runner, self.prefixes
         runs: list[KV | None] = []
         children: list[Item] = []
-        for (node, kv, parent), row, h, new, store, joined in zip(items, rows, last, kept, stored, shared):
+        for (node, kv, parent), row, h, new, store, joined in zip(self.items, self.placed, last, kept, self.stored,
+                                                                  self.shared):
             for i in node.ends:
-                hidden[i] = h
+                self.hidden[i] = h
             base = runs[parent] if parent is not None else kv
             runs.append(None if new is None else new if base is None else base.then(new))
             if store:
                 length, key = prefixes[node.rep]
                 head = new if row.keep_tokens else new.slice(0, length - node.start).owned()
-                runner.cache.put(key, head if base is None else _copied(copies, base).then(head))
+                runner.cache.put(key, head if base is None else _copied(self.copies, base).then(head))
             if node.children and not joined:
                 children.extend((child, runs[-1], None) for child in sorted(node.children, key=len, reverse=True))
-        while frontier and frontier[0][2] is not None:  # children that joined a pass they did not fit in
-            node, _, parent = frontier.popleft()
+        while self.frontier and self.frontier[0][2] is not None:  # children that joined a pass they did not fit in
+            node, _, parent = self.frontier.popleft()
             children.append((node, runs[parent], None))
-        frontier.extendleft(reversed(children))
-    return hidden
+        self.frontier.extendleft(reversed(children))
+        self.items, self.shared, self.chain, self.stored, self.placed = [], [], [], [], []
+        if not self.frontier:
+            self.copies.clear()  # the runs the cached prefixes continued: the ledger counts them until freed
 
 
 def _chunked(root: RadixNode, budget: int) -> RadixNode:
@@ -263,21 +398,6 @@ def _copied(copies: dict[int, tuple[KV, KV]], run: KV) -> KV:
     if id(run) not in copies:
         copies[id(run)] = (run, run.owned())
     return copies[id(run)][1]
-
-
-def _fill(runner: ModelRunner, frontier: deque[Item]) -> tuple[list[Item], list[bool]]:
-    """A pass's items from the frontier's front, and whether each one's children joined the frontier's
-    front to follow it in the same pass (parent: its index in the pass)."""
-    fill, items, shared, chain = new_pass(runner), [], [], []
-    while frontier and fill.admits(len(frontier[0][0])):
-        node, kv, parent = frontier.popleft()
-        fill.add(len(node))
-        chain.append(0 if parent is None else chain[parent] + len(items[parent][0]))
-        items.append((node, kv, parent))
-        shared.append(bool(node.children) and _shares(chain[-1] + len(node), node.children))
-        if shared[-1]:
-            frontier.extendleft((child, kv, len(items) - 1) for child in sorted(node.children, key=len))
-    return items, shared
 
 
 def _shares(chain: int, children: list[RadixNode]) -> bool:

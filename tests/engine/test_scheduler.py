@@ -1,4 +1,4 @@
-"""The scheduler and the radix plan on small token sequences: passes, turns, strategies' bookkeeping, a step's parts."""
+"""The scheduler and the radix plan: passes shared by queries, strategies' bookkeeping, a step's parts."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.radix import build, collapse, common_prefix, ideal_stats, nodes
 from quail.engine.runtime.requests import LabelSet, Request, Segment
-from quail.engine.runtime.scheduler import Fill, Turns, pack
+from quail.engine.runtime.scheduler import Fill, pack
 
 LABELS = LabelSet(("false", "true"), (0, 1), (0, 1))
 
@@ -174,13 +174,13 @@ def test_the_kv_ledger_counts_kept_kv_until_the_plan_is_done_with_it(runtime, mo
     rng = np.random.default_rng(4)
     anchors = [rng.integers(1000, 2000, 100) for _ in range(6)]
     requests = [request(anchor, [7, 8, p, 9]) for anchor in anchors for p in range(10, 22)]
-    seen, forward = [], ModelRunner._forward
+    seen, forward = [], ModelRunner.forward_shared
 
-    def counting(self, rows, stats):
+    def counting(self, groups):
         seen.append(self.ledger.resident_bytes)
-        return forward(self, rows, stats)
+        return forward(self, groups)
 
-    monkeypatch.setattr(ModelRunner, "_forward", counting)
+    monkeypatch.setattr(ModelRunner, "forward_shared", counting)
     quail = runtime.variant("quail", token_budget=256)
     quail.score(requests, QueryWork())
     assert max(seen) > 0, "anchors' KV was resident while their partners ran"
@@ -195,13 +195,14 @@ def test_documents_below_a_shared_preamble_run_depth_first(runtime, monkeypatch)
     documents = [rng.integers(2000, 3000, 100) for _ in range(30)]
     requests = [request(preamble, doc, [7, 8, p, 9]) for doc in documents for p in range(10, 16)]
     passes = []
-    forward = type(runtime.runner).forward
+    forward = type(runtime.runner).forward_shared
 
-    def recording(self, rows, stats):
+    def recording(self, groups):
+        rows = [row for owned, _ in groups for row in owned]
         passes.append((sum(len(r.ids) >= 100 for r in rows), sum(len(r.ids) <= 4 for r in rows)))
-        return forward(self, rows, stats)
+        return forward(self, groups)
 
-    monkeypatch.setattr(type(runtime.runner), "forward", recording)
+    monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
     work = QueryWork()
     runtime.variant("quail", token_budget=512).score(requests, work)
     assert work.stats.fresh_tokens == ideal_stats(requests).fresh_tokens, "the preamble is computed once"
@@ -266,14 +267,14 @@ def test_long_prompts_run_in_passes_no_longer_than_the_budget(runtime, monkeypat
     shared, alone = rng.integers(1000, 2000, 700), rng.integers(1000, 2000, 900)
     requests = [request(shared, [7, p, 9]) for p in range(10, 13)] + [request(alone, [7, 9])]
     sizes = []
-    forward = type(runtime.runner).forward
+    forward = type(runtime.runner).forward_shared
 
-    def recording(self, rows, stats):
-        sizes.append(sum(len(r.ids) for r in rows))
-        return forward(self, rows, stats)
+    def recording(self, groups):
+        sizes.append(sum(len(row.ids) for owned, _ in groups for row in owned))
+        return forward(self, groups)
 
     whole = np.array(runtime.variant("quail", token_budget=4096).score(requests))
-    monkeypatch.setattr(type(runtime.runner), "forward", recording)
+    monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
     work = QueryWork()
     chunked = np.array(runtime.variant("quail", token_budget=256).score(requests, work))
     assert max(sizes) <= 256 and len(sizes) >= -(-(700 + 900) // 256)
@@ -282,7 +283,7 @@ def test_long_prompts_run_in_passes_no_longer_than_the_budget(runtime, monkeypat
 
 
 def test_a_prompt_longer_than_the_context_is_refused_before_any_pass(runtime, monkeypatch):
-    monkeypatch.setattr(type(runtime.runner), "forward", lambda *a: pytest.fail("no pass may run"))
+    monkeypatch.setattr(type(runtime.runner), "forward_shared", lambda *a: pytest.fail("no pass may run"))
     too_long = request(np.ones(runtime.config.max_position + 1, dtype=np.int32))
     with pytest.raises(InvalidArgument, match=f"reads at most {runtime.config.max_position:,}"):
         runtime.score([request([1, 2, 3]), too_long], QueryWork())
@@ -296,36 +297,92 @@ def test_a_step_past_the_token_limit_is_refused_before_any_pass(runtime, monkeyp
 
     texts = [f"review {i}: " + "the soup was cold " * 40 for i in range(40)]  # a step in two parts
     work = QueryWork(max_tokens=2000)
-    monkeypatch.setattr(type(runtime.runner), "forward", lambda *a: pytest.fail("no pass may run"))
+    monkeypatch.setattr(type(runtime.runner), "forward_shared", lambda *a: pytest.fail("no pass may run"))
     with pytest.raises(ResourceExhausted, match="more than 2,000 tokens"):
         yes_probabilities(runtime.variant("quail", token_budget=256), Question("Is {0} kind?"), [texts], work)
     assert work.stats.forward_passes == 0 and work.stats.logical_tokens == 0
 
 
-def test_waiting_queries_take_turns_in_arrival_order():
-    turns, order = Turns(), []
-    first_in = threading.Event()
-    release = threading.Event()
+def _scores(runtime, requests) -> np.ndarray:
+    return np.exp(np.array(runtime.score(requests)))
 
-    def query(name: str, passes: int) -> None:
-        for _ in range(passes):
-            with turns.turn():
-                order.append(name)
-                if name == "long" and len(order) == 1:
-                    first_in.set()
-                    release.wait(10)
 
-    long = threading.Thread(target=query, args=("long", 3))
-    long.start()
-    assert first_in.wait(10)
-    short = threading.Thread(target=query, args=("short", 1))
-    short.start()
-    while not turns._waiting:  # the short query waits behind the long one's first pass
+def test_concurrent_queries_share_passes_and_a_short_one_waits_about_one_pass(runtime, monkeypatch):
+    """A long query (many passes) and a short one sent while its first pass runs: from the next pass on
+    they share passes (the short one leads its first, and is done there), the long one has rows in every
+    pass, and both get the answers they get alone."""
+    rng = np.random.default_rng(7)
+    small = runtime.variant("quail", token_budget=256)
+    long = [request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(24)]
+    short = [request(rng.integers(2000, 3000, 20), [7, 9]) for _ in range(2)]
+    alone = {"long": _scores(small, long), "short": _scores(small, short)}
+    works = {"long": QueryWork(), "short": QueryWork()}
+    owners = {id(works[name].stats): name for name in works}
+    passes: list[list[str]] = []
+    first_in, release = threading.Event(), threading.Event()
+    forward = type(runtime.runner).forward_shared
+
+    def recording(self, groups):
+        passes.append([owners.get(id(stats), "?") for owned, stats in groups if owned])
+        if len(passes) == 1:
+            first_in.set()
+            release.wait(30)
+        return forward(self, groups)
+
+    monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
+    got = {}
+
+    def query(name: str, requests) -> None:
+        got[name] = np.exp(np.array(small.score(requests, works[name])))
+
+    threads = {"long": threading.Thread(target=query, args=("long", long))}
+    threads["long"].start()
+    assert first_in.wait(30)
+    threads["short"] = threading.Thread(target=query, args=("short", short))
+    threads["short"].start()
+    while small.runner.scheduler.waiting() < 2:
         threading.Event().wait(0.01)
     release.set()
-    long.join(10)
-    short.join(10)
-    assert order == ["long", "short", "long", "long"], "the short query's pass came before the long one's next"
+    for thread in threads.values():
+        thread.join(60)
+    assert passes[0] == ["long"] and passes[1] == ["short", "long"], passes
+    assert all("long" in names for names in passes), "the long query has rows in every pass"
+    assert sum("short" in names for names in passes) == 1, "the short query was done in the pass it led"
+    for name in works:
+        np.testing.assert_allclose(got[name], alone[name], atol=1e-4)
+        assert works[name].stats.forward_passes == sum(name in names for names in passes)
+
+
+def test_a_cancelled_query_leaves_before_the_next_pass(runtime):
+    """A query whose check raises between passes gets that error and has no rows in any later pass;
+    the query beside it finishes with its own answers."""
+    from quail.engine.errors import Cancelled
+
+    rng = np.random.default_rng(8)
+    small = runtime.variant("quail", token_budget=256)
+    long = [request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(24)]
+    other = [request(rng.integers(2000, 3000, 100), [7, 9]) for _ in range(12)]
+    alone = _scores(small, other)
+    cancelled, errors, got = QueryWork(), [], {}
+
+    def cancelling() -> None:
+        try:
+            small.score(long, cancelled)
+        except Cancelled as err:
+            errors.append(err)
+
+    def stopping_soon() -> None:
+        if cancelled.stats.forward_passes >= 2:
+            cancelled.cancel()
+
+    original = cancelled.check
+    cancelled.check = lambda: (stopping_soon(), original())[1]
+    thread = threading.Thread(target=cancelling)
+    thread.start()
+    got["other"] = np.exp(np.array(small.score(other)))
+    thread.join(60)
+    assert errors and cancelled.stats.forward_passes == 2, "it ran no pass after it was cancelled"
+    np.testing.assert_allclose(got["other"], alone, atol=1e-4)
 
 
 def test_a_large_step_is_cut_once_where_rows_share_least():

@@ -1,5 +1,5 @@
 """Running queries on a real server process: cancelling (CancelFlightInfo, the older CancelQuery, an
-ADBC client ending its call: the model work stops), sharing the model (forward passes take turns),
+ADBC client ending its call: the model work stops), sharing the model (queries share forward passes),
 watching them (the quail_queries system table), limits, metrics, many clients, shutdown."""
 
 from __future__ import annotations
@@ -96,9 +96,9 @@ def _progress(cur, query: str) -> dict | None:
     return next((row for row in cur.fetch_arrow_table().to_pylist() if row["query"] == query), None)
 
 
-def test_queries_take_turns_and_show_their_progress(uri):
+def test_queries_share_passes_and_show_their_progress(uri):
     """While a long AI query runs, quail_queries shows its progress, and a short AI query sent after it
-    is answered while the long one still runs: their forward passes take turns."""
+    is answered while the long one still runs: it joins the long one's passes."""
     client = flight.FlightClient(uri)
     info = _info(client, LONG)
     thread, outcome = _reading(client, info)
@@ -336,3 +336,32 @@ os._exit(1)  # no end of stream
     with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("SELECT count(*) AS n FROM kept")
         assert cur.fetch_arrow_table().to_pylist() == [{"n": TOPICS.num_rows}]
+
+
+SHARED = [f"SELECT id, AI_SCORE(PROMPT('Is {{0}} {word}?', body)) AS p FROM reviews WHERE id BETWEEN {k} AND {k + 24} "
+          f"AND AI_FILTER(PROMPT('Does {{0}} mention the staff?', body)) ORDER BY id"
+          for k, word in [(0, "kind"), (40, "angry"), (80, "about food"), (120, "short"), (160, "polite"),
+                          (200, "about money")]]
+
+
+def test_concurrent_clients_get_the_answers_they_get_one_at_a_time(uri):
+    """Six clients at once, their statements' rows in shared passes: the same rows, and scores within
+    1e-4, as each statement sent alone."""
+    def rows(query: str) -> list[tuple]:
+        with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.execute(query)
+            return [tuple(r.values()) for r in cur.fetch_arrow_table().to_pylist()]
+
+    alone = [rows(query) for query in SHARED]
+    together: dict[int, list[tuple]] = {}
+    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, rows(SHARED[i])))
+               for i in range(len(SHARED))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert sorted(together) == list(range(len(SHARED)))
+    for i, want in enumerate(alone):
+        got = together[i]
+        assert [r[0] for r in got] == [r[0] for r in want] and want, SHARED[i]
+        assert all(abs(a[1] - b[1]) < 1e-4 for a, b in zip(got, want)), SHARED[i]
