@@ -1,0 +1,186 @@
+"""The shared-server workload: one `quail serve`, ADBC clients, phases A to G, figures from the server's metrics.
+
+    python -m bench.server_load --reviews 5000 --out bench/results/<date>-<device>-server-load-<sha>.json \\
+        -- --model dummy:qwen3-4b --tokenizer .carry/tokenizer --device cuda --precision bf16 --token-budget 16384
+
+Every phase asks `AI_FILTER(PROMPT('<question> {0}', body))` over reviews it
+alone reads, but F and G, which read A's:
+- A: one statement over `--a-rows` rows: the reference fresh tokens per second;
+- B: one client, `--b-statements` statements of `--rows` (20) rows, one after another;
+- C: `--clients` (16) clients at once, 2 statements of `--rows` rows each;
+- D: `--clients` clients at once, as many different questions over the same `--d-rows` (320) rows;
+- E: 5-row statements, one after another, while one statement over `--e-rows` rows runs; against the
+  same kind of statements with the server otherwise idle;
+- F: A's statement again (a dashboard refresh);
+- G: a new question over A's rows.
+Each phase reports wall seconds, logical / fresh / cached model tokens (the
+server's Prometheus counters, read before and after: a query counts when it
+ends, so E's include the long statement's if it ends within E), fresh tokens
+per second and B's and C's against A's, fresh over logical, and the
+statements' latencies (E's median against E_idle's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+import adbc_driver_flightsql.dbapi as flight_sql
+import numpy as np
+import pyarrow as pa
+
+from quail.clients.server_process import ServerProcess
+
+QUESTIONS = ["Does the review {0} complain about the service?", "Is {0} about the food?",
+             "Does {0} mention the price?", "Is the writer of {0} angry?", "Does {0} recommend the place?",
+             "Is {0} about a hotel room?",
+             "Does {0} mention a delay?", "Is {0} written by a regular customer?", "Does {0} praise the staff?",
+             "Is {0} about noise?", "Does {0} ask for a refund?", "Is {0} sarcastic?", "Does {0} mention a child?",
+             "Is {0} about breakfast?", "Does {0} compare two places?", "Is {0} mostly positive?"]
+WORDS = ["soup", "staff", "price", "room", "view", "bread", "noise", "wine", "table", "music", "late", "kind",
+         "waiter", "terrace", "booking", "dessert", "parking", "coffee", "manager", "bill"]
+
+
+def reviews(count: int, words: int, seed: int = 0) -> pa.Table:
+    """Reviews of `words` words each, distinct from their first words."""
+    rng = np.random.default_rng(seed)
+    return pa.table({"id": list(range(count)),
+                     "body": [f"Review {i}: " + " ".join(rng.choice(WORDS, words)) for i in range(count)]})
+
+
+def statement(first: int, rows: int, question: str = QUESTIONS[0]) -> str:
+    return (f"SELECT id FROM reviews WHERE id BETWEEN {first} AND {first + rows - 1} "
+            f"AND AI_FILTER(PROMPT('{question}', body))")
+
+
+class Counters:
+    """The server's model-token counters, read from its /metrics."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/metrics"
+
+    def read(self) -> dict[str, float]:
+        text = urllib.request.urlopen(self.url, timeout=30).read().decode()
+        found = re.findall(r'^quail_tokens_total\{kind="(\w+)"\} (\S+)$', text, re.M)
+        return {kind: float(value) for kind, value in found}
+
+
+def run(uri: str, query: str) -> float:
+    """One statement on a connection of its own: its latency (seconds)."""
+    started = time.perf_counter()
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(query)
+        cur.fetch_arrow_table()
+    return time.perf_counter() - started
+
+
+def phase(uri: str, counters: Counters, lanes: list[list[str]]) -> dict:
+    """Each lane's statements one after another, the lanes at once: wall seconds, tokens, latencies."""
+    before, latencies, lock = counters.read(), [], threading.Lock()
+
+    def lane(queries: list[str]) -> None:
+        for query in queries:
+            seconds = run(uri, query)
+            with lock:
+                latencies.append(seconds)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=lane, args=(queries,)) for queries in lanes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    after = counters.read()
+    tokens = {kind: int(after.get(kind, 0) - before.get(kind, 0)) for kind in ("logical", "fresh", "cached")}
+    ratio = round(tokens["fresh"] / tokens["logical"], 3) if tokens["logical"] else None
+    return {"wall_s": round(wall, 3), "statements": len(latencies), **{f"{k}_tokens": v for k, v in tokens.items()},
+            "fresh_tokens_per_s": round(tokens["fresh"] / wall), "fresh_over_logical": ratio,
+            "latency_p50_s": round(statistics.median(latencies), 3), "latency_max_s": round(max(latencies), 3)}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:
+    """The phases in order, each over rows of its own (F and G over A's)."""
+    a, nxt = 0, args.a_rows
+    n = args.rows
+    b, nxt = nxt, nxt + n * args.b_statements
+    c, nxt = nxt, nxt + args.clients * 2 * n
+    d, nxt = nxt, nxt + args.d_rows
+    e_idle, nxt = nxt, nxt + 5 * args.e_statements
+    e_long, nxt = nxt, nxt + args.e_rows
+    e_short = nxt
+    run(uri, statement(nxt + 5 * args.e_statements, n))  # first runs of the statements' shapes
+    out = {"A": phase(uri, counters, [[statement(a, args.a_rows)]])}
+    out["B"] = phase(uri, counters, [[statement(b + n * k, n) for k in range(args.b_statements)]])
+    out["C"] = phase(uri, counters, [[statement(c + 2 * n * k + n * j, n) for j in range(2)]
+                                     for k in range(args.clients)])
+    out["D"] = phase(uri, counters, [[statement(d, args.d_rows, question)] for question in QUESTIONS[:args.clients]])
+    out["E_idle"] = phase(uri, counters, [[statement(e_idle + 5 * k, 5) for k in range(args.e_statements)]])
+    long_done = threading.Event()
+    long = threading.Thread(target=lambda: (run(uri, statement(e_long, args.e_rows)), long_done.set()))
+    long.start()
+    time.sleep(args.e_delay)
+    out["E"] = phase(uri, counters, [[statement(e_short + 5 * k, 5) for k in range(args.e_statements)]])
+    out["E"]["long_running_throughout"] = not long_done.is_set()
+    long.join()
+    out["E"]["against_idle"] = round(out["E"]["latency_p50_s"] / out["E_idle"]["latency_p50_s"], 2)
+    out["F"] = phase(uri, counters, [[statement(a, args.a_rows)]])
+    out["G"] = phase(uri, counters, [[statement(a, args.a_rows, QUESTIONS[1])]])
+    reference = out["A"]["fresh_tokens_per_s"]
+    for name in ("B", "C"):
+        out[name]["against_A"] = round(out[name]["fresh_tokens_per_s"] / reference, 3) if reference else None
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reviews", type=int, default=5000)
+    p.add_argument("--words", type=int, default=240, help="words a review (about 1.3 tokens each)")
+    p.add_argument("--a-rows", type=int, default=640)
+    p.add_argument("--b-statements", type=int, default=32)
+    p.add_argument("--rows", type=int, default=20, help="rows of a B or C statement")
+    p.add_argument("--clients", type=int, default=16, help="clients of C and D (at most 16)")
+    p.add_argument("--d-rows", type=int, default=320)
+    p.add_argument("--e-rows", type=int, default=2000)
+    p.add_argument("--e-statements", type=int, default=8)
+    p.add_argument("--e-delay", type=float, default=2.0, help="seconds from the long statement to the first short")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv[:split])
+    serve_args = argv[split + 1:]
+    needed = args.a_rows + args.rows * (args.b_statements + 2 * args.clients + 1) + args.d_rows \
+        + 10 * args.e_statements + args.e_rows
+    if args.reviews < needed:
+        p.error(f"the phases read {needed} reviews: pass --reviews {needed} or more")
+    port = free_port()
+    with tempfile.TemporaryDirectory() as data, \
+            ServerProcess(data, "--metrics-port", str(port), *serve_args) as server:
+        with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.adbc_ingest("reviews", reviews(args.reviews, args.words), mode="create")
+        result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(), "serve_args": serve_args,
+                  "command": "python -m bench.server_load " + " ".join(argv), **vars(args),
+                  "phases": workload(server.uri, Counters(port), args)}
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
