@@ -72,7 +72,7 @@ class FlightSQLHandler:
         """The stored tables, and the system tables as a viewer sees them (`everyone`: every user's query
         text, else only the viewer's own)."""
         return WithSystemTables(self.store, {QUERIES: (QUERIES_SCHEMA, lambda: queries_table(
-            self.statements.running(), viewer, everyone))})
+            self.statements.running(), viewer, everyone, self.service.runtime.runner.scheduler.place))})
 
     def _catalog(self, context) -> WithSystemTables:
         """The catalog a call's statement reads."""

@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from quail.engine.errors import InvalidArgument
 from quail.engine.exec.catalog import Catalog
+from quail.engine.runtime.counters import Stats
 
 from quail.server.statements import Running
 
@@ -19,22 +20,28 @@ QUERIES_SCHEMA = pa.schema([
     pa.field("elapsed_s", pa.float64(), False), pa.field("requests", pa.int64(), False),
     pa.field("forward_passes", pa.int64(), False), pa.field("ai_steps_done", pa.int64(), False),
     pa.field("tokens_done", pa.int64(), False), pa.field("tokens_planned", pa.int64(), False),
+    pa.field("tokens_cached", pa.int64(), False), pa.field("queue_place", pa.int64(), True),
 ])
 
 
 HIDDEN = "(another user's query)"
 
 
-def queries_table(running: dict[bytes, Running], viewer: str = "-", everyone: bool = True) -> pa.Table:
+def queries_table(running: dict[bytes, Running], viewer: str = "-", everyone: bool = True,
+                  place: Callable[[Stats], int | None] = lambda stats: None) -> pa.Table:
     """One row per statement being executed, its progress in fresh tokens: done of planned so far
-    (planned grows as each AI step hands its requests to the runtime). The text of another user's query
-    shows only to a viewer who sees `everyone`'s."""
+    (planned grows as each AI step hands its requests to the runtime), the tokens of its requests so far
+    that the plan takes from resident or shared KV instead of computing (logical less planned), and its
+    place in the device's scheduler (`place`: 1 leads the next pass; NULL: no model work waiting). The
+    text of another user's query shows only to a viewer who sees `everyone`'s."""
     now = time.time()
     rows = [{"query_id": handle[:8].hex(), "user_name": r.user,
              "query": r.query if everyone or r.user == viewer else HIDDEN, "started": int(r.started * 1000),
              "elapsed_s": now - r.started, "requests": r.work.stats.requests,
              "forward_passes": r.work.stats.forward_passes, "ai_steps_done": len(r.work.stages),
-             "tokens_done": r.work.stats.fresh_tokens, "tokens_planned": r.work.stats.planned_tokens}
+             "tokens_done": r.work.stats.fresh_tokens, "tokens_planned": r.work.stats.planned_tokens,
+             "tokens_cached": max(0, r.work.stats.logical_tokens - r.work.stats.planned_tokens),
+             "queue_place": place(r.work.stats)}
             for handle, r in sorted(running.items(), key=lambda item: item[1].started)]
     return pa.Table.from_pylist(rows, schema=QUERIES_SCHEMA)
 

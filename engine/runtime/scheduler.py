@@ -144,6 +144,12 @@ class PassScheduler:
         with self._cond:
             return len(self._waiting)
 
+    def place(self, stats: Stats) -> int | None:
+        """Where the query counting into `stats` stands for the next pass (1: it leads), None: it has no
+        model work here."""
+        with self._cond:
+            return next((k + 1 for k, waiting in enumerate(self._waiting) if waiting.job.stats is stats), None)
+
     def run(self, job: Job) -> None:
         """Drive the job until its last pass is queued on the device (called from its query's thread);
         raises what its check (or its pass) raised."""
