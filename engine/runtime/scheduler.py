@@ -168,7 +168,17 @@ class PassScheduler:
 
     def _loop(self) -> None:
         while True:
-            self._pass(self._queue())  # no reference to a query's work outlives its pass here
+            self._guarded(self._queue())  # no reference to a query's work outlives its pass here
+
+    def _guarded(self, queue: list[_Waiting]) -> None:
+        """One pass; an error outside any one query's part (filling the pass, say) ends every query in it,
+        so none is left waiting on a loop that stopped."""
+        try:
+            self._pass(queue)
+        except BaseException as err:
+            for waiting in queue:
+                if not waiting.ended.is_set():
+                    self._end(waiting, err)
 
     def _queue(self) -> list[_Waiting]:
         with self._cond:

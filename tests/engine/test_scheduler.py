@@ -10,7 +10,7 @@ import pytest
 from quail.engine.ai.operators import Question, build_requests, yes_probabilities
 from quail.engine.errors import InvalidArgument
 from quail.engine.runtime import scheduler
-from quail.engine.runtime.counters import causal_pairs
+from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.radix import build, collapse, common_prefix, ideal_stats, nodes
@@ -383,6 +383,23 @@ def test_a_cancelled_query_leaves_before_the_next_pass(runtime):
     thread.join(60)
     assert errors and cancelled.stats.forward_passes == 2, "it ran no pass after it was cancelled"
     np.testing.assert_allclose(got["other"], alone, atol=1e-4)
+
+
+def test_a_job_that_breaks_its_pass_gets_the_error_and_the_loop_goes_on(runtime):
+    """A fault outside any one query's rows (here: filling the pass) ends the queries of that pass with
+    it; the scheduler goes on serving the next ones."""
+    class Broken:
+        runner, stats = runtime.runner, Stats()
+
+        def done(self) -> bool:
+            return False
+
+        def fill(self, fill, tokens) -> None:
+            raise RuntimeError("a broken fill")
+
+    with pytest.raises(RuntimeError, match="a broken fill"):
+        runtime.runner.scheduler.run(Broken())
+    assert len(runtime.score([request([1, 2, 3])])) == 1
 
 
 def test_a_large_step_is_cut_once_where_rows_share_least():
