@@ -134,7 +134,6 @@ class PassScheduler:
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
-        self.passes = 0
         self._cond = threading.Condition()
         self._waiting: deque[_Waiting] = deque()
         self._thread: threading.Thread | None = None
@@ -212,7 +211,6 @@ class PassScheduler:
             for waiting in live:
                 self._end(waiting, err)
             return
-        self.passes += 1
         start = 0
         for waiting, (rows, _) in zip(live, groups):
             try:
