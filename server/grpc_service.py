@@ -53,6 +53,9 @@ OnError = Callable[[grpc.StatusCode], None]
 def _abort(context: grpc.ServicerContext, exc: Exception, on_error: OnError) -> None:
     if context.code() is not None:  # already aborted: let grpc finish the call
         raise exc
+    if isinstance(exc, grpc.RpcError):  # the client's stream broke off: its client or the server's stop ended it
+        on_error(grpc.StatusCode.CANCELLED)
+        context.abort(grpc.StatusCode.CANCELLED, "the call ended while its stream was being read")
     if isinstance(exc, QuailError):
         on_error(status_of(exc))
         context.abort(status_of(exc), str(exc))

@@ -171,3 +171,36 @@ def test_garbage_action_bodies_are_refused_clearly(uri, action, error):
         list(client.do_action(flight.Action(action, b"\xff\xff\x00 not a message")))
     assert "internal error" not in str(err.value)
     assert _query(uri, "SELECT count(*) AS n FROM reviews")["n"].to_pylist() == [4]
+
+
+def test_a_client_stream_that_breaks_off_ends_as_cancelled_without_a_traceback(caplog):
+    """Reading a DoPut or DoExchange stream that its client (or the server's stop) broke off raises gRPC's
+    own error: the call ends CANCELLED and nothing is logged as an internal error. (A unit test of the
+    error mapping; the SIGTERM test in test_server_cancel.py cuts a real ingest.)"""
+    import grpc
+
+    from quail.server.grpc_service import _streaming
+
+    class Context:
+        def __init__(self) -> None:
+            self.aborted = None
+
+        def code(self):
+            return None
+
+        def abort(self, code, details):
+            self.aborted = (code, details)
+            raise RuntimeError("aborted")
+
+    class Broken(grpc.RpcError):
+        pass
+
+    def reading(request, context):
+        raise Broken()
+        yield b""
+
+    context, seen = Context(), []
+    with pytest.raises(RuntimeError, match="aborted"):
+        list(_streaming(reading, seen.append)(iter(()), context))
+    assert context.aborted[0] == grpc.StatusCode.CANCELLED and seen == [grpc.StatusCode.CANCELLED]
+    assert "internal error" not in caplog.text
