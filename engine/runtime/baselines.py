@@ -20,7 +20,7 @@ from quail.engine.kv.runs import KV
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.requests import Request
-from quail.engine.runtime.scheduler import Fill, Row
+from quail.engine.runtime.scheduler import Row, Share
 
 
 def independent(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
@@ -43,12 +43,10 @@ class _Independent:
     def done(self) -> bool:
         return not self.order and not self.members
 
-    def fill(self, fill: Fill, tokens: int | None) -> None:
-        mine = sum(len(self.requests[i]) for i in self.members)
-        while self.order and fill.admits(len(self.requests[self.order[0]])) and (tokens is None or mine < tokens):
+    def fill(self, fill: Share) -> None:
+        while self.order and fill.admits(len(self.requests[self.order[0]])):
             i = self.order.popleft()
             fill.add(len(self.requests[i]))
-            mine += len(self.requests[i])
             self.members.append(i)
 
     def rows(self, base: int) -> list[Row]:
@@ -131,16 +129,14 @@ class _BlockPrefix:
                   keep_kv=True)
         return i, keys, len(hit), row
 
-    def fill(self, fill: Fill, tokens: int | None) -> None:
-        mine = sum(len(row.ids) for *_, row in self.pending)
+    def fill(self, fill: Share) -> None:
         while self.looked_up is not None or self.next < len(self.requests):
             entry = self.looked_up or self._look_up()
             self.looked_up = None
-            if not fill.admits(len(entry[3].ids)) or tokens is not None and mine >= tokens:
+            if not fill.admits(len(entry[3].ids)):
                 self.looked_up = entry
                 return
             fill.add(len(entry[3].ids))
-            mine += len(entry[3].ids)
             self.pending.append(entry)
 
     def rows(self, base: int) -> list[Row]:

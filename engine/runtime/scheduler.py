@@ -94,6 +94,23 @@ def new_pass(runner: ModelRunner) -> Fill:
     return Fill(runner.token_budget, padded=runner.model.padded_attention)
 
 
+@dataclass
+class Share:
+    """A pass as one query fills it: what the pass admits, and this query's `tokens` in it, at most `limit`
+    (None: no bound of its own). A query adds rows while its share admits them."""
+
+    fill: Fill
+    limit: int | None
+    tokens: int = 0
+
+    def admits(self, length: int) -> bool:
+        return (self.limit is None or self.tokens < self.limit) and self.fill.admits(length)
+
+    def add(self, length: int) -> None:
+        self.fill.add(length)
+        self.tokens += length
+
+
 class Job(Protocol):
     """A query's model work as the scheduler drives it, a pass at a time: rows for a pass, then their
     results. `runner` is the query's (its budget, check and cache), `stats` its counters."""
@@ -103,7 +120,7 @@ class Job(Protocol):
 
     def done(self) -> bool: ...
 
-    def fill(self, fill: Fill, tokens: int | None) -> None: ...
+    def fill(self, fill: Share) -> None: ...
 
     def rows(self, base: int) -> list[Row]: ...
 
@@ -197,9 +214,12 @@ class PassScheduler:
         if not live:
             return
         fill = new_pass(live[0].job.runner)
-        for tokens in (fill.budget // len(live), None):
-            for waiting in live:
-                waiting.job.fill(fill, tokens)
+        taken = [0] * len(live)  # each query's tokens in the pass so far
+        for limit in (fill.budget // len(live), None):
+            for k, waiting in enumerate(live):
+                share = Share(fill, limit, taken[k])
+                waiting.job.fill(share)
+                taken[k] = share.tokens
         groups, base = [], 0
         for waiting in live:
             rows = waiting.job.rows(base)
@@ -343,15 +363,12 @@ class TreeJob:
     def done(self) -> bool:
         return not self.frontier and not self.items
 
-    def fill(self, fill: Fill, tokens: int | None) -> None:
-        """Items for the pass from the frontier's front while it admits them (and, given `tokens`, until
-        this job has that many in it); a node whose children join it pushes them to the front (parent:
-        its index among this job's items)."""
-        mine = sum(len(node) for node, *_ in self.items)
-        while self.frontier and fill.admits(len(self.frontier[0][0])) and (tokens is None or mine < tokens):
+    def fill(self, fill: Share) -> None:
+        """Items for the pass from the frontier's front while its share admits them; a node whose children
+        join it pushes them to the front (parent: its index among this job's items)."""
+        while self.frontier and fill.admits(len(self.frontier[0][0])):
             node, kv, parent = self.frontier.popleft()
             fill.add(len(node))
-            mine += len(node)
             self.chain.append(0 if parent is None else self.chain[parent] + len(self.items[parent][0]))
             self.items.append((node, kv, parent))
             self.shared.append(bool(node.children) and _shares(self.chain[-1] + len(node), node.children))

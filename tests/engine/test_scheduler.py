@@ -394,7 +394,7 @@ def test_a_job_that_breaks_its_pass_gets_the_error_and_the_loop_goes_on(runtime)
         def done(self) -> bool:
             return False
 
-        def fill(self, fill, tokens) -> None:
+        def fill(self, fill) -> None:
             raise RuntimeError("a broken fill")
 
     with pytest.raises(RuntimeError, match="a broken fill"):
