@@ -87,6 +87,14 @@ def reviews(w: Workload) -> dict[str, pa.Table]:
     }
 
 
+def numbered_reviews(count: int, tokens: float, seed: int = 0) -> pa.Table:
+    """`count` reviews of about `tokens` tokens each, each opening with its number ("Review 7: ..."), so no
+    two share more than those first words: a workload's statements find nothing of another's cached."""
+    rng = np.random.default_rng([seed, 5])
+    return pa.table({"id": np.arange(count),
+                     "body": [f"Review {i}: " + prose(rng, "reviews", tokens) for i in range(count)]})
+
+
 def reports(w: Workload) -> dict[str, pa.Table]:
     rng = np.random.default_rng([w.seed, 2])
     n, m = w.rows(5_000), w.rows(4_144)

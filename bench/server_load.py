@@ -34,10 +34,10 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-import adbc_driver_flightsql.dbapi as flight_sql
-import numpy as np
-import pyarrow as pa
 
+import adbc_driver_flightsql.dbapi as flight_sql
+
+from bench.datagen import numbered_reviews
 from quail.clients.server_process import ServerProcess
 
 QUESTIONS = ["Does the review {0} complain about the service?", "Is {0} about the food?",
@@ -46,17 +46,6 @@ QUESTIONS = ["Does the review {0} complain about the service?", "Is {0} about th
              "Does {0} mention a delay?", "Is {0} written by a regular customer?", "Does {0} praise the staff?",
              "Is {0} about noise?", "Does {0} ask for a refund?", "Is {0} sarcastic?", "Does {0} mention a child?",
              "Is {0} about breakfast?", "Does {0} compare two places?", "Is {0} mostly positive?"]
-WORDS = ["soup", "staff", "price", "room", "view", "bread", "noise", "wine", "table", "music", "late", "kind",
-         "waiter", "terrace", "booking", "dessert", "parking", "coffee", "manager", "bill"]
-
-
-def reviews(count: int, words: int, seed: int = 0) -> pa.Table:
-    """Reviews of `words` words each, distinct from their first words."""
-    rng = np.random.default_rng(seed)
-    return pa.table({"id": list(range(count)),
-                     "body": [f"Review {i}: " + " ".join(rng.choice(WORDS, words)) for i in range(count)]})
-
-
 def statement(first: int, rows: int, question: str = QUESTIONS[0]) -> str:
     return (f"SELECT id FROM reviews WHERE id BETWEEN {first} AND {first + rows - 1} "
             f"AND AI_FILTER(PROMPT('{question}', body))")
@@ -152,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     split = argv.index("--") if "--" in argv else len(argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reviews", type=int, default=5000)
-    p.add_argument("--words", type=int, default=240, help="words a review (about 1.3 tokens each)")
+    p.add_argument("--tokens", type=float, default=300, help="tokens a review, about")
     p.add_argument("--a-rows", type=int, default=640)
     p.add_argument("--b-statements", type=int, default=32)
     p.add_argument("--rows", type=int, default=20, help="rows of a B or C statement")
@@ -172,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as data, \
             ServerProcess(data, "--metrics-port", str(port), *serve_args) as server:
         with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
-            cur.adbc_ingest("reviews", reviews(args.reviews, args.words), mode="create")
+            cur.adbc_ingest("reviews", numbered_reviews(args.reviews, args.tokens), mode="create")
         result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(), "serve_args": serve_args,
                   "command": "python -m bench.server_load " + " ".join(argv), **vars(args),
                   "phases": workload(server.uri, Counters(port), args)}

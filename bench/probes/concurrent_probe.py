@@ -19,20 +19,10 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-
 import quail
+from bench.datagen import numbered_reviews
 
 QUESTION = "Does the review {0} complain about the service?"
-
-
-def reviews(count: int, seed: int = 0) -> pa.Table:
-    """Reviews of ~300 tokens, each distinct from its first words."""
-    rng = np.random.default_rng(seed)
-    words = ["soup", "staff", "price", "room", "view", "bread", "noise", "wine", "table", "music", "late", "kind"]
-    return pa.table({"id": list(range(count)),
-                     "body": [f"Review {i}: " + " ".join(rng.choice(words, 240)) for i in range(count)]})
 
 
 def statement(first: int, rows: int) -> str:
@@ -66,7 +56,7 @@ def main() -> None:
     config = quail.EngineConfig(model=args.model, device=args.device, precision=args.precision, decisions="hash",
                                 token_budget=args.token_budget, tokenizer=args.tokenizer)
     session = quail.Session(config)
-    session.register("reviews", reviews(5 * block))
+    session.register("reviews", numbered_reviews(5 * block, 300))
     session.runtime.warm_up()
     timed(session, statement(4 * block, block))  # first runs of this shape: compiled layers, kernels
     wall, fresh = timed(session, statement(0, block))

@@ -10,7 +10,7 @@ from bench import server_load
 
 def test_every_phase_runs_and_reads_the_servers_counters(tmp_path):
     out = tmp_path / "load.json"
-    server_load.main(["--reviews", "200", "--words", "12", "--a-rows", "12", "--b-statements", "2", "--rows", "3",
+    server_load.main(["--reviews", "200", "--tokens", "16", "--a-rows", "12", "--b-statements", "2", "--rows", "3",
                       "--clients", "2", "--d-rows", "4", "--e-rows", "24", "--e-statements", "2", "--e-delay", "0.5",
                       "--out", str(out)])
     phases = json.loads(out.read_text())["phases"]
