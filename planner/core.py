@@ -98,6 +98,11 @@ class AICore:
     join_order: Sequence[str] | None = None
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def orders_joins(self) -> bool:
+        """Whether the planner chooses the join order: several tables, inner joins only, no forced order."""
+        return len(self.relations) > 1 and self.join_order is None and not any(r.side for r in self.relations)
+
     def refs(self, node: exp.Expression) -> frozenset[str]:
         """Aliases of the relations whose columns the node reads (outside nested subqueries)."""
         return _refs(node, self.relations)

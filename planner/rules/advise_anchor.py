@@ -22,7 +22,7 @@ def advise_anchor(core: AICore) -> AICore:
     >>> notes(query, without="advise_anchor")
     join order p, r: ...
     """
-    if len(core.relations) < 2 or core.join_order is not None or any(r.side for r in core.relations):
+    if not core.orders_joins:
         return core
     notes = [note for c in core.pending if c.call is not None and len(c.refs) == 2 for note in _other_anchor(core, c.call)]
     return replace(core, notes=core.notes + notes)

@@ -25,7 +25,7 @@ def order_joins(core: AICore) -> AICore:
     join order m, p, r: ~103 model tokens, ... (the query's order: m, r, p: ~4,743 model tokens, ...)
     >>> notes(query, without="order_joins")
     """
-    if len(core.relations) < 2 or core.join_order is not None or any(r.side for r in core.relations):
+    if not core.orders_joins:
         return core
     relations = core.relations
     sizes = [r.rows for r in relations]
