@@ -23,6 +23,7 @@ from quail.planner.dialects import position
 NOT_YET = {"AI_COMPLETE", "AI_AGG", "AI_SIMILARITY", "AI.GENERATE", "AI_SUMMARIZE_AGG"}
 KNOWN = set(SQL_NAMES) | NOT_YET
 _IGNORED_KWARGS = {"connection_id", "endpoint", "model_params", "model"}
+DEFAULT_SELECTIVITY = 0.2  # an AI filter's expected fraction answered yes, without a hint
 CLASSIFY_TEMPLATE = "Which category does {0} belong to?"
 
 
@@ -38,6 +39,11 @@ class AICall:
     selectivity: float | None = None
     anchor: int = 0
     answers: str = "letters"
+
+    @property
+    def expected_selectivity(self) -> float:
+        """The fraction answered yes the plan expects: the query's hint, else DEFAULT_SELECTIVITY."""
+        return self.selectivity or DEFAULT_SELECTIVITY
 
 
 def _function_name(func: exp.Func) -> str:

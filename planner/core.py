@@ -25,7 +25,6 @@ from quail.planner.subqueries import Scope, sources
 FRAME_TOKENS = 30  # preamble, document labels, answer cue
 SHORT_TOKENS = 8  # an argument that is not a column of a stored table
 UNKNOWN_ROWS = 1000  # a relation materialized earlier in the same query
-DEFAULT_SELECTIVITY = 0.2
 MAX_TABLES = 32  # tables one SELECT with AI functions joins
 
 
@@ -118,7 +117,7 @@ class AICore:
         anchor_refs = self.refs(call.args[call.anchor])
         anchor = index[next(iter(anchor_refs))] if len(anchor_refs) == 1 else min(refs)
         rest = sum(tokens) - tokens[call.anchor] + question
-        return Edge(refs, call.selectivity or DEFAULT_SELECTIVITY, True, anchor, tokens[call.anchor], rest)
+        return Edge(refs, call.expected_selectivity, True, anchor, tokens[call.anchor], rest)
 
     def prompt_tokens(self, call: AICall) -> tuple[list[float], float]:
         """Estimated tokens of each PROMPT argument, and of the question with the prompt's frame."""
@@ -297,4 +296,4 @@ def _take_local(relation: Relation, relations: list[Relation], conditions: list[
         [c for c in local if c.relational]
     stored = scope.rows(relation.table.name)
     relation.rows = (UNKNOWN_ROWS if stored is None else stored) * PLAIN_SELECTIVITY ** sum(
-        c.relational for c in local) * math.prod(call.selectivity or DEFAULT_SELECTIVITY for call in relation.filters)
+        c.relational for c in local) * math.prod(call.expected_selectivity for call in relation.filters)

@@ -19,7 +19,7 @@ from quail.engine.ai.kinds import KINDS
 from quail.engine.errors import InvalidArgument
 from quail.engine.exec.plan import AIFilterChain, AIStep, JoinChoice, SQLStep, Step
 from quail.planner.ai_calls import AICall, ai_calls, ai_name, ancestors
-from quail.planner.core import DEFAULT_SELECTIVITY, AICore, Condition, Relation, late_where
+from quail.planner.core import AICore, Condition, Relation, late_where
 from quail.planner.dialects import position
 from quail.planner.subqueries import Names
 
@@ -160,7 +160,7 @@ class _Emitter:
         for (call, kind, column), names in zip(asks, args):
             output = self._name("ai")
             steps.append(AIStep(current, output, kind, call.template, names, "filter", call.labels,
-                                column, call.selectivity or DEFAULT_SELECTIVITY, call.anchor, call.answers))
+                                column, call.expected_selectivity, call.anchor, call.answers))
             current = output
         filters = [s for s in steps if s.kind == "filter"]
         if relation.limit is not None or len(filters) > 1:
@@ -169,7 +169,8 @@ class _Emitter:
         self.steps.extend(steps)
         if relation.after:
             output = self._name(f"core_{alias}")
-            query = exp.select(exp.Star()).from_(aliased_table(current, alias)).where(_and([c.node for c in relation.after]))
+            query = exp.select(exp.Star()).from_(aliased_table(current, alias)) \
+                .where(_and([c.node for c in relation.after]))
             self.steps.append(SQLStep(query.sql("duckdb"), output))
             current = output
         relation.core = current
@@ -265,7 +266,8 @@ class _Emitter:
         (LEFT, FULL), plus relation i's unmatched rows with NULL slots before (RIGHT, FULL)."""
         new = relations[i]
         if new.side in ("LEFT", "FULL"):
-            on = exp.and_(*(exp.NullSafeEQ(this=_col("__quail_m", self._slot(j)), expression=_col(TUPLES, self._slot(j)))
+            on = exp.and_(*(exp.NullSafeEQ(this=_col("__quail_m", self._slot(j)),
+                                           expression=_col(TUPLES, self._slot(j)))
                             for j in joined))
             query = exp.select(exp.Column(this=exp.Star(), table=_ident(TUPLES)), _col("__quail_m", self._slot(i))) \
                 .from_(aliased_table(before, TUPLES)).join(aliased_table(matched, "__quail_m"), on=on, join_type="LEFT")
@@ -314,7 +316,8 @@ class _Emitter:
         self.steps.append(SQLStep(query.sql("duckdb"), output))
         return output
 
-    def _combos(self, tuples: str, relations: list[Relation], refs: frozenset, call: AICall) -> tuple[str, list[str], tuple[str, ...]]:
+    def _combos(self, tuples: str, relations: list[Relation], refs: frozenset, call: AICall
+                ) -> tuple[str, list[str], tuple[str, ...]]:
         """A relation of the distinct row combinations an AI call names, with its arguments as text.
 
         Returns its name, the tuple slots of the relations named, and the argument columns.
@@ -349,7 +352,7 @@ class _Emitter:
         kept = self._name("kept")
         layout = "join" if len(condition.refs) > 1 else "filter"
         self.steps.append(AIStep(combos, kept, "filter", call.template, names, layout, (), "",
-                                 call.selectivity or DEFAULT_SELECTIVITY, call.anchor))
+                                 call.expected_selectivity, call.anchor))
         return self._with_answers(tuples, kept, slots, "INNER", [])
 
     def _ai_value(self, tuples: str, relations: list[Relation], refs: frozenset, call: AICall, column: str) -> str:
@@ -357,7 +360,7 @@ class _Emitter:
         combos, slots, names = self._combos(tuples, relations, refs, call)
         answered = self._name("answered")
         self.steps.append(AIStep(combos, answered, KINDS[call.kind].projected, call.template,
-                                 names, "join", call.labels, column, call.selectivity or DEFAULT_SELECTIVITY,
+                                 names, "join", call.labels, column, call.expected_selectivity,
                                  call.anchor, call.answers))
         return self._with_answers(tuples, answered, slots, "LEFT", [_col("__quail_k", column)])
 

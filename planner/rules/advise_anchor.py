@@ -24,7 +24,8 @@ def advise_anchor(core: AICore) -> AICore:
     """
     if not core.orders_joins:
         return core
-    notes = [note for c in core.pending if c.call is not None and len(c.refs) == 2 for note in _other_anchor(core, c.call)]
+    notes = [note for c in core.pending if c.call is not None and len(c.refs) == 2
+             for note in _other_anchor(core, c.call)]
     return replace(core, notes=core.notes + notes)
 
 

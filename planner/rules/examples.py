@@ -15,7 +15,8 @@ def catalog() -> MemoryCatalog:
                                          "body": ["Lovely soup, kind staff.", "Cold and late.", "Fine."]}))
     tables.register("products", pa.table({"id": [1, 2], "name": ["soup", "bread"], "price": [4.5, 12.0],
                                           "maker": [1, 2]}))
-    tables.register("makers", pa.table({"id": list(range(1, 41)), "story": [f"Maker {i}, est. {1900 + i}." for i in range(40)]}))
+    tables.register("makers", pa.table({"id": list(range(1, 41)),
+                                        "story": [f"Maker {i}, est. {1900 + i}." for i in range(40)]}))
     return tables
 
 

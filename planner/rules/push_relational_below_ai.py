@@ -24,5 +24,6 @@ def push_relational_below_ai(core: AICore) -> AICore:
     DuckDB -> __quail_result: SELECT id FROM "__quail_core_reviews_3" AS "reviews"
     """
     return replace(core, relations=[
-        replace(r, before=r.before + [c for c in r.after if c.relational], after=[c for c in r.after if not c.relational])
+        replace(r, before=r.before + [c for c in r.after if c.relational],
+                after=[c for c in r.after if not c.relational])
         for r in core.relations])

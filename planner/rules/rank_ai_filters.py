@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from quail.engine.exec.plan import filter_rank
-from quail.planner.core import DEFAULT_SELECTIVITY, AICore
+from quail.planner.core import AICore
 
 
 def rank_ai_filters(core: AICore) -> AICore:
@@ -31,4 +31,4 @@ def rank_ai_filters(core: AICore) -> AICore:
     """
     return replace(core, relations=[
         replace(r, filters=sorted(r.filters, key=lambda call: filter_rank(
-            call.template, call.selectivity or DEFAULT_SELECTIVITY))) for r in core.relations])
+            call.template, call.expected_selectivity))) for r in core.relations])
