@@ -68,14 +68,14 @@ def kernels(device: str) -> dict:
         ro, rlse = attend(q.float(), k.float(), v.float(), causal)
         out[f"attend-{'causal' if causal else 'past'}-{n}x{m}"] = {"out_rel_err": _rel(o, ro), "lse_rel_err": _rel(lse, rlse)}
     lengths = [37, 300, 5, 120, 64]
-    runs = [KV([torch.randn(c, hkv, d, device=device, dtype=torch.bfloat16)],
+    runs = [KV.of([torch.randn(c, hkv, d, device=device, dtype=torch.bfloat16)],
                [torch.randn(c, hkv, d, device=device, dtype=torch.bfloat16)]) for c in (2500, 40, 700)]
     pasts = [runs[0], runs[0], None, runs[1], runs[2]]
     t = sum(lengths)
     q = torch.randn(t, h, d, device=device, dtype=torch.bfloat16)
     k = torch.randn(t, hkv, d, device=device, dtype=torch.bfloat16)
     v = torch.randn(t, hkv, d, device=device, dtype=torch.bfloat16)
-    as_fp32 = {id(r): KV([r.keys[0].float()], [r.values[0].float()]) for r in runs}
+    as_fp32 = {id(r): KV.of(*([t.float()] for t in r.layer(0))) for r in runs}
     cases = [("one-run", [runs[0], runs[0], None, None, None], None), ("several-runs", pasts, None),
              ("in-pass", [None, None, None, runs[1], runs[1]], [None, 0, 0, None, 3])]  # rows after earlier rows
     for name, chosen, parents in cases:

@@ -38,7 +38,7 @@ def shapes(cfg, device) -> dict[str, list[Row]]:
         return rng.integers(0, 1000, n).astype(np.int32)
 
     def run(c: int) -> KV:
-        return KV([torch.randn(c, cfg.num_kv_heads, cfg.head_dim, device=device, dtype=torch.bfloat16)
+        return KV.of([torch.randn(c, cfg.num_kv_heads, cfg.head_dim, device=device, dtype=torch.bfloat16)
                    for _ in range(cfg.num_layers)],
                   [torch.randn(c, cfg.num_kv_heads, cfg.head_dim, device=device, dtype=torch.bfloat16)
                    for _ in range(cfg.num_layers)])

@@ -106,8 +106,8 @@ def run_engines(query: str, sql: str, sessions: dict[str, quail.Session], usd_pe
     engines: dict[str, Any] = {}
     reference = None
     for engine, session in sessions.items():
-        if session.runtime.runner.cache is not None:
-            session.runtime.runner.cache.clear()  # each figure is one query's: no KV from those before
+        if session.runtime.runner.tree is not None:
+            session.runtime.runner.tree.clear()  # each figure is one query's: no KV from those before
         started = time.perf_counter()
         rows, report = run_query(session, sql)
         if engine == "quail":
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> Path:
         "git_commit": commit, "date": now.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
         "versions": versions(), "usd_per_gpu_hour": args.usd_per_gpu_hour, "token_budget": args.token_budget,
         "compiled": config.compiled, "attention": config.attention_layout,
-        "kv_cache_bytes": base.runner.cache.budget_bytes if base.runner.cache is not None else 0,
+        "kv_cache_bytes": base.runner.pool.slots * base.runner.pool.bytes_per_token,
         "sol_device": args.sol_device or ("cpu" if args.device == "cpu" else None),
         "table_rows": {name: t.num_rows for name, t in tables.items()},
         "engines_absent": [e for e in args.engines if e not in sessions], "start": phases,
@@ -223,8 +223,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--token-budget", type=int, default=4096)
     p.add_argument("--sol-device", default=None, choices=sorted(DEVICES))
     p.add_argument("--kv-cache-bytes", type=int, default=None,
-                   help="documents' KV kept between a query's AI steps (default: 1 GiB on the CPU, a quarter of "
-                        "a GPU's memory; 0: none); cleared before each query")
+                   help="the KV pool, where a query's computed prompts stay for its later steps (default: 1 GiB on "
+                        "the CPU, a quarter of a GPU's memory; 0: nothing stays); emptied before each query")
     p.add_argument("--attention", default=None, choices=ATTENTION,
                    help="own-token attention: rows padded per length bucket (cuDNN), or one flash varlen "
                         "call (default: varlen on CUDA in bf16/fp8)")

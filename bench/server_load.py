@@ -11,11 +11,14 @@ alone reads, but F and G, which read A's:
 - D: `--clients` clients at once, as many different questions over the same `--d-rows` (320) rows;
 - E: 5-row statements, one after another, while one statement over `--e-rows` rows runs; against the
   same kind of statements with the server otherwise idle;
-- F: A's statement again (a dashboard refresh);
-- G: a new question over A's rows.
+- F: A's statement again (a dashboard refresh), right after A;
+- G: a new question over A's rows, right after F.
+(F and G come first because the phases after them compute more KV than a GPU's
+pool holds: a refresh after those finds what least-recently-used eviction left.)
 Each phase reports wall seconds, logical / fresh / cached model tokens (the
 server's Prometheus counters, read before and after: a query counts when it
-ends, so E's include the long statement's if it ends within E), fresh tokens
+ends, so E's include the long statement's if it ends within E), the resident
+tree's hit rate (prompt tokens found resident over those looked up), fresh tokens
 per second and B's and C's against A's, fresh over logical, and the
 statements' latencies (E's median against E_idle's).
 """
@@ -42,10 +45,12 @@ from quail.clients.server_process import ServerProcess
 
 QUESTIONS = ["Does the review {0} complain about the service?", "Is {0} about the food?",
              "Does {0} mention the price?", "Is the writer of {0} angry?", "Does {0} recommend the place?",
-             "Is {0} about a hotel room?",
-             "Does {0} mention a delay?", "Is {0} written by a regular customer?", "Does {0} praise the staff?",
+             "Is {0} about a hotel room?", "Does {0} mention a delay?", "Is {0} written by a regular customer?",
+             "Does {0} praise the staff?",
              "Is {0} about noise?", "Does {0} ask for a refund?", "Is {0} sarcastic?", "Does {0} mention a child?",
              "Is {0} about breakfast?", "Does {0} compare two places?", "Is {0} mostly positive?"]
+
+
 def statement(first: int, rows: int, question: str = QUESTIONS[0]) -> str:
     return (f"SELECT id FROM reviews WHERE id BETWEEN {first} AND {first + rows - 1} "
             f"AND AI_FILTER(PROMPT('{question}', body))")
@@ -60,6 +65,7 @@ class Counters:
     def read(self) -> dict[str, float]:
         text = urllib.request.urlopen(self.url, timeout=30).read().decode()
         found = re.findall(r'^quail_tokens_total\{kind="(\w+)"\} (\S+)$', text, re.M)
+        found += re.findall(r'^quail_kv_(hit|looked_up)_tokens_total (\S+)$', text, re.M)
         return {kind: float(value) for kind, value in found}
 
 
@@ -92,8 +98,10 @@ def phase(uri: str, counters: Counters, lanes: list[list[str]]) -> dict:
     after = counters.read()
     tokens = {kind: int(after.get(kind, 0) - before.get(kind, 0)) for kind in ("logical", "fresh", "cached")}
     ratio = round(tokens["fresh"] / tokens["logical"], 3) if tokens["logical"] else None
+    looked_up = after.get("looked_up", 0) - before.get("looked_up", 0)
+    hit_rate = round((after.get("hit", 0) - before.get("hit", 0)) / looked_up, 3) if looked_up else None
     return {"wall_s": round(wall, 3), "statements": len(latencies), **{f"{k}_tokens": v for k, v in tokens.items()},
-            "fresh_tokens_per_s": round(tokens["fresh"] / wall), "fresh_over_logical": ratio,
+            "fresh_tokens_per_s": round(tokens["fresh"] / wall), "fresh_over_logical": ratio, "kv_hit_rate": hit_rate,
             "latency_p50_s": round(statistics.median(latencies), 3), "latency_max_s": round(max(latencies), 3)}
 
 
@@ -104,7 +112,7 @@ def free_port() -> int:
 
 
 def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:
-    """The phases in order, each over rows of its own (F and G over A's)."""
+    """The phases, each over rows of its own (F and G over A's, right after it)."""
     a, nxt = 0, args.a_rows
     n = args.rows
     b, nxt = nxt, nxt + n * args.b_statements
@@ -115,6 +123,8 @@ def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:
     e_short = nxt
     run(uri, statement(nxt + 5 * args.e_statements, n))  # first runs of the statements' shapes
     out = {"A": phase(uri, counters, [[statement(a, args.a_rows)]])}
+    out["F"] = phase(uri, counters, [[statement(a, args.a_rows)]])
+    out["G"] = phase(uri, counters, [[statement(a, args.a_rows, QUESTIONS[1])]])
     out["B"] = phase(uri, counters, [[statement(b + n * k, n) for k in range(args.b_statements)]])
     out["C"] = phase(uri, counters, [[statement(c + 2 * n * k + n * j, n) for j in range(2)]
                                      for k in range(args.clients)])
@@ -128,8 +138,6 @@ def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:
     out["E"]["long_running_throughout"] = not long_done.is_set()
     long.join()
     out["E"]["against_idle"] = round(out["E"]["latency_p50_s"] / out["E_idle"]["latency_p50_s"], 2)
-    out["F"] = phase(uri, counters, [[statement(a, args.a_rows)]])
-    out["G"] = phase(uri, counters, [[statement(a, args.a_rows, QUESTIONS[1])]])
     reference = out["A"]["fresh_tokens_per_s"]
     for name in ("B", "C"):
         out[name]["against_A"] = round(out[name]["fresh_tokens_per_s"] / reference, 3) if reference else None

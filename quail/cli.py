@@ -47,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--sol-device", default=None, choices=sorted(DEVICES),
                        help="device constants of the speed-of-light figures (default: cpu on the CPU, else none)")
     serve.add_argument("--kv-cache-bytes", type=int, default=None,
-                       help="documents' KV kept between AI steps and queries (default 1 GiB on the CPU, a quarter of a GPU's memory)")
+                       help="the KV pool, where what queries compute stays for later ones (default 1 GiB on the CPU, a quarter of a GPU's memory)")
     serve.add_argument("--attention", default=None, choices=ATTENTION,
                        help="own-token attention: rows padded per length bucket (cuDNN), or one flash varlen "
                             "call (default: varlen on CUDA in bf16/fp8)")

@@ -2,19 +2,40 @@
 on a server with users, for admins only (HTTP Basic).
 
 Rates come from the counters (tokens per second: rate(quail_tokens_total[1m]);
-the KV hit rate: rate of cached over rate of logical tokens). Each server owns its registry.
+the KV hit rate: rate of quail_kv_hit_tokens_total over rate of quail_kv_looked_up_tokens_total). Each
+server owns its registry.
 """
 
 from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
+from quail.engine.kv.resident import ResidentTree
 from quail.engine.runtime.model_runner import ModelRunner
+
+
+class _TreeCounts:
+    """The resident tree's counters as Prometheus counters (the hit rate: rate of hit over rate of looked up)."""
+
+    def __init__(self, tree: ResidentTree) -> None:
+        self.tree = tree
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        counts = self.tree.counts
+        yield CounterMetricFamily("quail_kv_looked_up_tokens", "Prompt tokens looked up in the resident tree",
+                                  value=counts.looked_up)
+        yield CounterMetricFamily("quail_kv_hit_tokens", "Prompt tokens found resident (not computed again)",
+                                  value=counts.hit)
+        yield CounterMetricFamily("quail_kv_inserted_tokens", "Tokens the resident tree began to index",
+                                  value=counts.inserted)
+        yield CounterMetricFamily("quail_kv_evicted_tokens", "Tokens the resident tree let go of for room",
+                                  value=counts.evicted)
 
 
 class Metrics:
@@ -26,10 +47,17 @@ class Metrics:
                              registry=self.registry)
         Gauge("quail_queries_waiting", "Queries with model work in the device's scheduler",
               registry=self.registry).set_function(runner.scheduler.waiting)
-        Gauge("quail_kv_resident_bytes", "Bytes of KV kept between forward passes and still needed",
+        pool, tree = runner.pool, runner.tree
+        Gauge("quail_kv_pool_bytes", "Bytes of the device's KV pool", registry=self.registry).set_function(
+            lambda: pool.slots * pool.bytes_per_token)
+        Gauge("quail_kv_pool_used_bytes", "Bytes of the KV pool that some run holds (the tree or a running query)",
+              registry=self.registry).set_function(lambda: pool.used * pool.bytes_per_token)
+        Gauge("quail_kv_resident_bytes", "Bytes of KV that running queries hold for their next passes",
               registry=self.registry).set_function(lambda: runner.ledger.resident_bytes)
-        Gauge("quail_kv_cached_bytes", "Bytes of documents' KV kept between AI steps and queries",
-              registry=self.registry).set_function(lambda: runner.cache.resident_bytes if runner.cache else 0)
+        Gauge("quail_kv_cached_bytes", "Bytes of KV the resident tree indexes for later steps and queries",
+              registry=self.registry).set_function(lambda: tree.cached_bytes if tree else 0)
+        if tree is not None:
+            self.registry.register(_TreeCounts(tree))
         self.queries = Counter("quail_queries", "Queries finished, by gRPC status", ["status"],
                                registry=self.registry)
         self.tokens = Counter("quail_tokens", "Model tokens of finished queries: logical (every prompt in "

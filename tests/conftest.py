@@ -21,9 +21,9 @@ def runtime():
 
 @pytest.fixture(autouse=True)
 def _no_kv_from_other_tests(request):
-    """Each test starts with an empty prefix cache, so its token counts do not depend on test order."""
+    """Each test starts with an empty resident tree, so its token counts do not depend on test order."""
     if "runtime" in request.fixturenames:
-        request.getfixturevalue("runtime").runner.cache.clear()
+        request.getfixturevalue("runtime").runner.tree.clear()
 
 
 @pytest.fixture(scope="module")

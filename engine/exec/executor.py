@@ -13,8 +13,7 @@ import pyarrow.compute as pc
 from quail.engine.ai.kinds import KINDS
 from quail.engine.ai.operators import Ask, Question, classify, yes_probabilities_together
 from quail.engine.exec.catalog import Catalog
-from quail.engine.exec.plan import (AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step, ai_steps,
-                                    filter_rank)
+from quail.engine.exec.plan import AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step, filter_rank
 from quail.engine.exec.relational import DuckDB
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.query_work import QueryWork
@@ -34,7 +33,7 @@ def execute(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work:
     the speed-of-light seconds of the ideal work, where the caller knows the device.
     """
     relations = {name: catalog.table(name) for name in plan.tables}
-    work = _hinted(plan, work)
+    work = work if work is not None else QueryWork()
     with DuckDB(work) as db:
         if plan.analyze:
             return analyze(plan, relations, db, runtime, work, sol)
@@ -64,7 +63,7 @@ def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
     """The result of a chunked plan, chunk by chunk: the leading SQL steps once, then the rest over
     consecutive slices of their output, each twice the last (up to CHUNK_ROWS[1])."""
     relations = {name: catalog.table(name) for name in plan.tables}
-    work = _hinted(plan, work)
+    work = work if work is not None else QueryWork()
     lead = next(i for i, step in enumerate(plan.steps) if not isinstance(step, SQLStep))
     with DuckDB(work) as db:
         for step in plan.steps[:lead]:
@@ -77,13 +76,6 @@ def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
                 _run_step(step, chunk, db, runtime, work)
             yield chunk[plan.result]
             start, size = start + size, min(2 * size, CHUNK_ROWS[1])
-
-
-def _hinted(plan: PhysicalPlan, work: QueryWork | None) -> QueryWork:
-    """The query's work record, told to keep documents' KV when it asks the model more than once."""
-    work = work if work is not None else QueryWork()
-    work.retain_documents = ai_steps(plan.steps) > 1
-    return work
 
 
 def result_schema(plan: PhysicalPlan, catalog: Catalog, work: QueryWork | None = None) -> pa.Schema:
@@ -184,7 +176,7 @@ def _args(step: AIStep, rows: pa.Table) -> list[list[str | None]]:
 def _ask(step: AIStep, rows: pa.Table, work: QueryWork | None) -> Ask:
     """A filter's or score's question over the rows."""
     return Ask(_question(step), _args(step, rows), step.selectivity, decide=KINDS[step.kind].answer == "yes_no",
-               forget_rejected=KINDS[step.kind].keeps_rows and work is not None and work.retain_documents)
+               forget_rejected=KINDS[step.kind].keeps_rows)
 
 
 def _values(step: AIStep, probs: np.ndarray) -> pa.Array:

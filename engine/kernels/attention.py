@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from quail.engine.kernels.padding_buckets import SMALL, padded_shape, width_class
+from quail.engine.kv.pool import on_device
 from quail.engine.kv.runs import KV
 
 try:
@@ -46,12 +47,6 @@ def query_blocks(spans: list[tuple[int, int, int]], block: int) -> np.ndarray:
     return np.stack([firsts, np.minimum(block, table[span, 1] - firsts), table[span, 2]], axis=1).astype(np.int32)
 
 
-def _on(device: torch.device, array: np.ndarray) -> torch.Tensor:
-    """A host array on the device without waiting for the work queued there (pinned, non-blocking)."""
-    host = torch.from_numpy(array)
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
-
-
 def _buckets(lengths: list[int], starts: np.ndarray, device: torch.device
              ) -> tuple[list[tuple[int, int, int]], torch.Tensor]:
     """Each padding bucket's (offset, rows, width) in one flat buffer, and each packed token's place there."""
@@ -65,7 +60,7 @@ def _buckets(lengths: list[int], starts: np.ndarray, device: torch.device
         buckets.append((offset, count, width))
         offset += count * width
     within = np.arange(starts[-1]) - np.repeat(starts[:-1], lengths)
-    return buckets, _on(device, np.repeat(base, lengths) + within)
+    return buckets, on_device(device, np.repeat(base, lengths) + within)
 
 
 @dataclass(eq=False)
@@ -81,7 +76,7 @@ class Before:
 
     def pieces(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Its keys and values in `layer`, piece by piece (k, v: the pass's own, for the chain)."""
-        out = [(piece.keys[layer], piece.values[layer]) for piece in self.past.chunks()] if self.past else []
+        out = [self.past.layer(layer)] if self.past else []
         if self.chain is not None:
             out.append((k.index_select(0, self.chain), v.index_select(0, self.chain)))
         return out
@@ -171,22 +166,22 @@ def _packed(lengths: list[int], starts: np.ndarray, row_runs: list[tuple[int, in
         apart[first:end] = True
     spans = [(starts[b], starts[b + 1], -1) for b in np.flatnonzero(~apart)]
     spans += [(starts[first], starts[end], i) for i, (first, end, _) in enumerate(kept)]
-    packed = Packed(_on(device, starts.astype(np.int32)), _on(device, key_offsets.astype(np.int32)),
+    packed = Packed(on_device(device, starts.astype(np.int32)), on_device(device, key_offsets.astype(np.int32)),
                     int(lengths_a.max()), int((before + lengths_a).max()), int(key_offsets[-1]),
-                    _on(device, np.repeat(np.arange(len(lengths), dtype=np.int32), lengths_a)),
-                    _on(device, query_blocks(spans, QUERY_BLOCK)))
+                    on_device(device, np.repeat(np.arange(len(lengths), dtype=np.int32), lengths_a)),
+                    on_device(device, query_blocks(spans, QUERY_BLOCK)))
     if not before.any():
         return packed, kept
     own = np.repeat(key_offsets[:-1] + before - starts[:-1], lengths_a) + np.arange(starts[-1])
-    packed.own_index = _on(device, own)
+    packed.own_index = on_device(device, own)
     if inlined:
         copies = np.concatenate([key_offsets[b] + np.arange(len(run)) for first, end, run in inlined
                                  for b in range(first, end)])
-        packed.inline_index = _on(device, copies)
+        packed.inline_index = on_device(device, copies)
         packed.inlined = [(run, end - first) for first, end, run in inlined]
     if chained.any():
-        packed.chain_from = _on(device, np.concatenate(chains))
-        packed.chain_to = _on(device, np.concatenate([key_offsets[b] + copied[b] + np.arange(n)
+        packed.chain_from = on_device(device, np.concatenate(chains))
+        packed.chain_to = on_device(device, np.concatenate([key_offsets[b] + copied[b] + np.arange(n)
                                                       for b, n in enumerate(chained)]))
     return packed, kept
 
@@ -248,7 +243,7 @@ class Rows:
         if padded:
             buckets, pad_index = _buckets(lengths, starts, device)
             stretches = _stretches([(id(past), parent) for past, parent in zip(pasts, parents)])
-            runs = [(first, end, Before(pasts[first], _on(device, chains[first]) if len(chains[first]) else None))
+            runs = [(first, end, Before(pasts[first], on_device(device, chains[first]) if len(chains[first]) else None))
                     for first, end in stretches if context[first]]
         else:
             stretches = _stretches([(id(past),) for past in pasts])
@@ -258,11 +253,11 @@ class Rows:
         runs = [(int(starts[first]), int(starts[end]), before) for first, end, before in runs]
         layout = cls(lengths, starts.tolist(), context, buckets, pad_index, runs, packed=packed)
         if runs:
-            layout.past_index = _on(device, np.concatenate([np.arange(a, e) for a, e, _ in runs]))
+            layout.past_index = on_device(device, np.concatenate([np.arange(a, e) for a, e, _ in runs]))
             sizes = np.array([[0, 0]] + [[e - a, len(run)] for a, e, run in runs], dtype=np.int32)
             sizes = sizes.cumsum(0, dtype=np.int32)
-            layout.run_offsets = (_on(device, sizes[:, 0].copy()), _on(device, sizes[:, 1].copy()))
-            layout.run_blocks = _on(device, query_blocks(
+            layout.run_offsets = (on_device(device, sizes[:, 0].copy()), on_device(device, sizes[:, 1].copy()))
+            layout.run_blocks = on_device(device, query_blocks(
                 [(sizes[i, 0], sizes[i + 1, 0], i) for i in range(len(runs))], QUERY_BLOCK))
         return layout
 

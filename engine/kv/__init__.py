@@ -1,1 +1,1 @@
-"""KV of token runs between forward passes, and the prefix cache that keeps documents' KV between steps and queries."""
+"""KV on the device: the pool of token slots, runs of them, and the resident tree that indexes them for all queries."""

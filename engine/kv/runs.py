@@ -1,72 +1,92 @@
-"""KV of a run of tokens, as the runtime keeps it between forward passes."""
+"""KV of a run of tokens: the pool slots that hold it, as the runtime keeps it between forward passes."""
 
 from __future__ import annotations
 
 import threading
 import weakref
-from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from quail.engine.kv.pool import KVPool, on_device
 
 
 class KVLedger:
-    """Bytes of KV the runner has kept that some query still holds (what the device's KV occupies)."""
+    """Bytes of KV the runner has kept for running queries that one of them still holds."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.resident_bytes = 0
 
-    def keep(self, kv: "KV", size: int) -> None:
-        """Count `size` bytes until the run's tensors are freed: longer runs share its tensor lists
-        (KV.then), so its first key tensor lives exactly as long as any of them."""
+    def keep(self, kv: "KV") -> None:
+        """Count the run's bytes until the run is freed."""
+        size = len(kv) * kv.parts[0][0].bytes_per_token
         self._add(size)
-        weakref.finalize(kv.keys[0], self._add, -size)
+        weakref.finalize(kv, self._add, -size)
 
     def _add(self, size: int) -> None:
         with self._lock:
             self.resident_bytes += size
 
 
-@dataclass(eq=False)
-class KV:
-    """Keys and values per layer, each (tokens, kv_heads, head_dim), continuing the run `before`.
+def _release(parts: tuple[tuple[KVPool, np.ndarray], ...]) -> None:
+    for pool, slots in parts:
+        pool.release(slots)
 
-    A longer prefix refers to its shorter prefix's KV instead of copying it, so
-    every sibling below a radix node shares the node's KV by reference.
+
+class KV:
+    """Keys and values of a run of tokens: its slots in one pool or, rarely, several (`parts`, in order).
+
+    A run holds its slots while it lives. A longer run (`then`) or a part of it
+    (`slice`) lists the same slots, so a prefix many rows continue is stored once
+    whoever holds it.
     """
 
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    before: "KV | None" = None
+    __slots__ = ("parts", "_index", "__weakref__")
+
+    def __init__(self, parts: tuple[tuple[KVPool, np.ndarray], ...]) -> None:
+        self.parts = tuple((pool, slots) for pool, slots in parts if len(slots))
+        self._index: list[torch.Tensor] | None = None
+        for pool, slots in self.parts:
+            pool.hold(slots)
+        weakref.finalize(self, _release, self.parts)
+
+    @classmethod
+    def of(cls, keys: list[torch.Tensor], values: list[torch.Tensor]) -> "KV":
+        """A run of these keys and values (tokens, kv_heads, head_dim) per layer, in a pool of their own."""
+        return cls(((KVPool.holding(keys, values), np.arange(keys[0].shape[0])),))
 
     def __len__(self) -> int:
-        return self.keys[0].shape[0] + (len(self.before) if self.before is not None else 0)
-
-    def chunks(self) -> list["KV"]:
-        """The run's pieces, first to last."""
-        out, node = [], self
-        while node is not None:
-            out.append(node)
-            node = node.before
-        return out[::-1]
-
-    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(keys, values) of the whole run in one layer: (tokens, kv_heads, head_dim) each."""
-        if self.before is None:
-            return self.keys[index], self.values[index]
-        parts = self.chunks()
-        return torch.cat([p.keys[index] for p in parts]), torch.cat([p.values[index] for p in parts])
+        return sum(len(slots) for _, slots in self.parts)
 
     def then(self, after: "KV") -> "KV":
-        """This run followed by `after` (a run of its own), sharing this run's tensors."""
-        return KV(after.keys, after.values, self)
+        """This run followed by `after`."""
+        parts = list(self.parts)
+        for pool, slots in after.parts:
+            if parts and parts[-1][0] is pool:
+                parts[-1] = (pool, np.concatenate([parts[-1][1], slots]))
+            else:
+                parts.append((pool, slots))
+        return KV(tuple(parts))
 
     def slice(self, start: int, end: int) -> "KV":
-        """Tokens [start, end) of a single-piece run."""
-        return KV([k[start:end] for k in self.keys], [v[start:end] for v in self.values])
+        """Tokens [start, end) of the run."""
+        out, offset = [], 0
+        for pool, slots in self.parts:
+            lo, hi = max(start - offset, 0), min(end - offset, len(slots))
+            if lo < hi:
+                out.append((pool, slots[lo:hi]))
+            offset += len(slots)
+        return KV(tuple(out))
 
-    def owned(self) -> "KV":
-        """The run's copy as one piece in tensors of its own (a view no longer holds its pass's buffer)."""
-        parts = self.chunks()
-        return KV([torch.cat([p.keys[i] for p in parts]) for i in range(len(self.keys))],
-                  [torch.cat([p.values[i] for p in parts]) for i in range(len(self.values))])
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys, values) of the whole run in one layer: (tokens, kv_heads, head_dim) each, gathered from
+        its slots."""
+        if self._index is None:
+            self._index = [on_device(pool.device, slots.astype(np.int64)) for pool, slots in self.parts]
+        keys = [pool.keys[index].index_select(0, at) for (pool, _), at in zip(self.parts, self._index)]
+        values = [pool.values[index].index_select(0, at) for (pool, _), at in zip(self.parts, self._index)]
+        if len(keys) == 1:
+            return keys[0], values[0]
+        return torch.cat(keys), torch.cat(values)
+

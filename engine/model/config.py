@@ -68,8 +68,8 @@ class EngineConfig:
     directory (tokenizer.json, chat_template.jinja) for dummy weights (None: the
     embedded model's); sol_device: the device constants the speed of light uses
     ("cpu", "h100-sxm", "h200"; None: "cpu" on the CPU, else none); kv_cache_bytes:
-    the documents' KV kept between AI steps and queries (kv/prefix_cache.py; None:
-    1 GiB on the CPU, a quarter of a GPU's memory; 0: none); attention: how rows attend to their own
+    the device's KV pool, where what queries compute stays for later steps and queries
+    (kv/pool.py, kv/resident.py; None: 1 GiB on the CPU, a quarter of a GPU's memory; 0: nothing stays); attention: how rows attend to their own
     tokens: "buckets" (rows padded per length bucket; cuDNN on a GPU) or "varlen" (one
     flash varlen call, no padding; CUDA in bf16 or fp8 only; None: varlen where it runs,
     else buckets).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -134,28 +136,27 @@ class Decoder(nn.Module):
         return self.embed_tokens.weight if self.config.tie_embeddings else self.lm_head.weight
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, rows: Rows, last: torch.Tensor,
-                keep_kv: bool = False) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[torch.Tensor] | None]:
+                keep: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None) -> torch.Tensor:
         """Prefill packed rows, each after the resident KV `rows` names.
 
         ids and positions: (tokens,); last: the packed index of each row's last
-        token. Returns the final-normed hidden state there, and with keep_kv the
-        new tokens' keys and values per layer (tokens, kv_heads, head_dim). The
-        last layer's output projection and MLP run at those positions only.
+        token. Returns the final-normed hidden state there. `keep(layer, k, v)`
+        receives each layer's new keys and values (tokens, kv_heads, head_dim)
+        to store (the runner's pool, kv/pool.py). The last layer's output
+        projection and MLP run at those positions only.
         """
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
         x = self.embed_tokens(ids)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        keys, values = [], []
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
+            if keep is not None:
+                keep(i, k, v)
             out = attention(q, k, v, rows, i, self._merge)
             if i == len(self.layers) - 1:  # nothing reads the last layer's other positions
                 x, out = x[last], out[last]
             x = self._finish(layer, x, out)
-            if keep_kv:
-                keys.append(k)
-                values.append(v)
-        return self.norm(x), (keys if keep_kv else None), (values if keep_kv else None)
+        return self.norm(x)
 
     def label_logits(self, hidden: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
         """The head cut to label_ids, applied to final hidden states: (batch, n_labels) in fp32."""

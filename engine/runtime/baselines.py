@@ -125,8 +125,8 @@ class _BlockPrefix:
         self.next += 1
         keys = self.cache.keys(ids)
         hit = self.cache.lookup(keys, (len(ids) - 1) // self.cache.block_size)
-        row = Row(ids[len(hit) * self.cache.block_size:], functools.reduce(KV.then, hit) if hit else None,
-                  keep_kv=True)
+        fresh = ids[len(hit) * self.cache.block_size:]
+        row = Row(fresh, functools.reduce(KV.then, hit) if hit else None, keep=len(fresh))
         return i, keys, len(hit), row
 
     def fill(self, fill: Share) -> None:
@@ -146,7 +146,6 @@ class _BlockPrefix:
         size = self.cache.block_size
         for (i, keys, hits, _), h, kv in zip(self.pending, last, kept):
             self.hidden[i] = h
-            new = kv.owned()
             for b in range(hits, len(keys)):
-                self.cache.store(keys[b], new.slice((b - hits) * size, (b - hits + 1) * size))
+                self.cache.store(keys[b], kv.slice((b - hits) * size, (b - hits + 1) * size))
         self.pending = []

@@ -11,7 +11,7 @@ import torch
 
 from quail.engine.errors import InvalidArgument, NotFound
 from quail.engine.kernels.fp8 import to_fp8
-from quail.engine.kv.prefix_cache import PrefixCache, default_budget
+from quail.engine.kv.pool import default_pool_bytes
 from quail.engine.model.config import ATTENTION, EngineConfig, ModelConfig
 from quail.engine.model.decoder import Decoder
 from quail.engine.model.gguf_weights import load_gguf, read_vocab
@@ -182,6 +182,6 @@ def load_runtime(config: EngineConfig | None = None) -> Runtime:
 def _runtime(model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame, config: EngineConfig) -> Runtime:
     budget = config.kv_cache_bytes
     if budget is None:
-        budget = default_budget(next(model.parameters()).device)
+        budget = default_pool_bytes(next(model.parameters()).device)
     return Runtime(model_id, model, tokenizer, frame, config.strategy, config.token_budget, config.decisions,
-                   cache=PrefixCache(budget) if budget > 0 else None)
+                   kv_bytes=budget)

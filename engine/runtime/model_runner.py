@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from quail.engine.kernels.attention import Rows
-from quail.engine.kv.prefix_cache import PrefixCache
+from quail.engine.kv.pool import KVPool, on_device
+from quail.engine.kv.resident import ResidentTree
 from quail.engine.kv.runs import KV, KVLedger
 from quail.engine.model.decoder import Decoder
 from quail.engine.runtime.counters import Stats, causal_pairs
@@ -20,62 +21,72 @@ def go_on() -> None:
     """No reason to stop."""
 
 
-def _gathered(spans: list[tuple[int, int]], keys: list[torch.Tensor], values: list[torch.Tensor]) -> list[KV]:
-    """KV of each (first packed token, tokens) span: one gather per layer, each span a view of it."""
-    index = torch.from_numpy(np.concatenate([np.arange(first, first + n) for first, n in spans]))
-    index = index.to(keys[0].device, non_blocking=True)
-    kept_keys = [k.index_select(0, index) for k in keys]
-    kept_values = [v.index_select(0, index) for v in values]
-    out, offset = [], 0
-    for _, n in spans:
-        out.append(KV([k[offset : offset + n] for k in kept_keys], [v[offset : offset + n] for v in kept_values]))
-        offset += n
-    return out
+def _keeping(rows: list[Row], starts: list[int], pool: KVPool, ledger: KVLedger
+             ) -> tuple[list[KV | None], Callable[[int, torch.Tensor, torch.Tensor], None] | None]:
+    """The KV of each row that keeps tokens (its first `keep`), in slots of the pool (of a pool of the
+    pass's own when the pool has too few), and the hook that writes each layer's keys and values there."""
+    counts = [row.keep for row in rows]
+    total = sum(counts)
+    if not total:
+        return [None] * len(rows), None
+    slots = pool.take(total)
+    if slots is None:
+        pool = KVPool.like(pool, total)
+        slots = pool.take(total)
+    kept: list[KV | None] = []
+    offset = 0
+    for count in counts:
+        kept.append(KV(((pool, slots[offset:offset + count]),)) if count else None)
+        offset += count
+    for kv in kept:
+        if kv is not None:
+            ledger.keep(kv)
+    every = total == starts[-1]  # every token of the pass, in order
+    source = None if every else on_device(pool.device, np.concatenate(
+        [np.arange(start, start + count) for start, count in zip(starts, counts) if count]))
+    target = on_device(pool.device, slots)
+
+    def write(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        if source is not None:
+            k, v = k.index_select(0, source), v.index_select(0, source)
+        pool.write(layer, target, k, v)
+
+    return kept, write
 
 
-def _kept(rows: list[Row], layout: Rows, keys: list[torch.Tensor], values: list[torch.Tensor],
-          ledger: KVLedger) -> list[KV | None]:
-    """The KV of each row that asked to keep it (all its tokens, or its first keep_tokens: those in a
-    gather of their own, so a cache holding them holds nothing else of the pass)."""
-    out: list[KV | None] = [None] * len(rows)
-    whole = [b for b, row in enumerate(rows) if row.keep_kv]
-    heads = [b for b, row in enumerate(rows) if not row.keep_kv and row.keep_tokens]
-    if whole:
-        row_bytes = sum(2 * k[0].nbytes for k in keys)
-        for b, kv in zip(whole, _gathered([(layout.starts[b], layout.lengths[b]) for b in whole], keys, values)):
-            out[b] = kv
-            ledger.keep(kv, layout.lengths[b] * row_bytes)
-    if heads:
-        for b, kv in zip(heads, _gathered([(layout.starts[b], rows[b].keep_tokens) for b in heads], keys, values)):
-            out[b] = kv
-    return out
+def kv_pool(model: Decoder, kv_bytes: int) -> KVPool:
+    """A pool of as many token slots as `kv_bytes` holds for the model's KV (in its activations' dtype)."""
+    cfg, dtype = model.config, model.embed_tokens.weight.dtype
+    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.empty(0, dtype=dtype).element_size()
+    return KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, next(model.parameters()).device,
+                  max(kv_bytes, 0) // per_token)
 
 
 class ModelRunner:
     """Runs forward passes of a decoder over packed rows and the head cut to label tokens.
 
     Runners over one model share its `scheduler` (the device's owner loop, which runs every query's
-    passes), KV `ledger` and prefix `cache` (kv/prefix_cache.py; None: none). `check` raises to stop a
-    query before its next pass (see `for_query`).
+    passes), KV `ledger` (what running queries hold), KV `pool` (kv/pool.py; default: one of no slots,
+    every pass's kept KV in a pool of its own) and resident `tree` (kv/resident.py; None: nothing is
+    kept between steps and queries). `check` raises to stop a query before its next pass (see `for_query`).
     """
 
     def __init__(self, model: Decoder, token_budget: int = 4096, scheduler: PassScheduler | None = None,
-                 check: Callable[[], None] = go_on, ledger: KVLedger | None = None,
-                 cache: PrefixCache | None = None, retain: bool = False) -> None:
+                 check: Callable[[], None] = go_on, ledger: KVLedger | None = None, pool: KVPool | None = None,
+                 tree: ResidentTree | None = None) -> None:
         self.model = model
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
         self.scheduler = scheduler or PassScheduler(self)
         self.check = check
         self.ledger = ledger or KVLedger()
-        self.cache = cache
-        self.retain = retain
+        self.pool = pool if pool is not None else kv_pool(model, 0)
+        self.tree = tree
 
-    def for_query(self, check: Callable[[], None], retain: bool = False) -> "ModelRunner":
-        """This runner for one query: same model, budget, scheduler, KV ledger and prefix cache; `check`
-        before each pass; `retain`: store the documents' KV it computes in the cache (the query's later
-        AI steps may read them)."""
-        return ModelRunner(self.model, self.token_budget, self.scheduler, check, self.ledger, self.cache, retain)
+    def for_query(self, check: Callable[[], None]) -> "ModelRunner":
+        """This runner for one query: same model, budget, scheduler, ledger, pool and tree; `check` before
+        each pass."""
+        return ModelRunner(self.model, self.token_budget, self.scheduler, check, self.ledger, self.pool, self.tree)
 
     def _inputs(self, rows: list[Row], layout: Rows) -> tuple[torch.Tensor, ...]:
         """Packed token ids, their positions (after what each row continues), each row's last index."""
@@ -102,9 +113,8 @@ class ModelRunner:
         layout = Rows.build(lengths, [r.past for r in rows], self.device, self.model.padded_attention,
                             [r.parent for r in rows])
         ids, positions, last = self._inputs(rows, layout)
-        keep = any(r.keep_kv or r.keep_tokens for r in rows)
-        hidden, keys, values = self.model(ids, positions, layout, last, keep)
-        kept = _kept(rows, layout, keys, values, self.ledger) if keep else [None] * len(rows)
+        kept, write = _keeping(rows, layout.starts, self.pool, self.ledger)
+        hidden = self.model(ids, positions, layout, last, write)
         start = 0
         for owned, stats in groups:
             end = start + len(owned)
@@ -133,4 +143,4 @@ def _count(stats: Stats, lengths: list[int], context: list[int], rows: list[Row]
     stats.fresh_tokens += sum(lengths)
     stats.attention_pairs += sum(causal_pairs(q, c) for q, c in zip(lengths, context))
     stats.kv_read += sum(context)
-    stats.kv_written += sum(q for q, r in zip(lengths, rows) if r.keep_kv)
+    stats.kv_written += sum(r.keep for r in rows)

@@ -31,7 +31,6 @@ class QueryWork:
     deadline: float | None = None
     max_requests: int | None = None
     max_tokens: int | None = None
-    retain_documents: bool = False  # later AI steps may read the same documents: keep their KV (kv/prefix_cache.py)
     announced: int = 0  # requests counted (`announce`) that have not reached the runtime yet
     _interrupts: list[Callable[[], None]] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

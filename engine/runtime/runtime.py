@@ -9,12 +9,12 @@ import numpy as np
 import torch
 
 from quail.engine.errors import InvalidArgument
-from quail.engine.kv.prefix_cache import PrefixCache
+from quail.engine.kv.resident import ResidentTree
 from quail.engine.model.decoder import Decoder
 from quail.engine.model.tokenizer import Tokenizer
 from quail.engine.runtime import baselines
 from quail.engine.runtime.counters import Stats
-from quail.engine.runtime.model_runner import ModelRunner
+from quail.engine.runtime.model_runner import ModelRunner, kv_pool
 from quail.engine.runtime.prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.requests import LabelSet, Request, Segment, document_prefix
@@ -50,14 +50,15 @@ class Runtime:
     or a Strategy function (a benchmark baseline).
     `decisions` is "model" (answers from the model) or "hash" (random weights:
     answers by content hash, forward passes still run in full).
-    `device_of`: a runner on the same device, whose scheduler, KV ledger and prefix cache this runtime's
-    runner shares; else `cache` holds documents' KV between steps and queries (kv/prefix_cache.py).
+    `device_of`: a runner on the same device, whose scheduler, KV ledger, pool and resident tree this
+    runtime's runner shares; else a pool of `kv_bytes` holds KV, and what it computes stays there between
+    steps and queries, indexed by a resident tree (kv/resident.py; 0: nothing stays).
     `texts`: the tokenized texts kept between steps and queries (default: a cache of its own).
     """
 
     def __init__(self, model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame,
                  strategy: str | Strategy = "quail", token_budget: int = 4096, decisions: str = "model",
-                 device_of: ModelRunner | None = None, cache: PrefixCache | None = None,
+                 device_of: ModelRunner | None = None, kv_bytes: int = 0,
                  texts: SegmentCache | None = None) -> None:
         if isinstance(strategy, str) and strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
@@ -68,16 +69,20 @@ class Runtime:
         self.config = model.config
         self.tokenizer = tokenizer
         self.layout = PromptLayout(frame)
-        self.runner = ModelRunner(model, token_budget, cache=cache) if device_of is None else \
-            ModelRunner(model, token_budget, device_of.scheduler, ledger=device_of.ledger, cache=device_of.cache)
+        if device_of is None:
+            pool = kv_pool(model, kv_bytes)
+            self.runner = ModelRunner(model, token_budget, pool=pool, tree=ResidentTree(pool) if pool.slots else None)
+        else:
+            self.runner = ModelRunner(model, token_budget, device_of.scheduler, ledger=device_of.ledger,
+                                      pool=device_of.pool, tree=device_of.tree)
         self.strategy = strategy
         self.texts = texts if texts is not None else SegmentCache()
         self.yes_no = self._yes_no_labels()
         self._preamble_tokens: int | None = None
 
     def variant(self, strategy: str | Strategy, token_budget: int | None = None) -> "Runtime":
-        """Another runtime over the same weights and tokenizer (and the device's scheduler and KV ledger, and
-        the tokenized texts), scoring by another strategy."""
+        """Another runtime over the same weights and tokenizer (and the device's scheduler, KV ledger, pool
+        and tree, and the tokenized texts), scoring by another strategy."""
         return Runtime(self.model_id, self.runner.model, self.tokenizer, self.layout.frame, strategy,
                        token_budget or self.runner.token_budget, self.decisions, self.runner, texts=self.texts)
 
@@ -107,7 +112,7 @@ class Runtime:
         work.requests.extend(requests)
         work.check()
         strategy = STRATEGIES[self.strategy] if isinstance(self.strategy, str) else self.strategy
-        hidden = strategy(self.runner.for_query(work.check, work.retain_documents), requests, work.stats)
+        hidden = strategy(self.runner.for_query(work.check), requests, work.stats)
         by_labels: dict[LabelSet, list[int]] = {}
         for i, request in enumerate(requests):
             by_labels.setdefault(request.labels, []).append(i)
@@ -152,33 +157,26 @@ class Runtime:
         return work.stats
 
     def forget(self, rejected: Sequence[Request], accepted: Sequence[Request]) -> None:
-        """Drop the rejected requests' document prefixes from the prefix cache, but those an accepted request
-        shares: the plan will not ask about them again (a join's anchor stays while a partner of it passed)."""
-        if self.runner.cache is None:
+        """The rejected requests' documents (what follows the preamble) go first when the pool needs room,
+        but those an accepted request shares: the plan will not ask about them again (a join's anchor
+        stays while a partner of it passed)."""
+        tree = self.runner.tree
+        if tree is None:
             return
         kept = {prefix[1] for prefix in map(document_prefix, accepted) if prefix is not None}
         for request in rejected:
             prefix = document_prefix(request)
             if prefix is not None and prefix[1] not in kept:
-                self.runner.cache.drop(prefix[1])
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Bytes of one token's keys and values over all layers."""
-        config = self.config
-        return 2 * config.num_layers * config.num_kv_heads * config.head_dim \
-            * self.runner.model.embed_tokens.weight.element_size()
+                tree.demote(request.tokens(0, len(request)), request.offsets[1])
 
     def rows_cached(self, tokens_per_document: float) -> int | None:
-        """How many rows' document prefixes (the preamble and a document of this many tokens) the prefix
-        cache holds at once (None: no cache)."""
-        cache = self.runner.cache
-        if cache is None:
+        """How many rows' document prefixes (the preamble and a document of this many tokens) the KV pool
+        holds at once (None: nothing is kept between steps)."""
+        if self.runner.tree is None:
             return None
         if self._preamble_tokens is None:
             self._preamble_tokens = len(self.tokenizer.encode(self.layout.preamble()))
-        per_row = self.kv_bytes_per_token * (self._preamble_tokens + tokens_per_document)
-        return max(1, int(cache.budget_bytes // per_row))
+        return max(1, int(self.runner.pool.slots // (self._preamble_tokens + tokens_per_document)))
 
     def letters(self, count: int, names: tuple[str, ...]) -> LabelSet:
         """Answers A, B, ... (one per category name), each spelled by its single-token letter."""

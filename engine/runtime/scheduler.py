@@ -6,7 +6,9 @@
 - What fits a pass: a token budget, and padded attention's area at most PAD_FACTOR times it (Fill, pack).
 - In what order a step's requests are computed (`tree`, the quail strategy): each shared prefix once,
   longest roots first, depth first, short prefixes joined by their children in one pass, prompts longer
-  than a pass in chunks, documents' KV from the prefix cache where it holds them.
+  than a pass in chunks, each request after the resident prefix it continues (`_continued`: whole
+  segments, or a long shared run), a document another running query is computing waited for, not
+  computed twice (`_Hold`).
 - How a step is cut into parts handed to the runtime (`step_parts`): rows ordered by their anchor's text,
   a head of about HEAD_PASSES passes (the device starts early), then the rest.
 - How many rows the executor sends at a time: PROBE_ROWS (an AI filter chain's probe), CHUNK_ROWS
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections import deque
@@ -31,7 +34,7 @@ from quail.engine.runtime.requests import Request, document_prefix
 if TYPE_CHECKING:
     import torch
 
-    from quail.engine.kv.prefix_cache import PrefixCache
+    from quail.engine.kv.resident import Match, Node, ResidentTree
     from quail.engine.kv.runs import KV
     from quail.engine.runtime.model_runner import ModelRunner
 
@@ -45,13 +48,12 @@ CHUNK_ROWS = (64, 8192)  # a chunked plan's first and largest chunks: the first 
 @dataclass
 class Row:
     """New tokens to compute after `past` (None: from position 0) and, where `parent` names one, after
-    that earlier row of the same pass (whose past is this row's too); keep_kv returns their KV, else
-    keep_tokens > 0 the KV of the first keep_tokens of them."""
+    that earlier row of the same pass (whose past is this row's too); the KV of the first `keep` of them
+    is returned (written into the pool)."""
 
     ids: np.ndarray
     past: KV | None = None
-    keep_kv: bool = False
-    keep_tokens: int = 0
+    keep: int = 0
     parent: int | None = None
 
 
@@ -113,7 +115,7 @@ class Share:
 
 class Job(Protocol):
     """A query's model work as the scheduler drives it, a pass at a time: rows for a pass, then their
-    results. `runner` is the query's (its budget, check and cache), `stats` its counters."""
+    results. `runner` is the query's (its budget, check, pool and tree), `stats` its counters."""
 
     runner: ModelRunner
     stats: Stats
@@ -225,6 +227,10 @@ class PassScheduler:
             rows = waiting.job.rows(base)
             groups.append((rows, waiting.job.stats))
             base += len(rows)
+        if not base:  # every query waits for another's documents: for it to reach the scheduler
+            with self._cond:
+                self._cond.wait(0.01)
+            return
         try:
             last, kept = self.runner.forward_shared(groups)
         except BaseException as err:  # the pass failed: every query in it gets the error
@@ -327,7 +333,10 @@ def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list
     """Last hidden state per request, each distinct prefix computed once (TreeJob), its passes shared with
     the other queries on the device."""
     job = TreeJob(runner, requests, stats)
-    runner.scheduler.run(job)
+    try:
+        runner.scheduler.run(job)
+    finally:  # done, cancelled or failed: its pins and claims end with it
+        job.hold.release()
     return job.hidden
 
 
@@ -340,32 +349,45 @@ class TreeJob:
     the children of other nodes, and those that did not fit, go to the front
     once the pass ran, grouped by parent (each parent's KV one run): depth
     first, so a parent's KV is dropped as soon as its last child ran. With the
-    runner's prefix cache, requests whose document prefix is cached continue
-    from it, and, where the runner retains them (a query asking the model again
-    later), the document prefixes computed are stored there (kv/prefix_cache.py).
+    runner's resident tree, each request continues the longest prefix of its
+    prompt found there (pinned while the job runs), and every prompt computed
+    goes into it (kv/resident.py). A request whose document another running
+    query has claimed waits for that query to compute it, then continues it;
+    the job claims the others' documents.
     """
 
     def __init__(self, runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> None:
         self.runner, self.requests, self.stats = runner, requests, stats
         self.hidden: list[torch.Tensor | None] = [None] * len(requests)
-        self.prefixes = [document_prefix(r) if runner.cache is not None else None for r in requests]
-        roots = [(_chunked(node, runner.token_budget), kv) for node, kv in _roots(runner.cache, requests, self.prefixes)]
-        self.frontier: deque[Item] = deque((node, kv, None) for node, kv in sorted(
-            roots, key=lambda item: len(item[0]), reverse=True))
-        stats.planned_tokens += sum(len(node) for root, *_ in self.frontier for node in [root, *nodes(root)])
-        self.copies: dict[int, tuple[KV, KV]] = {}  # each run a stored prefix continues, and its copy for the cache
+        self.frontier: deque[Item] = deque()
+        self.hold = _Hold(runner.tree)
+        self.waiting = self.hold.claim(requests)
+        self._start([i for i in range(len(requests)) if i not in self.waiting])
         self.items: list[Item] = []  # this pass's, with whether each one's children joined it, and its chain
         self.shared: list[bool] = []
         self.chain: list[int] = []
-        self.stored: list[bool] = []
-        self.placed: list[Row] = []
+
+    def _start(self, members: list[int]) -> None:
+        """The members' roots at the frontier's front, longest first."""
+        roots = _roots(self.runner.tree, self.requests, members, self.hold.pins)
+        roots = [(_chunked(node, self.runner.token_budget), kv, None) for node, kv in sorted(
+            roots, key=lambda item: len(item[0]), reverse=True)]
+        self.stats.planned_tokens += sum(len(node) for root, *_ in roots for node in [root, *nodes(root)])
+        self.frontier.extendleft(reversed(roots))
 
     def done(self) -> bool:
-        return not self.frontier and not self.items
+        return not self.frontier and not self.items and not self.waiting
 
     def fill(self, fill: Share) -> None:
         """Items for the pass from the frontier's front while its share admits them; a node whose children
-        join it pushes them to the front (parent: its index among this job's items)."""
+        join it pushes them to the front (parent: its index among this job's items). First, the requests
+        waiting for another query's documents that it has computed (or given up) start."""
+        if self.waiting:
+            ready = [i for i, key in self.waiting.items() if not self.hold.waits_for(key)]
+            for i in ready:
+                del self.waiting[i]
+            if ready:
+                self._start(ready)
         while self.frontier and fill.admits(len(self.frontier[0][0])):
             node, kv, parent = self.frontier.popleft()
             fill.add(len(node))
@@ -376,39 +398,86 @@ class TreeJob:
                 self.frontier.extendleft((child, kv, len(self.items) - 1) for child in sorted(node.children, key=len))
 
     def rows(self, base: int) -> list[Row]:
-        """The items' rows, this job's first at index `base` of the pass."""
-        runner, prefixes = self.runner, self.prefixes
-        self.stored = [runner.retain and _stores(runner.cache, prefixes[node.rep], node) for node, *_ in self.items]
-        self.placed = [_row(self.requests[c.rep], c, kv, None if parent is None else base + parent,
-                            prefixes[c.rep][0] if store else 0)
-                       for (c, kv, parent), store in zip(self.items, self.stored)]
-        return self.placed
+        """The items' rows, this job's first at index `base` of the pass: each keeps its KV when children
+        continue it or the tree indexes it."""
+        keeps = self.runner.tree is not None
+        return [Row(self.requests[node.rep].tokens(node.start, node.end), kv,
+                    len(node) if keeps or node.children else 0, None if parent is None else base + parent)
+                for node, kv, parent in self.items]
 
     def take(self, last: torch.Tensor, kept: list[KV | None]) -> None:
         """The pass's results for this job's rows: hidden states of the requests that end there, the runs
-        the children continue, the document prefixes stored."""
-        runner, prefixes = self.runner, self.prefixes
+        the children continue, the prompts indexed in the tree (and the claims on their documents ended)."""
+        tree = self.runner.tree
         runs: list[KV | None] = []
         children: list[Item] = []
-        for (node, kv, parent), row, h, new, store, joined in zip(self.items, self.placed, last, kept, self.stored,
-                                                                  self.shared):
+        for (node, kv, parent), h, new, joined in zip(self.items, last, kept, self.shared):
             for i in node.ends:
                 self.hidden[i] = h
             base = runs[parent] if parent is not None else kv
             runs.append(None if new is None else new if base is None else base.then(new))
-            if store:
-                length, key = prefixes[node.rep]
-                head = new if row.keep_tokens else new.slice(0, length - node.start).owned()
-                runner.cache.put(key, head if base is None else _copied(self.copies, base).then(head))
+            if tree is not None:
+                tree.insert(self.requests[node.rep].tokens(0, node.end), runs[-1])
+                self.hold.computed(self.requests[node.rep], node.end)
             if node.children and not joined:
                 children.extend((child, runs[-1], None) for child in sorted(node.children, key=len, reverse=True))
         while self.frontier and self.frontier[0][2] is not None:  # children that joined a pass they did not fit in
             node, _, parent = self.frontier.popleft()
             children.append((node, runs[parent], None))
         self.frontier.extendleft(reversed(children))
-        self.items, self.shared, self.chain, self.stored, self.placed = [], [], [], [], []
-        if not self.frontier:
-            self.copies.clear()  # the runs the cached prefixes continued: the ledger counts them until freed
+        self.items, self.shared, self.chain = [], [], []
+        if self.done():
+            self.hold.release()
+
+
+class _Hold:
+    """What a job holds in the resident tree: the nodes it continues (pinned) and the documents it claimed,
+    until it is done (`release`, once)."""
+
+    def __init__(self, tree: ResidentTree | None) -> None:
+        self.tree = tree
+        self.pins: list[Node] = []
+        self.claims: dict[bytes, int] = {}  # each claimed document's prefix length
+
+    def claim(self, requests: Sequence[Request]) -> dict[int, bytes]:
+        """Claim the documents of the requests that the tree lacks; the requests whose document another
+        job claimed, and that document's key (they wait for it)."""
+        waiting: dict[int, bytes] = {}
+        if self.tree is None:
+            return waiting
+        for i, request in enumerate(requests):
+            prefix = document_prefix(request)
+            if prefix is None:
+                continue
+            length, key = prefix
+            if key in self.claims:
+                continue
+            if self.tree.match(request.tokens(0, length), counted=False).length == length:
+                continue
+            if self.tree.claim(key, self):
+                self.claims[key] = length
+            else:
+                waiting[i] = key
+        return waiting
+
+    def waits_for(self, key: bytes) -> bool:
+        return self.tree.claimed(key, self)
+
+    def computed(self, request: Request, end: int) -> None:
+        """The first `end` tokens of the request are in the tree: its document's claim ends if they hold it."""
+        if self.claims:
+            prefix = document_prefix(request)
+            if prefix is not None and self.claims.get(prefix[1], end + 1) <= end:
+                del self.claims[prefix[1]]
+                self.tree.release([prefix[1]], self)
+
+    def release(self) -> None:
+        pins, self.pins = self.pins, []
+        for node in pins:
+            self.tree.unpin(node)
+        if self.claims:
+            claims, self.claims = list(self.claims), {}
+            self.tree.release(claims, self)
 
 
 def _chunked(root: RadixNode, budget: int) -> RadixNode:
@@ -423,14 +492,6 @@ def _chunked(root: RadixNode, budget: int) -> RadixNode:
     return root
 
 
-def _copied(copies: dict[int, tuple[KV, KV]], run: KV) -> KV:
-    """The run copied once for all the cached prefixes that continue it: the cache never holds the
-    KV a query keeps (the ledger counts that until the query is done with it)."""
-    if id(run) not in copies:
-        copies[id(run)] = (run, run.owned())
-    return copies[id(run)][1]
-
-
 def _shares(chain: int, children: list[RadixNode]) -> bool:
     """Whether children attend to a prefix of `chain` tokens computed in their own pass (copied before
     each of them, as a short resident run is: attention.Packed) rather than to its KV in a later pass:
@@ -439,47 +500,54 @@ def _shares(chain: int, children: list[RadixNode]) -> bool:
     return chain * len(children) <= sum(child.tokens_below() for child in children)
 
 
-def _roots(cache: PrefixCache | None, requests: Sequence[Request],
-           prefixes: list[tuple[int, bytes] | None]) -> list[tuple[RadixNode, KV | None]]:
-    """The first nodes to compute, with the KV they continue: one radix tree over the requests whose
-    document prefix is not cached, one per cached prefix over the requests continuing it."""
-    if cache is None:
-        return [(node, None) for node in collapse(build(requests)).children]
-    groups: dict[bytes | None, list[int]] = {}
-    hits: dict[bytes, KV] = {}  # fetched once: another query may evict an entry meanwhile
-    for i, prefix in enumerate(prefixes):
-        found = hits.get(prefix[1]) or cache.get(prefix[1]) if prefix is not None else None
-        if found is not None:
-            hits[prefix[1]] = found
-        groups.setdefault(prefix[1] if found is not None else None, []).append(i)
+def _roots(tree: ResidentTree | None, requests: Sequence[Request], members: list[int],
+           pins: list[Node]) -> list[tuple[RadixNode, KV | None]]:
+    """The first nodes to compute for these members of `requests`, with the KV they continue: one radix
+    tree over those that continue the same resident prefix (or none), cut to what follows it. The tree
+    nodes those prefixes end in are pinned (added to `pins`). A request continues at most all but its
+    last token (its answer is read there), and as far as `_continued` says."""
+    groups: dict[tuple[int, int, bytes], list[int]] = {}
+    found: dict[tuple[int, int, bytes], tuple[int, Match | None]] = {}
+    for i in members:
+        request = requests[i]
+        match = tree.match(request.tokens(0, len(request)), len(request) - 1) if tree is not None else None
+        length, segments = _continued(request, match.length if match is not None else 0)
+        key = (0, length, request.prefix(segments)[1]) if segments is not None else (id(match.node), length, b"")
+        found.setdefault(key, (length, match))
+        groups.setdefault(key, []).append(i)
     out: list[tuple[RadixNode, KV | None]] = []
-    for key, members in groups.items():
-        root = collapse(build([requests[i] for i in members]))
+    for key, group in groups.items():
+        length, match = found[key]
+        kv = None
+        if length:
+            kv = match.kv if length == match.length else match.kv.slice(0, length)
+            tree.pin(match.node)
+            pins.append(match.node)
+        root = collapse(build([requests[i] for i in group]))
         for node in nodes(root):
-            node.rep, node.ends = members[node.rep], [members[i] for i in node.ends]
-        if key is None:
-            out.extend((node, None) for node in root.children)
-            continue
-        cached, length = hits[key], prefixes[members[0]][0]
-        todo = list(root.children)  # each continues the cached prefix: all its requests share it
+            node.rep, node.ends = group[node.rep], [group[i] for i in node.ends]
+        todo = list(root.children)  # each continues the resident prefix: all its requests share it
         while todo:
             node = todo.pop()
             node.start = max(node.start, length)
             if len(node):
-                out.append((node, cached))
+                out.append((node, kv))
             else:
                 todo.extend(node.children)
     return out
 
 
-def _row(request: Request, node: RadixNode, past: KV | None, parent: int | None, stored: int) -> Row:
-    """The node's tokens after `past` and its parent's row; its KV kept for its children, or (a leaf
-    that completes a document prefix of `stored` tokens to cache) just its part of that prefix, gathered
-    with the pass's other such parts (the cache keeps it after a copy of what the row continues)."""
-    keep_tokens = stored - node.start if stored and not node.children else 0
-    return Row(request.tokens(node.start, node.end), past, bool(node.children), keep_tokens, parent)
+PARTIAL_TOKENS = 64  # a resident prefix is continued past its last whole segment when it runs this far past it
 
 
-def _stores(cache: PrefixCache | None, prefix: tuple[int, bytes] | None, node: RadixNode) -> bool:
-    """Whether computing this node completes its requests' document prefix (then it is cached)."""
-    return cache is not None and prefix is not None and node.start < prefix[0] <= node.end
+def _continued(request: Request, length: int) -> tuple[int, int | None]:
+    """How much of its resident prefix of `length` tokens a request continues, and in how many whole
+    segments (None: part of the last). The prefix ends at a segment boundary (the preamble, a document,
+    a question) unless it runs at least PARTIAL_TOKENS into the next segment (a long history shared by
+    an agent's traces): a few tokens that the request shares with another's (documents' common first
+    words) are computed again rather than continued, so the many requests continuing one segment
+    continue one run (read once per pass for all of them, radix.worth_keeping) instead of one run
+    each."""
+    segments = bisect.bisect_right(request.offsets, length) - 1
+    boundary = request.offsets[segments]
+    return (length, None) if length - boundary >= PARTIAL_TOKENS else (boundary, segments)

@@ -13,7 +13,7 @@ H, HKV, D = 4, 2, 16
 
 
 def _kv(n: int) -> KV:
-    return KV([torch.randn(n, HKV, D)], [torch.randn(n, HKV, D)])
+    return KV.of([torch.randn(n, HKV, D)], [torch.randn(n, HKV, D)])
 
 
 def _dense(q, k, v, past: KV | None, before: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -34,8 +34,8 @@ def _dense(q, k, v, past: KV | None, before: tuple[torch.Tensor, torch.Tensor] |
 def test_rows_after_shared_and_chained_runs_match_dense_attention():
     torch.manual_seed(0)
     anchor = _kv(11)
-    chained = anchor.then(_kv(6))  # a longer prefix that refers to the anchor instead of copying it
-    assert len(chained) == 17 and chained.chunks()[0] is anchor
+    chained = anchor.then(_kv(6))  # a longer prefix that lists the anchor's slots instead of copying them
+    assert len(chained) == 17 and chained.parts[0][0] is anchor.parts[0][0]
     lengths = [5, 9, 3, 7, 1, 4]
     pasts = [chained, chained, None, anchor, _kv(2), chained]
     q = torch.randn(sum(lengths), H, D)

@@ -94,13 +94,13 @@ def test_packed_attention_with_runs_and_chains_matches_fp32():
     Triton kernel; against the fp32 reference path."""
     torch.manual_seed(7)
     lengths = [37, 300, 5, 120, 64, 90]
-    runs = [KV([torch.randn(c, HKV, D, device="cuda", dtype=torch.bfloat16)],
+    runs = [KV.of([torch.randn(c, HKV, D, device="cuda", dtype=torch.bfloat16)],
                [torch.randn(c, HKV, D, device="cuda", dtype=torch.bfloat16)]) for c in (2500, 40)]
     pasts = [runs[0], runs[0], None, runs[1], runs[1], runs[1]]
     parents = [None, 0, None, None, 3, 3]  # row 1 continues row 0 after their long run: run, chain, own
     q = torch.randn(sum(lengths), H, D, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(sum(lengths), HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    as_fp32 = {id(r): KV([r.keys[0].float()], [r.values[0].float()]) for r in runs}
+    as_fp32 = {id(r): KV.of(*([t.float()] for t in r.layer(0))) for r in runs}
     reference = Rows.build(lengths, [None if p is None else as_fp32[id(p)] for p in pasts], torch.device("cuda"),
                            parents=parents)
     want = attention(q.float(), k.float(), v.float(), reference, 0)

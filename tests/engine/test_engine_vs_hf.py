@@ -72,24 +72,29 @@ def test_true_probability_matches_hf(runtime, requests, hf_probabilities, strate
 @pytest.mark.parametrize("token_budget", [64, 4096], ids=["chunked", "batched"])
 def test_documents_cached_by_one_step_serve_the_next_as_hf_computes_it(runtime, requests, hf_probabilities,
                                                                        hf_p_yes, token_budget):
-    """One question per step: the second and third steps continue each document's cached KV (filters),
-    and a join anchored on the same documents does too; every answer equals HF's over the full prompt."""
+    """One question per step: the second and third steps continue each document's resident KV (filters),
+    and a join anchored on the same documents does too, and the first step sent again computes only each
+    prompt's answer cue (its last segment); every answer equals HF's over the full prompt."""
     quail = runtime.variant("quail", token_budget)
     steps = [requests[i * len(TEXTS):(i + 1) * len(TEXTS)] for i in range(len(TEMPLATES))]
     ours, fresh = [], []
     for step in steps:
-        work = QueryWork(retain_documents=True)  # a query that asks again: keep the documents
+        work = QueryWork()
         ours += [row[1] for row in quail.score(step, work)]
         fresh.append(work.stats.fresh_tokens)
     assert np.abs(np.exp(ours) - hf_probabilities).max() <= 1e-4
     documents = sum(r.prefix(2)[0] for r in steps[0])
     for step, computed in zip(steps[1:], fresh[1:]):
-        assert computed == sum(len(r) for r in step) - documents, "later steps compute only their questions"
+        assert computed <= sum(len(r) for r in step) - documents, "later steps compute only their questions"
     join = build_requests(runtime, Question("Does {0} answer {1}?", "join"), [[t, "Is it good?"] for t in TEXTS])
     work = QueryWork()
     joined = np.exp([row[1] for row in quail.score(join, work)])
-    assert work.stats.fresh_tokens == sum(len(r) for r in join) - documents, "the anchors came from the cache"
+    assert work.stats.fresh_tokens <= sum(len(r) for r in join) - documents, "the anchors were resident"
     assert np.abs(joined - np.array([hf_p_yes(r) for r in join])).max() <= 1e-4
+    work = QueryWork()
+    again = np.exp([row[1] for row in quail.score(steps[0], work)])
+    assert work.stats.fresh_tokens == sum(len(r.segments[-1]) for r in steps[0]), "a refresh: the answer cues"
+    assert np.abs(again - hf_probabilities[:len(steps[0])]).max() <= 1e-4
 
 
 def test_label_tokens_are_yes_and_no(runtime):

@@ -58,13 +58,13 @@ def test_chunked_plans_stream_the_rows_a_whole_run_gives(session, monkeypatch):
 
 
 def test_a_chain_of_filters_reads_each_document_once(session, monkeypatch):
-    """The second filter continues the documents the first one computed (the prefix cache): without the
-    cache it computes them again; with it, only its question (the few question tokens the two filters
+    """The second filter continues the documents the first one computed (the resident tree): without the
+    tree it computes them again; with it, only its question (the few question tokens the two filters
     share are the regret left)."""
     first = f"SELECT id FROM reviews WHERE AI_FILTER(PROMPT('{FILTER}', body), {OPTS})"
     chain = first + " AND AI_FILTER(PROMPT('Does {0} mention the staff or the owner?', body), {'selectivity': 0.9})"
     cached = session.sql(chain).run()
-    monkeypatch.setattr(session.runtime.runner, "cache", None)
+    monkeypatch.setattr(session.runtime.runner, "tree", None)
     uncached = session.sql(chain).run()
     assert cached.collect() == uncached.collect()
     alone = session.sql(first).run().report
@@ -75,10 +75,11 @@ def test_a_chain_of_filters_reads_each_document_once(session, monkeypatch):
 
 
 def test_a_second_join_continues_the_anchors_the_first_kept(session, monkeypatch):
-    """In a query that asks the model again, an AI join keeps in the prefix cache each anchor one of
-    whose partners passed, and drops the others; a second join anchored on the same documents continues
-    them instead of computing them again (the few question tokens its partners share are the regret left)."""
-    cache = session.runtime.runner.cache
+    """An AI join keeps each anchor one of whose partners passed as it was in the resident tree, and marks
+    the others to go first when the pool needs room; a second join anchored on the same documents
+    continues them instead of computing them again (the few question tokens its partners share are the
+    regret left)."""
+    tree = session.runtime.runner.tree
     first = (f"SELECT r.id AS r, a.id AS a FROM reviews r "
              f"JOIN aspects a ON AI_FILTER(PROMPT('{JOIN}', r.body, a.aspect), {OPTS})")
     both = first.replace("AS a FROM", "AS a, b.id AS b FROM") + (
@@ -86,29 +87,30 @@ def test_a_second_join_continues_the_anchors_the_first_kept(session, monkeypatch
     alone = session.sql(first).run().report
     cached = session.sql(both).run()
     kept = cached.collect()
-    anchors = {i: r.prefix(2)[1] for i, body in enumerate(REVIEWS["body"].to_pylist()) if body
+    anchors = {i: r.tokens(0, r.prefix(2)[0]) for i, body in enumerate(REVIEWS["body"].to_pylist()) if body
                for r in build_requests(session.runtime, Question(JOIN, "join"), [[body, "the food"]])}
     passed = set(kept.column("r").to_pylist())
     assert 0 < len(passed) < len(anchors), "some anchors with a partner that passed, some without"
-    assert {i for i, key in anchors.items() if cache.get(key) is not None} == passed
-    monkeypatch.setattr(session.runtime.runner, "cache", None)
+    assert all(tree.match(ids).length == len(ids) for ids in anchors.values()), "every anchor resident"
+    assert {i for i, ids in anchors.items() if not tree.match(ids).node.demoted} == passed
+    monkeypatch.setattr(session.runtime.runner, "tree", None)
     assert session.sql(both).run().collect() == kept
     second = cached.report.requests - alone.requests
     assert second > 0 and cached.report.kv_regret_tokens - alone.kv_regret_tokens <= 4 * second
 
 
 def test_a_chain_keeps_only_the_documents_still_in_play(session, monkeypatch):
-    """With room in the cache for four documents, the chain runs in parts of two rows after its probe
+    """With room in the pool for four documents, the chain runs in parts of two rows after its probe
     (two parts in flight), pipelined: each model call asks the first filter about a part and the second
     about the rows of the part before that passed the first, continuing their documents; the documents
-    a filter rejected leave the cache: what stays is the rows that passed."""
+    a filter rejected are the first to go when the pool needs room."""
     from quail.engine.exec import executor
 
-    cache = session.runtime.runner.cache
-    cache.clear()
+    tree = session.runtime.runner.tree
+    tree.clear()
     asked = build_requests(session.runtime, Question(FILTER), [[b] for b in REVIEWS["body"].to_pylist() if b])
     longest = max(r.prefix(2)[0] for r in asked)
-    monkeypatch.setattr(cache, "budget_bytes", session.runtime.kv_bytes_per_token * (4 * longest + 1))
+    monkeypatch.setattr(tree.pool, "slots", 4 * longest + 1)
     monkeypatch.setattr(executor, "PROBE_ROWS", 2)
     parts, calls, together = [], [], executor._asked_together
     def counted(steps, *args):  # the model calls of the run (not those of its result schema, over no rows)
@@ -128,10 +130,10 @@ def test_a_chain_keeps_only_the_documents_still_in_play(session, monkeypatch):
     assert pipelined == [1] + [2] * (len(pipelined) - 2) + [1] and len(pipelined) > 2, "both filters in one call"
     passed = set(kept.column("body").to_pylist())
     rejected = [r for r, b in zip(asked, [b for b in REVIEWS["body"].to_pylist() if b]) if b not in passed]
-    assert rejected and all(cache.get(r.prefix(2)[1]) is None for r in rejected), "rejected documents left"
     held = [r for r, b in zip(asked, [b for b in REVIEWS["body"].to_pylist() if b]) if b in passed]
-    assert 0 < len(cache) == sum(cache.get(r.prefix(2)[1]) is not None for r in held), "only documents that passed"
-    monkeypatch.setattr(session.runtime.runner, "cache", None)
+    demoted = [tree.match(r.tokens(0, r.prefix(2)[0])).node.demoted for r in rejected + held]
+    assert rejected and held and demoted == [True] * len(rejected) + [False] * len(held), "rejected go first"
+    monkeypatch.setattr(session.runtime.runner, "tree", None)
     uncached = session.sql(chain).run()
     assert uncached.collect() == kept
     assert result.report.fresh_tokens < uncached.report.fresh_tokens

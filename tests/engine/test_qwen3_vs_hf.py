@@ -53,7 +53,7 @@ def test_suffixes_after_a_shared_anchor_match_hf(models):
     rng = np.random.default_rng(0)
     anchor = rng.integers(0, 512, 33).astype(np.int32)
     suffixes = [rng.integers(0, 512, n).astype(np.int32) for n in (1, 4, 9, 20)]
-    _, (kv,) = runner.forward([Row(anchor, keep_kv=True)], Stats())
+    _, (kv,) = runner.forward([Row(anchor, keep=len(anchor))], Stats())
     hidden, _ = runner.forward([Row(s, kv) for s in suffixes], Stats())
     with torch.inference_mode():
         got = ours.label_logits(hidden, LABELS)

@@ -254,6 +254,7 @@ def test_a_short_prefix_and_its_children_share_one_pass(runtime):
     assert works["quail"].stats.fresh_tokens == works["naive"].stats.fresh_tokens - 8 * 5
     np.testing.assert_allclose(np.exp(answers["quail"]), np.exp(answers["naive"]), atol=1e-5)
     tight = QueryWork()
+    runtime.runner.tree.clear()  # nothing resident from the runs above
     np.testing.assert_allclose(np.exp(runtime.variant("quail", token_budget=64).score(requests, tight)),
                                np.exp(answers["naive"]), atol=1e-5)
     assert tight.stats.forward_passes > 1 and tight.stats.fresh_tokens == works["quail"].stats.fresh_tokens, \
@@ -274,6 +275,7 @@ def test_long_prompts_run_in_passes_no_longer_than_the_budget(runtime, monkeypat
         return forward(self, groups)
 
     whole = np.array(runtime.variant("quail", token_budget=4096).score(requests))
+    runtime.runner.tree.clear()
     monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
     work = QueryWork()
     chunked = np.array(runtime.variant("quail", token_budget=256).score(requests, work))
@@ -316,6 +318,7 @@ def test_concurrent_queries_share_passes_and_a_short_one_waits_about_one_pass(ru
     long = [request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(24)]
     short = [request(rng.integers(2000, 3000, 20), [7, 9]) for _ in range(2)]
     alone = {"long": _scores(small, long), "short": _scores(small, short)}
+    runtime.runner.tree.clear()
     works = {"long": QueryWork(), "short": QueryWork()}
     owners = {id(works[name].stats): name for name in works}
     passes: list[list[str]] = []
@@ -351,6 +354,37 @@ def test_concurrent_queries_share_passes_and_a_short_one_waits_about_one_pass(ru
     for name in works:
         np.testing.assert_allclose(got[name], alone[name], atol=1e-4)
         assert works[name].stats.forward_passes == sum(name in names for names in passes)
+
+
+def test_queries_at_once_over_the_same_documents_compute_each_document_once(runtime):
+    """Four queries sent together, each asking its own question of the same documents (a dashboard's
+    tiles): each document is computed by one of them and continued by the others, and every query gets
+    the answers it gets alone."""
+    rng = np.random.default_rng(11)
+    preamble = rng.integers(1000, 2000, 6)
+    documents = [rng.integers(2000, 3000, 60) for _ in range(12)]
+    asks = [[request(preamble, doc, [7, 10 + q, 9]) for doc in documents] for q in range(4)]
+    small = runtime.variant("quail", token_budget=256)
+    alone = []
+    for step in asks:
+        runtime.runner.tree.clear()
+        alone.append(_scores(small, step))
+    runtime.runner.tree.clear()
+    works = [QueryWork() for _ in asks]
+    got: dict[int, np.ndarray] = {}
+
+    def query(k: int) -> None:
+        got[k] = np.exp(np.array(small.score(asks[k], works[k])))
+
+    threads = [threading.Thread(target=query, args=(k,)) for k in range(len(asks))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    for k in range(len(asks)):
+        np.testing.assert_allclose(got[k], alone[k], atol=1e-5)
+    fresh = sum(work.stats.fresh_tokens for work in works)
+    assert fresh <= 12 * (6 + 60 + 3) + 3 * 12 * 3, "each document once, then only the other questions"
 
 
 def test_a_cancelled_query_leaves_before_the_next_pass(runtime):

@@ -1,0 +1,104 @@
+"""The device's KV pool: keys and values of every layer in token slots, each slot counted by the runs holding it.
+
+Forward passes write the K/V of the tokens they keep straight into free slots
+(one scatter per layer); a run of tokens is the list of its slots (kv/runs.py),
+so keeping a prefix, sharing it between queries or cutting it in two copies
+nothing: runs hold slots, and a slot is free again when the last run holding it
+is gone. Slots are single tokens (a page of one): no page is ever part-empty,
+and attention gathers a run's keys through its slot list. When no slot is free,
+the pool asks its `evict` hook (the resident tree, kv/resident.py) to let go
+of least-needed runs first.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+def on_device(device: torch.device, array: np.ndarray) -> torch.Tensor:
+    """A host array on the device without waiting for the work queued there (pinned, non-blocking)."""
+    host = torch.from_numpy(np.ascontiguousarray(array))
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+
+class KVPool:
+    """Keys and values (slots, kv_heads, head_dim) per layer, and how many runs hold each slot."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 slots: int, tensors: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> None:
+        """`tensors`: the keys and values to hold (a run made of tensors computed elsewhere); else empty ones."""
+        if tensors is None:
+            tensors = tuple([torch.empty(slots, kv_heads, head_dim, dtype=dtype, device=device)
+                             for _ in range(layers)] for _ in range(2))
+        self.keys, self.values = tensors
+        self.device = torch.device(device)
+        self.slots = slots
+        self.bytes_per_token = 2 * layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+        self.refs = np.zeros(slots, dtype=np.int32)
+        self._free = np.arange(slots - 1, -1, -1, dtype=np.int64)  # a stack: the top at the end
+        self._top = slots
+        self._lock = threading.Lock()
+        self.evict: Callable[[int], None] | None = None
+
+    @classmethod
+    def like(cls, pool: "KVPool", slots: int) -> "KVPool":
+        """A pool of `slots` slots of the same shape, on the same device (what a pass keeps when the pool
+        itself is full of runs still needed; freed with the last run holding it)."""
+        k = pool.keys[0]
+        return cls(len(pool.keys), k.shape[1], k.shape[2], k.dtype, k.device, slots)
+
+    @classmethod
+    def holding(cls, keys: list[torch.Tensor], values: list[torch.Tensor]) -> "KVPool":
+        """A pool whose slots are these tensors' tokens (tokens, kv_heads, head_dim) per layer, none free."""
+        k = keys[0]
+        pool = cls(len(keys), k.shape[1], k.shape[2], k.dtype, k.device, k.shape[0], (keys, values))
+        pool._top = 0
+        return pool
+
+    @property
+    def free(self) -> int:
+        return self._top
+
+    @property
+    def used(self) -> int:
+        return self.slots - self._top
+
+    def take(self, count: int) -> np.ndarray | None:
+        """`count` free slots (held by nobody until a run holds them), evicting first if needed; None:
+        not that many can be freed."""
+        if count > self._top and self.evict is not None:
+            self.evict(count - self._top)
+        with self._lock:
+            if count > self._top:
+                return None
+            self._top -= count
+            return self._free[self._top:self._top + count][::-1].copy()
+
+    def hold(self, slots: np.ndarray) -> None:
+        """One more run holds these (distinct) slots."""
+        with self._lock:
+            self.refs[slots] += 1
+
+    def release(self, slots: np.ndarray) -> None:
+        """One run less holds these slots; those no run holds are free."""
+        with self._lock:
+            self.refs[slots] -= 1
+            freed = slots[self.refs[slots] == 0]
+            self._free[self._top:self._top + len(freed)] = freed
+            self._top += len(freed)
+
+    def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store one layer's keys and values (tokens, kv_heads, head_dim) in `slots` (on the device)."""
+        self.keys[layer].index_copy_(0, slots, keys)
+        self.values[layer].index_copy_(0, slots, values)
+
+
+def default_pool_bytes(device: torch.device) -> int:
+    """1 GiB on the CPU; a quarter of a GPU's memory (the measurements behind it: bench/GPU_NOTES.md)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // 4
+    return 1 << 30

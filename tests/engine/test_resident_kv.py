@@ -1,0 +1,102 @@
+"""The KV pool's slots held by runs, and the resident tree over them: longest prefixes, no copies, eviction order."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import torch
+
+from quail.engine.kv.pool import KVPool
+from quail.engine.kv.resident import ResidentTree
+from quail.engine.kv.runs import KV
+
+LAYERS, HEADS, D = 2, 2, 4
+
+
+def _pool(slots: int) -> KVPool:
+    return KVPool(LAYERS, HEADS, D, torch.float32, torch.device("cpu"), slots)
+
+
+def _run(pool: KVPool, ids: np.ndarray) -> KV:
+    """A run of `ids` whose keys are the token ids themselves (so a gather shows which tokens it read)."""
+    slots = pool.take(len(ids))
+    assert slots is not None
+    kv = KV(((pool, slots),))
+    values = torch.from_numpy(np.asarray(ids, dtype=np.float32))[:, None, None].expand(-1, HEADS, D)
+    for layer in range(LAYERS):
+        pool.write(layer, torch.from_numpy(slots), values, -values)
+    return kv
+
+
+def _tokens(kv: KV) -> list[int]:
+    return kv.layer(1)[0][:, 0, 0].int().tolist()
+
+
+def test_runs_share_slots_and_free_them_with_the_last_holder():
+    pool = _pool(10)
+    first = _run(pool, np.arange(4))
+    longer = first.then(_run(pool, np.arange(10, 13)))
+    assert _tokens(longer) == [0, 1, 2, 3, 10, 11, 12] and pool.used == 7
+    middle = longer.slice(2, 5)
+    assert _tokens(middle) == [2, 3, 10]
+    del first, longer
+    gc.collect()
+    assert pool.used == 3, "only the slice's slots are still held"
+    del middle
+    gc.collect()
+    assert pool.used == 0 and pool.take(10) is not None
+
+
+def test_the_tree_finds_the_longest_prefix_whoever_computed_it_and_copies_nothing():
+    pool = _pool(64)
+    tree = ResidentTree(pool)
+    a = np.array([1, 2, 3, 4, 5, 6])
+    b = np.array([1, 2, 3, 7, 8])
+    tree.insert(a, _run(pool, a))
+    computed = _run(pool, b)
+    tree.insert(b, computed)  # splits a's edge after [1, 2, 3]
+    assert pool.used == 11 and tree.tokens == 8, "the tree holds b's last two tokens by reference"
+    del computed
+    gc.collect()
+    assert pool.used == 8, "b's own KV of the shared tokens is freed: the tree holds a's"
+    found = tree.match(np.array([1, 2, 3, 7, 9]))
+    assert found.length == 4 and _tokens(found.kv) == [1, 2, 3, 7]
+    whole = tree.match(a, limit=len(a) - 1)
+    assert whole.length == 5 and _tokens(whole.kv) == [1, 2, 3, 4, 5], "a request computes its last token"
+    assert tree.match(np.array([9, 1])).length == 0 and tree.match(np.array([9, 1])).kv is None
+    assert tree.counts.hit == 9 and tree.counts.looked_up == 5 + 5 + 2 + 2
+
+
+def test_leaves_go_demoted_first_then_least_recently_used_never_pinned_ones():
+    pool = _pool(12)
+    tree = ResidentTree(pool)
+    prompts = [np.array([1, 2, n, n]) for n in (10, 20, 30, 40)]  # [1, 2] shared, four leaves of 2
+    for ids in prompts:
+        tree.insert(ids, _run(pool, ids))
+    gc.collect()
+    assert pool.used == 10
+    tree.match(prompts[0])  # used most recently after the last inserted
+    tree.demote(prompts[3], after=2)
+    pinned = tree.match(prompts[1]).node
+    tree.pin(pinned)
+    assert pool.take(6) is not None  # 2 free: evicts 2 leaves, the demoted one first, then prompts[2]
+    assert tree.match(prompts[3]).length == 2 and tree.match(prompts[2]).length == 2
+    assert tree.match(prompts[0]).length == 4 and tree.match(prompts[1]).length == 4
+    assert tree.counts.evicted == 4
+    tree.clear()
+    assert tree.match(prompts[1]).length == 4, "a pinned prefix stays through clear"
+    tree.unpin(pinned)
+    tree.clear()
+    gc.collect()
+    assert tree.tokens == 0 and tree.match(prompts[1]).length == 0
+
+
+def test_a_pass_keeps_its_kv_in_a_pool_of_its_own_when_the_pool_is_held_by_running_queries():
+    pool = _pool(4)
+    held = _run(pool, np.arange(4))
+    slots = pool.take(3)
+    assert slots is None and pool.free == 0
+    own = KVPool.like(pool, 3)
+    extra = _run(own, np.arange(20, 23))
+    assert _tokens(held.then(extra)) == [0, 1, 2, 3, 20, 21, 22]
