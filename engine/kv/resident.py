@@ -115,6 +115,12 @@ class ResidentTree:
             kv = part if kv is None else kv.then(part)
         return Match(length, kv, node)
 
+    def count(self, looked_up: int, hit: int) -> None:
+        """Count a lookup answered by an earlier match (the document prefix its requests share)."""
+        with self._lock:
+            self.counts.looked_up += looked_up
+            self.counts.hit += hit
+
     def insert(self, ids: np.ndarray, kv: KV) -> None:
         """Index the run `kv` of the prompt `ids` (len(kv) == len(ids)): what the tree lacks of it is added,
         by reference."""
@@ -178,18 +184,30 @@ class ResidentTree:
                     del self._claims[key]
 
     def demote(self, ids: np.ndarray, after: int) -> None:
-        """The nodes of the prompt `ids` that lie past its first `after` tokens go before any other when
-        slots are needed (the plan will not ask about them again)."""
+        """The prompts continuing `ids` past its first `after` tokens go before any other when slots are
+        needed (the plan will not ask about them again): the nodes on its path from there on, and all
+        below its end."""
         with self._lock:
             node, length = self.root, 0
             while length < len(ids):
                 node = node.children.get(int(ids[length]))
-                if node is None or _common(node.ids, ids[length:]) < len(node.ids):
+                if node is None:
                     return
-                length += len(node.ids)
-                if node.depth >= after:
+                shared = _common(node.ids, ids[length:])
+                length += shared
+                if node.depth + len(node.ids) > after:
                     node.demoted = True
                     self._touch(node)
+                if shared < len(node.ids):
+                    break
+            if length < len(ids):
+                return
+            todo = list(node.children.values())
+            while todo:
+                below = todo.pop()
+                below.demoted = True
+                self._touch(below)
+                todo.extend(below.children.values())
 
     def _touch(self, node: Node) -> None:
         """Offer a leaf for eviction at its current priority (stale offers are skipped when popped)."""

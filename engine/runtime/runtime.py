@@ -157,9 +157,9 @@ class Runtime:
         return work.stats
 
     def forget(self, rejected: Sequence[Request], accepted: Sequence[Request]) -> None:
-        """The rejected requests' documents (what follows the preamble) go first when the pool needs room,
-        but those an accepted request shares: the plan will not ask about them again (a join's anchor
-        stays while a partner of it passed)."""
+        """The rejected requests' documents (what follows the preamble), with all that continues them, go
+        first when the pool needs room, but those an accepted request shares: the plan will not ask about
+        them again (a join's anchor stays while a partner of it passed)."""
         tree = self.runner.tree
         if tree is None:
             return
@@ -167,7 +167,8 @@ class Runtime:
         for request in rejected:
             prefix = document_prefix(request)
             if prefix is not None and prefix[1] not in kept:
-                tree.demote(request.tokens(0, len(request)), request.offsets[1])
+                kept.add(prefix[1])  # once per document
+                tree.demote(request.tokens(0, prefix[0]), request.offsets[1])
 
     def rows_cached(self, tokens_per_document: float) -> int | None:
         """How many rows' document prefixes (the preamble and a document of this many tokens) the KV pool

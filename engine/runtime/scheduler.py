@@ -445,18 +445,21 @@ class _Hold:
         waiting: dict[int, bytes] = {}
         if self.tree is None:
             return waiting
+        others: set[bytes] = set()  # documents another job claimed
+        seen: set[bytes] = set()
         for i, request in enumerate(requests):
             prefix = document_prefix(request)
             if prefix is None:
                 continue
             length, key = prefix
-            if key in self.claims:
-                continue
-            if self.tree.match(request.tokens(0, length), counted=False).length == length:
-                continue
-            if self.tree.claim(key, self):
-                self.claims[key] = length
-            else:
+            if key not in seen:
+                seen.add(key)
+                if self.tree.match(request.tokens(0, length), counted=False).length < length:
+                    if self.tree.claim(key, self):
+                        self.claims[key] = length
+                    else:
+                        others.add(key)
+            if key in others:
                 waiting[i] = key
         return waiting
 
@@ -506,13 +509,15 @@ def _roots(tree: ResidentTree | None, requests: Sequence[Request], members: list
     tree over those that continue the same resident prefix (or none), cut to what follows it. The tree
     nodes those prefixes end in are pinned (added to `pins`). A request continues at most all but its
     last token (its answer is read there), and as far as `_continued` says."""
-    groups: dict[tuple[int, int, bytes], list[int]] = {}
-    found: dict[tuple[int, int, bytes], tuple[int, Match | None]] = {}
+    groups: dict[tuple, list[int]] = {}
+    found: dict[tuple, tuple[int, Match | None]] = {}
+    documents: dict[bytes, Match] = {}  # the match of each document prefix the tree lacks part of
     for i in members:
         request = requests[i]
-        match = tree.match(request.tokens(0, len(request)), len(request) - 1) if tree is not None else None
+        match = _match(tree, request, documents) if tree is not None else None
         length, segments = _continued(request, match.length if match is not None else 0)
-        key = (0, length, request.prefix(segments)[1]) if segments is not None else (id(match.node), length, b"")
+        key = (length, *(s.key for s in request.segments[:segments])) if segments is not None \
+            else (length, id(match.node))
         found.setdefault(key, (length, match))
         groups.setdefault(key, []).append(i)
     out: list[tuple[RadixNode, KV | None]] = []
@@ -535,6 +540,21 @@ def _roots(tree: ResidentTree | None, requests: Sequence[Request], members: list
             else:
                 todo.extend(node.children)
     return out
+
+
+def _match(tree: ResidentTree, request: Request, documents: dict[bytes, Match]) -> Match:
+    """The request's longest resident prefix (all but its last token at most). Where the tree lacks part
+    of its document prefix, that is the document's match, looked up once for all the requests reading
+    the document (a join's partners)."""
+    prefix = document_prefix(request)
+    if prefix is not None:
+        length, key = prefix
+        if key not in documents:
+            documents[key] = tree.match(request.tokens(0, length), counted=False)
+        if documents[key].length < length:
+            tree.count(len(request) - 1, documents[key].length)
+            return documents[key]
+    return tree.match(request.tokens(0, len(request)), len(request) - 1)
 
 
 PARTIAL_TOKENS = 64  # a resident prefix is continued past its last whole segment when it runs this far past it

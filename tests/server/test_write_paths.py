@@ -122,7 +122,9 @@ def test_a_prompt_template_may_be_a_parameter(uri):
         cur.execute("SELECT id, AI_SCORE(PROMPT(?, body)) AS s FROM docs ORDER BY id", (template,))
         bound = cur.fetchall()
         cur.execute(f"SELECT id, AI_SCORE(PROMPT('{template}', body)) AS s FROM docs ORDER BY id")
-        assert bound == cur.fetchall()
+        inline = cur.fetchall()  # the same prompts, continuing the KV the first query left (round-off apart)
+        assert [i for i, _ in bound] == [i for i, _ in inline] and [s for _, s in bound] == pytest.approx(
+            [s for _, s in inline], rel=1e-4)
 
 
 def test_pandas_and_polars_writers_store_what_they_wrote(uri):
