@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from quail.engine.kernels.padding_buckets import SMALL, padded_shape, width_class
-from quail.engine.kv.pool import on_device
-from quail.engine.kv.runs import KV
+from quail.engine.kv.pool import KVPool, on_device
+from quail.engine.kv.runs import KV, end_to_end
 
 try:
     from quail.engine.kernels import attention_triton as attention_kernels  # Triton, with CUDA builds of torch
@@ -212,7 +212,9 @@ class Rows:
     past_index: the packed tokens in such stretches, in run order (None
     when no row is); run_offsets: (cumulative query tokens, cumulative keys)
     of those runs laid end to end, for a varlen kernel, and run_blocks their
-    query blocks (query_blocks). Unpadded: no buckets;
+    query blocks (query_blocks); run_slots: the pool and the slots of those
+    runs end to end when they all lie in one pool and follow no chain (one
+    gather per layer reads them). Unpadded: no buckets;
     `packed` lays the rows out for one varlen call, short runs and chains copied in.
     """
 
@@ -225,6 +227,7 @@ class Rows:
     past_index: torch.Tensor | None = None
     run_offsets: tuple[torch.Tensor, torch.Tensor] | None = None
     run_blocks: torch.Tensor | None = None
+    run_slots: tuple[KVPool, torch.Tensor] | None = None
     packed: Packed | None = None
 
     @classmethod
@@ -259,6 +262,9 @@ class Rows:
             layout.run_offsets = (on_device(device, sizes[:, 0].copy()), on_device(device, sizes[:, 1].copy()))
             layout.run_blocks = on_device(device, query_blocks(
                 [(sizes[i, 0], sizes[i + 1, 0], i) for i in range(len(runs))], QUERY_BLOCK))
+            slots = None if any(run.chain is not None for *_, run in runs) else end_to_end([r.past for *_, r in runs])
+            if slots is not None:
+                layout.run_slots = (slots[0], on_device(device, slots[1].astype(np.int64)))
         return layout
 
     def pad(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -340,7 +346,11 @@ def own_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed
 
 
 def _run_keys(rows: Rows, k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The keys and values of the runs attended apart in `layer`, laid end to end in run order."""
+    """The keys and values of the runs attended apart in `layer`, laid end to end in run order (one gather
+    from the pool when they all lie there)."""
+    if rows.run_slots is not None:
+        pool, slots = rows.run_slots
+        return pool.keys[layer].index_select(0, slots), pool.values[layer].index_select(0, slots)
     pieces = [piece for *_, run in rows.runs for piece in run.pieces(k, v, layer)]
     return torch.cat([piece[0] for piece in pieces]), torch.cat([piece[1] for piece in pieces])
 

@@ -34,6 +34,15 @@ def _release(parts: tuple[tuple[KVPool, np.ndarray], ...]) -> None:
         pool.release(slots)
 
 
+def end_to_end(runs: list["KV"]) -> tuple[KVPool, np.ndarray] | None:
+    """The slots of these runs laid end to end, when they all lie in one pool (one gather reads them all);
+    else None."""
+    pools = {id(pool) for run in runs for pool, _ in run.parts}
+    if len(pools) != 1:
+        return None
+    return runs[0].parts[0][0], np.concatenate([slots for run in runs for _, slots in run.parts])
+
+
 class KV:
     """Keys and values of a run of tokens: its slots in one pool or, rarely, several (`parts`, in order).
 

@@ -107,3 +107,29 @@ def test_packed_attention_with_runs_and_chains_matches_fp32():
     layout = Rows.build(lengths, pasts, torch.device("cuda"), padded=False, parents=parents)
     assert layout.runs and layout.packed.own_index is not None, "one run apart (with a chain after it), one copied, chains copied"
     assert _rel(attention(q, k, v, layout, 0), want) < BF16_REL
+
+
+def test_runs_in_one_pool_are_read_by_one_gather_and_match_fp32():
+    """Rows after runs held in the device's pool (as the runtime keeps them: slots scattered, a run a
+    slice of another) are attended with the runs' keys gathered once per layer; against fp32."""
+    from quail.engine.kv.pool import KVPool
+
+    torch.manual_seed(3)
+    pool = KVPool(2, HKV, D, torch.bfloat16, torch.device("cuda"), 4096)
+    slots = pool.take(3000)
+    for layer in range(2):
+        pool.write(layer, torch.from_numpy(slots[::-1].copy()).cuda(),
+                   *(torch.randn(3000, HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2)))
+    whole = KV(((pool, slots[::-1].copy()),))
+    runs = [whole.slice(0, 2500), whole.slice(2500, 2900), whole.slice(100, 700)]
+    lengths = [5, 9, 3, 40, 2, 6]
+    pasts = [runs[0], runs[0], runs[1], runs[1], runs[2], runs[2]]
+    q = torch.randn(sum(lengths), H, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(lengths), HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    layout = Rows.build(lengths, pasts, torch.device("cuda"), padded=False)
+    assert layout.run_slots is not None and len(layout.runs) == 3, "three runs apart, one gather"
+    for layer in range(2):
+        as_fp32 = {id(r): KV.of(*([t.float()] for t in r.layer(layer))) for r in runs}
+        reference = Rows.build(lengths, [as_fp32[id(p)] for p in pasts], torch.device("cuda"))
+        want = attention(q.float(), k.float(), v.float(), reference, 0)
+        assert _rel(attention(q, k, v, layout, layer), want) < BF16_REL
