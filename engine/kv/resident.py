@@ -121,15 +121,21 @@ class ResidentTree:
             self.counts.looked_up += looked_up
             self.counts.hit += hit
 
-    def insert(self, ids: np.ndarray, kv: KV) -> None:
-        """Index the run `kv` of the prompt `ids` (len(kv) == len(ids)): what the tree lacks of it is added,
-        by reference."""
+    def insert(self, ids: np.ndarray, kv: KV, start: int = 0, before: KV | None = None) -> None:
+        """Index the prompt `ids` whose tokens from `start` on are the run `kv` (and those before it the run
+        `before`): what the tree lacks of it is added, by reference."""
         with self._lock:
             node, length, now = self.root, 0, next(self._clock)
             while length < len(ids):
                 child = node.children.get(int(ids[length]))
                 if child is None:
-                    leaf = Node(np.array(ids[length:]), kv.slice(length, len(ids)), node, length, used=now)
+                    if length == start:
+                        tail = KV(kv.parts)  # a run of the tree's own: the query's is freed when it is done
+                    elif length > start:
+                        tail = kv.slice(length - start, len(ids) - start)
+                    else:
+                        tail = before.slice(length, start).then(kv)
+                    leaf = Node(np.array(ids[length:]), tail, node, length, used=now)
                     node.children[int(ids[length])] = leaf
                     self.tokens += len(leaf.ids)
                     self.nodes += 1

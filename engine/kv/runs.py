@@ -54,9 +54,11 @@ class KV:
     __slots__ = ("parts", "_index", "__weakref__")
 
     def __init__(self, parts: tuple[tuple[KVPool, np.ndarray], ...]) -> None:
-        self.parts = tuple((pool, slots) for pool, slots in parts if len(slots))
+        if len(parts) > 1 or (parts and not len(parts[0][1])):
+            parts = tuple(part for part in parts if len(part[1]))
+        self.parts = parts
         self._index: list[torch.Tensor] | None = None
-        for pool, slots in self.parts:
+        for pool, slots in parts:
             pool.hold(slots)
         weakref.finalize(self, _release, self.parts)
 

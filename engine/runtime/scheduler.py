@@ -360,7 +360,7 @@ class TreeJob:
         self.runner, self.requests, self.stats = runner, requests, stats
         self.hidden: list[torch.Tensor | None] = [None] * len(requests)
         self.frontier: deque[Item] = deque()
-        self.hold = _Hold(runner.tree)
+        self.hold = _Hold(runner.tree, requests)
         self.waiting = self.hold.claim(requests)
         self._start([i for i in range(len(requests)) if i not in self.waiting])
         self.items: list[Item] = []  # this pass's, with whether each one's children joined it, and its chain
@@ -369,7 +369,7 @@ class TreeJob:
 
     def _start(self, members: list[int]) -> None:
         """The members' roots at the frontier's front, longest first."""
-        roots = _roots(self.runner.tree, self.requests, members, self.hold.pins)
+        roots = _roots(self.runner.tree, self.requests, members, self.hold)
         roots = [(_chunked(node, self.runner.token_budget), kv, None) for node, kv in sorted(
             roots, key=lambda item: len(item[0]), reverse=True)]
         self.stats.planned_tokens += sum(len(node) for root, *_ in roots for node in [root, *nodes(root)])
@@ -415,10 +415,10 @@ class TreeJob:
             for i in node.ends:
                 self.hidden[i] = h
             base = runs[parent] if parent is not None else kv
-            runs.append(None if new is None else new if base is None else base.then(new))
+            runs.append(None if new is None or not node.children else new if base is None else base.then(new))
             if tree is not None:
-                tree.insert(self.requests[node.rep].tokens(0, node.end), runs[-1])
-                self.hold.computed(self.requests[node.rep], node.end)
+                tree.insert(self.requests[node.rep].tokens(0, node.end), new, node.start, base)
+                self.hold.computed(node.rep, node.end)
             if node.children and not joined:
                 children.extend((child, runs[-1], None) for child in sorted(node.children, key=len, reverse=True))
         while self.frontier and self.frontier[0][2] is not None:  # children that joined a pass they did not fit in
@@ -434,10 +434,11 @@ class _Hold:
     """What a job holds in the resident tree: the nodes it continues (pinned) and the documents it claimed,
     until it is done (`release`, once)."""
 
-    def __init__(self, tree: ResidentTree | None) -> None:
+    def __init__(self, tree: ResidentTree | None, requests: Sequence[Request]) -> None:
         self.tree = tree
         self.pins: list[Node] = []
         self.claims: dict[bytes, int] = {}  # each claimed document's prefix length
+        self.prefixes = [document_prefix(r) for r in requests] if tree is not None else []
 
     def claim(self, requests: Sequence[Request]) -> dict[int, bytes]:
         """Claim the documents of the requests that the tree lacks; the requests whose document another
@@ -447,8 +448,7 @@ class _Hold:
             return waiting
         others: set[bytes] = set()  # documents another job claimed
         seen: set[bytes] = set()
-        for i, request in enumerate(requests):
-            prefix = document_prefix(request)
+        for i, (request, prefix) in enumerate(zip(requests, self.prefixes)):
             if prefix is None:
                 continue
             length, key = prefix
@@ -466,10 +466,11 @@ class _Hold:
     def waits_for(self, key: bytes) -> bool:
         return self.tree.claimed(key, self)
 
-    def computed(self, request: Request, end: int) -> None:
-        """The first `end` tokens of the request are in the tree: its document's claim ends if they hold it."""
+    def computed(self, request: int, end: int) -> None:
+        """The first `end` tokens of request number `request` are in the tree: its document's claim ends if
+        they hold it."""
         if self.claims:
-            prefix = document_prefix(request)
+            prefix = self.prefixes[request]
             if prefix is not None and self.claims.get(prefix[1], end + 1) <= end:
                 del self.claims[prefix[1]]
                 self.tree.release([prefix[1]], self)
@@ -504,17 +505,17 @@ def _shares(chain: int, children: list[RadixNode]) -> bool:
 
 
 def _roots(tree: ResidentTree | None, requests: Sequence[Request], members: list[int],
-           pins: list[Node]) -> list[tuple[RadixNode, KV | None]]:
+           hold: _Hold) -> list[tuple[RadixNode, KV | None]]:
     """The first nodes to compute for these members of `requests`, with the KV they continue: one radix
     tree over those that continue the same resident prefix (or none), cut to what follows it. The tree
-    nodes those prefixes end in are pinned (added to `pins`). A request continues at most all but its
+    nodes those prefixes end in are pinned (held by `hold`). A request continues at most all but its
     last token (its answer is read there), and as far as `_continued` says."""
     groups: dict[tuple, list[int]] = {}
     found: dict[tuple, tuple[int, Match | None]] = {}
     documents: dict[bytes, Match] = {}  # the match of each document prefix the tree lacks part of
     for i in members:
         request = requests[i]
-        match = _match(tree, request, documents) if tree is not None else None
+        match = _match(tree, request, hold.prefixes[i], documents) if tree is not None else None
         length, segments = _continued(request, match.length if match is not None else 0)
         key = (length, *(s.key for s in request.segments[:segments])) if segments is not None \
             else (length, id(match.node))
@@ -527,7 +528,7 @@ def _roots(tree: ResidentTree | None, requests: Sequence[Request], members: list
         if length:
             kv = match.kv if length == match.length else match.kv.slice(0, length)
             tree.pin(match.node)
-            pins.append(match.node)
+            hold.pins.append(match.node)
         root = collapse(build([requests[i] for i in group]))
         for node in nodes(root):
             node.rep, node.ends = group[node.rep], [group[i] for i in node.ends]
@@ -542,11 +543,11 @@ def _roots(tree: ResidentTree | None, requests: Sequence[Request], members: list
     return out
 
 
-def _match(tree: ResidentTree, request: Request, documents: dict[bytes, Match]) -> Match:
+def _match(tree: ResidentTree, request: Request, prefix: tuple[int, bytes] | None,
+           documents: dict[bytes, Match]) -> Match:
     """The request's longest resident prefix (all but its last token at most). Where the tree lacks part
-    of its document prefix, that is the document's match, looked up once for all the requests reading
-    the document (a join's partners)."""
-    prefix = document_prefix(request)
+    of its document prefix (`prefix`), that is the document's match, looked up once for all the requests
+    reading the document (a join's partners)."""
     if prefix is not None:
         length, key = prefix
         if key not in documents:
