@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import weakref
 
 import numpy as np
 import torch
@@ -22,16 +21,11 @@ class KVLedger:
         """Count the run's bytes until the run is freed."""
         size = len(kv) * kv.parts[0][0].bytes_per_token
         self._add(size)
-        weakref.finalize(kv, self._add, -size)
+        kv.counted = (self, size)
 
     def _add(self, size: int) -> None:
         with self._lock:
             self.resident_bytes += size
-
-
-def _release(parts: tuple[tuple[KVPool, np.ndarray], ...]) -> None:
-    for pool, slots in parts:
-        pool.release(slots)
 
 
 def end_to_end(runs: list["KV"]) -> tuple[KVPool, np.ndarray] | None:
@@ -48,19 +42,27 @@ class KV:
 
     A run holds its slots while it lives. A longer run (`then`) or a part of it
     (`slice`) lists the same slots, so a prefix many rows continue is stored once
-    whoever holds it.
+    whoever holds it. Freed when the last reference goes (no finalizer objects:
+    the runtime makes tens of thousands of runs a second, and the cyclic garbage
+    collector would walk every one of them).
     """
 
-    __slots__ = ("parts", "_index", "__weakref__")
+    __slots__ = ("parts", "_index", "counted")
 
     def __init__(self, parts: tuple[tuple[KVPool, np.ndarray], ...]) -> None:
         if len(parts) > 1 or (parts and not len(parts[0][1])):
             parts = tuple(part for part in parts if len(part[1]))
         self.parts = parts
         self._index: list[torch.Tensor] | None = None
+        self.counted: tuple[KVLedger, int] | None = None  # a ledger counting the run's bytes until it is freed
         for pool, slots in parts:
             pool.hold(slots)
-        weakref.finalize(self, _release, self.parts)
+
+    def __del__(self) -> None:
+        for pool, slots in self.parts:
+            pool.release(slots)
+        if self.counted is not None:
+            self.counted[0]._add(-self.counted[1])
 
     @classmethod
     def of(cls, keys: list[torch.Tensor], values: list[torch.Tensor]) -> "KV":
