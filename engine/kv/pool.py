@@ -41,6 +41,7 @@ class KVPool:
         self.refs = np.zeros(slots, dtype=np.int32)
         self._free = np.arange(slots - 1, -1, -1, dtype=np.int64)  # a stack: the top at the end
         self._top = slots
+        self._released: list[np.ndarray] = []  # slot lists runs let go of, not yet counted
         self._lock = threading.Lock()
         self.evict: Callable[[int], None] | None = None
 
@@ -61,22 +62,26 @@ class KVPool:
 
     @property
     def free(self) -> int:
-        return self._top
+        with self._lock:
+            self._settle()
+            return self._top
 
     @property
     def used(self) -> int:
-        return self.slots - self._top
+        return self.slots - self.free
 
     def take(self, count: int) -> np.ndarray | None:
         """`count` free slots (held by nobody until a run holds them), evicting first if needed; None:
         not that many can be freed."""
-        if count > self._top and self.evict is not None:
-            self.evict(count - self._top)
+        if count > self.free and self.evict is not None:
+            self.evict(count - self.free)
         with self._lock:
+            self._settle()
             if count > self._top:
                 return None
+            taken = self._free[self._top - count:self._top][::-1].copy()
             self._top -= count
-            return self._free[self._top:self._top + count][::-1].copy()
+            return taken
 
     def hold(self, slots: np.ndarray) -> None:
         """One more run holds these (distinct) slots."""
@@ -84,8 +89,14 @@ class KVPool:
             self.refs[slots] += 1
 
     def release(self, slots: np.ndarray) -> None:
-        """One run less holds these slots; those no run holds are free."""
-        with self._lock:
+        """One run less holds these slots (counted at the next `take` or `free`: a run may be freed by the
+        garbage collector at any allocation, even one inside this pool's own work, so this only notes it)."""
+        self._released.append(slots)
+
+    def _settle(self) -> None:
+        """Count the released slots (the lock held); those no run holds are free."""
+        while self._released:
+            slots = self._released.pop()
             self.refs[slots] -= 1
             freed = slots[self.refs[slots] == 0]
             self._free[self._top:self._top + len(freed)] = freed
