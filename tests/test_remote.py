@@ -40,7 +40,7 @@ def test_in_process_remote_and_adbc_agree(sessions, server, dialect, sql):
     assert there.collect().to_pylist() == here.to_pylist()
     tokens = ["requests", "logical_tokens"]
     assert {k: getattr(there.report, k) for k in tokens} == {k: getattr(ran_here.report, k) for k in tokens}
-    # The server keeps documents' KV across queries (kv/prefix_cache.py): it may compute fewer tokens than a fresh runtime.
+    # The server keeps KV across queries (kv/resident.py): it may compute fewer tokens than a fresh runtime.
     assert there.report.fresh_tokens <= ran_here.report.fresh_tokens
     assert there.report.kv_regret_tokens <= ran_here.report.kv_regret_tokens
     assert there.report.wall_s > 0 and there.report.sol_s is not None

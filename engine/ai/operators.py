@@ -198,7 +198,7 @@ def _texts(job: Job, row: int) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class Ask:
     """A yes/no question over rows: args holds one column (list of texts) per PROMPT argument; how its
-    answers are decided (`selectivity`, `decide`) and whether rejected rows leave the prefix cache."""
+    answers are decided (`selectivity`, `decide`) and whether rejected rows' documents go first when the KV pool needs room."""
 
     question: Question
     args: Sequence[Sequence[str | None]]
@@ -216,7 +216,7 @@ def yes_probabilities(runtime: Runtime, question: Question, args: Sequence[Seque
     by hash (random weights), the forward pass still runs in full; a decision
     (`decide`) is then yes for a `selectivity` fraction of prompts, and a score
     the prompt's uniform content hash. `forget_rejected`: a filter's rejected
-    rows leave the query, so their documents leave the prefix cache (unless a
+    rows leave the query, so their documents go first when the KV pool needs room (unless a
     row that passed shares them: a join's anchor).
     """
     return yes_probabilities_together(runtime, [Ask(question, args, selectivity, decide, forget_rejected)], work)[0]

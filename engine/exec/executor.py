@@ -268,7 +268,7 @@ def _reranked(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, wor
     selectivities rank best, in parts pipelined through the filters: each model call asks the first
     filter about a new part, the second about the last part's rows that passed the first, and so on,
     so a later filter's few rows ride in the passes of a part's documents instead of passes of their
-    own. Parts are sized so the prefix cache holds the documents of every part in flight (each later
+    own. Parts are sized so the KV pool holds the documents of every part in flight (each later
     filter continues them). A row passes when every filter keeps it, in either order."""
     sample, observed = rows.slice(0, PROBE_ROWS), []
     for step in chain.filters:
@@ -301,7 +301,7 @@ def _reranked(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, wor
 
 
 def _cached_rows(step: AIStep, rows: pa.Table, runtime: Runtime | None) -> int | None:
-    """Rows whose documents the prefix cache holds at once (None: no cache), their length estimated from
+    """Rows whose documents the KV pool holds at once (None: nothing is kept), their length estimated from
     the first document's characters."""
     if runtime is None or not rows.num_rows:
         return None
