@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
+from quail.engine.errors import InvalidArgument
 from quail.engine.kernels.attention import Rows
 from quail.engine.kv.pool import KVPool, on_device
 from quail.engine.kv.resident import ResidentTree
@@ -55,11 +57,26 @@ def _keeping(rows: list[Row], starts: list[int], pool: KVPool, ledger: KVLedger
 
 
 def kv_pool(model: Decoder, kv_bytes: int) -> KVPool:
-    """A pool of as many token slots as `kv_bytes` holds for the model's KV (in its activations' dtype)."""
+    """A pool of as many token slots as `kv_bytes` holds for the model's KV (in its activations' dtype);
+    InvalidArgument when the device cannot hold it."""
     cfg, dtype = model.config, model.embed_tokens.weight.dtype
     per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.empty(0, dtype=dtype).element_size()
-    return KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, next(model.parameters()).device,
-                  max(kv_bytes, 0) // per_token)
+    device = next(model.parameters()).device
+    refused = InvalidArgument(f"a KV pool of {kv_bytes:,} bytes does not fit in the memory of {device}: lower "
+                              f"--kv-cache-bytes")
+    if kv_bytes > _memory(device):
+        raise refused
+    try:
+        return KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, device, max(kv_bytes, 0) // per_token)
+    except RuntimeError as err:  # torch's out-of-memory errors, on the CPU and on CUDA
+        raise refused from err
+
+
+def _memory(device: torch.device) -> int:
+    """Bytes free on a GPU; the machine's memory for the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class ModelRunner:
