@@ -220,7 +220,8 @@ def test_limits_per_query_and_admission(tmp_path):
 
 
 def test_prometheus_metrics(tmp_path):
-    """--metrics-port: queries by status, model tokens by kind, errors by status, speed-of-light fractions."""
+    """--metrics-port: queries by status, model tokens by kind, errors by status, speed-of-light fractions,
+    the KV pool and the resident tree's counters."""
     import socket
     import urllib.request
 
@@ -236,7 +237,9 @@ def test_prometheus_metrics(tmp_path):
             cur.fetch_arrow_table()
             cur.execute("SELECT id, AI_FILTER(PROMPT('Is {0} about food?', topic)) AS food, "
                         "AI_FILTER(PROMPT('Is {0} fun?', topic)) AS fun FROM topics")
-            cur.fetch_arrow_table()  # asks twice, rejects none: keeps the topics' KV for later queries
+            cur.fetch_arrow_table()  # the topics' KV stays in the pool for later queries
+            cur.execute(QUICK)  # again: served from the pool but each answer cue
+            cur.fetch_arrow_table()
             with pytest.raises(adbc_driver_manager.Error):
                 cur.execute("SELECT * FROM no_such_table")
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -247,7 +250,10 @@ def test_prometheus_metrics(tmp_path):
     assert values['quail_errors_total{status="NOT_FOUND"}'] == 1
     assert values["quail_query_sol_fraction_count"] >= 1 and values["quail_queries_running"] == 0
     assert values["quail_queries_waiting"] == 0 and values["quail_kv_resident_bytes"] == 0, "all freed"
-    assert values["quail_kv_cached_bytes"] > 0, "the documents asked about stay cached for later queries"
+    assert values["quail_kv_cached_bytes"] > 0, "the prompts computed stay for later queries"
+    assert 0 < values["quail_kv_cached_bytes"] <= values["quail_kv_pool_used_bytes"] <= values["quail_kv_pool_bytes"]
+    assert 0 < values["quail_kv_hit_tokens_total"] < values["quail_kv_looked_up_tokens_total"]
+    assert values["quail_kv_inserted_tokens_total"] > 0 and values["quail_kv_evicted_tokens_total"] == 0
 
 
 def test_sixteen_clients_at_once(uri):
