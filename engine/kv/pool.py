@@ -25,6 +25,11 @@ def on_device(device: torch.device, array: np.ndarray) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
 
 
+def token_bytes(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes of one token's keys and values over all layers."""
+    return 2 * layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
 class KVPool:
     """Keys and values (slots, kv_heads, head_dim) per layer, and how many runs hold each slot."""
 
@@ -37,7 +42,7 @@ class KVPool:
         self.keys, self.values = tensors
         self.device = torch.device(device)
         self.slots = slots
-        self.bytes_per_token = 2 * layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+        self.bytes_per_token = token_bytes(layers, kv_heads, head_dim, dtype)
         self.refs = np.zeros(slots, dtype=np.int32)
         self._free = np.arange(slots - 1, -1, -1, dtype=np.int64)  # a stack: the top at the end
         self._top = slots
@@ -73,8 +78,9 @@ class KVPool:
     def take(self, count: int) -> np.ndarray | None:
         """`count` free slots (held by nobody until a run holds them), evicting first if needed; None:
         not that many can be freed."""
-        if count > self.free and self.evict is not None:
-            self.evict(count - self.free)
+        short = count - self.free
+        if short > 0 and self.evict is not None:
+            self.evict(short)
         with self._lock:
             self._settle()
             if count > self._top:

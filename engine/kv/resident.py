@@ -23,6 +23,7 @@ import numpy as np
 
 from quail.engine.kv.pool import KVPool
 from quail.engine.kv.runs import KV
+from quail.engine.kv.token_prefix import common_length
 
 
 @dataclass(eq=False)
@@ -58,12 +59,6 @@ class Counts:
     evicted: int = 0
 
 
-def _common(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
-
-
 class ResidentTree:
     """The radix tree over the pool's runs. Thread-safe: queries match and insert from their threads and the
     scheduler's."""
@@ -96,7 +91,7 @@ class ResidentTree:
                 child = node.children.get(int(ids[length]))
                 if child is None:
                     break
-                shared = _common(child.ids, ids[length:limit])
+                shared = common_length(child.ids, ids[length:limit])
                 child.used = now
                 if shared < len(child.ids):
                     parts.append(child.kv.slice(0, shared))
@@ -142,7 +137,7 @@ class ResidentTree:
                     self.counts.inserted += len(leaf.ids)
                     self._touch(leaf)
                     return
-                shared = _common(child.ids, ids[length:])
+                shared = common_length(child.ids, ids[length:])
                 child.used = now
                 if shared < len(child.ids):
                     child = self._split(child, shared)
@@ -199,7 +194,7 @@ class ResidentTree:
                 node = node.children.get(int(ids[length]))
                 if node is None:
                     return
-                shared = _common(node.ids, ids[length:])
+                shared = common_length(node.ids, ids[length:])
                 length += shared
                 if node.depth + len(node.ids) > after:
                     node.demoted = True

@@ -10,7 +10,7 @@ import torch
 
 from quail.engine.errors import InvalidArgument
 from quail.engine.kernels.attention import Rows
-from quail.engine.kv.pool import KVPool, on_device
+from quail.engine.kv.pool import KVPool, on_device, token_bytes
 from quail.engine.kv.resident import ResidentTree
 from quail.engine.kv.runs import KV, KVLedger
 from quail.engine.model.decoder import Decoder
@@ -60,7 +60,7 @@ def kv_pool(model: Decoder, kv_bytes: int) -> KVPool:
     """A pool of as many token slots as `kv_bytes` holds for the model's KV (in its activations' dtype);
     InvalidArgument when the device cannot hold it."""
     cfg, dtype = model.config, model.embed_tokens.weight.dtype
-    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.empty(0, dtype=dtype).element_size()
+    per_token = token_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
     device = next(model.parameters()).device
     refused = InvalidArgument(f"a KV pool of {kv_bytes:,} bytes does not fit in the memory of {device}: lower "
                               f"--kv-cache-bytes")

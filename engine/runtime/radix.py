@@ -16,6 +16,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from quail.engine.kv.token_prefix import common_length
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.requests import Request, Segment
 
@@ -38,12 +39,6 @@ class RadixNode:
         return len(self) + sum(child.tokens_below() for child in self.children)
 
 
-def _token_lcp(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
-
-
 def common_prefix(a: Request, b: Request) -> int:
     """Length of the longest common token prefix of two prompts."""
     shared = 0
@@ -51,10 +46,10 @@ def common_prefix(a: Request, b: Request) -> int:
         if sa.key == sb.key:
             shared += len(sa)
             continue
-        step = _token_lcp(sa.ids, sb.ids)
+        step = common_length(sa.ids, sb.ids)
         shared += step
         if step == len(sa) or step == len(sb):  # one segment is a prefix of the other: compare on by token
-            rest = _token_lcp(a.tokens(shared, len(a)), b.tokens(shared, len(b)))
+            rest = common_length(a.tokens(shared, len(a)), b.tokens(shared, len(b)))
             shared += rest
         return shared
     return shared
