@@ -114,24 +114,53 @@ class AICore:
         if call is None:
             return Edge(refs, PLAIN_SELECTIVITY)
         tokens, question = self.prompt_tokens(call)
-        anchor_refs = self.refs(call.args[call.anchor])
-        anchor = index[next(iter(anchor_refs))] if len(anchor_refs) == 1 else min(refs)
+        anchor = self.relations.index(self.anchor_relation(call, condition.refs))
         rest = sum(tokens) - tokens[call.anchor] + question
-        return Edge(refs, call.expected_selectivity, True, anchor, tokens[call.anchor], rest)
+        return Edge(refs, call.expected_selectivity, True, anchor, tokens[call.anchor], rest,
+                    self.resident_share(call, call.anchor))
+
+    def anchor_relation(self, call: AICall, refs: frozenset[str]) -> Relation:
+        """The relation whose rows hold the documents of a call's anchor, asked over the relations `refs`:
+        the one its anchor argument names, else the first of them in the FROM clause."""
+        named = self.refs(call.args[call.anchor])
+        return next(r for r in self.relations if r.alias in (named if len(named) == 1 else refs))
 
     def prompt_tokens(self, call: AICall) -> tuple[list[float], float]:
         """Estimated tokens of each PROMPT argument, and of the question with the prompt's frame."""
         return [self._tokens(arg) for arg in call.args], len(call.template) / CHARS_PER_TOKEN + FRAME_TOKENS
 
+    def resident_share(self, call: AICall, index: int) -> float:
+        """The share of the tokens of PROMPT argument `index`'s documents resident in the KV pool now, as that
+        placeholder's documents after the preamble (0: not a stored table's column, or the pool unseen)."""
+        column = self._column(call.args[index])
+        return self.scope.resident_share(*column, index) if column is not None else 0.0
+
+    def expected_documents(self, call: AICall, rows: float) -> tuple[float, float] | None:
+        """Estimated tokens of the anchor documents that `rows` rows ask a call about, and how many of them
+        are resident in the KV pool now (None: the planner does not see the pool)."""
+        if self.scope.resident is None:
+            return None
+        tokens = rows * self._tokens(call.args[call.anchor])
+        return tokens, tokens * self.resident_share(call, call.anchor)
+
+    def rows_asked(self, relation: Relation) -> float:
+        """Estimated rows its table's first AI call asks about: the table's rows after the conditions that
+        run before its AI filters."""
+        return _stored_rows(self.scope, relation) * PLAIN_SELECTIVITY ** len(relation.before)
+
     def _tokens(self, arg: exp.Expression) -> float:
         """Estimated tokens of a PROMPT argument: a column's mean length, else a short value."""
-        if isinstance(arg, exp.Column) and not isinstance(arg.this, exp.Star):
-            (alias,) = self.refs(arg)
-            relation = next(r for r in self.relations if r.alias == alias)
-            chars = self.scope.mean_chars(relation.table.name, arg.name)
-            if chars is not None:
-                return chars / CHARS_PER_TOKEN
-        return SHORT_TOKENS
+        column = self._column(arg)
+        chars = self.scope.mean_chars(*column) if column is not None else None
+        return SHORT_TOKENS if chars is None else chars / CHARS_PER_TOKEN
+
+    def _column(self, arg: exp.Expression) -> tuple[str, str] | None:
+        """(table, column) of a PROMPT argument that is a column of one of the core's relations, else None."""
+        if not isinstance(arg, exp.Column) or isinstance(arg.this, exp.Star):
+            return None
+        (alias,) = self.refs(arg)
+        relation = next(r for r in self.relations if r.alias == alias)
+        return relation.table.name, arg.name
 
 
 def bind_core(select: exp.Select, scope: Scope, rank: Rank = by_tokens,
@@ -294,6 +323,11 @@ def _take_local(relation: Relation, relations: list[Relation], conditions: list[
     relation.filters = [c.call for c in local if c.call is not None]
     relation.after = [c for c in local if c.call is None and contains_ai(c.node)] + \
         [c for c in local if c.relational]
-    stored = scope.rows(relation.table.name)
-    relation.rows = (UNKNOWN_ROWS if stored is None else stored) * PLAIN_SELECTIVITY ** sum(
+    relation.rows = _stored_rows(scope, relation) * PLAIN_SELECTIVITY ** sum(
         c.relational for c in local) * math.prod(call.expected_selectivity for call in relation.filters)
+
+
+def _stored_rows(scope: Scope, relation: Relation) -> float:
+    """The rows of the relation's table (UNKNOWN_ROWS for one materialized earlier in the query)."""
+    stored = scope.rows(relation.table.name)
+    return UNKNOWN_ROWS if stored is None else stored

@@ -156,12 +156,15 @@ class _Emitter:
         if relation.before:
             query = query.where(_and([c.node for c in relation.before]))
         self.steps.append(SQLStep(query.sql("duckdb"), current))
-        steps = []
+        steps, rows = [], self.core.rows_asked(relation)
         for (call, kind, column), names in zip(asks, args):
             output = self._name("ai")
             steps.append(AIStep(current, output, kind, call.template, names, "filter", call.labels,
-                                column, call.expected_selectivity, call.anchor, call.answers))
+                                column, call.expected_selectivity, call.anchor, call.answers,
+                                self.core.expected_documents(call, rows)))
             current = output
+            if kind == "filter":
+                rows *= call.expected_selectivity
         filters = [s for s in steps if s.kind == "filter"]
         if relation.limit is not None or len(filters) > 1:
             chain = AIFilterChain(filters[0].input, filters[-1].output, tuple(filters), relation.limit)
@@ -352,7 +355,8 @@ class _Emitter:
         kept = self._name("kept")
         layout = "join" if len(condition.refs) > 1 else "filter"
         self.steps.append(AIStep(combos, kept, "filter", call.template, names, layout, (), "",
-                                 call.expected_selectivity, call.anchor))
+                                 call.expected_selectivity, call.anchor,
+                                 documents=self._anchor_documents(call, condition.refs)))
         return self._with_answers(tuples, kept, slots, "INNER", [])
 
     def _ai_value(self, tuples: str, relations: list[Relation], refs: frozenset, call: AICall, column: str) -> str:
@@ -361,8 +365,13 @@ class _Emitter:
         answered = self._name("answered")
         self.steps.append(AIStep(combos, answered, KINDS[call.kind].projected, call.template,
                                  names, "join", call.labels, column, call.expected_selectivity,
-                                 call.anchor, call.answers))
+                                 call.anchor, call.answers, self._anchor_documents(call, refs)))
         return self._with_answers(tuples, answered, slots, "LEFT", [_col("__quail_k", column)])
+
+    def _anchor_documents(self, call: AICall, refs: frozenset) -> tuple[float, float] | None:
+        """A call over row combinations asks about each of its anchor relation's rows at most once: the
+        tokens of their documents, and how many are resident (AICore.expected_documents)."""
+        return self.core.expected_documents(call, self.core.anchor_relation(call, refs).rows)
 
     def _hide_internal_columns(self, final: exp.Select, relations: list[Relation]) -> None:
         """Stars of the final projection leave out row ids, tuple slots and AI value columns."""

@@ -7,7 +7,10 @@ condition is asked once per distinct combination of the rows it names, when
 its last relation joins. Its work there: each distinct anchor document once
 (its KV written, and read by every partner after it) plus the rest of the
 prompt per combination, counted as the speed of light counts work (`Work`:
-fresh tokens, attention pairs, KV rows written and read).
+fresh tokens, attention pairs, KV rows written and read). The share of the
+anchor documents' tokens resident in the KV pool when the plan is made
+(`Edge.anchor_resident`) is not computed again: no fresh tokens, pairs or KV
+written for it, only the partners' reads of it.
 
 The work of an order is the sum of its steps, and a step's work depends only
 on the set joined so far and the relation added. So for each set the dynamic
@@ -31,7 +34,8 @@ MAX_SEARCHED = 10  # tables whose orders the dynamic program searches (2^n subse
 
 @dataclass(frozen=True)
 class Edge:
-    """A join condition over relations `refs` (indices); AI ones carry their token estimates."""
+    """A join condition over relations `refs` (indices); AI ones carry their token estimates, and the share of
+    the anchor documents' tokens resident in the KV pool."""
 
     refs: frozenset[int]
     selectivity: float
@@ -39,6 +43,7 @@ class Edge:
     anchor: int = 0
     anchor_tokens: float = 0.0
     other_tokens: float = 0.0
+    anchor_resident: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -82,10 +87,10 @@ def _step(joined: frozenset[int], new: int, sizes: list[float], edges: list[Edge
         if new in edge.refs and edge.refs <= joined | {new}:
             if edge.ai:
                 combos = min(tuples, math.prod(sizes[r] for r in edge.refs))
-                anchors = min(combos, sizes[edge.anchor])
+                fresh = min(combos, sizes[edge.anchor]) * (1 - edge.anchor_resident)  # anchors computed
                 a, o = edge.anchor_tokens, edge.other_tokens
-                work += Work(anchors * a + combos * o, anchors * _causal(a) + combos * _causal(o, a),
-                             anchors * a, combos * a)
+                work += Work(fresh * a + combos * o, fresh * _causal(a) + combos * _causal(o, a),
+                             fresh * a, combos * a)
             tuples *= edge.selectivity
     return work, tuples
 

@@ -39,6 +39,7 @@ from sqlglot import exp
 from quail.engine.errors import InvalidArgument
 from quail.engine.exec.catalog import Catalog
 from quail.engine.exec.plan import PhysicalPlan, SQLStep, Step
+from quail.engine.runtime.requests import ResidentShare
 from quail.planner.ai_calls import ai_calls, contains_ai
 from quail.planner.binder import bind_parameters, bind_tables
 from quail.planner.core import bind_core
@@ -56,7 +57,8 @@ RESULT = "__quail_result"
 
 def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
              params: Sequence[Any] | None = None, join_order: Sequence[str] | None = None,
-             rank: Rank = by_tokens, rules: tuple[Rule, ...] = RULES) -> PhysicalPlan:
+             rank: Rank = by_tokens, rules: tuple[Rule, ...] = RULES,
+             resident: ResidentShare | None = None) -> PhysicalPlan:
     """The physical plan of one query; params bind its `?` placeholders (None binds NULLs).
 
     `EXPLAIN <query>` plans the query and returns a plan listing its steps;
@@ -67,26 +69,30 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
     prices a join order's model work (cost.rank_by_sol: the speed of light on
     the serving device; default: tokens); `rules` are the planner's rules to
     apply, in order (planner/rules/: without one, the plan asks the model as
-    the query is written).
+    the query is written); `resident` tells what share of a column's
+    documents the KV pool holds now (Runtime.resident_share: join orders
+    count those tokens as read, not computed, and EXPLAIN shows the document
+    tokens each AI step expects resident; None: every document computed).
     """
     explained = split_explain(sql)
     if explained is not None:
         inner, mode = explained
-        return explain_plan(plan_sql(inner, catalog, dialect, params, join_order, rank, rules), mode, catalog)
+        return explain_plan(plan_sql(inner, catalog, dialect, params, join_order, rank, rules, resident), mode,
+                            catalog)
     return plan_query(name_ai_columns(parse_statement(sql, dialect), dialect), catalog, params, join_order, rank,
-                      rules)
+                      rules, resident)
 
 
 def plan_query(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | None = None,
                join_order: Sequence[str] | None = None, rank: Rank = by_tokens,
-               rules: tuple[Rule, ...] = RULES) -> PhysicalPlan:
+               rules: tuple[Rule, ...] = RULES, resident: ResidentShare | None = None) -> PhysicalPlan:
     """plan_sql over a parsed statement (which it rewrites in place): a query, else INVALID_ARGUMENT."""
     if not isinstance(tree, exp.Query):
         raise InvalidArgument(f"only queries are supported here, not {tree.key.upper()} statements")
     tables = bind_tables(tree, catalog)
     parameters = bind_parameters(tree, params)
     normalize(tree)
-    names, scope, steps, notes = Names(), Scope(catalog), [], []
+    names, scope, steps, notes = Names(), Scope(catalog, resident=resident), [], []
     while (inner := innermost_ai_select(tree)) is not None:
         name = names.fresh("sub")
         correlated = decorrelate(inner, scope.has)

@@ -18,6 +18,7 @@ from sqlglot import exp
 
 from quail.engine.errors import InvalidArgument
 from quail.engine.exec.catalog import Catalog
+from quail.engine.runtime.requests import ResidentShare
 
 from quail.planner.ai_calls import ai_name, ancestors
 from quail.planner.dialects import position
@@ -36,11 +37,14 @@ class Names:
 
 @dataclass
 class Scope:
-    """The catalog seen by one SELECT: stored tables plus the relations materialized before it."""
+    """The catalog seen by one SELECT: stored tables plus the relations materialized before it; `resident`
+    answers what share of a column's documents the KV pool holds (None: the planner does not see the pool)."""
 
     catalog: Catalog
     columns: dict[str, list[str]] = field(default_factory=dict)
     _chars: dict[tuple[str, str], float | None] = field(default_factory=dict)  # mean_chars, each column read once
+    resident: ResidentShare | None = None
+    _resident: dict[tuple[str, str, int], float] = field(default_factory=dict)  # resident_share, asked once each
 
     def has(self, name: str) -> bool:
         return name.lower() in self.columns or self.catalog.has(name)
@@ -65,14 +69,28 @@ class Scope:
         return self._chars[key]
 
     def _mean_chars(self, name: str, column: str) -> float | None:
+        texts = self._stored(name, column)
+        if texts is None or len(texts) == 0:
+            return None
+        return pc.mean(pc.utf8_length(texts.cast(pa.string()))).as_py() or 0.0
+
+    def resident_share(self, name: str, column: str, placeholder: int) -> float:
+        """The share of the tokens of a stored table's column's documents, as placeholder {placeholder}'s,
+        resident in the KV pool now (`resident`, asked once per column and placeholder; 0 without it, or for
+        a relation materialized in this query)."""
+        key = (name.lower(), column.lower(), placeholder)
+        if key not in self._resident:
+            texts = self._stored(name, column) if self.resident is not None else None
+            self._resident[key] = 0.0 if texts is None else self.resident(texts, placeholder)
+        return self._resident[key]
+
+    def _stored(self, name: str, column: str) -> pa.ChunkedArray | None:
+        """A stored table's column (None for a relation materialized in this query, or no such column)."""
         if name.lower() in self.columns:
             return None
         table = self.catalog.table(name)
         match = [c for c in table.column_names if c.lower() == column.lower()]
-        if not match or table.num_rows == 0:
-            return None
-        lengths = pc.utf8_length(table.column(match[0]).cast(pa.string()))
-        return pc.mean(lengths).as_py() or 0.0
+        return table.column(match[0]) if match else None
 
 
 def sources(select: exp.Select) -> list[exp.Expression]:

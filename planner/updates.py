@@ -15,6 +15,7 @@ from sqlglot import exp
 from quail.engine.errors import InvalidArgument
 from quail.engine.exec.catalog import Catalog
 from quail.engine.exec.plan import PhysicalPlan
+from quail.engine.runtime.requests import ResidentShare
 
 from quail.planner.binder import bind_parameters
 from quail.planner.dialects import parse_statement, position
@@ -44,16 +45,17 @@ class UpdatePlan:
 
 
 def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[Any] | None = None,
-                   rank: Rank = by_tokens) -> PhysicalPlan | UpdatePlan:
+                   rank: Rank = by_tokens, resident: ResidentShare | None = None) -> PhysicalPlan | UpdatePlan:
     """One statement, parsed once: a query's plan (plan_sql), or a CREATE / INSERT / DROP's."""
     if split_explain(sql) is not None:
-        return plan_sql(sql, catalog, dialect, params, rank=rank)
+        return plan_sql(sql, catalog, dialect, params, rank=rank, resident=resident)
     tree = name_ai_columns(parse_statement(sql, dialect), dialect)
     if not isinstance(tree, UPDATES):
-        return plan_query(tree, catalog, params, rank=rank)
+        return plan_query(tree, catalog, params, rank=rank, resident=resident)
     holders = _only_parameters(tree)
     parameters = bind_parameters(tree, params)
-    return replace(_plan_update(tree, catalog, rank), parameters=parameters, rows_are_parameters=holders)
+    return replace(_plan_update(tree, catalog, rank, resident), parameters=parameters,
+                   rows_are_parameters=holders)
 
 
 def _only_parameters(tree: exp.Expression) -> bool:
@@ -63,7 +65,7 @@ def _only_parameters(tree: exp.Expression) -> bool:
         and all(isinstance(e, exp.Placeholder) for e in body.expressions[0].expressions)
 
 
-def _plan_update(tree: exp.Expression, catalog: Catalog, rank: Rank) -> UpdatePlan:
+def _plan_update(tree: exp.Expression, catalog: Catalog, rank: Rank, resident: ResidentShare | None) -> UpdatePlan:
     """The plan of a parsed CREATE TABLE, INSERT INTO or DROP TABLE statement."""
     if isinstance(tree, exp.Drop):
         if (tree.args.get("kind") or "").upper() != "TABLE":
@@ -84,7 +86,7 @@ def _plan_update(tree: exp.Expression, catalog: Catalog, rank: Rank) -> UpdatePl
         if not isinstance(body, exp.Query):
             raise InvalidArgument(f"CREATE TABLE needs columns or AS a query{position(tree)}")
         if_exists = "replace" if tree.args.get("replace") else "keep" if tree.args.get("exists") else "fail"
-        return UpdatePlan(_name(target), plan_query(body, catalog, rank=rank), if_exists)
+        return UpdatePlan(_name(target), plan_query(body, catalog, rank=rank, resident=resident), if_exists)
     if isinstance(tree, exp.Insert):
         target, body = tree.this, tree.expression
         columns: tuple[str, ...] = ()
@@ -95,7 +97,8 @@ def _plan_update(tree: exp.Expression, catalog: Catalog, rank: Rank) -> UpdatePl
             body = exp.select(exp.Star()).from_(exp.Subquery(this=body))
         if not isinstance(body, exp.Query):
             raise InvalidArgument(f"INSERT INTO takes a query or VALUES{position(tree)}")
-        return UpdatePlan(_name(target), plan_query(body, catalog, rank=rank), "append", "fail", columns)
+        return UpdatePlan(_name(target), plan_query(body, catalog, rank=rank, resident=resident), "append", "fail",
+                          columns)
     raise InvalidArgument(f"not a statement that changes tables: {tree.key.upper()}")
 
 

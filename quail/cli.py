@@ -18,7 +18,8 @@ def _serve(args: argparse.Namespace) -> int:
     optional_path = lambda value: Path(value) if value else None  # noqa: E731
     engine = EngineConfig(model=args.model, device=args.device, precision=args.precision,
                           token_budget=args.token_budget, tokenizer=args.tokenizer, sol_device=args.sol_device,
-                          kv_cache_bytes=args.kv_cache_bytes, attention=args.attention)
+                          kv_cache_bytes=args.kv_cache_bytes, kv_host_bytes=args.kv_host_bytes,
+                          attention=args.attention)
     serve(ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), engine=engine,
                        dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
                        tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
@@ -48,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
                        help="device constants of the speed-of-light figures (default: cpu on the CPU, else none)")
     serve.add_argument("--kv-cache-bytes", type=int, default=None,
                        help="the KV pool, where what queries compute stays for later ones (default 1 GiB on the CPU, a quarter of a GPU's memory)")
+    serve.add_argument("--kv-host-bytes", type=int, default=0,
+                       help="pinned host memory for KV the pool has no room for, copied back when a query needs it "
+                            "again and copying is faster than computing (default 0: none)")
     serve.add_argument("--attention", default=None, choices=ATTENTION,
                        help="own-token attention: rows padded per length bucket (cuDNN), or one flash varlen "
                             "call (default: varlen on CUDA in bf16/fp8)")

@@ -36,6 +36,10 @@ class _TreeCounts:
                                   value=counts.inserted)
         yield CounterMetricFamily("quail_kv_evicted_tokens", "Tokens the resident tree let go of for room",
                                   value=counts.evicted)
+        yield CounterMetricFamily("quail_kv_host_offloaded_tokens", "Tokens moved from the KV pool to host memory",
+                                  value=counts.offloaded)
+        yield CounterMetricFamily("quail_kv_host_restored_tokens", "Tokens copied back from host memory to the "
+                                  "KV pool (instead of computed again)", value=counts.restored)
 
 
 class Metrics:
@@ -56,6 +60,11 @@ class Metrics:
               registry=self.registry).set_function(lambda: runner.ledger.resident_bytes)
         Gauge("quail_kv_cached_bytes", "Bytes of KV the resident tree indexes for later steps and queries",
               registry=self.registry).set_function(lambda: tree.cached_bytes if tree else 0)
+        host = tree.host if tree is not None else None
+        Gauge("quail_kv_host_bytes", "Bytes of pinned host memory for KV the pool has no room for",
+              registry=self.registry).set_function(lambda: host.slots * host.bytes_per_token if host else 0)
+        Gauge("quail_kv_host_used_bytes", "Bytes of KV the host tier holds", registry=self.registry
+              ).set_function(lambda: tree.host_tokens * host.bytes_per_token if host else 0)
         if tree is not None:
             self.registry.register(_TreeCounts(tree))
         self.queries = Counter("quail_queries", "Queries finished, by gRPC status", ["status"],

@@ -1,7 +1,8 @@
 """One statement planned and run: what the Flight SQL handler and the in-process Session share.
 
 A statement is planned (its join orders priced by the speed of light on the
-serving device, where one is named), its result schema found, then run to a
+serving device, where one is named, counting the documents the runtime's KV
+pool holds as read, not computed), its result schema found, then run to a
 table or a stream of batches, and reported with its speed of light.
 """
 
@@ -55,7 +56,7 @@ class QueryService:
              work: QueryWork | None = None) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema | None]:
         """A statement's plan and result schema (None for a CREATE / INSERT / DROP, whose result is the rows
         it wrote); finding the schema stops when `work` is cancelled or passes its deadline."""
-        plan = plan_statement(text, catalog, dialect, params, rank_by_sol(self.sol))
+        plan = plan_statement(text, catalog, dialect, params, rank_by_sol(self.sol), self.runtime.resident_share)
         if work is not None:
             work.check()
         if isinstance(plan, UpdatePlan):
@@ -65,7 +66,8 @@ class QueryService:
     def plan_query(self, text: str, catalog: Catalog, dialect: str,
                    params: Sequence[Any] | None = None) -> tuple[PhysicalPlan, pa.Schema]:
         """A query's plan and result schema."""
-        plan = plan_sql(text, catalog, dialect, params, rank=rank_by_sol(self.sol))
+        plan = plan_sql(text, catalog, dialect, params, rank=rank_by_sol(self.sol),
+                        resident=self.runtime.resident_share)
         return plan, result_schema(plan, catalog)
 
     def plan_substrait(self, plan: bytes, catalog: Catalog) -> tuple[PhysicalPlan, pa.Schema]:
@@ -75,7 +77,8 @@ class QueryService:
 
     def substrait(self, text: str, catalog: Catalog, dialect: str, params: Sequence[Any] | None = None) -> bytes:
         """A query's optimized plan as a serialized Substrait plan."""
-        plan = plan_sql(text, catalog, dialect, params, rank=rank_by_sol(self.sol))
+        plan = plan_sql(text, catalog, dialect, params, rank=rank_by_sol(self.sol),
+                        resident=self.runtime.resident_share)
         return export_plan(plan, catalog).SerializeToString()
 
     def execute(self, plan: PhysicalPlan, catalog: Catalog, work: QueryWork) -> pa.Table:

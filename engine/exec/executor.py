@@ -121,14 +121,18 @@ class _Run:
 
 def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], db: DuckDB, runtime: Runtime | None,
             work: QueryWork, sol: Callable[[Stats], float | None] | None) -> pa.Table:
-    """Run the plan; a line per step with its rows and seconds, then the AI stages and the model work."""
+    """Run the plan; a line per step with its rows and seconds (and, where it asked the model, how many of its
+    prompts' tokens were cached: not computed), then the AI stages and the model work."""
     lines = [f"note: {note}" for note in plan.notes]
     started = time.perf_counter()
     for step in plan.steps:
-        begun = time.perf_counter()
+        begun, logical, fresh = time.perf_counter(), work.stats.logical_tokens, work.stats.fresh_tokens
         _run_step(step, relations, db, runtime, work)
+        logical, fresh = work.stats.logical_tokens - logical, work.stats.fresh_tokens - fresh
+        cached = f", {logical - fresh:,} of {logical:,} prompt tokens cached" if logical else ""
         first, *rest = step.describe()
-        lines += [f"{first}  [{relations[step.output].num_rows} rows, {time.perf_counter() - begun:.3f}s]", *rest]
+        lines += [f"{first}  [{relations[step.output].num_rows} rows, {time.perf_counter() - begun:.3f}s{cached}]",
+                  *rest]
     wall = time.perf_counter() - started
     for stage in work.stages:
         if stage["operator"] == "join_order":

@@ -72,7 +72,10 @@ class AIStep(_OneStep):
     `anchor` is the placeholder whose document comes first ({0} unless the
     query says otherwise); `labels` are the categories of a classify question,
     answered by letter or by name (`answers`: "letters" or "names", ai/labels.py);
-    `selectivity` is the expected fraction answered yes (a hint, or the default).
+    `selectivity` is the expected fraction answered yes (a hint, or the default);
+    `documents` the planner's estimate of the tokens of the anchor documents
+    it reads and how many of them it expects resident in the KV pool (None:
+    planned without seeing the pool; not part of the step's identity).
     """
 
     ASKS: ClassVar[int] = 1
@@ -89,11 +92,14 @@ class AIStep(_OneStep):
     selectivity: float = 0.2
     anchor: int = 0
     answers: str = "letters"
+    documents: tuple[float, float] | None = field(default=None, compare=False)
 
     def describe(self) -> list[str]:
         anchor = f", anchor {{{self.anchor}}}" if self.anchor else ""
+        expected = "" if self.documents is None else (f"; expects ~{self.documents[1]:,.0f} of "
+                                                       f"{self.documents[0]:,.0f} document tokens resident")
         return [f"AI {self.kind} ({self.layout} layout{anchor}, selectivity {self.selectivity:g}) "
-                f"{self.input} -> {self.output}: {self.template!r} over {list(self.arg_columns)}"]
+                f"{self.input} -> {self.output}: {self.template!r} over {list(self.arg_columns)}{expected}"]
 
     def visit(self, visitor: StepVisitor[T]) -> T:
         return visitor.ai_step(self)

@@ -10,6 +10,12 @@ others while it runs). A node's parent becomes a leaf when its last child goes,
 so a document outlives the questions asked of it. Queries running at once
 share what neither has yet: a query `claim`s the documents it will compute,
 and another that needs one of them waits for it instead of computing it too.
+
+With a host tier (kv/host_tier.py), a leaf the pool has no room for moves to
+pinned host memory instead of going (unless the plan demoted it), and comes
+back when a request matches it, if copying is cheaper than computing: a node is
+on the device or on the host, and a node on the device has its parent there.
+The host tier drops its own least recently used leaves when it is full.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from quail.engine.kv.host_tier import HostRun, HostTier
 from quail.engine.kv.pool import KVPool
 from quail.engine.kv.runs import KV
 from quail.engine.kv.token_prefix import common_length
@@ -28,7 +35,8 @@ from quail.engine.kv.token_prefix import common_length
 
 @dataclass(eq=False)
 class Node:
-    """An edge of tokens after `depth` tokens, and its KV (root: none)."""
+    """An edge of tokens after `depth` tokens, and its KV: in the pool (`kv`), or in the host tier (`host`;
+    root: neither)."""
 
     ids: np.ndarray
     kv: KV | None
@@ -38,15 +46,19 @@ class Node:
     used: int = 0
     pins: int = 0
     demoted: bool = False
+    host: HostRun | None = None
+    device_children: int = 0  # children whose KV is in the pool
 
 
 @dataclass
 class Match:
-    """The longest resident prefix of a prompt: its length, its KV (None when 0) and the node it ends in."""
+    """The longest resident prefix of a prompt: its length, its KV (None when 0) and the node it ends in. A
+    match that left the host tier's part where it is has the KV of its first `in_pool` tokens only."""
 
     length: int
     kv: KV | None
     node: Node
+    in_pool: int
 
 
 @dataclass
@@ -56,21 +68,28 @@ class Counts:
     looked_up: int = 0
     hit: int = 0
     inserted: int = 0
-    evicted: int = 0
+    evicted: int = 0  # gone from the tree (from the pool, or from the host tier)
+    offloaded: int = 0  # moved from the pool to the host tier
+    restored: int = 0  # copied back from the host tier
 
 
 class ResidentTree:
     """The radix tree over the pool's runs. Thread-safe: queries match and insert from their threads and the
     scheduler's."""
 
-    def __init__(self, pool: KVPool) -> None:
+    def __init__(self, pool: KVPool, host: HostTier | None = None) -> None:
         self.pool = pool
+        self.host = host
         self.root = Node(np.empty(0, dtype=np.int32), None, None)
-        self.tokens = 0  # tokens of every edge: what the tree holds
+        self.tokens = 0  # tokens of the edges in the pool
+        self.host_tokens = 0  # tokens of the edges in the host tier
         self.nodes = 0
         self.counts = Counts()
         self._clock = itertools.count(1)
-        self._heap: list[tuple[bool, int, int, Node]] = []  # evictable leaves: (not demoted, used, tie, node)
+        # Leaves that may go, as (not demoted, used, tie, node): nodes in the pool with no child there, and
+        # nodes in the host tier with no child at all.
+        self._heap: list[tuple[bool, int, int, Node]] = []
+        self._host_heap: list[tuple[bool, int, int, Node]] = []
         self._tie = itertools.count()
         self._claims: dict[bytes, object] = {}
         self._lock = threading.RLock()
@@ -80,27 +99,39 @@ class ResidentTree:
     def cached_bytes(self) -> int:
         return self.tokens * self.pool.bytes_per_token
 
-    def match(self, ids: np.ndarray, limit: int | None = None, counted: bool = True) -> Match:
+    def match(self, ids: np.ndarray, limit: int | None = None, counted: bool = True, fetch: bool = True) -> Match:
         """The longest resident prefix of `ids`, at most `limit` tokens (a request still computes its last
-        token: its answer is read there); marks the path used. `counted`: in the hit rate."""
+        token: its answer is read there); marks the path used. `counted`: in the hit rate. `fetch`: the
+        part in the host tier is copied back into the pool (before the next pass; or not counted when
+        recomputing is cheaper); else it counts in the length, and is copied back by the match that
+        fetches it later (the caller pins the node meanwhile)."""
         limit = len(ids) if limit is None else min(limit, len(ids))
         with self._lock:
             node, length, now = self.root, 0, next(self._clock)
             parts: list[KV] = []
+            in_pool = None
             while length < limit:
                 child = node.children.get(int(ids[length]))
-                if child is None:
+                if child is None or (child.kv is None and not self.host.restores):
                     break
                 shared = common_length(child.ids, ids[length:limit])
                 child.used = now
-                if shared < len(child.ids):
-                    parts.append(child.kv.slice(0, shared))
-                    length += shared
-                    node = child
-                    break
-                parts.append(child.kv)
+                if child.kv is None:
+                    if not fetch:
+                        in_pool = length if in_pool is None else in_pool
+                        length += shared
+                        node = child
+                        if shared < len(child.ids):
+                            break
+                        continue
+                    child, fetched = self._fetch(node, child, shared)
+                    parts.append(fetched)
+                else:
+                    parts.append(child.kv if shared == len(child.ids) else child.kv.slice(0, shared))
                 length += shared
                 node = child
+                if shared < len(child.ids):
+                    break
             self._touch(node)
             if counted:
                 self.counts.looked_up += limit
@@ -108,7 +139,56 @@ class ResidentTree:
         kv = None
         for part in parts:
             kv = part if kv is None else kv.then(part)
-        return Match(length, kv, node)
+        return Match(length, kv, node, length if in_pool is None else in_pool)
+
+    def resident_length(self, ids: np.ndarray) -> int:
+        """How long a prefix of `ids` a match would find now (counting what it would copy back from the host
+        tier), changing nothing."""
+        with self._lock:
+            node, length = self.root, 0
+            while length < len(ids):
+                child = node.children.get(int(ids[length]))
+                if child is None or (child.kv is None and not self.host.restores):
+                    break
+                shared = common_length(child.ids, ids[length:])
+                length += shared
+                if shared < len(child.ids):
+                    break
+                node = child
+            return length
+
+    def _fetch(self, parent: Node, child: Node, shared: int) -> tuple[Node, KV]:
+        """`child` (in the host tier) copied back, cut to its first `shared` tokens first: the node holding
+        them, and their KV. Into the pool, where the node moves; into a pool of the caller's own when all
+        the pool's slots are held (the node stays in the host tier). Both nodes are pinned meanwhile, so
+        the room made for it is not made from them."""
+        if shared < len(child.ids):
+            child = self._split(child, shared)
+        parent.pins += 1
+        child.pins += 1
+        try:
+            kv = self.host.restore(child.host)
+        finally:
+            parent.pins -= 1
+            child.pins -= 1
+        self.counts.restored += len(child.ids)
+        if kv.parts[0][0] is self.pool:
+            child.kv, child.host = kv, None
+            self._to_pool(child)
+        return child, kv
+
+    def _to_pool(self, node: Node) -> None:
+        """Count a node whose KV came into the pool (from the host tier)."""
+        self.tokens += len(node.ids)
+        self.host_tokens -= len(node.ids)
+        node.parent.device_children += 1
+        self._touch(node)
+
+    def settle(self) -> None:
+        """Queue the copies back from the host tier that matches have promised (before a pass reads the pool)."""
+        if self.host is not None:
+            with self._lock:
+                self.host.settle()
 
     def count(self, looked_up: int, hit: int) -> None:
         """Count a lookup answered by an earlier match (the document prefix its requests share)."""
@@ -119,52 +199,77 @@ class ResidentTree:
     def insert(self, ids: np.ndarray, kv: KV, start: int = 0, before: KV | None = None) -> None:
         """Index the prompt `ids` whose tokens from `start` on are the run `kv` (and those before it the run
         `before`): what the tree lacks of it is added, by reference."""
+        def run(begin: int, end: int) -> KV | None:
+            """The prompt's tokens [begin, end) (None: not given)."""
+            if begin >= start:
+                return KV(kv.parts) if (begin, end) == (start, len(ids)) else kv.slice(begin - start, end - start)
+            if before is None:
+                return None
+            return before.slice(begin, min(end, start)).then(kv.slice(0, max(end - start, 0)))
+
         with self._lock:
             node, length, now = self.root, 0, next(self._clock)
             while length < len(ids):
                 child = node.children.get(int(ids[length]))
                 if child is None:
-                    if length == start:
-                        tail = KV(kv.parts)  # a run of the tree's own: the query's is freed when it is done
-                    elif length > start:
-                        tail = kv.slice(length - start, len(ids) - start)
-                    else:
-                        tail = before.slice(length, start).then(kv)
-                    leaf = Node(np.array(ids[length:]), tail, node, length, used=now)
+                    if node.kv is None and node is not self.root:
+                        return  # its parent is in the host tier (it was not given the KV to bring it back)
+                    # A run of the tree's own, even when it is all of `kv`: the query's is freed when it is done.
+                    leaf = Node(np.array(ids[length:]), run(length, len(ids)), node, length, used=now)
                     node.children[int(ids[length])] = leaf
+                    node.device_children += 1
                     self.tokens += len(leaf.ids)
                     self.nodes += 1
                     self.counts.inserted += len(leaf.ids)
                     self._touch(leaf)
                     return
                 shared = common_length(child.ids, ids[length:])
-                child.used = now
                 if shared < len(child.ids):
-                    child = self._split(child, shared)
+                    child = self._split(child, shared)  # the part after `shared` is not used by this prompt
+                child.used = now
+                if child.kv is None and (node.kv is not None or node is self.root):
+                    self._promote(child, run(length, length + shared))
                 length += shared
                 node = child
             self._touch(node)
 
+    def _promote(self, node: Node, kv: KV | None) -> None:
+        """A node of the host tier whose tokens a pass has just computed again: those (`kv`) are its KV now,
+        if they lie in the pool."""
+        if kv is not None and all(pool is self.pool for pool, _ in kv.parts):
+            self.host.free(node.host)
+            node.kv, node.host = kv, None
+            self._to_pool(node)
+
     def _split(self, child: Node, at: int) -> Node:
         """Cut the edge of `child` after `at` tokens; the new upper node."""
-        upper = Node(child.ids[:at], child.kv.slice(0, at), child.parent, child.depth, used=child.used,
-                     demoted=child.demoted)
+        upper = Node(child.ids[:at], None, child.parent, child.depth, used=child.used, pins=child.pins,
+                     demoted=child.demoted)  # every pin through the child runs through its upper part
+        if child.kv is not None:
+            upper.kv, child.kv = child.kv.slice(0, at), child.kv.slice(at, len(child.ids))
+            upper.device_children = 1
+        else:
+            upper.host, child.host = child.host.split(at)
         child.parent.children[int(child.ids[0])] = upper
-        child.ids, child.kv, child.depth, child.parent = child.ids[at:], child.kv.slice(at, len(child.ids)), \
-            child.depth + at, upper
+        child.ids, child.depth, child.parent = child.ids[at:], child.depth + at, upper
         upper.children[int(child.ids[0])] = child
         self.nodes += 1
         return upper
 
     def pin(self, node: Node) -> None:
-        """A running query continues this node's prefix: it stays until unpinned."""
+        """A running query continues this node's prefix: it and the nodes above it stay until unpinned (in
+        the pool, or in the host tier until fetched)."""
         with self._lock:
-            node.pins += 1
+            while node is not self.root:
+                node.pins += 1
+                node = node.parent
 
     def unpin(self, node: Node) -> None:
         with self._lock:
-            node.pins -= 1
-            self._touch(node)
+            while node is not self.root:
+                node.pins -= 1
+                self._touch(node)
+                node = node.parent
 
     def claim(self, key: bytes, owner: object) -> bool:
         """Whether `owner` computes the prefix named `key` (a document many running queries read): true when
@@ -212,51 +317,111 @@ class ResidentTree:
 
     def _touch(self, node: Node) -> None:
         """Offer a leaf for eviction at its current priority (stale offers are skipped when popped)."""
-        if node is not self.root and not node.children:
-            heapq.heappush(self._heap, (not node.demoted, node.used, next(self._tie), node))
-            if len(self._heap) > 4 * self.nodes + 1024:  # mostly stale offers: keep one per leaf
-                self._heap = [(not n.demoted, n.used, next(self._tie), n) for n in self._leaves()]
-                heapq.heapify(self._heap)
+        if node is self.root:
+            return
+        offer = (not node.demoted, node.used, next(self._tie), node)
+        if node.kv is not None and not node.device_children:
+            heapq.heappush(self._heap, offer)
+        elif node.kv is None and not node.children:
+            heapq.heappush(self._host_heap, offer)
+        if len(self._heap) + len(self._host_heap) > 4 * self.nodes + 1024:  # mostly stale: one offer per leaf
+            self._reoffer()
+
+    def _reoffer(self) -> None:
+        self._heap, self._host_heap = [], []
+        for node in self._all():
+            if node.kv is not None and not node.device_children or node.kv is None and not node.children:
+                self._touch(node)
+
+    @staticmethod
+    def _current(offer: tuple[bool, int, int, Node]) -> bool:
+        """Whether a leaf's offer still holds: it is in the tree, unpinned, at this priority."""
+        kept, used, _, node = offer
+        return node.parent is not None and not node.pins and (kept, used) == (not node.demoted, node.used)
 
     def evict(self, tokens: int) -> None:
-        """Remove leaves, demoted first, then least recently used, until the pool has `tokens` more free
-        slots or nothing is left to remove (a removed run's slots are free once no query holds them)."""
+        """Make `tokens` more slots free in the pool, or as many as can be: leaves go, demoted first, then
+        least recently used; to the host tier when there is one and the plan did not demote them, else
+        out of the tree (a run's slots are free once no query holds them)."""
         with self._lock:
             target = self.pool.free + tokens
             while self._heap and self.pool.free < target:
-                kept, used, _, node = heapq.heappop(self._heap)
-                if node.parent is None or node.children or node.pins or (kept, used) != (not node.demoted,
-                                                                                         node.used):
-                    continue
+                moving: list[Node] = []
+                size = 0
+                while self._heap and self.pool.free + size < target:
+                    offer = heapq.heappop(self._heap)
+                    node = offer[3]
+                    if not self._current(offer) or node.kv is None or node.device_children:
+                        continue
+                    if self.host is not None and not node.demoted:
+                        moving.append(node)
+                        size += len(node.ids)
+                    else:
+                        self._remove(node)
+                if moving:
+                    self._offload(moving)
+
+    def _offload(self, nodes: list[Node]) -> None:
+        """Move these leaves' KV to the host tier (dropping its older leaves for room), or out of the tree
+        when it has no room for them."""
+        self.host.settle()  # copies back still owed are written before any slot is read for the host
+        newest = max(node.used for node in nodes)
+        room = sum(len(node.ids) for node in nodes)
+        while self._host_heap and self.host.slots - self.host.used < room and self._host_heap[0][1] <= newest:
+            offer = heapq.heappop(self._host_heap)
+            if self._current(offer) and offer[3].kv is None and not offer[3].children:
+                self._remove(offer[3])
+        homes = self.host.offload([node.kv for node in nodes])
+        for node, home in zip(nodes, homes):
+            if home is None:
                 self._remove(node)
+                continue
+            node.kv, node.host = None, home
+            self.tokens -= len(node.ids)
+            self.host_tokens += len(node.ids)
+            self.counts.offloaded += len(node.ids)
+            node.parent.device_children -= 1
+            self._touch(node)
+            self._touch(node.parent)
 
     def _remove(self, node: Node) -> None:
+        """Take the node and all below it out of the tree."""
         parent = node.parent
         del parent.children[int(node.ids[0])]
-        node.parent, node.kv = None, None
-        self.tokens -= len(node.ids)
-        self.nodes -= 1
-        self.counts.evicted += len(node.ids)
+        if node.kv is not None:
+            parent.device_children -= 1
+        todo = [node]
+        while todo:
+            gone = todo.pop()
+            todo.extend(gone.children.values())
+            if gone.kv is not None:
+                self.tokens -= len(gone.ids)
+            else:
+                self.host.free(gone.host)
+                self.host_tokens -= len(gone.ids)
+            self.nodes -= 1
+            self.counts.evicted += len(gone.ids)
+            gone.parent, gone.kv, gone.host = None, None, None
         self._touch(parent)
 
     def clear(self) -> None:
-        """Forget every unpinned run (a benchmark measures each query from an empty tree)."""
+        """Forget every run no query has pinned (a benchmark measures each query from an empty tree)."""
         with self._lock:
-            self._heap = []
-            for leaf in self._leaves():
-                self._touch(leaf)
-            while self._heap:
-                node = heapq.heappop(self._heap)[3]
-                if node.parent is not None and not node.children and not node.pins:
-                    self._remove(node)
-            for leaf in self._leaves():
-                self._touch(leaf)
+            if self.host is not None:
+                self.host.settle()  # the host slots of copies owed are free once they are made
+            leaves = [node for node in self._all() if not node.children and not node.pins]
+            while leaves:
+                parents = {id(leaf.parent): leaf.parent for leaf in leaves}
+                for leaf in leaves:
+                    self._remove(leaf)
+                leaves = [p for p in parents.values() if p is not self.root and not p.children and not p.pins]
+            self._reoffer()
 
-    def _leaves(self) -> list[Node]:
-        out, todo = [], [self.root]
+    def _all(self) -> list[Node]:
+        """Every node but the root."""
+        out, todo = [], list(self.root.children.values())
         while todo:
             node = todo.pop()
             todo.extend(node.children.values())
-            if not node.children and node is not self.root:
-                out.append(node)
+            out.append(node)
         return out

@@ -69,7 +69,9 @@ class EngineConfig:
     embedded model's); sol_device: the device constants the speed of light uses
     ("cpu", "h100-sxm", "h200"; None: "cpu" on the CPU, else none); kv_cache_bytes:
     the device's KV pool, where what queries compute stays for later steps and queries
-    (kv/pool.py, kv/resident.py; None: 1 GiB on the CPU, a quarter of a GPU's memory; 0: nothing stays); attention: how rows attend to their own
+    (kv/pool.py, kv/resident.py; None: 1 GiB on the CPU, a quarter of a GPU's memory; 0: nothing stays);
+    kv_host_bytes: pinned host memory where KV the pool has no room for goes, and from where it is copied
+    back when that is faster than computing it (kv/host_tier.py; 0: none); attention: how rows attend to their own
     tokens: "buckets" (rows padded per length bucket; cuDNN on a GPU) or "varlen" (one
     flash varlen call, no padding; CUDA in bf16 or fp8 only; None: varlen where it runs,
     else buckets).
@@ -86,6 +88,7 @@ class EngineConfig:
     sol_device: str | None = None
     compile: bool | None = None
     kv_cache_bytes: int | None = None
+    kv_host_bytes: int = 0
     attention: str | None = None
     backend: str | None = None
 

@@ -10,6 +10,7 @@ import torch
 
 from quail.engine.errors import InvalidArgument
 from quail.engine.kernels.attention import Rows
+from quail.engine.kv.host_tier import HostTier
 from quail.engine.kv.pool import KVPool, on_device, token_bytes
 from quail.engine.kv.resident import ResidentTree
 from quail.engine.kv.runs import KV, KVLedger
@@ -72,6 +73,21 @@ def kv_pool(model: Decoder, kv_bytes: int) -> KVPool:
         raise refused from err
 
 
+def host_tier(pool: KVPool, host_bytes: int) -> HostTier | None:
+    """Pinned host memory of `host_bytes` for the pool's runs it has no room for (None: 0 bytes);
+    InvalidArgument when the machine cannot hold it."""
+    if host_bytes <= 0:
+        return None
+    refused = InvalidArgument(f"a host KV tier of {host_bytes:,} bytes does not fit in this machine's memory: "
+                              f"lower --kv-host-bytes")
+    if host_bytes > _memory(torch.device("cpu")):
+        raise refused
+    try:
+        return HostTier(pool, host_bytes // pool.bytes_per_token)
+    except RuntimeError as err:  # pinning more than the system allows
+        raise refused from err
+
+
 def _memory(device: torch.device) -> int:
     """Bytes free on a GPU; the machine's memory for the CPU."""
     if device.type == "cuda":
@@ -131,6 +147,8 @@ class ModelRunner:
                             [r.parent for r in rows])
         ids, positions, last = self._inputs(rows, layout)
         kept, write = _keeping(rows, layout.starts, self.pool, self.ledger)
+        if self.tree is not None:
+            self.tree.settle()  # KV the rows continue that is still owed from the host tier
         hidden = self.model(ids, positions, layout, last, write)
         start = 0
         for owned, stats in groups:

@@ -1,12 +1,17 @@
-"""The runtime's request API: segments of token ids with content keys, label sets, requests."""
+"""The runtime's request API: segments of token ids with content keys, label sets, requests; what the planner may
+ask of the KV pool."""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -79,3 +84,11 @@ DOCUMENT_PREFIX = 2  # segments kept: the preamble and the first document (or jo
 def document_prefix(request: Request) -> tuple[int, bytes] | None:
     """Length and content key of a request's [preamble][first document] (None: nothing follows them)."""
     return request.prefix(DOCUMENT_PREFIX) if len(request.segments) > DOCUMENT_PREFIX else None
+
+
+class ResidentShare(Protocol):
+    """What the planner may ask of the KV pool (Runtime.resident_share): of the documents a column's texts make
+    as placeholder {placeholder}'s, the share of their tokens whose whole document prefix ([preamble][document],
+    what every request over them begins with) is resident now, from 0 to 1."""
+
+    def __call__(self, texts: pa.Array | pa.ChunkedArray, placeholder: int) -> float: ...

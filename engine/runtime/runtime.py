@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from quail.engine.errors import InvalidArgument
@@ -14,7 +16,7 @@ from quail.engine.model.decoder import Decoder
 from quail.engine.model.tokenizer import Tokenizer
 from quail.engine.runtime import baselines
 from quail.engine.runtime.counters import Stats
-from quail.engine.runtime.model_runner import ModelRunner, kv_pool
+from quail.engine.runtime.model_runner import ModelRunner, host_tier, kv_pool
 from quail.engine.runtime.prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.requests import LabelSet, Request, Segment, document_prefix
@@ -52,13 +54,14 @@ class Runtime:
     answers by content hash, forward passes still run in full).
     `device_of`: a runner on the same device, whose scheduler, KV ledger, pool and resident tree this
     runtime's runner shares; else a pool of `kv_bytes` holds KV, and what it computes stays there between
-    steps and queries, indexed by a resident tree (kv/resident.py; 0: nothing stays).
+    steps and queries, indexed by a resident tree (kv/resident.py; 0: nothing stays), with `kv_host_bytes`
+    of pinned host memory for what the pool has no room for (kv/host_tier.py; 0: none).
     `texts`: the tokenized texts kept between steps and queries (default: a cache of its own).
     """
 
     def __init__(self, model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame,
                  strategy: str | Strategy = "quail", token_budget: int = 4096, decisions: str = "model",
-                 device_of: ModelRunner | None = None, kv_bytes: int = 0,
+                 device_of: ModelRunner | None = None, kv_bytes: int = 0, kv_host_bytes: int = 0,
                  texts: SegmentCache | None = None) -> None:
         if isinstance(strategy, str) and strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
@@ -71,7 +74,8 @@ class Runtime:
         self.layout = PromptLayout(frame)
         if device_of is None:
             pool = kv_pool(model, kv_bytes)
-            self.runner = ModelRunner(model, token_budget, pool=pool, tree=ResidentTree(pool) if pool.slots else None)
+            tree = ResidentTree(pool, host_tier(pool, kv_host_bytes)) if pool.slots else None
+            self.runner = ModelRunner(model, token_budget, pool=pool, tree=tree)
         else:
             self.runner = ModelRunner(model, token_budget, device_of.scheduler, ledger=device_of.ledger,
                                       pool=device_of.pool, tree=device_of.tree)
@@ -139,7 +143,8 @@ class Runtime:
         lazily, layers compiled, GEMMs of a full pass); returns what they did. full (default: on a GPU):
         rows of more than a full pass after a shared prefix as long as each (copied before each row on a
         GPU), then short rows after two long prefixes (attended apart and merged); always one short request
-        alone (compiled layers specialize a size of one)."""
+        alone (compiled layers specialize a size of one). With a host KV tier, then a pass of new rows is
+        timed: the host tier restores what it holds when copying is faster than that."""
         rng = np.random.default_rng(0)
 
         def segment(n: int) -> Segment:
@@ -147,13 +152,18 @@ class Runtime:
 
         work = QueryWork()
         self.score([Request((segment(16),), self.yes_no)], work)  # a pass of one row: the last layer's one position
-        if not (self.runner.device.type == "cuda" if full is None else full):
-            return work.stats
-        shared = segment(200)  # kept (radix.worth_keeping) and copied (attention.Packed): both bounds met
-        rows = [(shared, segment(200)) for _ in range(self.runner.token_budget // 200 + 8)]
-        anchors = [segment(600) for _ in range(2)]
-        partners = [(anchor, segment(12)) for anchor in anchors for _ in range(60)]
-        self.score([Request(parts, self.yes_no) for parts in rows + partners], work)
+        if self.runner.device.type == "cuda" if full is None else full:
+            shared = segment(200)  # kept (radix.worth_keeping) and copied (attention.Packed): both bounds met
+            rows = [(shared, segment(200)) for _ in range(self.runner.token_budget // 200 + 8)]
+            anchors = [segment(600) for _ in range(2)]
+            partners = [(anchor, segment(12)) for anchor in anchors for _ in range(60)]
+            self.score([Request(parts, self.yes_no) for parts in rows + partners], work)
+        host = self.runner.tree.host if self.runner.tree is not None else None
+        if host is not None:
+            timed = QueryWork()
+            began = time.perf_counter()
+            self.score([Request((segment(128),), self.yes_no) for _ in range(self.runner.token_budget // 128)], timed)
+            host.recompute_tokens_per_s = timed.stats.fresh_tokens / (time.perf_counter() - began)
         return work.stats
 
     def forget(self, rejected: Sequence[Request], accepted: Sequence[Request]) -> None:
@@ -178,6 +188,27 @@ class Runtime:
         if self._preamble_tokens is None:
             self._preamble_tokens = len(self.tokenizer.encode(self.layout.preamble()))
         return max(1, int(self.runner.pool.slots // (self._preamble_tokens + tokens_per_document)))
+
+    def resident_share(self, texts: pa.Array | pa.ChunkedArray, placeholder: int = 0, sample: int = 64) -> float:
+        """requests.ResidentShare: of the documents these texts make as placeholder {placeholder}'s, the share
+        of their tokens whose whole document prefix (the preamble, then the document, laid out and tokenized
+        as every request over them is: the prompt layout and the texts cache) the resident tree holds now.
+        Reads at most `sample` rows, evenly spaced (the same rows every time), looked up without counting in
+        the hit rate (in the host tier too, when it would be copied back); 0 without a tree, texts or anything
+        resident. Thread-safe (the texts cache and the tree
+        lock themselves)."""
+        tree = self.runner.tree
+        if tree is None or not tree.tokens + tree.host_tokens or not len(texts):
+            return 0.0
+        rows = np.unique(np.linspace(0, len(texts) - 1, min(sample, len(texts))).astype(np.int64))
+        documents = [self.layout.document(placeholder, str(text)) for text in texts.take(rows).to_pylist()
+                     if text is not None]
+        if not documents:
+            return 0.0
+        preamble, *segments = self.segments([self.layout.preamble(), *documents])
+        resident = sum(len(s) for s in segments
+                       if tree.resident_length(np.concatenate([preamble.ids, s.ids])) == len(preamble) + len(s))
+        return resident / sum(len(s) for s in segments)
 
     def letters(self, count: int, names: tuple[str, ...]) -> LabelSet:
         """Answers A, B, ... (one per category name), each spelled by its single-token letter."""

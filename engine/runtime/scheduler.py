@@ -326,7 +326,7 @@ def _shared_chars(a: str, b: str) -> int:
     return low
 
 
-Item = tuple[RadixNode, "KV | None", "int | None"]  # a node, the resident KV it continues, its parent's row
+Item = tuple[RadixNode, "KV | Fetch | None", "int | None"]  # a node, the resident KV it continues, its parent's row
 
 
 def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
@@ -390,6 +390,8 @@ class TreeJob:
                 self._start(ready)
         while self.frontier and fill.admits(len(self.frontier[0][0])):
             node, kv, parent = self.frontier.popleft()
+            if isinstance(kv, Fetch):
+                kv = kv.run(self.hold)
             fill.add(len(node))
             self.chain.append(0 if parent is None else self.chain[parent] + len(self.items[parent][0]))
             self.items.append((node, kv, parent))
@@ -437,6 +439,7 @@ class _Hold:
     def __init__(self, tree: ResidentTree | None, requests: Sequence[Request]) -> None:
         self.tree = tree
         self.pins: list[Node] = []
+        self.fetches: dict[int, Node] = {}  # the nodes pinned until a Fetch (by id) has run
         self.claims: dict[bytes, int] = {}  # each claimed document's prefix length
         self.prefixes = [document_prefix(r) for r in requests] if tree is not None else []
 
@@ -454,7 +457,7 @@ class _Hold:
             length, key = prefix
             if key not in seen:
                 seen.add(key)
-                if self.tree.match(request.tokens(0, length), counted=False).length < length:
+                if self.tree.resident_length(request.tokens(0, length)) < length:
                     if self.tree.claim(key, self):
                         self.claims[key] = length
                     else:
@@ -475,10 +478,27 @@ class _Hold:
                 del self.claims[prefix[1]]
                 self.tree.release([prefix[1]], self)
 
+    def pin(self, node: Node, fetch: Fetch | None = None) -> None:
+        """Pin the node until the job is done, or until `fetch` has run."""
+        self.tree.pin(node)
+        if fetch is None:
+            self.pins.append(node)
+        else:
+            self.fetches[id(fetch)] = node
+
+    def unpin(self, fetch: Fetch) -> None:
+        node = self.fetches.pop(id(fetch), None)  # once, whichever thread comes first (dict.pop is atomic)
+        if node is not None:
+            self.tree.unpin(node)
+
     def release(self) -> None:
         pins, self.pins = self.pins, []
         for node in pins:
             self.tree.unpin(node)
+        for key in list(self.fetches):
+            node = self.fetches.pop(key, None)
+            if node is not None:
+                self.tree.unpin(node)
         if self.claims:
             claims, self.claims = list(self.claims), {}
             self.tree.release(claims, self)
@@ -505,7 +525,7 @@ def _shares(chain: int, children: list[RadixNode]) -> bool:
 
 
 def _roots(tree: ResidentTree | None, requests: Sequence[Request], members: list[int],
-           hold: _Hold) -> list[tuple[RadixNode, KV | None]]:
+           hold: _Hold) -> list[tuple[RadixNode, "KV | Fetch | None"]]:
     """The first nodes to compute for these members of `requests`, with the KV they continue: one radix
     tree over those that continue the same resident prefix (or none), cut to what follows it. The tree
     nodes those prefixes end in are pinned (held by `hold`). A request continues at most all but its
@@ -521,14 +541,16 @@ def _roots(tree: ResidentTree | None, requests: Sequence[Request], members: list
             else (length, id(match.node))
         found.setdefault(key, (length, match))
         groups.setdefault(key, []).append(i)
-    out: list[tuple[RadixNode, KV | None]] = []
+    out: list[tuple[RadixNode, KV | Fetch | None]] = []
     for key, group in groups.items():
         length, match = found[key]
-        kv = None
-        if length:
-            kv = match.kv if length == match.length else match.kv.slice(0, length)
-            tree.pin(match.node)
-            hold.pins.append(match.node)
+        kv: KV | Fetch | None = None
+        if length and length > match.in_pool:
+            kv = Fetch(requests[group[0]].tokens(0, length))
+            hold.pin(match.node, kv)
+        elif length:
+            kv = match.kv if length == match.in_pool else match.kv.slice(0, length)
+            hold.pin(match.node)
         root = collapse(build([requests[i] for i in group]))
         for node in nodes(root):
             node.rep, node.ends = group[node.rep], [group[i] for i in node.ends]
@@ -551,11 +573,27 @@ def _match(tree: ResidentTree, request: Request, prefix: tuple[int, bytes] | Non
     if prefix is not None:
         length, key = prefix
         if key not in documents:
-            documents[key] = tree.match(request.tokens(0, length), counted=False)
+            documents[key] = tree.match(request.tokens(0, length), counted=False, fetch=False)
         if documents[key].length < length:
             tree.count(len(request) - 1, documents[key].length)
             return documents[key]
-    return tree.match(request.tokens(0, len(request)), len(request) - 1)
+    return tree.match(request.tokens(0, len(request)), len(request) - 1, fetch=False)
+
+
+@dataclass(eq=False)
+class Fetch:
+    """A resident prefix partly in the host tier: copied back into the pool when the first item continuing
+    it joins a pass, not when the job starts (a job's prefixes may be more than the pool holds); pinned
+    until then, so it is still there."""
+
+    ids: np.ndarray
+    kv: KV | None = None
+
+    def run(self, hold: "_Hold") -> KV:
+        if self.kv is None:
+            self.kv = hold.tree.match(self.ids, counted=False).kv
+            hold.unpin(self)  # the job holds the run itself now: the tree may move it again
+        return self.kv
 
 
 PARTIAL_TOKENS = 64  # a resident prefix is continued past its last whole segment when it runs this far past it

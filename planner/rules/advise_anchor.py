@@ -11,8 +11,9 @@ from quail.planner.core import AICore
 
 def advise_anchor(core: AICore) -> AICore:
     """A note for each AI join of two tables whose other document, as anchor, would ask fewer model tokens
-    (each anchor once, then the other document and the question per pair). The anchor changes the prompt,
-    so only the query changes it (its `anchor` option); given where the planner orders the joins itself.
+    (each anchor once but its tokens resident in the KV pool, then the other document and the question per
+    pair). The anchor changes the prompt, so only the query changes it (its `anchor` option); given where
+    the planner orders the joins itself.
 
     >>> from quail.planner.rules.examples import notes
     >>> query = "SELECT r.id, p.id FROM products p, reviews r WHERE AI_FILTER(PROMPT('Is {0} about {1}?', p.name, r.body))"
@@ -38,7 +39,8 @@ def _other_anchor(core: AICore, call: AICall) -> list[str]:
     tokens, question = core.prompt_tokens(call)
 
     def asked(anchor: int) -> float:
-        return rows[anchor] * tokens[anchor] + rows[0] * rows[1] * (tokens[1 - anchor] + question)
+        fresh = rows[anchor] * tokens[anchor] * (1 - core.resident_share(call, anchor))
+        return fresh + rows[0] * rows[1] * (tokens[1 - anchor] + question)
 
     chosen, other = asked(call.anchor), asked(1 - call.anchor)
     if other >= chosen:

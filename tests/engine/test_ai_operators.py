@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from quail.engine.ai.operators import Question, build_requests, yes_probabilities
@@ -38,3 +41,20 @@ def test_a_step_in_parts_answers_as_one_call(runtime, monkeypatch, strategy):
         assert first == [r.segments[1].key for r in want], "quail: in the order of the documents' text"
     else:
         assert first == [d.key for d in documents[:len(first)]], "a baseline: in table order"
+
+
+def test_resident_share_is_of_the_document_prefixes_the_operators_computed(runtime):
+    """The documents a filter computed are resident as its placeholder's ({0}), not as another's, and other
+    texts are not; half of them computed, about half their tokens; looking leaves the hit rate alone."""
+    texts = [f"Note {i}: the soup was {'cold' if i % 2 else 'warm'} and the bread {'stale' if i % 3 else 'fresh'}."
+             for i in range(8)]
+    column = pa.chunked_array([texts[:4], [None, *texts[4:]]])
+    assert runtime.resident_share(column, 0) == 0.0
+    yes_probabilities(runtime, Question("Is {0} a complaint?"), [texts[:4]])
+    assert 0.4 < runtime.resident_share(column, 0) < 0.6
+    yes_probabilities(runtime, Question("Is {0} about food?"), [texts])
+    counts = dataclasses.replace(runtime.runner.tree.counts)
+    assert runtime.resident_share(column, 0) == 1.0
+    assert runtime.resident_share(column, 1) == 0.0, "as {1}'s documents they read 'Text 2:'"
+    assert runtime.resident_share(pa.chunked_array([["A text no query read."]]), 0) == 0.0
+    assert runtime.runner.tree.counts == counts

@@ -8,6 +8,7 @@ import torch
 
 from quail.engine.ai.operators import Question, build_requests
 from quail.engine.runtime.query_work import QueryWork
+from quail.engine.runtime.runtime import Runtime
 
 TEXTS = [
     "Great food.",
@@ -132,3 +133,24 @@ def test_categories_answered_by_name_match_hf(runtime, hf_model):
                     scores[n] += float(step[ways.index(ids[len(branch.path)])])
         np.testing.assert_allclose(mine, scores, atol=1e-4)
         assert chosen == names[int(np.argmax(scores))]
+
+
+def test_documents_the_pool_has_no_room_for_come_back_from_host_memory_as_hf_computes_them(runtime, requests,
+                                                                                            hf_probabilities):
+    """A pool of 600 tokens under documents of about 1,300, and host memory for all: the documents the pool
+    lets go of move to the host tier, later steps and a refresh copy them back instead of computing them,
+    and every answer still equals HF's."""
+    per_token = runtime.runner.pool.bytes_per_token
+    small = Runtime(runtime.model_id, runtime.runner.model, runtime.tokenizer, runtime.layout.frame, "quail", 256,
+                    kv_bytes=600 * per_token, kv_host_bytes=4000 * per_token)
+    steps = [requests[i * len(TEXTS):(i + 1) * len(TEXTS)] for i in range(len(TEMPLATES))] + \
+        [requests[:len(TEXTS)]]
+    tree, fresh, ours = small.runner.tree, [], []
+    for step in steps:
+        work = QueryWork()
+        ours += [row[1] for row in small.score(step, work)]
+        fresh.append(work.stats.fresh_tokens)
+    assert np.abs(np.exp(ours) - np.concatenate([hf_probabilities, hf_probabilities[:len(TEXTS)]])).max() <= 1e-4
+    assert sum(r.prefix(2)[0] for r in steps[0]) > 2 * 600, "more documents than the pool holds"
+    assert tree.counts.offloaded > 600 and tree.counts.restored > 600
+    assert max(fresh[1:]) < fresh[0] / 2, "later steps copy the documents back"

@@ -1,4 +1,5 @@
-"""The KV pool's slots held by runs, and the resident tree over them: longest prefixes, no copies, eviction order."""
+"""The KV pool's slots held by runs, and the resident tree over them: longest prefixes, no copies, eviction order,
+the host tier."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import gc
 import numpy as np
 import torch
 
+from quail.engine.kv.host_tier import HostTier
 from quail.engine.kv.pool import KVPool
 from quail.engine.kv.resident import ResidentTree
 from quail.engine.kv.runs import KV
@@ -100,3 +102,63 @@ def test_a_pass_keeps_its_kv_in_a_pool_of_its_own_when_the_pool_is_held_by_runni
     own = KVPool.like(pool, 3)
     extra = _run(own, np.arange(20, 23))
     assert _tokens(held.then(extra)) == [0, 1, 2, 3, 20, 21, 22]
+
+
+def test_leaves_the_pool_has_no_room_for_go_to_the_host_tier_and_come_back_exactly():
+    pool = _pool(10)
+    tree = ResidentTree(pool, HostTier(pool, 6))
+    prompts = [np.array([1, 2, n, n + 1]) for n in (10, 20, 30)]  # [1, 2] shared, leaves of 2
+    for ids in prompts[:2]:
+        tree.insert(ids, _run(pool, ids))
+    gc.collect()
+    tree.insert(prompts[2], _run(pool, prompts[2]))  # 4 slots wanted, 4 free: nothing moves
+    gc.collect()
+    assert (tree.tokens, tree.host_tokens) == (8, 0)
+    tree.evict(3)  # the two least recently used leaves go to the host
+    assert (tree.tokens, tree.host_tokens, tree.counts.offloaded) == (4, 4, 4) and pool.free == 6
+    found = tree.match(prompts[0], limit=3)  # half of a leaf in the host tier: that half comes back
+    tree.settle()
+    assert found.length == 3 and _tokens(found.kv) == [1, 2, 10], "the copy back is the computed KV"
+    assert found.kv.layer(0)[1][:, 0, 0].int().tolist() == [-1, -2, -10], "values too"
+    assert tree.counts.restored == 1 and tree.host_tokens == 3
+    assert tree.match(prompts[1]).length == 4 and tree.host_tokens == 1
+    again = _run(pool, prompts[0][2:])
+    tree.insert(prompts[0], again, start=2, before=tree.match(prompts[0], limit=2).kv)
+    assert tree.host_tokens == 0 and tree.counts.restored == 3, "computed again: the host's copy is let go"
+    del found, again
+    tree.clear()
+    gc.collect()
+    assert (tree.tokens, tree.host_tokens, pool.used, tree.host.used) == (0, 0, 0, 0)
+
+
+def test_the_host_tier_drops_its_least_recently_used_leaves_and_the_plans_demoted_ones_skip_it():
+    pool = _pool(6)
+    tree = ResidentTree(pool, HostTier(pool, 4))
+    prompts = [np.array([n, n + 1]) for n in (10, 20, 30, 40, 50)]
+    for ids in prompts[:3]:
+        tree.insert(ids, _run(pool, ids))
+        gc.collect()
+    tree.demote(prompts[2], after=0)
+    for ids in prompts[3:]:
+        tree.insert(ids, _run(pool, ids))
+        gc.collect()
+    assert (tree.counts.evicted, tree.counts.offloaded) == (2, 2), "the demoted one went out, not to the host"
+    assert tree.resident_length(prompts[2]) == 0 and tree.resident_length(prompts[0]) == 2
+    tree.evict(4)  # two more leaves for a full host: its least recently used (prompts[0]) makes room
+    assert tree.resident_length(prompts[0]) == 0
+    assert tree.resident_length(prompts[1]) == tree.resident_length(prompts[3]) == 2
+    assert (tree.host_tokens, tree.counts.evicted, tree.host.used) == (4, 4, 4)
+
+
+def test_host_extents_are_split_and_merged_back():
+    pool = _pool(4)
+    host = HostTier(pool, 10)
+    runs = [host.take(n) for n in (3, 3, 3)]
+    host.free(runs[1])
+    spread = host.take(4)  # 3 in the gap and 1 at the end
+    assert spread.extents == [(3, 3), (9, 1)] and host.used == 10
+    head, tail = spread.split(2)
+    assert head.extents == [(3, 2)] and tail.extents == [(5, 1), (9, 1)]
+    for run in (head, tail, runs[0], runs[2]):
+        host.free(run)
+    assert host.used == 0 and host.take(10).extents == [(0, 10)]

@@ -54,3 +54,13 @@ def test_work_of_one_ai_join_by_hand():
     work = cost([0, 1], [2.0, 3.0], [edge])
     assert work == Work(tokens=2 * 100 + 6 * 10, pairs=2 * 5050 + 6 * (10 * 100 + 55),
                         kv_written=200, kv_read=600)
+
+
+def test_resident_anchors_are_read_not_computed():
+    """Half the two anchors resident: one anchor's tokens, pairs and KV writes left, every partner's reads the
+    same; the speed of light of the work less."""
+    cold = Edge(frozenset({0, 1}), 0.2, True, 0, 100.0, 10.0)
+    warm = Edge(frozenset({0, 1}), 0.2, True, 0, 100.0, 10.0, anchor_resident=0.5)
+    work = cost([0, 1], [2.0, 3.0], [warm])
+    assert work == Work(tokens=100 + 6 * 10, pairs=5050 + 6 * (10 * 100 + 55), kv_written=100, kv_read=600)
+    assert SOL(work) < SOL(cost([0, 1], [2.0, 3.0], [cold]))

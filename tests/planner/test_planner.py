@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 import pytest
 
@@ -138,6 +140,51 @@ def test_explain_says_when_the_other_anchor_is_cheaper():
     notes = plan_sql(sql.replace("OPTIONS", ""), catalog).notes
     assert any("anchoring {1} would ask" in n and "add {'anchor': 1}" in n for n in notes)
     assert not any("anchoring" in n for n in plan_sql(sql.replace("OPTIONS", ", {'anchor': 1}"), catalog).notes)
+
+
+def test_plans_count_the_documents_the_kv_pool_holds_and_explain_shows_them():
+    """A view of the KV pool (a fake: three quarters of the passages' documents resident as {1}'s, no claim):
+    each AI step expects its share of its anchor documents resident, the join order counts them as read,
+    not computed; without a view, no expectation and every document computed."""
+    from quail.engine.exec.catalog import MemoryCatalog
+
+    catalog = MemoryCatalog()
+    catalog.register("claims", pa.table({"id": list(range(40)), "claim": ["Tea helps."] * 40}))
+    catalog.register("passages", pa.table({"id": list(range(5)), "passage": ["A long study of tea. " * 40] * 5}))
+    asked = []
+
+    def resident(texts: pa.ChunkedArray, placeholder: int) -> float:
+        asked.append((texts.to_pylist(), placeholder))
+        return 0.75 if placeholder == 1 and texts[0].as_py().startswith("A long") else 0.0
+
+    join = ("SELECT c.id, p.id FROM claims c JOIN passages p "
+            "ON AI_FILTER(PROMPT('Does {1} support {0}?', c.claim, p.passage), {'anchor': 1})")
+    cold, warm = plan_sql(join, catalog), plan_sql(join, catalog, resident=resident)
+    (step,) = [s for s in warm.steps if isinstance(s, AIStep)]
+    assert step.documents == (5 * 210, 0.75 * 5 * 210), "5 passages of 840 characters"
+    assert step.describe()[0].endswith("; expects ~788 of 1,050 document tokens resident")
+    assert [s.documents for s in cold.steps if isinstance(s, AIStep)] == [None]
+    assert "expects" not in "".join(line for s in cold.steps for line in s.describe())
+    assert asked == [(["A long study of tea. " * 40] * 5, 1), (["Tea helps."] * 40, 0)], \
+        "each column asked once: the anchor's, then the other's (for the advice on the anchor)"
+    asked.clear()
+
+    def tokens(note: str, pattern: str) -> float:
+        return float(re.search(pattern, note).group(1).replace(",", ""))
+
+    assert abs(tokens(cold.notes[0], r"~([\d,]+) model tokens") - tokens(warm.notes[0], r"~([\d,]+) model tokens")
+               - 0.75 * 5 * 210) <= 1
+    unanchored = join.replace(", {'anchor': 1}", "")
+    advice = [plan_sql(unanchored, catalog, resident=view).notes[-1] for view in (None, resident)]
+    assert abs(tokens(advice[0], r"would ask ~([\d,]+)") - tokens(advice[1], r"would ask ~([\d,]+)")
+               - 0.75 * 5 * 210) <= 1, "the advice on the anchor counts the resident passages too"
+    filtered = plan_sql("EXPLAIN SELECT id FROM claims WHERE id < 20 AND AI_FILTER(PROMPT('Is {0} true?', claim)) "
+                        "AND AI_FILTER(PROMPT('Is {0} about tea?', claim), {'selectivity': 0.5})", catalog,
+                        resident=resident)
+    lines = execute(filtered, catalog, None).column("plan").to_pylist()
+    assert [line.split("; ")[-1] for line in lines if line.startswith("  AI filter")] == [
+        "expects ~0 of 10 document tokens resident", "expects ~0 of 2 document tokens resident"], \
+        "4 rows pass id < 20 as estimated (0.1 of 40), each of 2.5 tokens; then the 0.2 the first filter passes"
 
 
 @pytest.mark.parametrize("sql, chunked", [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import adbc_driver_flightsql.dbapi as flight_sql
 import adbc_driver_manager
 import pyarrow as pa
@@ -156,6 +158,34 @@ def test_explain_analyze_through_adbc(conn):
     assert any(line.startswith("stage ai_filter") and "0.5 estimated" in line and "observed" in line for line in lines)
     assert lines[-2].startswith("model: ") and "KV regret" in lines[-2]
     assert lines[-1].startswith("wall ") and "speed of light" in lines[-1]
+
+
+def test_explain_expects_the_documents_an_earlier_query_left_resident(conn):
+    """Before any query read a table's texts, EXPLAIN expects none of its documents resident; after a filter
+    over them, another question over the same column expects them all, and EXPLAIN ANALYZE shows them
+    cached."""
+    stays = pa.table({"id": [1, 2, 3], "note": ["The heating broke twice this winter.",
+                                                 "Friendly staff at the front desk.", "Parking was hard to find."]})
+    with conn.cursor() as cur:
+        cur.adbc_ingest("stays", stays, mode="create")
+    asked = "SELECT id FROM stays WHERE AI_FILTER(PROMPT('Is {0} a complaint?', note))"
+    other = "SELECT id FROM stays WHERE AI_FILTER(PROMPT('Is {0} about staff?', note))"
+
+    def ai_line(sql: str) -> str:
+        (line,) = [line for line in query(conn, sql)["plan"].to_pylist() if line.startswith("AI filter")]
+        return line
+
+    def expected(sql: str) -> tuple[int, int]:
+        found = re.search(r"expects ~([\d,]+) of ([\d,]+) document tokens resident", ai_line("EXPLAIN " + sql))
+        return int(found.group(1).replace(",", "")), int(found.group(2).replace(",", ""))
+
+    resident, total = expected(asked)
+    assert resident == 0 and total > 0
+    query(conn, asked)
+    resident, total = expected(other)
+    assert total > 0 and resident >= 0.9 * total
+    analyzed = re.search(r"([\d,]+) of ([\d,]+) prompt tokens cached\]", ai_line("EXPLAIN ANALYZE " + other))
+    assert analyzed is not None and int(analyzed.group(1).replace(",", "")) > 0
 
 
 @pytest.mark.parametrize("sql", [

@@ -379,3 +379,43 @@ def test_concurrent_clients_get_the_answers_they_get_one_at_a_time(uri):
         got = together[i]
         assert [(r[0], r[2]) for r in got] == [(r[0], r[2]) for r in want] and len(want) == 25, SHARED[i]
         assert all(abs(a[1] - b[1]) < 1e-4 for a, b in zip(got, want)), SHARED[i]
+
+
+def test_kv_the_pool_has_no_room_for_waits_in_host_memory_and_serves_a_refresh(tmp_path):
+    """--kv-host-bytes beside a pool of 600 tokens: a query over more documents than that moves the pool's
+    oldest to host memory; the same query sent again (a dashboard's refresh) copies them back instead of
+    computing them (it computes only each prompt's last tokens), returns the same rows, and the metrics
+    show both moves."""
+    import socket
+    import urllib.request
+
+    from quail.clients.server_process import ServerProcess
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    def metrics() -> dict[str, float]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line and not line.startswith("#")}
+
+    per_token = 46_080  # SmolLM2-135M in fp32: 2 × 30 layers × 3 KV heads × 64 × 4 bytes
+    query = ("SELECT id, AI_FILTER(PROMPT('Was the soup cold in {0}?', body)) AS cold FROM reviews WHERE id < 60 "
+             "ORDER BY id")
+    fresh = 'quail_tokens_total{kind="fresh"}'
+    with ServerProcess(tmp_path, "--metrics-port", str(port), "--token-budget", "256",
+                       "--kv-cache-bytes", str(600 * per_token), "--kv-host-bytes", str(4000 * per_token)) as served:
+        with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.adbc_ingest("reviews", REVIEWS.slice(0, 60), mode="replace")
+            cur.execute(query)
+            first = cur.fetch_arrow_table()
+            before = metrics()
+            cur.execute(query)
+            assert cur.fetch_arrow_table().equals(first)
+        after = metrics()
+    assert after["quail_kv_pool_bytes"] <= 600 * per_token and after["quail_kv_host_bytes"] == 4000 * per_token
+    assert before["quail_kv_host_offloaded_tokens_total"] > 1000, "more documents than the pool holds"
+    assert after["quail_kv_host_restored_tokens_total"] > 1000, "the refresh copied them back"
+    assert after[fresh] - before[fresh] < before[fresh] / 4, "and computed little"
+    assert 0 < after["quail_kv_host_used_bytes"] <= after["quail_kv_host_bytes"]

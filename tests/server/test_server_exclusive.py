@@ -61,7 +61,10 @@ def test_a_busy_port_and_a_held_data_directory_are_refused_in_one_line(tmp_path)
     (("--max-active", "0"), "--max-active must be at least 1"), (("--users", "/no/such/file"), "No such file"),
     (("--dialect", "postgres"), "unknown dialect"),
     (("--kv-cache-bytes", str(10 ** 15)), "does not fit in the memory of cpu: lower --kv-cache-bytes"),
-], ids=["cuda-without-gpu", "unknown-device", "port", "budget", "max-active", "users-file", "dialect", "kv-pool"])
+    (("--kv-host-bytes", str(10 ** 15)), "does not fit in this machine's memory: lower --kv-host-bytes"),
+    (("--kv-host-bytes", "-1"), "the host KV tier's bytes cannot be negative"),
+], ids=["cuda-without-gpu", "unknown-device", "port", "budget", "max-active", "users-file", "dialect", "kv-pool",
+        "kv-host", "kv-host-negative"])
 def test_bad_startup_options_are_one_line(tmp_path, args, message):
     refused = _serve("--data-dir", str(tmp_path), "--port", "0", *args)
     assert refused.returncode == 2 and "serving" not in refused.stdout

@@ -1,0 +1,205 @@
+"""The host-RAM tier: KV the device's pool has no room for, kept in pinned host memory until a request continues it.
+
+The resident tree (kv/resident.py) moves its least recently used runs here
+instead of dropping them, and copies them back into the pool when a request
+matches them, if that is cheaper than computing them again (`restores`: the copy
+and the forward pass are measured on this machine). Host memory is one pinned
+store of token slots, all of a token's layers together, so a run is a few
+contiguous extents: one copy each way per extent. On a GPU the copies run on a
+stream of their own: a run comes back while the passes before it still compute,
+and the pass that reads it waits for it, not the host.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from quail.engine.kv.pool import KVPool, on_device
+from quail.engine.kv.runs import KV
+
+
+@dataclass
+class HostRun:
+    """A run of tokens in the host store: (first slot, count) extents, in token order."""
+
+    extents: list[tuple[int, int]]
+
+    def __len__(self) -> int:
+        return sum(count for _, count in self.extents)
+
+    def split(self, at: int) -> tuple["HostRun", "HostRun"]:
+        """Its first `at` tokens and the rest."""
+        head: list[tuple[int, int]] = []
+        tail: list[tuple[int, int]] = []
+        seen = 0
+        for start, count in self.extents:
+            if seen + count <= at:
+                head.append((start, count))
+            elif seen >= at:
+                tail.append((start, count))
+            else:
+                head.append((start, at - seen))
+                tail.append((start + at - seen, count - (at - seen)))
+            seen += count
+        return HostRun(head), HostRun(tail)
+
+
+@dataclass
+class _Restore:
+    """A copy back owed before the next pass reads the pool: a run's host extents into these slots."""
+
+    run: HostRun
+    kv: KV
+
+
+class HostTier:
+    """Pinned host slots (slots, keys|values, layers, kv_heads, head_dim) for runs of one device pool."""
+
+    def __init__(self, pool: KVPool, slots: int) -> None:
+        k = pool.keys[0]
+        self.pool = pool
+        self.slots = slots
+        self.bytes_per_token = pool.bytes_per_token
+        on_gpu = pool.device.type == "cuda"
+        self.store = torch.empty((slots, 2, len(pool.keys), k.shape[1], k.shape[2]), dtype=k.dtype,
+                                 pin_memory=on_gpu)
+        self.stream = torch.cuda.Stream(pool.device) if on_gpu else None
+        self._free: list[tuple[int, int]] = [(0, slots)] if slots else []  # by first slot, none adjacent
+        self.used = 0
+        self._owed: list[_Restore] = []
+        self.copy_bytes_per_s = self._measure_copy()
+        self.recompute_tokens_per_s: float | None = None  # set once passes have been timed (Runtime.warm_up)
+
+    @property
+    def restores(self) -> bool:
+        """Whether copying a run back is faster than computing it again (true until passes are timed)."""
+        if self.recompute_tokens_per_s is None:
+            return True
+        return self.bytes_per_token / self.copy_bytes_per_s < 1 / self.recompute_tokens_per_s
+
+    def _measure_copy(self) -> float:
+        """Bytes a second from the store into the device (the best of three copies of up to 64 MiB)."""
+        tokens = min(self.slots, max(1, (64 << 20) // self.bytes_per_token))
+        if not self.slots:
+            return 1.0
+        best = float("inf")
+        for _ in range(3):
+            began = time.perf_counter()
+            if self.stream is None:
+                self.store[:tokens].clone()
+            else:
+                self.store[:tokens].to(self.pool.device, non_blocking=True)
+                torch.cuda.synchronize(self.pool.device)
+            best = min(best, time.perf_counter() - began)
+        return tokens * self.bytes_per_token / max(best, 1e-9)
+
+    def take(self, count: int) -> HostRun | None:
+        """`count` free slots, in one extent where one is long enough; None: fewer are free."""
+        if count > self.slots - self.used:
+            return None
+        for i, (start, length) in enumerate(self._free):
+            if length >= count:
+                self._free[i:i + 1] = [(start + count, length - count)] if length > count else []
+                self.used += count
+                return HostRun([(start, count)])
+        extents, left = [], count
+        while left:
+            start, length = self._free[0]
+            used = min(length, left)
+            self._free[0:1] = [(start + used, length - used)] if length > used else []
+            extents.append((start, used))
+            left -= used
+        self.used += count
+        return HostRun(extents)
+
+    def free(self, run: HostRun) -> None:
+        """Give the run's slots back."""
+        for start, count in run.extents:
+            i = bisect.bisect_left(self._free, (start, count))
+            if i < len(self._free) and start + count == self._free[i][0]:
+                count += self._free.pop(i)[1]
+            if i and self._free[i - 1][0] + self._free[i - 1][1] == start:
+                start, count = self._free[i - 1][0], self._free[i - 1][1] + count
+                self._free.pop(i - 1)
+                i -= 1
+            self._free.insert(i, (start, count))
+        self.used -= len(run)
+
+    def offload(self, runs: list[KV]) -> list[HostRun | None]:
+        """Copy these device runs into host slots (all in one gather per layer); None for a run there is
+        no room for. The device's copies may be freed at once: the copy reads them before any later pass
+        writes there."""
+        homes = [self.take(len(kv)) for kv in runs]
+        moved = [kv for kv, home in zip(runs, homes) if home is not None]
+        if not moved:
+            return homes
+        whole = moved[0] if len(moved) == 1 else KV(tuple(part for kv in moved for part in kv.parts))
+        staged = torch.empty((len(whole),) + tuple(self.store.shape[1:]), dtype=self.store.dtype,
+                             device=self.pool.device)
+        for layer in range(len(self.pool.keys)):
+            keys, values = whole.layer(layer)
+            staged[:, 0, layer] = keys
+            staged[:, 1, layer] = values
+        extents = [extent for home in homes if home is not None for extent in home.extents]
+        if self.stream is None:
+            self._copy_out(staged, extents)
+        else:
+            self.stream.wait_stream(torch.cuda.current_stream(self.pool.device))
+            with torch.cuda.stream(self.stream):
+                self._copy_out(staged, extents)
+            staged.record_stream(self.stream)
+        return homes
+
+    def _copy_out(self, staged: torch.Tensor, extents: list[tuple[int, int]]) -> None:
+        offset = 0
+        for start, count in extents:
+            self.store[start:start + count].copy_(staged[offset:offset + count], non_blocking=True)
+            offset += count
+
+    def restore(self, run: HostRun) -> KV:
+        """A device run for these host tokens, in pool slots (in a pool of its own when the pool's are all
+        held: a copy for the caller, the host keeps the run); the copy is owed until `settle`, which every
+        pass calls before it reads the pool. The host slots of a run back in the pool are given back then."""
+        pool, slots = self.pool, self.pool.take(len(run))
+        if slots is None:
+            pool = KVPool.like(self.pool, len(run))
+            slots = pool.take(len(run))
+        kv = KV(((pool, slots),))
+        self._owed.append(_Restore(run, kv))
+        return kv
+
+    def settle(self) -> None:
+        """Queue the owed copies back: one copy per host extent, then one scatter per layer into the pool."""
+        if not self._owed:
+            return
+        owed, self._owed = self._owed, []
+        pieces = [self.store[start:start + count] for entry in owed for start, count in entry.run.extents]
+        if self.stream is None:
+            staged = torch.cat(pieces)
+        else:
+            with torch.cuda.stream(self.stream):
+                staged = torch.cat([piece.to(self.pool.device, non_blocking=True) for piece in pieces])
+            main = torch.cuda.current_stream(self.pool.device)
+            main.wait_stream(self.stream)
+            staged.record_stream(main)
+        into: dict[int, tuple[KVPool, list[np.ndarray], list[int]]] = {}  # per pool: slots, rows of `staged`
+        offset = 0
+        for entry in owed:
+            pool, slots = entry.kv.parts[0]
+            _, targets, rows = into.setdefault(id(pool), (pool, [], []))
+            targets.append(slots)
+            rows.extend(range(offset, offset + len(slots)))
+            offset += len(slots)
+        for pool, targets, rows in into.values():
+            part = staged if len(into) == 1 else staged[on_device(pool.device, np.array(rows))]
+            slots = on_device(pool.device, np.concatenate(targets))
+            for layer in range(len(pool.keys)):
+                pool.write(layer, slots, part[:, 0, layer], part[:, 1, layer])
+        for entry in owed:
+            if entry.kv.parts[0][0] is self.pool:
+                self.free(entry.run)
