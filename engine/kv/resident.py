@@ -52,13 +52,12 @@ class Node:
 
 @dataclass
 class Match:
-    """The longest resident prefix of a prompt: its length, its KV (None when 0) and the node it ends in. A
-    match that left the host tier's part where it is has the KV of its first `in_pool` tokens only."""
+    """The longest resident prefix of a prompt: its length, its KV (None when 0; of the part in the pool
+    only, for a match that left the host tier's part where it is) and the node it ends in."""
 
     length: int
     kv: KV | None
     node: Node
-    in_pool: int
 
 
 @dataclass
@@ -91,6 +90,7 @@ class ResidentTree:
         self._heap: list[tuple[bool, int, int, Node]] = []
         self._host_heap: list[tuple[bool, int, int, Node]] = []
         self._tie = itertools.count()
+        self._moving: set[int] = set()  # the nodes (by id) a copy back is for, which stay where they are
         self._claims: dict[bytes, object] = {}
         self._lock = threading.RLock()
         pool.evict = self.evict
@@ -109,7 +109,7 @@ class ResidentTree:
         with self._lock:
             node, length, now = self.root, 0, next(self._clock)
             parts: list[KV] = []
-            in_pool = None
+            path: list[Node] = []
             while length < limit:
                 child = node.children.get(int(ids[length]))
                 if child is None or (child.kv is None and not self.host.restores):
@@ -118,18 +118,18 @@ class ResidentTree:
                 child.used = now
                 if child.kv is None:
                     if not fetch:
-                        in_pool = length if in_pool is None else in_pool
                         length += shared
                         node = child
                         if shared < len(child.ids):
                             break
                         continue
-                    child, fetched = self._fetch(node, child, shared)
+                    child, fetched = self._fetch(path, child, shared)
                     parts.append(fetched)
                 else:
                     parts.append(child.kv if shared == len(child.ids) else child.kv.slice(0, shared))
                 length += shared
                 node = child
+                path.append(child)
                 if shared < len(child.ids):
                     break
             self._touch(node)
@@ -139,7 +139,7 @@ class ResidentTree:
         kv = None
         for part in parts:
             kv = part if kv is None else kv.then(part)
-        return Match(length, kv, node, length if in_pool is None else in_pool)
+        return Match(length, kv, node)
 
     def resident_length(self, ids: np.ndarray) -> int:
         """How long a prefix of `ids` a match would find now (counting what it would copy back from the host
@@ -157,20 +157,18 @@ class ResidentTree:
                 node = child
             return length
 
-    def _fetch(self, parent: Node, child: Node, shared: int) -> tuple[Node, KV]:
-        """`child` (in the host tier) copied back, cut to its first `shared` tokens first: the node holding
-        them, and their KV. Into the pool, where the node moves; into a pool of the caller's own when all
-        the pool's slots are held (the node stays in the host tier). Both nodes are pinned meanwhile, so
-        the room made for it is not made from them."""
+    def _fetch(self, path: list[Node], child: Node, shared: int) -> tuple[Node, KV]:
+        """`child` (in the host tier, below the nodes of `path`) copied back, cut to its first `shared`
+        tokens first: the node holding them, and their KV. Into the pool, where the node moves; into a pool
+        of the caller's own when all the pool's slots are held (the node stays in the host tier). The room
+        made for it is not made from the path or the child."""
         if shared < len(child.ids):
             child = self._split(child, shared)
-        parent.pins += 1
-        child.pins += 1
+        self._moving = {id(node) for node in (*path, child)}
         try:
             kv = self.host.restore(child.host)
         finally:
-            parent.pins -= 1
-            child.pins -= 1
+            self._moving = set()
         self.counts.restored += len(child.ids)
         if kv.parts[0][0] is self.pool:
             child.kv, child.host = kv, None
@@ -257,8 +255,8 @@ class ResidentTree:
         return upper
 
     def pin(self, node: Node) -> None:
-        """A running query continues this node's prefix: it and the nodes above it stay until unpinned (in
-        the pool, or in the host tier until fetched)."""
+        """A running query will continue this node's prefix: it and the nodes above it stay in the tree until
+        unpinned (in the pool, or moved to the host tier)."""
         with self._lock:
             while node is not self.root:
                 node.pins += 1
@@ -335,9 +333,9 @@ class ResidentTree:
 
     @staticmethod
     def _current(offer: tuple[bool, int, int, Node]) -> bool:
-        """Whether a leaf's offer still holds: it is in the tree, unpinned, at this priority."""
+        """Whether a leaf's offer still holds: it is in the tree at this priority."""
         kept, used, _, node = offer
-        return node.parent is not None and not node.pins and (kept, used) == (not node.demoted, node.used)
+        return node.parent is not None and (kept, used) == (not node.demoted, node.used)
 
     def evict(self, tokens: int) -> None:
         """Make `tokens` more slots free in the pool, or as many as can be: leaves go, demoted first, then
@@ -347,16 +345,19 @@ class ResidentTree:
             target = self.pool.free + tokens
             while self._heap and self.pool.free < target:
                 moving: list[Node] = []
+                taken: set[int] = set()
                 size = 0
                 while self._heap and self.pool.free + size < target:
                     offer = heapq.heappop(self._heap)
                     node = offer[3]
-                    if not self._current(offer) or node.kv is None or node.device_children:
-                        continue
-                    if self.host is not None and not node.demoted:
-                        moving.append(node)
+                    if not self._current(offer) or node.kv is None or node.device_children or \
+                            id(node) in self._moving or id(node) in taken:
+                        continue  # (a leaf offered twice at one priority is taken once)
+                    if self.host is not None and (node.pins or not node.demoted):
+                        moving.append(node)  # a pinned node may move to the host tier, not leave the tree
+                        taken.add(id(node))
                         size += len(node.ids)
-                    else:
+                    elif not node.pins:
                         self._remove(node)
                 if moving:
                     self._offload(moving)
@@ -369,8 +370,10 @@ class ResidentTree:
         room = sum(len(node.ids) for node in nodes)
         while self._host_heap and self.host.slots - self.host.used < room and self._host_heap[0][1] <= newest:
             offer = heapq.heappop(self._host_heap)
-            if self._current(offer) and offer[3].kv is None and not offer[3].children:
-                self._remove(offer[3])
+            gone = offer[3]
+            if self._current(offer) and gone.kv is None and not gone.children and not gone.pins and \
+                    id(gone) not in self._moving:
+                self._remove(gone)
         homes = self.host.offload([node.kv for node in nodes])
         for node, home in zip(nodes, homes):
             if home is None:

@@ -350,8 +350,10 @@ class TreeJob:
     once the pass ran, grouped by parent (each parent's KV one run): depth
     first, so a parent's KV is dropped as soon as its last child ran. With the
     runner's resident tree, each request continues the longest prefix of its
-    prompt found there (pinned while the job runs), and every prompt computed
-    goes into it (kv/resident.py). A request whose document another running
+    prompt found there (pinned until the first item continuing it joins a pass,
+    and taken from the tree then: copied back if it moved to the host tier, at
+    most half a pool's worth a pass), and every prompt computed goes into it
+    (kv/resident.py). A request whose document another running
     query has claimed waits for that query to compute it, then continues it;
     the job claims the others' documents.
     """
@@ -366,6 +368,7 @@ class TreeJob:
         self.items: list[Item] = []  # this pass's, with whether each one's children joined it, and its chain
         self.shared: list[bool] = []
         self.chain: list[int] = []
+        self.restored = 0  # tokens this pass's items copied back from the host tier
 
     def _start(self, members: list[int]) -> None:
         """The members' roots at the frontier's front, longest first."""
@@ -389,9 +392,14 @@ class TreeJob:
             if ready:
                 self._start(ready)
         while self.frontier and fill.admits(len(self.frontier[0][0])):
+            if self.restored > self.runner.pool.slots // 2 and isinstance(self.frontier[0][1], Fetch) and \
+                    self.frontier[0][1].kv is None:
+                break  # the pass has copied back half a pool from the host tier: the rest waits for the next
             node, kv, parent = self.frontier.popleft()
             if isinstance(kv, Fetch):
+                restored = self.runner.tree.counts.restored
                 kv = kv.run(self.hold)
+                self.restored += self.runner.tree.counts.restored - restored
             fill.add(len(node))
             self.chain.append(0 if parent is None else self.chain[parent] + len(self.items[parent][0]))
             self.items.append((node, kv, parent))
@@ -427,7 +435,7 @@ class TreeJob:
             node, _, parent = self.frontier.popleft()
             children.append((node, runs[parent], None))
         self.frontier.extendleft(reversed(children))
-        self.items, self.shared, self.chain = [], [], []
+        self.items, self.shared, self.chain, self.restored = [], [], [], 0
         if self.done():
             self.hold.release()
 
@@ -438,8 +446,7 @@ class _Hold:
 
     def __init__(self, tree: ResidentTree | None, requests: Sequence[Request]) -> None:
         self.tree = tree
-        self.pins: list[Node] = []
-        self.fetches: dict[int, Node] = {}  # the nodes pinned until a Fetch (by id) has run
+        self.pins: dict[int, Node] = {}  # the node each Fetch (by id) continues, pinned until it has run
         self.claims: dict[bytes, int] = {}  # each claimed document's prefix length
         self.prefixes = [document_prefix(r) for r in requests] if tree is not None else []
 
@@ -478,25 +485,19 @@ class _Hold:
                 del self.claims[prefix[1]]
                 self.tree.release([prefix[1]], self)
 
-    def pin(self, node: Node, fetch: Fetch | None = None) -> None:
-        """Pin the node until the job is done, or until `fetch` has run."""
+    def pin(self, node: Node, fetch: Fetch) -> None:
+        """Pin the node until `fetch` has run, or the job is done."""
         self.tree.pin(node)
-        if fetch is None:
-            self.pins.append(node)
-        else:
-            self.fetches[id(fetch)] = node
+        self.pins[id(fetch)] = node
 
     def unpin(self, fetch: Fetch) -> None:
-        node = self.fetches.pop(id(fetch), None)  # once, whichever thread comes first (dict.pop is atomic)
+        node = self.pins.pop(id(fetch), None)  # once, whichever thread comes first (dict.pop is atomic)
         if node is not None:
             self.tree.unpin(node)
 
     def release(self) -> None:
-        pins, self.pins = self.pins, []
-        for node in pins:
-            self.tree.unpin(node)
-        for key in list(self.fetches):
-            node = self.fetches.pop(key, None)
+        for key in list(self.pins):
+            node = self.pins.pop(key, None)
             if node is not None:
                 self.tree.unpin(node)
         if self.claims:
@@ -544,13 +545,10 @@ def _roots(tree: ResidentTree | None, requests: Sequence[Request], members: list
     out: list[tuple[RadixNode, KV | Fetch | None]] = []
     for key, group in groups.items():
         length, match = found[key]
-        kv: KV | Fetch | None = None
-        if length and length > match.in_pool:
+        kv = None
+        if length:
             kv = Fetch(requests[group[0]].tokens(0, length))
             hold.pin(match.node, kv)
-        elif length:
-            kv = match.kv if length == match.in_pool else match.kv.slice(0, length)
-            hold.pin(match.node)
         root = collapse(build([requests[i] for i in group]))
         for node in nodes(root):
             node.rep, node.ends = group[node.rep], [group[i] for i in node.ends]
@@ -582,9 +580,10 @@ def _match(tree: ResidentTree, request: Request, prefix: tuple[int, bytes] | Non
 
 @dataclass(eq=False)
 class Fetch:
-    """A resident prefix partly in the host tier: copied back into the pool when the first item continuing
-    it joins a pass, not when the job starts (a job's prefixes may be more than the pool holds); pinned
-    until then, so it is still there."""
+    """A resident prefix some of a job's requests continue: its KV is taken from the tree when the first
+    item continuing it joins a pass (copied back into the pool if the tree moved it to the host tier), not
+    when the job starts, so a job holds no more of the pool than its passes read (its prefixes may be
+    more than the pool holds). Its node is pinned until then: it stays in the tree."""
 
     ids: np.ndarray
     kv: KV | None = None
@@ -592,7 +591,7 @@ class Fetch:
     def run(self, hold: "_Hold") -> KV:
         if self.kv is None:
             self.kv = hold.tree.match(self.ids, counted=False).kv
-            hold.unpin(self)  # the job holds the run itself now: the tree may move it again
+            hold.unpin(self)  # the job holds the run itself now
         return self.kv
 
 
