@@ -99,12 +99,14 @@ class ResidentTree:
     def cached_bytes(self) -> int:
         return self.tokens * self.pool.bytes_per_token
 
-    def match(self, ids: np.ndarray, limit: int | None = None, counted: bool = True, fetch: bool = True) -> Match:
+    def match(self, ids: np.ndarray, limit: int | None = None, counted: bool = True, fetch: bool = True,
+              pin: bool = False) -> Match:
         """The longest resident prefix of `ids`, at most `limit` tokens (a request still computes its last
         token: its answer is read there); marks the path used. `counted`: in the hit rate. `fetch`: the
         part in the host tier is copied back into the pool (before the next pass; or not counted when
         recomputing is cheaper); else it counts in the length, and is copied back by the match that
-        fetches it later (the caller pins the node meanwhile)."""
+        fetches it later (the caller pins the node meanwhile). `pin`: the node it ends in is pinned before
+        anyone else may change the tree (`unpin` it)."""
         limit = len(ids) if limit is None else min(limit, len(ids))
         with self._lock:
             node, length, now = self.root, 0, next(self._clock)
@@ -133,6 +135,8 @@ class ResidentTree:
                 if shared < len(child.ids):
                     break
             self._touch(node)
+            if pin:
+                self.pin(node)
             if counted:
                 self.counts.looked_up += limit
                 self.counts.hit += length
@@ -340,8 +344,11 @@ class ResidentTree:
     def evict(self, tokens: int) -> None:
         """Make `tokens` more slots free in the pool, or as many as can be: leaves go, demoted first, then
         least recently used; to the host tier when there is one and the plan did not demote them, else
-        out of the tree (a run's slots are free once no query holds them)."""
+        out of the tree (a run's slots are free once no query holds them). Leaves move to the host tier a
+        sixteenth of the pool at a time at least: each move is a gather per layer, whatever its size."""
         with self._lock:
+            if self.host is not None:
+                tokens = max(tokens, self.pool.slots // 16)
             target = self.pool.free + tokens
             while self._heap and self.pool.free < target:
                 moving: list[Node] = []

@@ -534,9 +534,12 @@ def _roots(tree: ResidentTree | None, requests: Sequence[Request], members: list
     groups: dict[tuple, list[int]] = {}
     found: dict[tuple, tuple[int, Match | None]] = {}
     documents: dict[bytes, Match] = {}  # the match of each document prefix the tree lacks part of
+    matched: dict[int, Match] = {}  # each match once, its node pinned until the groups' own pins hold it
     for i in members:
         request = requests[i]
         match = _match(tree, request, hold.prefixes[i], documents) if tree is not None else None
+        if match is not None:
+            matched[id(match)] = match
         length, segments = _continued(request, match.length if match is not None else 0)
         key = (length, *(s.key for s in request.segments[:segments])) if segments is not None \
             else (length, id(match.node))
@@ -560,6 +563,8 @@ def _roots(tree: ResidentTree | None, requests: Sequence[Request], members: list
                 out.append((node, kv))
             else:
                 todo.extend(node.children)
+    for match in {**matched, **{id(m): m for m in documents.values()}}.values():
+        tree.unpin(match.node)
     return out
 
 
@@ -567,15 +572,16 @@ def _match(tree: ResidentTree, request: Request, prefix: tuple[int, bytes] | Non
            documents: dict[bytes, Match]) -> Match:
     """The request's longest resident prefix (all but its last token at most). Where the tree lacks part
     of its document prefix (`prefix`), that is the document's match, looked up once for all the requests
-    reading the document (a join's partners)."""
+    reading the document (a join's partners). Every match made here has its node pinned once (`documents`'
+    too: unpin them all)."""
     if prefix is not None:
         length, key = prefix
         if key not in documents:
-            documents[key] = tree.match(request.tokens(0, length), counted=False, fetch=False)
+            documents[key] = tree.match(request.tokens(0, length), counted=False, fetch=False, pin=True)
         if documents[key].length < length:
             tree.count(len(request) - 1, documents[key].length)
             return documents[key]
-    return tree.match(request.tokens(0, len(request)), len(request) - 1, fetch=False)
+    return tree.match(request.tokens(0, len(request)), len(request) - 1, fetch=False, pin=True)
 
 
 @dataclass(eq=False)
