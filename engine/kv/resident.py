@@ -214,10 +214,11 @@ class ResidentTree:
             while length < len(ids):
                 child = node.children.get(int(ids[length]))
                 if child is None:
-                    if node.kv is None and node is not self.root:
-                        return  # its parent is in the host tier (it was not given the KV to bring it back)
                     # A run of the tree's own, even when it is all of `kv`: the query's is freed when it is done.
-                    leaf = Node(np.array(ids[length:]), run(length, len(ids)), node, length, used=now)
+                    tail = run(length, len(ids))
+                    if tail is None or (node.kv is None and node is not self.root):
+                        return  # not given the KV before `start`, or its parent is in the host tier
+                    leaf = Node(np.array(ids[length:]), tail, node, length, used=now)
                     node.children[int(ids[length])] = leaf
                     node.device_children += 1
                     self.tokens += len(leaf.ids)
@@ -384,7 +385,8 @@ class ResidentTree:
         homes = self.host.offload([node.kv for node in nodes])
         for node, home in zip(nodes, homes):
             if home is None:
-                self._remove(node)
+                if not node.pins:  # a pinned node stays in the pool rather than leave the tree
+                    self._remove(node)
                 continue
             node.kv, node.host = None, home
             self.tokens -= len(node.ids)
