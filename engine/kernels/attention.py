@@ -11,7 +11,7 @@ float round-off:
 - unpadded rows without Triton: one flash varlen call for own tokens, one for
   the runs, merged (`merge`);
 - padded rows (buckets, padding_buckets.py): cuDNN per bucket in bf16/fp16,
-  two matmuls for short rows and in fp32.
+  two matmuls for short rows and in fp32; on the CPU, its flash kernel.
 Why these paths, with the measurements behind each: bench/GPU_NOTES.md.
 """
 
@@ -323,9 +323,14 @@ def _matmuls_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output (b, h, n, d) and log-sum-exp (b, h, n) in fp32; k/v may have fewer heads (GQA).
 
-    cuDNN for bf16/fp16 on CUDA, unless every row is short; else two matmuls
-    (fp32: the reference, exact to round-off).
+    On the CPU, its flash kernel (the one scaled_dot_product_attention runs for
+    rows that continue nothing, so rows after a past are no slower), unless
+    causal over more keys than queries; cuDNN for bf16/fp16 on CUDA, unless
+    every row is short; else two matmuls (fp32: the reference, exact to round-off).
     """
+    if q.device.type == "cpu" and (not causal or q.shape[2] == k.shape[2]):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal,
+                                                                         scale=q.shape[-1] ** -0.5)
     if not _fused(q) or max(q.shape[2], k.shape[2]) <= SMALL:
         return _matmuls(q, k, v, causal)
     out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(

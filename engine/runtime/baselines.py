@@ -3,7 +3,8 @@
 - `independent` (naive): every request a full prompt of its own.
 - `block_prefix` (prefix caching, as vLLM's automatic prefix caching): requests
   in arrival order; full 16-token blocks are cached by a hash of the prefix they
-  end and reused by later batches.
+  end and reused by later batches; the cache holds pool slots, and gives the
+  least recently used back when a pass needs them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from quail.engine.kv.runs import KV
+from quail.engine.kv.pool import KVPool
+from quail.engine.kv.runs import KV, end_to_end
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.requests import Request
@@ -59,12 +61,15 @@ class _Independent:
 
 
 class BlockPrefixCache:
-    """KV of full token blocks keyed by a hash of everything up to the block's end (LRU-bounded)."""
+    """KV of full token blocks keyed by a hash of everything up to the block's end, in the pool's slots:
+    bounded by the pool, the least recently used blocks going first when a pass needs slots (`make_room`)."""
 
-    def __init__(self, block_size: int = 16, max_blocks: int = 1 << 14) -> None:
+    def __init__(self, block_size: int = 16) -> None:
         self.block_size = block_size
-        self.max_blocks = max_blocks
         self._blocks: OrderedDict[bytes, KV] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
 
     def keys(self, ids: np.ndarray) -> list[bytes]:
         """Chained hashes of the full blocks of ids."""
@@ -88,8 +93,25 @@ class BlockPrefixCache:
     def store(self, key: bytes, kv: KV) -> None:
         self._blocks[key] = kv
         self._blocks.move_to_end(key)
-        while len(self._blocks) > self.max_blocks:
-            self._blocks.popitem(last=False)
+
+    def make_room(self, pool: KVPool, count: int, held: set[bytes]) -> None:
+        """Free slots for a pass that takes `count`: after the pool's own `evict` hook has had its turn
+        (as `KVPool.take` gives it), drop least recently used blocks, but those in `held` (rows about to
+        run continue them), until the pool has `count` free or no other block is left."""
+        short = count - pool.free
+        if short > 0 and pool.evict is not None:
+            pool.evict(short)
+        while (short := count - pool.free) > 0:
+            victims = []
+            for key in self._blocks:
+                if key not in held:
+                    victims.append(key)
+                    if len(victims) * self.block_size >= short:
+                        break
+            if not victims:
+                return
+            for key in victims:
+                del self._blocks[key]
 
 
 def block_prefix(runner: ModelRunner, requests: Sequence[Request], stats: Stats,
@@ -98,15 +120,19 @@ def block_prefix(runner: ModelRunner, requests: Sequence[Request], stats: Stats,
 
     A pass takes requests in order while their new tokens fit the budget;
     lookups see the cache as it was before the pass, as a real server's do.
+    Every computed token is written to the pool (one scatter per layer) and its
+    full blocks cached; before a pass, least recently used blocks no row of it
+    continues give their slots back if the pool lacks them.
     """
-    job = _BlockPrefix(runner, requests, stats, cache or BlockPrefixCache())
+    job = _BlockPrefix(runner, requests, stats, cache if cache is not None else BlockPrefixCache())
     runner.scheduler.run(job)
     return job.hidden
 
 
 class _BlockPrefix:
     """The prefix-caching baseline's work: each pass the next requests in arrival order, each after its
-    longest run of cached blocks; the blocks it computed cached after the pass."""
+    longest run of cached blocks (the rows of a pass continuing the same blocks continue one run, read once
+    for them all); the blocks it computed cached after the pass."""
 
     def __init__(self, runner: ModelRunner, requests: Sequence[Request], stats: Stats,
                  cache: BlockPrefixCache) -> None:
@@ -116,6 +142,7 @@ class _BlockPrefix:
         self.next = 0
         self.looked_up: tuple[int, list[bytes], int, Row] | None = None  # looked up, did not fit the last pass
         self.pending: list[tuple[int, list[bytes], int, Row]] = []
+        self.pasts: dict[bytes, KV] = {}  # this pass's runs of cached blocks, by the key of their last block
 
     def done(self) -> bool:
         return self.next == len(self.requests) and self.looked_up is None and not self.pending
@@ -126,8 +153,12 @@ class _BlockPrefix:
         keys = self.cache.keys(ids)
         hit = self.cache.lookup(keys, (len(ids) - 1) // self.cache.block_size)
         fresh = ids[len(hit) * self.cache.block_size:]
-        row = Row(fresh, functools.reduce(KV.then, hit) if hit else None, keep=len(fresh))
-        return i, keys, len(hit), row
+        past = None
+        if hit:
+            past = self.pasts.get(keys[len(hit) - 1])
+            if past is None:
+                past = self.pasts[keys[len(hit) - 1]] = _joined(hit)
+        return i, keys, len(hit), Row(fresh, past, keep=len(fresh))
 
     def fill(self, fill: Share) -> None:
         while self.looked_up is not None or self.next < len(self.requests):
@@ -140,6 +171,10 @@ class _BlockPrefix:
             self.pending.append(entry)
 
     def rows(self, base: int) -> list[Row]:
+        """The pass's rows, once the pool has slots for all they compute."""
+        waiting = self.pending + ([self.looked_up] if self.looked_up is not None else [])
+        held = {key for _, keys, hits, _ in waiting for key in keys[:hits]}
+        self.cache.make_room(self.runner.pool, sum(len(row.ids) for *_, row in self.pending), held)
         return [row for *_, row in self.pending]
 
     def take(self, last: torch.Tensor, kept: list[KV | None]) -> None:
@@ -149,3 +184,11 @@ class _BlockPrefix:
             for b in range(hits, len(keys)):
                 self.cache.store(keys[b], kv.slice((b - hits) * size, (b - hits + 1) * size))
         self.pending = []
+        self.pasts = {}
+
+
+def _joined(blocks: list[KV]) -> KV:
+    """One run of the blocks end to end: their slots in one part where they all lie in one pool (always, but
+    when the pool cannot hold a pass), else joined block by block."""
+    joined = end_to_end(blocks)
+    return KV((joined,)) if joined is not None else functools.reduce(KV.then, blocks)
