@@ -25,6 +25,7 @@ from quail.server.admission import Limits
 from quail.server.auth import Access, Authenticator, load_users
 from quail.server.flight_sql import FlightSQLHandler
 from quail.server.grpc_service import FlightService
+from quail.server.health import Health
 from quail.server.metrics import Metrics
 from quail.server.query_service import QueryService
 
@@ -116,7 +117,8 @@ class QuailServer:
         self.handler = FlightSQLHandler(self.store, QueryService.serving(self.runtime, engine), config.dialect,
                                         config.limits, self.metrics, Access(users))
         service = FlightService(self.handler, self.auth, self.metrics.error)
-        self._grpc.add_generic_rpc_handlers((service.generic_handler(),))
+        self.health = Health()  # grpc.health.v1 on the same port, for load balancers and probes
+        self._grpc.add_generic_rpc_handlers((service.generic_handler(), self.health.generic_handler()))
 
     def _listen(self, address: str) -> int:
         """Bind the address (before the model loads, so a busy port fails at once); the port bound."""
@@ -149,7 +151,9 @@ class QuailServer:
 
     def stop(self, grace: float = GRACE_S) -> None:
         """Stop accepting calls; running calls get `grace` seconds to finish, then their calls end and their
-        queries are cancelled (each stops within one forward pass of bounded size, or one DuckDB interrupt)."""
+        queries are cancelled (each stops within one forward pass of bounded size, or one DuckDB interrupt).
+        The health service says NOT_SERVING from the start."""
+        self.health.stopping()
         stopped = self._grpc.stop(grace)
         if not stopped.wait(grace + 0.5):
             self.handler.cancel_all()

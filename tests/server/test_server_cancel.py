@@ -5,13 +5,16 @@ watching them (the quail_queries system table), limits, metrics, many clients, s
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import adbc_driver_manager
+import grpc
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
+from quail.server import health
 from quail.server import sql_messages as sql
 from quail.server.flight_messages import (CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING,
                                           CANCEL_STATUS_NOT_CANCELLABLE, FLIGHT)
@@ -65,6 +68,29 @@ def _answers_quickly(uri: str) -> None:
 
     threading.Thread(target=run, daemon=True).start()
     assert done.wait(60), "the cancelled query still holds the model"
+
+
+def _health(uri: str) -> tuple[grpc.Channel, Callable, Callable]:
+    """A channel to the server's health service, and its Check and Watch calls (service name in, statuses out)."""
+    channel = grpc.insecure_channel(uri.removeprefix("grpc://"))
+    request, response = health.MESSAGES["HealthCheckRequest"], health.MESSAGES["HealthCheckResponse"]
+    check = channel.unary_unary(f"/{health.SERVICE}/Check", request.SerializeToString, response.FromString)
+    watch = channel.unary_stream(f"/{health.SERVICE}/Watch", request.SerializeToString, response.FromString)
+    return channel, lambda name: check(request(service=name), timeout=10).status, \
+        lambda name: (reply.status for reply in watch(request(service=name), timeout=60))
+
+
+def test_the_grpc_health_service_answers_without_a_login(uri):
+    """grpc.health.v1 on the Flight port: SERVING for the server and for Flight, NOT_FOUND (Check) or
+    SERVICE_UNKNOWN (Watch) for another name; Watch sends the status now."""
+    channel, check, watch = _health(uri)
+    with channel:
+        assert check("") == check("arrow.flight.protocol.FlightService") == health.SERVING
+        with pytest.raises(grpc.RpcError) as unknown:
+            check("no.such.Service")
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        assert next(watch("")) == health.SERVING
+        assert list(watch("no.such.Service")) == [health.SERVICE_UNKNOWN]
 
 
 def _cancel_flight_info(client: flight.FlightClient, info: flight.FlightInfo) -> int:
@@ -277,8 +303,9 @@ def test_sixteen_clients_at_once(uri):
 
 
 def test_sigterm_drains_and_an_interrupted_ingest_leaves_a_whole_table(tmp_path):
-    """SIGTERM during a large ingest and a long query: new calls are refused while the server drains,
-    the process exits, and after a restart the table is either the old one or the new one, whole."""
+    """SIGTERM during a large ingest and a long query: the health service turns NOT_SERVING, new calls are
+    refused while the server drains, the process exits, and after a restart the table is either the old
+    one or the new one, whole."""
     import signal
 
     from quail.clients.server_process import ServerProcess
@@ -303,6 +330,17 @@ def test_sigterm_drains_and_an_interrupted_ingest_leaves_a_whole_table(tmp_path)
 
         writer = threading.Thread(target=ingest)
         writer.start()
+        channel, _, watch = _health(served.uri)
+        statuses: list[int] = []
+
+        def watching() -> None:
+            try:
+                statuses.extend(watch(""))
+            except grpc.RpcError:
+                pass  # the stream ends with the server
+
+        watcher = threading.Thread(target=watching)
+        watcher.start()
         threading.Event().wait(0.5)
         served.process.send_signal(signal.SIGTERM)
         refused = None
@@ -318,7 +356,10 @@ def test_sigterm_drains_and_an_interrupted_ingest_leaves_a_whole_table(tmp_path)
         assert served.process.wait(60) == 0
         thread.join(60)
         writer.join(60)
+        watcher.join(60)
+        channel.close()
         assert not thread.is_alive() and not writer.is_alive()
+        assert statuses[:2] == [health.SERVING, health.NOT_SERVING], statuses
     with ServerProcess(tmp_path) as restarted:
         with flight_sql.connect(restarted.uri, autocommit=True) as conn, conn.cursor() as cur:
             cur.execute("SELECT count(*) AS n, max(id) AS top FROM big")

@@ -45,6 +45,20 @@ def test_bad_or_missing_credentials_are_unauthenticated(secured, credentials):
         _query(secured.uri, **credentials)
 
 
+def test_health_probes_need_no_login_and_see_nothing_else(secured):
+    """A load balancer's probe carries no credentials: the health service answers it, Flight does not."""
+    import grpc
+
+    from quail.server import health
+
+    request, response = health.MESSAGES["HealthCheckRequest"], health.MESSAGES["HealthCheckResponse"]
+    with grpc.insecure_channel(secured.uri.removeprefix("grpc://")) as channel:
+        check = channel.unary_unary(f"/{health.SERVICE}/Check", request.SerializeToString, response.FromString)
+        assert check(request(service=""), timeout=10).status == health.SERVING
+    with pytest.raises(adbc_driver_manager.Error, match="UNAUTHENTICATED"):
+        _query(secured.uri)
+
+
 def test_every_call_needs_a_valid_unexpired_token(secured):
     client = flight.connect(secured.uri)
     command = flight.FlightDescriptor.for_command(sql.pack(sql.new("CommandStatementQuery", query="SELECT 1")))
