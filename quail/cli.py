@@ -40,10 +40,12 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8815, help="port (default 8815; 0 picks a free one)")
     serve.add_argument("--data-dir", default="data", help="directory holding the tables (default ./data)")
     serve.add_argument("--model", default=None, help="model name or .gguf path (default: embedded SmolLM2-135M)")
-    serve.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    serve.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp8"],
-                       help="fp32 (CPU), bf16 or fp8 (e4m3 linear layers) on a GPU (default fp32)")
-    serve.add_argument("--token-budget", type=int, default=4096, help="new tokens per forward pass (default 4096)")
+    serve.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda when a CUDA GPU "
+                       "is present, else cpu)")
+    serve.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp8"],
+                       help="fp32 (CPU), bf16 or fp8 (e4m3 linear layers) on a GPU (default auto: bf16 on a GPU, fp32 on the CPU)")
+    serve.add_argument("--token-budget", type=int, default=None,
+                       help="new tokens per forward pass (default 16384 on a GPU, 4096 on the CPU)")
     serve.add_argument("--tokenizer", default=None, help="HF tokenizer directory for dummy:<shape> weights")
     serve.add_argument("--sol-device", default=None, choices=sorted(DEVICES),
                        help="device constants of the speed-of-light figures (default: cpu on the CPU, else none)")

@@ -24,7 +24,7 @@ from quail.engine.errors import InvalidArgument
 from quail.engine.exec.catalog import MemoryCatalog
 from quail.engine.exec.plan import PhysicalPlan
 from quail.engine.model.config import EngineConfig
-from quail.engine.runtime.loading import load_runtime
+from quail.engine.runtime.loading import load_runtime, settled
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.runtime import Runtime
 from quail.planner.dialects import DEFAULT_DIALECT
@@ -132,7 +132,7 @@ class Session:
     the same calls on a Quail server.)"""
 
     def __init__(self, config: EngineConfig | None = None, runtime: Runtime | None = None) -> None:
-        self.config = config or EngineConfig()
+        self.config = settled(config or EngineConfig())
         self.runtime = runtime or load_runtime(self.config)
         self.service = QueryService.serving(self.runtime, self.config)
         self.catalog = MemoryCatalog()

@@ -18,7 +18,7 @@ import grpc
 from quail.engine.errors import Unavailable
 from quail.engine.exec.storage import TableStore
 from quail.engine.model.config import EngineConfig
-from quail.engine.runtime.loading import load_runtime
+from quail.engine.runtime.loading import chosen, load_runtime, settled
 from quail.planner.dialects import DEFAULT_DIALECT, DIALECTS
 
 from quail.server.admission import Limits
@@ -60,7 +60,7 @@ class ServerConfig:
         for name, port in (("port", self.port), ("metrics port", self.metrics_port)):
             if port is not None and not 0 <= port <= 65535:
                 raise ValueError(f"{name} {port} is not a TCP port (0 to 65535)")
-        if self.engine.token_budget < MIN_TOKEN_BUDGET:
+        if self.engine.token_budget is not None and self.engine.token_budget < MIN_TOKEN_BUDGET:
             raise ValueError(f"the token budget must be at least {MIN_TOKEN_BUDGET} tokens a forward pass")
         if self.engine.kv_cache_bytes is not None and self.engine.kv_cache_bytes < 0:
             raise ValueError("the KV cache's bytes cannot be negative (0: no cache)")
@@ -108,8 +108,9 @@ class QuailServer:
         self._executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="quail-call")
         self._grpc = grpc.server(self._executor, options=_OPTIONS)
         self.port = self._listen(f"{config.host}:{config.port}")
-        engine = config.engine
+        engine = settled(config.engine)
         self.runtime = load_runtime(engine)
+        self.chosen = chosen(engine, self.runtime)  # what it runs on, for the startup line
         self.runtime.warm_up()
         self.metrics = Metrics(self.runtime.runner)
         users = load_users(config.users_file) if config.users_file else None
@@ -190,8 +191,7 @@ def serve(config: ServerConfig) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.start()
-    log.info("model %s, data %s, %d tables", server.runtime.model_id, config.data_dir.resolve(),
-             len(server.store.names()))
+    log.info("model %s; data %s, %d tables", server.chosen, config.data_dir.resolve(), len(server.store.names()))
     print(f"quail: serving {server.location}", flush=True)
     server.wait()
     if not server.close():

@@ -60,10 +60,12 @@ class EngineConfig:
     backend: accepted as scripts for the seed system pass it; Quail always runs
     its own runtime. model: a model name or path (None: the embedded SmolLM2-135M; "dummy:<shape>":
     random weights of a named shape; an HF directory, a .gguf file, or an HF repo
-    id in the local cache); device: "cpu" or "cuda"; precision: "fp32", "bf16" or
+    id in the local cache); device: "cpu", "cuda" or "auto" (CUDA when present); precision: "fp32", "bf16",
+    "auto" (bf16 on a GPU, fp32 on the CPU) or
     "fp8" (e4m3 linear layers, bf16 elsewhere); compile: compile the layers'
     token-wise parts (None: on CUDA only); strategy: "quail" (share every common prefix) or the baselines
-    "naive" and "prefix"; token_budget: new tokens per forward pass;
+    "naive" and "prefix"; token_budget: new tokens per forward pass (None: 16,384 on a GPU, 4,096 on the CPU);
+    "auto" and None are settled for the machine when the model loads (loading.settled);
     decisions: "model", or "hash" for random weights; tokenizer: an HF tokenizer
     directory (tokenizer.json, chat_template.jinja) for dummy weights (None: the
     embedded model's); sol_device: the device constants the speed of light uses
@@ -82,7 +84,7 @@ class EngineConfig:
     gpus: int = 1
     precision: str = "fp32"
     strategy: str = "quail"
-    token_budget: int = 4096
+    token_budget: int | None = 4096
     decisions: str = "model"
     tokenizer: str | None = None
     sol_device: str | None = None

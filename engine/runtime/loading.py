@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -151,10 +152,35 @@ def _check_device(device: str) -> None:
         raise InvalidArgument(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
 
 
+def settled(config: EngineConfig) -> EngineConfig:
+    """The config with what it left to the machine chosen: device "auto" → cuda when a CUDA GPU is present,
+    else cpu; precision "auto" → bf16 on a GPU, fp32 on the CPU; token budget None → 16,384 on a GPU, 4,096
+    on the CPU (InvalidArgument for a device this machine lacks)."""
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    _check_device(device)
+    gpu = torch.device(device).type == "cuda"
+    precision = ("bf16" if gpu else "fp32") if config.precision == "auto" else config.precision
+    budget = config.token_budget if config.token_budget is not None else 16384 if gpu else 4096
+    return replace(config, device=device, precision=precision, token_budget=budget)
+
+
+def chosen(config: EngineConfig, runtime: Runtime) -> str:
+    """What a settled config and its runtime run on, in a line (the server logs it when it starts)."""
+    device = torch.device(config.device)
+    name = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
+    pool, tree = runtime.runner.pool, runtime.runner.tree
+    host = f", host KV tier {tree.host.slots * tree.host.bytes_per_token / 2 ** 30:.1f} GiB" \
+        if tree is not None and tree.host is not None else ""
+    return (f"{runtime.model_id} on {name}, {config.precision}, token budget {config.token_budget:,}, "
+            f"KV pool {pool.slots * pool.bytes_per_token / 2 ** 30:.1f} GiB{host}")
+
+
 def load_runtime(config: EngineConfig | None = None) -> Runtime:
-    """Load weights, tokenizer and chat template of the configured model and wrap them in a runtime."""
-    config = config or EngineConfig()
-    _check_device(config.device)
+    """Load weights, tokenizer and chat template of the configured model and wrap them in a runtime (the
+    config settled for this machine first)."""
+    config = settled(config or EngineConfig())
     if config.precision not in DTYPES:
         raise InvalidArgument(f"precision {config.precision!r} is not available; use one of {', '.join(DTYPES)}")
     if config.attention_layout not in ATTENTION:

@@ -9,7 +9,7 @@ import torch
 from quail.engine.errors import InvalidArgument, NotFound
 from quail.engine.kernels.fp8 import Fp8Linear
 from quail.engine.model.config import EngineConfig
-from quail.engine.runtime.loading import export_embedded_tokenizer, load_runtime
+from quail.engine.runtime.loading import export_embedded_tokenizer, load_runtime, settled
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.requests import Request
 
@@ -108,3 +108,17 @@ def test_attention_layout_is_varlen_on_cuda_in_bf16_and_fp8_only():
         load_runtime(EngineConfig(attention="varlen"))
     with pytest.raises(InvalidArgument, match="attention 'dense' is not available"):
         load_runtime(EngineConfig(attention="dense"))
+
+
+def test_auto_settles_for_the_machine(monkeypatch):
+    """"auto" and an unset budget: bf16 and 16,384 tokens on a GPU, fp32 and 4,096 on the CPU; what is given
+    stays."""
+    auto = EngineConfig(device="auto", precision="auto", token_budget=None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpu = settled(auto)
+    assert (cpu.device, cpu.precision, cpu.token_budget) == ("cpu", "fp32", 4096)
+    assert settled(EngineConfig(device="auto", precision="bf16", token_budget=512)).precision == "bf16"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    gpu = settled(auto)
+    assert (gpu.device, gpu.precision, gpu.token_budget) == ("cuda", "bf16", 16384)
