@@ -201,8 +201,8 @@ class Runtime:
         if tree is None or not tree.tokens + tree.host_tokens or not len(texts):
             return 0.0
         rows = np.unique(np.linspace(0, len(texts) - 1, min(sample, len(texts))).astype(np.int64))
-        documents = [self.layout.document(placeholder, str(text)) for text in texts.take(rows).to_pylist()
-                     if text is not None]
+        picked = (texts[int(row)].as_py() for row in rows)  # any string type (pyarrow's take lacks string_view)
+        documents = [self.layout.document(placeholder, str(text)) for text in picked if text is not None]
         if not documents:
             return 0.0
         preamble, *segments = self.segments([self.layout.preamble(), *documents])
