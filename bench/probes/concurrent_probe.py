@@ -21,6 +21,7 @@ from pathlib import Path
 
 import quail
 from bench.datagen import numbered_reviews
+from bench.probes.engine_args import add_engine_arguments, engine_config
 
 QUESTION = "Does the review {0} complain about the service?"
 
@@ -42,20 +43,14 @@ def phase(seconds: float, fresh: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model", default="dummy:qwen3-4b")
-    p.add_argument("--tokenizer", default=None, help="HF tokenizer directory for dummy weights")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--precision", default="bf16")
-    p.add_argument("--token-budget", type=int, default=16384)
+    add_engine_arguments(p)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--rows", type=int, default=20)
     p.add_argument("--tag", default="")
     p.add_argument("--out", default=".")
     args = p.parse_args()
     block = args.clients * args.rows
-    config = quail.EngineConfig(model=args.model, device=args.device, precision=args.precision, decisions="hash",
-                                token_budget=args.token_budget, tokenizer=args.tokenizer)
-    session = quail.Session(config)
+    session = quail.Session(engine_config(args))
     session.register("reviews", numbered_reviews(5 * block, 300))
     session.runtime.warm_up()
     timed(session, statement(4 * block, block))  # first runs of this shape: compiled layers, kernels

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import quail
 from bench.datagen import numbered_reviews
+from bench.probes.engine_args import add_engine_arguments, engine_config
 from quail.engine.runtime.runtime import Runtime
 
 QUESTIONS = {"first": "Does the review {0} complain about the service?",
@@ -47,20 +48,14 @@ def run(session: quail.Session) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model", default="dummy:qwen3-4b")
-    p.add_argument("--tokenizer", default=None, help="HF tokenizer directory for dummy weights")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--precision", default="bf16")
-    p.add_argument("--token-budget", type=int, default=16384)
+    add_engine_arguments(p)
     p.add_argument("--rows", type=int, default=600)
     p.add_argument("--kv-cache-bytes", type=int, default=4 << 30)
     p.add_argument("--kv-host-bytes", type=int, default=40 << 30)
     p.add_argument("--out", default=".")
     args = p.parse_args()
-    config = quail.EngineConfig(model=args.model, device=args.device, precision=args.precision, decisions="hash",
-                                token_budget=args.token_budget, tokenizer=args.tokenizer,
-                                kv_cache_bytes=args.kv_cache_bytes, kv_host_bytes=args.kv_host_bytes)
-    with_host = quail.Session(config)
+    with_host = quail.Session(engine_config(args, kv_cache_bytes=args.kv_cache_bytes,
+                                            kv_host_bytes=args.kv_host_bytes))
     table = numbered_reviews(args.rows, 300)
     with_host.register("reviews", table)
     with_host.runtime.warm_up()

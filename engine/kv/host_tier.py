@@ -84,9 +84,9 @@ class HostTier:
 
     def _measure_copy(self) -> float:
         """Bytes a second from the store into the device (the best of three copies of up to 64 MiB)."""
-        tokens = min(self.slots, max(1, (64 << 20) // self.bytes_per_token))
         if not self.slots:
             return 1.0
+        tokens = min(self.slots, max(1, (64 << 20) // self.bytes_per_token))
         best = float("inf")
         for _ in range(3):
             began = time.perf_counter()

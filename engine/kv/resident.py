@@ -331,10 +331,10 @@ class ResidentTree:
             self._reoffer()
 
     def _reoffer(self) -> None:
+        """Offer every leaf once, afresh (`_touch` passes over the other nodes)."""
         self._heap, self._host_heap = [], []
         for node in self._all():
-            if node.kv is not None and not node.device_children or node.kv is None and not node.children:
-                self._touch(node)
+            self._touch(node)
 
     @staticmethod
     def _current(offer: tuple[bool, int, int, Node]) -> bool:

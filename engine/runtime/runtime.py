@@ -195,8 +195,7 @@ class Runtime:
         as every request over them is: the prompt layout and the texts cache) the resident tree holds now.
         Reads at most `sample` rows, evenly spaced (the same rows every time), looked up without counting in
         the hit rate (in the host tier too, when it would be copied back); 0 without a tree, texts or anything
-        resident. Thread-safe (the texts cache and the tree
-        lock themselves)."""
+        resident. Thread-safe (the texts cache and the tree lock themselves)."""
         tree = self.runner.tree
         if tree is None or not tree.tokens + tree.host_tokens or not len(texts):
             return 0.0

@@ -491,15 +491,16 @@ class _Hold:
         self.pins[id(fetch)] = node
 
     def unpin(self, fetch: Fetch) -> None:
-        node = self.pins.pop(id(fetch), None)  # once, whichever thread comes first (dict.pop is atomic)
+        self._unpin(id(fetch))
+
+    def _unpin(self, key: int) -> None:
+        node = self.pins.pop(key, None)  # once, whichever thread comes first (dict.pop is atomic)
         if node is not None:
             self.tree.unpin(node)
 
     def release(self) -> None:
         for key in list(self.pins):
-            node = self.pins.pop(key, None)
-            if node is not None:
-                self.tree.unpin(node)
+            self._unpin(key)
         if self.claims:
             claims, self.claims = list(self.claims), {}
             self.tree.release(claims, self)
