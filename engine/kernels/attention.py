@@ -7,7 +7,8 @@ pass). Paths, every one equal to the fp32 reference (`attend`, `_matmuls`) to
 float round-off:
 - unpadded rows where Triton is installed: one kernel call per layer
   (`fused_packed`, attention_triton.py), runs and own tokens in one online
-  softmax, rows continuing a long run cut into blocks across rows;
+  softmax, rows continuing a long run cut into blocks across rows, runs in
+  the pool read in place through their slot table (paged, a page a token);
 - unpadded rows without Triton: one flash varlen call for own tokens, one for
   the runs, merged (`merge`);
 - padded rows (buckets, padding_buckets.py): cuDNN per bucket in bf16/fp16,
@@ -213,8 +214,9 @@ class Rows:
     when no row is); run_offsets: (cumulative query tokens, cumulative keys)
     of those runs laid end to end, for a varlen kernel, and run_blocks their
     query blocks (query_blocks); run_slots: the pool and the slots of those
-    runs end to end when they all lie in one pool and follow no chain (one
-    gather per layer reads them). Unpadded: no buckets;
+    runs end to end when they all lie in one pool and follow no chain (the
+    Triton kernel reads them in place through that table; elsewhere one
+    gather per layer). Unpadded: no buckets;
     `packed` lays the rows out for one varlen call, short runs and chains copied in.
     """
 
@@ -360,16 +362,26 @@ def _run_keys(rows: Rows, k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple
     return torch.cat([piece[0] for piece in pieces]), torch.cat([piece[1] for piece in pieces])
 
 
+def _kernel_runs(rows: Rows, k: torch.Tensor, v: torch.Tensor, layer: int
+                 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | None]:
+    """The runs as the Triton kernel reads them in `layer`: the pool's keys and values and the runs' slot
+    table when they all lie in one pool (read in place), else their keys laid end to end (no table)."""
+    if rows.run_slots is not None:
+        pool, slots = rows.run_slots
+        return (pool.keys[layer], pool.values[layer], rows.run_offsets[1]), slots
+    return (*_run_keys(rows, k, v, layer), rows.run_offsets[1]), None
+
+
 def fused_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, layer: int) -> torch.Tensor:
     """Unpadded rows by one call of the Triton kernel: each row's own tokens (after its copied run and
     chain) causally and, for the rows continuing a run attended apart, that run's keys first, in the
     same online softmax (nothing merged afterwards): (n, h, d)."""
     packed = rows.packed
     keys, values = packed.keys(k, v, layer)
-    runs = (*_run_keys(rows, k, v, layer), rows.run_offsets[1]) if rows.runs else None
+    runs, slots = _kernel_runs(rows, k, v, layer) if rows.runs else (None, None)
     return attention_kernels.packed_attention(q, packed.blocks, QUERY_BLOCK,
                                               (keys, values, packed.offsets, packed.key_offsets, packed.rows),
-                                              runs)[0]
+                                              runs, slots)[0]
 
 
 def over_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, layer: int
@@ -393,11 +405,12 @@ def over_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
             outs.append(out[0].transpose(0, 1))
             lses.append(lse[0].transpose(0, 1))
         return torch.cat(outs), torch.cat(lses)
-    keys, values = _run_keys(rows, k, v, layer)
-    cu_q, cu_k = rows.run_offsets
     queries = q.index_select(0, rows.past_index)
     if attention_kernels is not None:
-        return attention_kernels.packed_attention(queries, rows.run_blocks, QUERY_BLOCK, runs=(keys, values, cu_k))
+        runs, slots = _kernel_runs(rows, k, v, layer)
+        return attention_kernels.packed_attention(queries, rows.run_blocks, QUERY_BLOCK, runs=runs, run_slots=slots)
+    keys, values = _run_keys(rows, k, v, layer)
+    cu_q, cu_k = rows.run_offsets
     out, lse = torch.ops.aten._flash_attention_forward(
         queries, keys, values, cu_q, cu_k, max(e - a for a, e, _ in rows.runs),
         max(len(run) for *_, run in rows.runs), 0.0, False, False, scale=q.shape[-1] ** -0.5)[:2]

@@ -27,13 +27,20 @@ BLOCK_N = 64
 
 @triton.jit
 def _tile(acc, m_i, l_i, q, k_base, v_base, n0, offs_n, offs_d, k_end, lo, hi, qk_scale, stride_k, stride_v,
-          MASKED: tl.constexpr, OWN_ROWS: tl.constexpr):
+          slots, MASKED: tl.constexpr, OWN_ROWS: tl.constexpr, PAGED: tl.constexpr):
     """The block's running (acc, max, sum) after the key tile at n0 (log2 domain); k_base and v_base
     point at key 0 of the head. Masked: keys from k_end on are absent and, for OWN_ROWS, query j sees
-    keys lo[j]..hi[j] only."""
+    keys lo[j]..hi[j] only. PAGED: key n lies at row slots[n] (a pool's slot table), else at row n."""
     cols = n0 + offs_n
-    k_ptrs = k_base + cols.to(tl.int64)[None, :] * stride_k + offs_d[:, None]
-    v_ptrs = v_base + cols.to(tl.int64)[:, None] * stride_v + offs_d[None, :]
+    if PAGED:
+        if MASKED:
+            at = tl.load(slots + cols, mask=cols < k_end, other=0).to(tl.int64)
+        else:
+            at = tl.load(slots + cols).to(tl.int64)
+    else:
+        at = cols.to(tl.int64)
+    k_ptrs = k_base + at[None, :] * stride_k + offs_d[:, None]
+    v_ptrs = v_base + at[:, None] * stride_v + offs_d[None, :]
     if MASKED:
         k = tl.load(k_ptrs, mask=(cols < k_end)[None, :], other=0.0)
         v = tl.load(v_ptrs, mask=(cols < k_end)[:, None], other=0.0)
@@ -55,10 +62,11 @@ def _tile(acc, m_i, l_i, q, k_base, v_base, n0, offs_n, offs_d, k_end, lo, hi, q
 
 
 @triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, rk_ptr, rv_ptr, out_ptr, lse_ptr, cu_q, cu_k, q_rows, cu_r, blocks,
+def _attention_kernel(q_ptr, k_ptr, v_ptr, rk_ptr, rv_ptr, r_slots, out_ptr, lse_ptr, cu_q, cu_k, q_rows, cu_r, blocks,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rkt, stride_rkh,
                       stride_rvt, stride_rvh, stride_ot, stride_oh, stride_lt, qk_scale, GROUP: tl.constexpr,
-                      OWN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+                      OWN: tl.constexpr, PAGED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      HEAD_DIM: tl.constexpr):
     block = tl.program_id(0)
     head = tl.program_id(1)
     q0 = tl.load(blocks + 3 * block)
@@ -82,10 +90,10 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, rk_ptr, rv_ptr, out_ptr, lse_ptr, cu_
         r_full = r_lo + ((r_end - r_lo) // BLOCK_N) * BLOCK_N
         for n0 in range(r_lo, r_full, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, rk_base, rv_base, n0, offs_n, offs_d, r_end, m_i, m_i, qk_scale,
-                                  stride_rkt, stride_rvt, False, False)
+                                  stride_rkt, stride_rvt, r_slots, False, False, PAGED)
         for n0 in range(r_full, r_end, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, rk_base, rv_base, n0, offs_n, offs_d, r_end, m_i, m_i, qk_scale,
-                                  stride_rkt, stride_rvt, True, False)
+                                  stride_rkt, stride_rvt, r_slots, True, False, PAGED)
     if OWN:
         row = tl.load(q_rows + queries)
         lo = tl.load(cu_k + row)
@@ -98,10 +106,10 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, rk_ptr, rv_ptr, out_ptr, lse_ptr, cu_
         v_base = v_ptr + kv_head * stride_vh
         for n0 in range(k_lo, k_lo + n_full * BLOCK_N, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, k_base, v_base, n0, offs_n, offs_d, k_end, lo, hi, qk_scale,
-                                  stride_kt, stride_vt, False, True)
+                                  stride_kt, stride_vt, cu_k, False, True, False)
         for n0 in range(k_lo + n_full * BLOCK_N, k_end, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, k_base, v_base, n0, offs_n, offs_d, k_end, lo, hi, qk_scale,
-                                  stride_kt, stride_vt, True, True)
+                                  stride_kt, stride_vt, cu_k, True, True, False)
     out = acc / l_i[:, None]
     rows_out = queries.to(tl.int64)
     tl.store(out_ptr + rows_out[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
@@ -112,6 +120,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, rk_ptr, rv_ptr, out_ptr, lse_ptr, cu_
 def packed_attention(q: torch.Tensor, blocks: torch.Tensor, block_m: int,
                      own: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                      runs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                     run_slots: torch.Tensor | None = None,
                      block_n: int = BLOCK_N, **launch: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed q (tokens, heads, d) → output (tokens, heads, d) and natural-log LSE (tokens, heads), fp32.
 
@@ -119,7 +128,9 @@ def packed_attention(q: torch.Tensor, blocks: torch.Tensor, block_m: int,
     queries continue (−1: none). own: (k, v, cu_q, cu_k, q_rows): each row's keys and values (keys,
     kv_heads, d), the rows' cumulative query and key counts (rows + 1) and each query's row (tokens,),
     attended causally; None: queries see their runs only. runs: (k, v, cu_r): the runs' keys and values
-    laid end to end and their cumulative key counts (runs + 1), attended in full. block_n (keys a step)
+    laid end to end and their cumulative key counts (runs + 1), attended in full; with run_slots (the
+    runs' keys end to end, each an index into k and v of runs), k and v are a pool's (slots, kv_heads, d)
+    and the kernel reads each key through that slot table, nothing gathered first. block_n (keys a step)
     and launch (Triton's num_warps, num_stages) override the shipped settings: a probe's."""
     tokens, heads, dim = q.shape
     out = torch.empty_like(q)
@@ -129,9 +140,9 @@ def packed_attention(q: torch.Tensor, blocks: torch.Tensor, block_m: int,
     k, v, cu_q, cu_k, q_rows = own if own is not None else (q, q, blocks, blocks, blocks)
     rk, rv, cu_r = runs if runs is not None else (k, v, blocks)
     _attention_kernel[(blocks.shape[0], heads)](
-        q, k, v, rk, rv, out, lse, cu_q, cu_k, q_rows, cu_r, blocks, q.stride(0), q.stride(1), k.stride(0),
-        k.stride(1), v.stride(0), v.stride(1), rk.stride(0), rk.stride(1), rv.stride(0), rv.stride(1),
+        q, k, v, rk, rv, run_slots if run_slots is not None else blocks, out, lse, cu_q, cu_k, q_rows, cu_r, blocks,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), rk.stride(0), rk.stride(1), rv.stride(0), rv.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), dim ** -0.5 / math.log(2), GROUP=heads // rk.shape[1],
-        OWN=own is not None, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=dim,
+        OWN=own is not None, PAGED=run_slots is not None, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=dim,
         **({"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2} | launch))
     return out, lse

@@ -109,9 +109,11 @@ def test_packed_attention_with_runs_and_chains_matches_fp32():
     assert _rel(attention(q, k, v, layout, 0), want) < BF16_REL
 
 
-def test_runs_in_one_pool_are_read_by_one_gather_and_match_fp32():
+@pytest.mark.parametrize("padded", [False, True])
+def test_runs_in_one_pool_are_read_in_place_and_match_fp32(padded):
     """Rows after runs held in the device's pool (as the runtime keeps them: slots scattered, a run a
-    slice of another) are attended with the runs' keys gathered once per layer; against fp32."""
+    slice of another) are attended with the runs' keys read in place through their slot table, in the one
+    call of unpadded rows and in the runs' own call of padded ones; against fp32."""
     from quail.engine.kv.pool import KVPool
 
     torch.manual_seed(3)
@@ -126,8 +128,8 @@ def test_runs_in_one_pool_are_read_by_one_gather_and_match_fp32():
     pasts = [runs[0], runs[0], runs[1], runs[1], runs[2], runs[2]]
     q = torch.randn(sum(lengths), H, D, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(sum(lengths), HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    layout = Rows.build(lengths, pasts, torch.device("cuda"), padded=False)
-    assert layout.run_slots is not None and len(layout.runs) == 3, "three runs apart, one gather"
+    layout = Rows.build(lengths, pasts, torch.device("cuda"), padded=padded)
+    assert layout.run_slots is not None and len(layout.runs) == 3, "three runs apart, one slot table"
     for layer in range(2):
         as_fp32 = {id(r): KV.of(*([t.float()] for t in r.layer(layer))) for r in runs}
         reference = Rows.build(lengths, [as_fp32[id(p)] for p in pasts], torch.device("cuda"))
