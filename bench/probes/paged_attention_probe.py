@@ -11,15 +11,18 @@ pool of 262,144):
 - `flashinfer`: FlashInfer's BatchPrefillWithPagedKVCacheWrapper over the same
   table (page_size 1, non-causal, with LSE), runs only; where it installs (its
   JIT kernels compile on first use; the compile time is reported).
-Each shape is timed runs only (queries over their runs) and, for ours, with the
-rows' own tokens too (one call: runs then own keys, causal). Per variant: mean
-milliseconds a layer, and its largest difference from `gather` (paged) or its
-relative error against it (flashinfer). Writes paged-attention.json to --out.
+Each shape is timed with each run's slots contiguous (as a pool hands out
+slots taken together) and scattered at random (after churn), runs only
+(queries over their runs) and, for ours, with the rows' own tokens too (one
+call: runs then own keys, causal); paged reads with several launch settings.
+Per variant: mean milliseconds a layer, and its largest difference from
+`gather` (paged) or its relative error against it (flashinfer). Writes paged-attention.json to --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 import traceback
@@ -40,15 +43,26 @@ SHAPES = {  # name: (runs, keys a run, rows a run, new tokens a row)
     "join_90x300": (90, 300, 12, 15),
     "anchor_2x2500": (2, 2500, 100, 25),
 }
+LAYOUTS = ("contiguous", "random")
+PAGED_LAUNCH = ((64, 2), (64, 3), (64, 4), (32, 3))  # (keys a step, pipeline stages) of the paged reads
 
 
 def _cuda(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a)).cuda()
 
 
-def _case(runs: int, keys: int, rows: int, new: int, rng: np.random.Generator) -> dict:
+def _slots(runs: int, keys: int, layout: str, rng: np.random.Generator) -> np.ndarray:
+    """The runs' slots end to end: each run a contiguous range at a random place (as a pool hands out
+    slots taken together), or every slot anywhere (a pool after much churn)."""
+    if layout == "random":
+        return rng.choice(POOL, size=runs * keys, replace=False).astype(np.int64)
+    starts = rng.permutation(POOL // keys)[:runs] * keys
+    return (starts[:, None] + np.arange(keys)[None, :]).reshape(-1).astype(np.int64)
+
+
+def _case(runs: int, keys: int, rows: int, new: int, layout: str, rng: np.random.Generator) -> dict:
     """The kernel's inputs for `runs` runs of `keys` slots, each continued by `rows` rows of `new` tokens."""
-    slots = rng.choice(POOL, size=runs * keys, replace=False).astype(np.int64)
+    slots = _slots(runs, keys, layout, rng)
     per_run = rows * new
     tokens = runs * per_run
     run_q = np.arange(runs + 1, dtype=np.int32) * per_run
@@ -64,14 +78,15 @@ def _case(runs: int, keys: int, rows: int, new: int, rng: np.random.Generator) -
             "v": torch.randn(tokens, HKV, D, device="cuda", dtype=torch.bfloat16)}
 
 
-def _ours(c: dict, pool_k: torch.Tensor, pool_v: torch.Tensor, paged: bool, own: bool) -> tuple[torch.Tensor, ...]:
+def _ours(c: dict, pool_k: torch.Tensor, pool_v: torch.Tensor, paged: bool, own: bool, block_n: int = 64,
+          **launch: int) -> tuple[torch.Tensor, ...]:
     if paged:
         runs, table = (pool_k, pool_v, c["cu_r"]), c["slots"]
     else:
         runs, table = (pool_k.index_select(0, c["slots"]), pool_v.index_select(0, c["slots"]), c["cu_r"]), None
     cu, q_rows = c["own"]
     mine = (c["k"], c["v"], cu, cu, q_rows) if own else None
-    return attention_kernels.packed_attention(c["q"], c["blocks"], QUERY_BLOCK, mine, runs, table)
+    return attention_kernels.packed_attention(c["q"], c["blocks"], QUERY_BLOCK, mine, runs, table, block_n, **launch)
 
 
 def _flashinfer(c: dict, pool_k: torch.Tensor, pool_v: torch.Tensor, result: dict):
@@ -105,26 +120,28 @@ def main() -> None:
     result: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "pool_slots": POOL,
                     "shapes": {}}
     out = Path(args.out, "paged-attention.json")
-    for name, shape in SHAPES.items():
-        c = _case(*shape, rng)
-        row: dict = {"runs, keys, rows, new": shape, "query_tokens": c["tokens"]}
+    for (name, shape), layout in itertools.product(SHAPES.items(), LAYOUTS):
+        c = _case(*shape, layout, rng)
+        row: dict = {"runs, keys, rows, new": shape, "slots": layout, "query_tokens": c["tokens"]}
         for own in (False, True):
             tag = "with_own" if own else "runs_only"
             want = _ours(c, pool_k, pool_v, False, own)
-            got = _ours(c, pool_k, pool_v, True, own)
-            row[f"{tag}_paged_max_abs_diff"] = float((got[0].float() - want[0].float()).abs().max())
             row[f"{tag}_gather_ms"] = timed_ms(lambda: _ours(c, pool_k, pool_v, False, own))
-            row[f"{tag}_paged_ms"] = timed_ms(lambda: _ours(c, pool_k, pool_v, True, own))
+            for block_n, stages in PAGED_LAUNCH:
+                got = _ours(c, pool_k, pool_v, True, own, block_n, num_stages=stages)
+                key = f"{tag}_paged_n{block_n}_s{stages}"
+                row[f"{key}_max_abs_diff"] = float((got[0].float() - want[0].float()).abs().max())
+                row[f"{key}_ms"] = timed_ms(lambda: _ours(c, pool_k, pool_v, True, own, block_n, num_stages=stages))
         row["gather_alone_ms"] = timed_ms(lambda: (pool_k.index_select(0, c["slots"]),
                                                    pool_v.index_select(0, c["slots"])))
-        result["shapes"][name] = row
+        result["shapes"][f"{name}_{layout}"] = row
         print(name, json.dumps(row), flush=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
     if args.no_flashinfer:
         return
     for name, shape in SHAPES.items():
-        c = _case(*shape, rng)
-        row = result["shapes"][name]
+        c = _case(*shape, "random", rng)
+        row = result["shapes"][f"{name}_random"]
         try:
             start = time.perf_counter()
             made = _flashinfer(c, pool_k, pool_v, result)

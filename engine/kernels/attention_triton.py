@@ -130,7 +130,8 @@ def packed_attention(q: torch.Tensor, blocks: torch.Tensor, block_m: int,
     attended causally; None: queries see their runs only. runs: (k, v, cu_r): the runs' keys and values
     laid end to end and their cumulative key counts (runs + 1), attended in full; with run_slots (the
     runs' keys end to end, each an index into k and v of runs), k and v are a pool's (slots, kv_heads, d)
-    and the kernel reads each key through that slot table, nothing gathered first. block_n (keys a step)
+    and the kernel reads each key through that slot table, nothing gathered first (three pipeline stages
+    hide the table's extra load: bench/GPU_NOTES.md). block_n (keys a step)
     and launch (Triton's num_warps, num_stages) override the shipped settings: a probe's."""
     tokens, heads, dim = q.shape
     out = torch.empty_like(q)
@@ -144,5 +145,5 @@ def packed_attention(q: torch.Tensor, blocks: torch.Tensor, block_m: int,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), rk.stride(0), rk.stride(1), rv.stride(0), rv.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), dim ** -0.5 / math.log(2), GROUP=heads // rk.shape[1],
         OWN=own is not None, PAGED=run_slots is not None, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=dim,
-        **({"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2} | launch))
+        **({"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2 if run_slots is None else 3} | launch))
     return out, lse
