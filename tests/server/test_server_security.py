@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import time
 
 import adbc_driver_flightsql.dbapi as flight_sql
@@ -15,6 +13,7 @@ import pytest
 from quail.clients.server_process import ServerProcess
 from quail.server import sql_messages as sql
 from quail.server.app import ServerConfig
+from tests.tls_certs import self_signed
 
 TTL = 4.0
 
@@ -79,31 +78,8 @@ def test_every_call_needs_a_valid_unexpired_token(secured):
         client.get_flight_info(command, fresh)
 
 
-def _self_signed(directory) -> tuple:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=1))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
-
 def test_tls_round_trip(tmp_path):
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     with ServerProcess(tmp_path / "data", "--tls-cert", str(cert), "--tls-key", str(key)) as server:
         assert server.uri.startswith("grpc+tls://")
         assert _query(server.uri, **{"adbc.flight.sql.client_option.tls_root_certs": cert.read_text()}) == [{"x": 42}]
