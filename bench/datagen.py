@@ -1,9 +1,9 @@
 """Deterministic corpora for the benchmark (BENCHMARK.md): reviews, reports, claims, traces.
 
 Text is English-like prose from small domain vocabularies, so a real tokenizer
-eats it at about the token counts the contract names. `scale` multiplies row
+eats it at about the token counts bench/BENCHMARK.md names. `scale` multiplies row
 counts (aspects stay 12); `length_scale` multiplies text lengths (1.0 = the
-contract's means), for quick runs on a CPU.
+means in bench/BENCHMARK.md), for quick runs on a CPU.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs on a GPU host (see README, "Benchmarks"): installs the wheels of `make gpu-carry`, then the
-# given module (bench.run or bench.gpu_check) with its arguments; results go to $OUT.
+# Runs on a GPU host (see bench/README.md, "A GPU host without a package index"): installs the wheels
+# of `make gpu-carry`, then the given module (bench.run or bench.gpu_check) with its arguments; results
+# go to $OUT.
 #   bash bench/gpu_run.sh MODULE ARGS...                       one process
 #   bash bench/gpu_run.sh --parts 'J2A,JF;J3,J1' MODULE ARGS... one process per part, part i on GPU i,
 #                                                              each given --queries PART --tag partI

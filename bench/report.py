@@ -1,8 +1,10 @@
-"""Turn a result file (default: the newest in bench/results) into a Markdown table and a PNG chart.
+"""Turn a result file (default: the newest run in bench/results) into a Markdown table and a PNG chart.
 
     python -m bench.report [RESULT.json ...]
 
-Writes RESULT.md and RESULT.png beside the (first) file and prints the table. Several files are parts
+Writes RESULT.md and RESULT.png beside the (first) file and prints the table. Without a file it takes
+the run result file (BENCHMARK.md, "Result file") with the latest `date` in bench/results, passing over
+the other JSON files kept there (GPU checks, probes, fuzz, soak, server load). Several files are parts
 of one run split over processes or GPUs (same model, precision, scale, seed and commit): their
 queries are shown together.
 """
@@ -15,14 +17,30 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
-BASELINES = ("naive", "prefix", "hf", "vllm")
+BASELINES = ("naive", "prefix", "hf")
+# Top-level keys every run result file has (BENCHMARK.md, "Result file") and the table needs.
+RUN_KEYS = ("device", "model", "weights", "precision", "decisions", "scale", "seed", "git_commit", "date",
+            "queries")
+
+
+def run_date(path: Path) -> str | None:
+    """The `date` of a run result file; None for any other file (not JSON, or not a run's)."""
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or any(key not in doc for key in RUN_KEYS) or not isinstance(doc["queries"], dict):
+        return None
+    return doc["date"]
 
 
 def newest(directory: Path = RESULTS) -> Path:
-    files = sorted(directory.glob("*.json"), key=lambda p: json.loads(p.read_text())["date"])
-    if not files:
-        raise SystemExit(f"no result files in {directory}")
-    return files[-1]
+    """The run result file in `directory` with the latest `date`."""
+    dated = [(date, path) for path in directory.glob("*.json") if (date := run_date(path)) is not None]
+    if not dated:
+        raise SystemExit(f"no benchmark run result files in {directory} (JSON with the keys {', '.join(RUN_KEYS)}); "
+                         "give the result file's path")
+    return max(dated)[1]
 
 
 SAME_IN_PARTS = ("model", "weights", "precision", "decisions", "scale", "length_scale", "seed", "git_commit")

