@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--sol-device", default=None, choices=sorted(DEVICES),
                        help="device constants of the speed-of-light figures (default: cpu on the CPU, else none)")
     serve.add_argument("--kv-cache-bytes", type=int, default=None,
-                       help="the KV pool, where what queries compute stays for later ones (default 1 GiB on the CPU, a quarter of a GPU's memory)")
+                       help="the KV pool, where what queries compute stays for later ones (default 1 GiB on the CPU; on a GPU, 90%% of the memory the weights and a pass leave free)")
     serve.add_argument("--kv-host-bytes", type=int, default=0,
                        help="pinned host memory for KV the pool has no room for, copied back when a query needs it "
                             "again and copying is faster than computing (default 0: none)")

@@ -114,8 +114,13 @@ class KVPool:
         self.values[layer].index_copy_(0, slots, values)
 
 
-def default_pool_bytes(device: torch.device) -> int:
-    """1 GiB on the CPU; a quarter of a GPU's memory (the measurements behind it: bench/GPU_NOTES.md)."""
+RESERVE = 4 << 30  # GPU memory a pool leaves to kernels' workspaces, compiled graphs and the allocator's slack
+
+
+def default_pool_bytes(device: torch.device, pass_bytes: int = 0) -> int:
+    """1 GiB on the CPU. On a GPU, 90% of the memory free once the weights are loaded, less RESERVE and
+    `pass_bytes` (room for a forward pass's activations); 0 where that leaves nothing."""
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory // 4
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(0, int(0.9 * (free - RESERVE - pass_bytes)))
     return 1 << 30

@@ -71,7 +71,8 @@ class EngineConfig:
     embedded model's); sol_device: the device constants the speed of light uses
     ("cpu", "h100-sxm", "h200"; None: "cpu" on the CPU, else none); kv_cache_bytes:
     the device's KV pool, where what queries compute stays for later steps and queries
-    (kv/pool.py, kv/resident.py; None: 1 GiB on the CPU, a quarter of a GPU's memory; 0: nothing stays);
+    (kv/pool.py, kv/resident.py; None: 1 GiB on the CPU, on a GPU 90% of what the weights and
+    a pass leave free; 0: nothing stays);
     kv_host_bytes: pinned host memory where KV the pool has no room for goes, and from where it is copied
     back when that is faster than computing it (kv/host_tier.py; 0: none); attention: how rows attend to their own
     tokens: "buckets" (rows padded per length bucket; cuDNN on a GPU) or "varlen" (one

@@ -193,9 +193,17 @@ def load_runtime(config: EngineConfig | None = None) -> Runtime:
                     Tokenizer.from_gguf_vocab(gguf.vocab), ChatFrame.from_template(gguf.chat_template), config)
 
 
+def pass_bytes(model: Decoder, token_budget: int) -> int:
+    """A generous bound on one forward pass's activations: each token's hidden states, queries, keys,
+    values and MLP tensors in the activation dtype, three times over (temporaries, the compiled graph's)."""
+    c = model.config
+    per_token = 4 * c.hidden_size + 3 * c.intermediate_size + 2 * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+    return 3 * token_budget * per_token * model.embed_tokens.weight.element_size()
+
+
 def _runtime(model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame, config: EngineConfig) -> Runtime:
     budget = config.kv_cache_bytes
     if budget is None:
-        budget = default_pool_bytes(next(model.parameters()).device)
+        budget = default_pool_bytes(next(model.parameters()).device, pass_bytes(model, config.token_budget))
     return Runtime(model_id, model, tokenizer, frame, config.strategy, config.token_budget, config.decisions,
                    kv_bytes=budget, kv_host_bytes=config.kv_host_bytes)
