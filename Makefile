@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch where no NVIDIA GPU is present; the default (CUDA) build otherwise.
 TORCH ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: demo test serve clean gpu-carry
+.PHONY: demo test serve clean offline-wheels
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -26,18 +26,18 @@ serve: $(STAMP)
 
 # What a GPU host without a package index needs besides torch (ignored by git): wheels of this tree and
 # of the other dependencies (the ADBC driver for bench/server_load.py), and the embedded model's tokenizer
-# for dummy weights; copy .whl/ and .carry/ there with the tree. Not protobuf: the host's own (with its C
+# for dummy weights; copy .offline/ there with the tree. Not protobuf: the host's own (with its C
 # module) serves the Substrait messages; a pure-Python protobuf beside it would meet that C module and fail
 # to import.
-gpu-carry: $(STAMP)
-	rm -rf build .whl/quail_server-*.whl
-	$(BIN)/python -m pip wheel --quiet --no-deps -w .whl .
+offline-wheels: $(STAMP)
+	rm -rf build .offline/wheels/quail_server-*.whl
+	$(BIN)/python -m pip wheel --quiet --no-deps -w .offline/wheels .
 	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
 		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
-		-d .whl duckdb==2.0.1 sqlglot==30.30.0 substrait==0.37.1 substrait-protobuf==0.106.0 \
+		-d .offline/wheels duckdb==2.0.1 sqlglot==30.30.0 substrait==0.37.1 substrait-protobuf==0.106.0 \
 		substrait-extensions==0.106.0 substrait-antlr==0.106.0 antlr4-python3-runtime==4.13.2 \
 		pyyaml==6.0.3 adbc-driver-flightsql==1.13.0 adbc-driver-manager==1.13.0
-	$(BIN)/python -c "from quail.engine.runtime.loading import export_embedded_tokenizer; export_embedded_tokenizer('.carry/tokenizer')"
+	$(BIN)/python -c "from quail.engine.runtime.loading import export_embedded_tokenizer; export_embedded_tokenizer('.offline/tokenizer')"
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

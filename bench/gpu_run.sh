@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on a GPU host (see bench/README.md, "A GPU host without a package index"): installs the wheels
-# of `make gpu-carry`, then the given module (bench.run or bench.gpu_check) with its arguments; results
+# of `make offline-wheels`, then the given module (bench.run or bench.gpu_check) with its arguments; results
 # go to $OUT.
 #   bash bench/gpu_run.sh MODULE ARGS...                       one process
 #   bash bench/gpu_run.sh --parts 'J2A,JF;J3,J1' MODULE ARGS... one process per part, part i on GPU i,
@@ -20,7 +20,7 @@ out=${OUT:-.}
 trap 'echo $? > "$out/exit_status"' EXIT
 parts=""
 if [ "${1:-}" = "--parts" ]; then parts=$2; shift 2; fi
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .offline/wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 module=$1
 shift

@@ -1,7 +1,7 @@
 """The shared-server workload: one `quail serve`, ADBC clients, phases A to G, figures from the server's metrics.
 
     python -m bench.server_load --reviews 5000 --out bench/results/<date>-<device>-server-load-<sha>.json \\
-        -- --model dummy:qwen3-4b --tokenizer .carry/tokenizer --device cuda --precision bf16 --token-budget 16384
+        -- --model dummy:qwen3-4b --tokenizer .offline/tokenizer --device cuda --precision bf16 --token-budget 16384
 
 Every phase asks `AI_FILTER(PROMPT('<question> {0}', body))` over reviews it
 alone reads, but F and G, which read A's:

@@ -49,7 +49,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--queries", default="F1,J1")
     p.add_argument("--scale", type=float, default=0.1)
-    p.add_argument("--tokenizer", default=".carry/tokenizer")
+    p.add_argument("--tokenizer", default=".offline/tokenizer")
     p.add_argument("--exact-shapes", action="store_true")
     p.add_argument("--attention", default=None, choices=ATTENTION)
     p.add_argument("--kv-cache-bytes", type=int, default=None)
