@@ -15,7 +15,7 @@ from quail.engine.kv.pool import default_pool_bytes
 from quail.engine.model.config import ATTENTION, EngineConfig, ModelConfig
 from quail.engine.model.decoder import Decoder
 from quail.engine.model.embedded import embedded_gguf
-from quail.engine.model.gguf_weights import load_gguf, read_vocab
+from quail.engine.model import gguf_cache
 from quail.engine.model.hf_weights import (TEMPLATE_FILE, cached_snapshot, chat_template, download, is_model_directory,
                                            load_directory)
 from quail.engine.model.tokenizer import Tokenizer
@@ -69,13 +69,13 @@ def save_tokenizer(directory: str | Path, tokenizer: Tokenizer, template: str | 
 
 def export_embedded_tokenizer(directory: str | Path) -> None:
     """The embedded model's tokenizer and chat template as an HF tokenizer directory (for dummy weights)."""
-    vocab, template = read_vocab(embedded_gguf())
+    vocab, template = gguf_cache.vocab(embedded_gguf())
     save_tokenizer(directory, Tokenizer.from_gguf_vocab(vocab), template)
 
 
 def _tokenizer_and_frame(directory: str | Path | None) -> tuple[Tokenizer, ChatFrame]:
     if directory is None:
-        vocab, template = read_vocab(embedded_gguf())
+        vocab, template = gguf_cache.vocab(embedded_gguf())
         return Tokenizer.from_gguf_vocab(vocab), ChatFrame.from_template(template)
     path = Path(directory)
     if not (path / "tokenizer.json").is_file():
@@ -188,7 +188,7 @@ def load_runtime(config: EngineConfig | None = None) -> Runtime:
         tokenizer, frame = _tokenizer_and_frame(config.tokenizer or path)
         return _runtime(model_id, prepare(_loaded(checkpoint.config, checkpoint.state_dict), config), tokenizer,
                         frame, config)
-    gguf = load_gguf(path)
+    gguf = gguf_cache.load(path)
     return _runtime(model_id, prepare(_loaded(gguf.config, gguf.state_dict), config),
                     Tokenizer.from_gguf_vocab(gguf.vocab), ChatFrame.from_template(gguf.chat_template), config)
 
