@@ -16,7 +16,7 @@ FIGURES = ["wall_s", "rows", "agree", "logical_tokens", "physical_tokens", "cach
 
 
 def test_harness_writes_a_valid_result_file(tmp_path, runtime):
-    run.main(["--scale", "0.0004", "--length-scale", "0.05", "--queries", "F1,F3,AG",
+    run.main(["--scale", "0.0004", "--length-scale", "0.05", "--queries", "F1,AG",
               "--engines", "quail,naive,prefix,hf", "--out", str(tmp_path)])
     (path,) = tmp_path.glob("*-cpu-smollm2-135m-fp32-*.json")
     doc = json.loads(path.read_text())
@@ -24,7 +24,7 @@ def test_harness_writes_a_valid_result_file(tmp_path, runtime):
         assert key in doc, key
     assert doc["weights"] == "embedded smollm2-135m-instruct-q4_1"
     assert set(doc["start"]) == {"data_s", "model_s", "warm_up_s"}
-    assert set(doc["queries"]) == {"F1", "F3", "AG"}
+    assert set(doc["queries"]) == {"F1", "AG"}
     for query, entry in doc["queries"].items():
         assert set(entry["engines"]) == {"quail", "naive", "prefix", "hf"}, query
         for engine, figures in entry["engines"].items():
