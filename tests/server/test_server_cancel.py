@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
+from quail.clients.server_process import ServerProcess
 from quail.server import health
 from quail.server import sql_messages as sql
 from quail.server.flight_messages import (CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING,
@@ -152,11 +153,11 @@ def test_queries_share_passes_and_show_their_progress(uri):
 
 
 def test_ai_rows_stream_before_the_query_ends(uri):
-    """An AI projection over 600 rows: the client holds the first chunk's rows while the query still
+    """An AI projection over 200 rows: the client holds the first chunk's rows while the query still
     runs (quail_queries lists it), then the rest arrive, in table order."""
     from quail.engine.runtime.scheduler import CHUNK_ROWS
 
-    query = "SELECT id, AI_FILTER(PROMPT('Is {0} about food?', body)) AS food FROM reviews"
+    query = "SELECT id, AI_FILTER(PROMPT('Is {0} about food?', body)) AS food FROM reviews WHERE id < 200"
     client = flight.FlightClient(uri)
     reader = client.do_get(_info(client, query).endpoints[0].ticket)
     first = reader.read_chunk().data
@@ -164,7 +165,7 @@ def test_ai_rows_stream_before_the_query_ends(uri):
     with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
         assert _progress(cur, query) is not None, "the first rows left before the query finished"
     rest = reader.read_all()
-    assert first.column("id").to_pylist() + rest.column("id").to_pylist() == list(range(REVIEWS.num_rows))
+    assert first.column("id").to_pylist() + rest.column("id").to_pylist() == list(range(200))
 
 
 def test_system_tables_are_listed_and_read_only(uri):
@@ -218,7 +219,6 @@ def test_an_adbc_client_cancelling_its_call_stops_the_query(uri):
 def test_limits_per_query_and_admission(tmp_path):
     """--max-requests refuses a query asking more (RESOURCE_EXHAUSTED), --query-timeout stops a long
     one (DEADLINE_EXCEEDED), --max-active refuses a query past the running ones (RESOURCE_EXHAUSTED)."""
-    from quail.clients.server_process import ServerProcess
 
     args = ("--max-requests", "5000", "--query-timeout", "3", "--max-active", "1")
     with ServerProcess(tmp_path, *args) as limited:
@@ -251,7 +251,6 @@ def test_prometheus_metrics(tmp_path):
     import socket
     import urllib.request
 
-    from quail.clients.server_process import ServerProcess
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -308,7 +307,6 @@ def test_sigterm_drains_and_an_interrupted_ingest_leaves_a_whole_table(tmp_path)
     one or the new one, whole."""
     import signal
 
-    from quail.clients.server_process import ServerProcess
 
     big = pa.table({"id": pa.array(range(3_000_000), pa.int64()),
                     "text": pa.array(["x" * 40] * 3_000_000)})
@@ -430,7 +428,6 @@ def test_kv_the_pool_has_no_room_for_waits_in_host_memory_and_serves_a_refresh(t
     import socket
     import urllib.request
 
-    from quail.clients.server_process import ServerProcess
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
