@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> Path:
         "git_commit": commit, "date": now.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
         "versions": versions(), "usd_per_gpu_hour": args.usd_per_gpu_hour, "token_budget": args.token_budget,
         "compiled": config.compiled, "attention": config.attention_layout,
-        "kv_cache_bytes": base.runner.pool.slots * base.runner.pool.bytes_per_token,
+        "kv_cache_bytes": base.runner.pool.capacity_bytes,
         "sol_device": args.sol_device or ("cpu" if args.device == "cpu" else None),
         "table_rows": {name: t.num_rows for name, t in tables.items()},
         "engines_absent": [e for e in args.engines if e not in sessions], "start": phases,

@@ -29,7 +29,6 @@ import argparse
 import datetime as dt
 import json
 import re
-import socket
 import statistics
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from pathlib import Path
 import adbc_driver_flightsql.dbapi as flight_sql
 
 from bench.datagen import numbered_reviews
-from quail.clients.server_process import ServerProcess
+from quail.clients.server_process import ServerProcess, free_port
 
 QUESTIONS = ["Does the review {0} complain about the service?", "Is {0} about the food?",
              "Does {0} mention the price?", "Is the writer of {0} angry?", "Does {0} recommend the place?",
@@ -103,12 +102,6 @@ def phase(uri: str, counters: Counters, lanes: list[list[str]]) -> dict:
     return {"wall_s": round(wall, 3), "statements": len(latencies), **{f"{k}_tokens": v for k, v in tokens.items()},
             "fresh_tokens_per_s": round(tokens["fresh"] / wall), "fresh_over_logical": ratio, "kv_hit_rate": hit_rate,
             "latency_p50_s": round(statistics.median(latencies), 3), "latency_max_s": round(max(latencies), 3)}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:

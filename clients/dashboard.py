@@ -10,13 +10,12 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
-from urllib.request import urlopen
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import adbc_driver_manager
-import pyarrow as pa
 
-from .demo import REVIEWS, SCORE
+from .demo import SCORE, reviews_table
+from .server_process import metric_samples
 
 REFRESH_S = 5
 TOPICS = ["restaurant", "hotel", "phone", "film", "book", "concert", "museum", "tour"]
@@ -106,14 +105,6 @@ def running_html(rows: Rows) -> str:
          f'<td class="num">{_e("–" if row["queue_place"] is None else row["queue_place"])}</td>'] for row in rows])
 
 
-def scrape(url: str) -> dict[str, float]:
-    """The samples of a Prometheus /metrics page, by name with labels (`quail_queries_total{status="OK"}`)."""
-    with urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    return {key: float(value) for key, _, value in
-            (line.rpartition(" ") for line in text.splitlines() if line and not line.startswith("#"))}
-
-
 def metrics_html(samples: dict[str, float]) -> str:
     """Queries finished by status, running and waiting; tokens computed and cached; the KV pool in use."""
     statuses = [(m.group(1), value) for key, value in samples.items()
@@ -154,7 +145,7 @@ def _sql_cards(uri: str) -> list[str]:
 
 def _metrics_card(url: str) -> str:
     try:
-        return _card("Server metrics", "metrics", metrics_html(scrape(url)))
+        return _card("Server metrics", "metrics", metrics_html(metric_samples(url, timeout=5)))
     except (OSError, ValueError) as err:
         return _card("Server metrics", "metrics", _error(err))
 
@@ -177,9 +168,8 @@ def load_demo(uri: str) -> bool:
         if any(table["table_name"] == "reviews" for catalog in objects for schema in catalog["catalog_db_schemas"]
                for table in schema["db_schema_tables"]):
             return False
-        ids, bodies, stars = zip(*REVIEWS)
         with conn.cursor() as cur:
-            cur.adbc_ingest("reviews", pa.table({"id": ids, "body": bodies, "stars": stars}), mode="create")
+            cur.adbc_ingest("reviews", reviews_table(), mode="create")
         return True
 
 

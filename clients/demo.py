@@ -1,4 +1,4 @@
-"""The demo: a server with the embedded model; over ADBC an AI_SCORE ranking, EXPLAIN ANALYZE, a watched and cancelled query."""
+"""The demo: a server with the embedded model; over ADBC a ranking, EXPLAIN ANALYZE, a watched and cancelled query."""
 
 from __future__ import annotations
 
@@ -26,6 +26,12 @@ REVIEWS = [
     (11, "The last chapter ties every thread together; I closed the book smiling.", 5),
     (12, "Parking was impossible and the museum closed an hour early without notice.", 2),
 ]
+
+def reviews_table() -> pa.Table:
+    """REVIEWS as the table `reviews` (id, body, stars)."""
+    ids, bodies, stars = zip(*REVIEWS)
+    return pa.table({"id": ids, "body": bodies, "stars": stars})
+
 
 SCORE = ("SELECT id, stars, round(AI_SCORE(PROMPT('Is {0} a positive review?', body)), 3) AS p_yes, body "
          "FROM reviews ORDER BY p_yes DESC, id")
@@ -136,8 +142,7 @@ def main() -> None:
             print(f"server ready at {server.uri} in {time.perf_counter() - started:.1f}s (the embedded "
                   "SmolLM2-135M-Instruct on the CPU: a tiny model for trying the pipeline; its answers are weak)")
             with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
-                ids, bodies, stars = zip(*REVIEWS)
-                rows = cur.adbc_ingest("reviews", pa.table({"id": ids, "body": bodies, "stars": stars}), mode="create")
+                rows = cur.adbc_ingest("reviews", reviews_table(), mode="create")
                 print(f"ingested {rows} rows into table reviews over ADBC\n")
                 _score(cur)
                 _explain(cur)

@@ -1,15 +1,32 @@
-"""Start and stop a `quail serve` child process, as the demo and the tests do."""
+"""Start and stop a `quail serve` child process, as the demo and the tests do; pick its ports; read its metrics."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from urllib.request import urlopen
 
 READY_PREFIX = "quail: serving "
+
+
+def free_port() -> int:
+    """A loopback TCP port free now (for a server's --metrics-port, or another listener)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def metric_samples(url: str, timeout: float = 30.0) -> dict[str, float]:
+    """The samples of a Prometheus /metrics page, by name with labels (`quail_queries_total{status="OK"}`)."""
+    with urlopen(url, timeout=timeout) as response:
+        text = response.read().decode()
+    return {key: float(value) for key, _, value in
+            (line.rpartition(" ") for line in text.splitlines() if line and not line.startswith("#"))}
 
 
 class ServerProcess:

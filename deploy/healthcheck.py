@@ -8,51 +8,20 @@ import sys
 
 import grpc
 
-CHECK = "/grpc.health.v1.Health/Check"
+from quail.server.health import MESSAGES, SERVICE, SERVING
+
+CHECK = f"/{SERVICE}/Check"
 STATUSES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}  # HealthCheckResponse.ServingStatus
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _read_varint(data: bytes, at: int) -> tuple[int, int]:
-    """The varint at `at` and the offset after it."""
-    value = shift = 0
-    while True:
-        byte = data[at]
-        value |= (byte & 0x7F) << shift
-        at, shift = at + 1, shift + 7
-        if not byte & 0x80:
-            return value, at
-
-
 def request(service: str) -> bytes:
-    """A HealthCheckRequest: field 1 (service) as a string; the whole server ("") is the empty message."""
-    name = service.encode()
-    return b"\x0a" + _varint(len(name)) + name if name else b""
+    """A HealthCheckRequest for `service` ("" for the whole server), serialized."""
+    return MESSAGES["HealthCheckRequest"](service=service).SerializeToString()
 
 
 def status(response: bytes) -> int:
-    """The status (field 1, a varint) of a HealthCheckResponse; 0 (UNKNOWN) when absent, as proto3 omits it."""
-    at, found = 0, 0
-    while at < len(response):
-        tag, at = _read_varint(response, at)
-        kind = tag & 7
-        if kind == 0:
-            value, at = _read_varint(response, at)
-            found = value if tag >> 3 == 1 else found
-        elif kind == 2:
-            size, at = _read_varint(response, at)
-            at += size
-        else:
-            at += 8 if kind == 1 else 4
-    return found
+    """The status of a serialized HealthCheckResponse (0, UNKNOWN, when absent)."""
+    return MESSAGES["HealthCheckResponse"].FromString(response).status
 
 
 def _channel(address: str, tls_ca: str | None, server_name: str | None) -> grpc.Channel:
@@ -85,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     serving = status(answer)
     print(STATUSES.get(serving, str(serving)))
-    return 0 if serving == 1 else 1
+    return 0 if serving == SERVING else 1
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ class Metrics:
               registry=self.registry).set_function(runner.scheduler.waiting)
         pool, tree = runner.pool, runner.tree
         Gauge("quail_kv_pool_bytes", "Bytes of the device's KV pool", registry=self.registry).set_function(
-            lambda: pool.slots * pool.bytes_per_token)
+            lambda: pool.capacity_bytes)
         Gauge("quail_kv_pool_used_bytes", "Bytes of the KV pool that some run holds (the tree or a running query)",
               registry=self.registry).set_function(lambda: pool.used * pool.bytes_per_token)
         Gauge("quail_kv_resident_bytes", "Bytes of KV that running queries hold for their next passes",
@@ -62,7 +62,7 @@ class Metrics:
               registry=self.registry).set_function(lambda: tree.cached_bytes if tree else 0)
         host = tree.host if tree is not None else None
         Gauge("quail_kv_host_bytes", "Bytes of pinned host memory for KV the pool has no room for",
-              registry=self.registry).set_function(lambda: host.slots * host.bytes_per_token if host else 0)
+              registry=self.registry).set_function(lambda: host.capacity_bytes if host else 0)
         Gauge("quail_kv_host_used_bytes", "Bytes of KV the host tier holds", registry=self.registry
               ).set_function(lambda: tree.host_tokens * host.bytes_per_token if host else 0)
         if tree is not None:

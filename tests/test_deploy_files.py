@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -24,7 +23,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 import quail.cli
-from quail.clients.server_process import ServerProcess
+from quail.clients.server_process import ServerProcess, free_port
 from quail.server import health
 from quail.server.app import ServerConfig
 from quail.server.auth import load_users
@@ -183,12 +182,6 @@ def _healthcheck(*args: str, env: dict[str, str] | None = None) -> tuple[int, st
     return done.returncode, done.stdout.strip()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture
 def health_only() -> Iterator[tuple[health.Health, str]]:
     """The server's health service alone, in this process, on a loopback port."""
@@ -207,7 +200,7 @@ def test_healthcheck_exits_0_only_while_serving(health_only):
     assert _healthcheck(address, "--service", "no.such.Service") == (1, "unhealthy: NOT_FOUND")
     service.stopping()
     assert _healthcheck(address) == (1, "NOT_SERVING")
-    assert _healthcheck(f"127.0.0.1:{_free_port()}", "--timeout", "2") == (1, "unhealthy: UNAVAILABLE")
+    assert _healthcheck(f"127.0.0.1:{free_port()}", "--timeout", "2") == (1, "unhealthy: UNAVAILABLE")
 
 
 class Served(NamedTuple):
@@ -225,7 +218,7 @@ def served(tmp_path_factory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("deploy")
     cert, key = self_signed(root, SERVER_NAME, ip=None)
     (root / "users").write_text("analyst:a-pass\n{}:{}:admin\n".format(*ADMIN))
-    port = _free_port()
+    port = free_port()
     with ServerProcess(root / "data", "--users", str(root / "users"), "--tls-cert", str(cert), "--tls-key", str(key),
                        "--metrics-port", str(port)) as server:
         yield Served(server.uri.removeprefix("grpc+tls://"), cert, f"http://127.0.0.1:{port}/metrics")

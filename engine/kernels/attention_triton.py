@@ -142,8 +142,9 @@ def packed_attention(q: torch.Tensor, blocks: torch.Tensor, block_m: int,
     rk, rv, cu_r = runs if runs is not None else (k, v, blocks)
     _attention_kernel[(blocks.shape[0], heads)](
         q, k, v, rk, rv, run_slots if run_slots is not None else blocks, out, lse, cu_q, cu_k, q_rows, cu_r, blocks,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), rk.stride(0), rk.stride(1), rv.stride(0), rv.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), dim ** -0.5 / math.log(2), GROUP=heads // rk.shape[1],
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), rk.stride(0), rk.stride(1),
+        rv.stride(0), rv.stride(1), out.stride(0), out.stride(1), lse.stride(0), dim ** -0.5 / math.log(2),
+        GROUP=heads // rk.shape[1],
         OWN=own is not None, PAGED=run_slots is not None, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=dim,
         **({"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2 if run_slots is None else 3} | launch))
     return out, lse

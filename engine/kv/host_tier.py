@@ -76,6 +76,11 @@ class HostTier:
         self.recompute_tokens_per_s: float | None = None  # set once passes have been timed (Runtime.warm_up)
 
     @property
+    def capacity_bytes(self) -> int:
+        """Bytes of keys and values its slots hold."""
+        return self.slots * self.bytes_per_token
+
+    @property
     def restores(self) -> bool:
         """Whether copying a run back is faster than computing it again (true until passes are timed)."""
         if self.recompute_tokens_per_s is None:

@@ -72,6 +72,11 @@ class KVPool:
             return self._top
 
     @property
+    def capacity_bytes(self) -> int:
+        """Bytes of keys and values its slots hold."""
+        return self.slots * self.bytes_per_token
+
+    @property
     def used(self) -> int:
         return self.slots - self.free
 

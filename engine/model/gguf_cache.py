@@ -33,19 +33,18 @@ def _entry(path: Path) -> Path:
     return cache_dir() / "gguf" / key
 
 
-def _read(entry: Path) -> GGUFModel:
+def _facts(entry: Path) -> tuple[ModelConfig, GGUFVocab, str | None] | None:
+    """The config, vocabulary and chat template a cache entry holds; None when there is no entry."""
+    if not (entry / "facts.json").is_file():
+        return None
     facts = json.loads((entry / "facts.json").read_text())
-    state = torch.load(entry / "weights.pt", mmap=True, weights_only=True)
-    return GGUFModel(ModelConfig(**facts["config"]), state, GGUFVocab(**facts["vocab"]), facts["chat_template"])
+    return ModelConfig(**facts["config"]), GGUFVocab(**facts["vocab"]), facts["chat_template"]
 
 
 def vocab(path: str | Path) -> tuple[GGUFVocab, str | None]:
     """`read_vocab(path)`, from the cache when this file was read before."""
-    facts_file = _entry(Path(path)) / "facts.json"
-    if not facts_file.is_file():
-        return read_vocab(path)
-    facts = json.loads(facts_file.read_text())
-    return GGUFVocab(**facts["vocab"]), facts["chat_template"]
+    facts = _facts(_entry(Path(path)))
+    return read_vocab(path) if facts is None else facts[1:]
 
 
 def _write(entry: Path, model: GGUFModel) -> None:
@@ -66,8 +65,10 @@ def load(path: str | Path) -> GGUFModel:
     """`load_gguf(path)`, from the cache when this file was read before (and kept there if small enough)."""
     path = Path(path)
     entry = _entry(path)
-    if (entry / "facts.json").is_file():
-        return _read(entry)
+    facts = _facts(entry)
+    if facts is not None:
+        config, vocabulary, template = facts
+        return GGUFModel(config, torch.load(entry / "weights.pt", mmap=True, weights_only=True), vocabulary, template)
     model = load_gguf(path)
     if sum(t.numel() * t.element_size() for t in model.state_dict.values()) <= MAX_BYTES:
         _write(entry, model)

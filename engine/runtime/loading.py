@@ -159,10 +159,10 @@ def chosen(config: EngineConfig, runtime: Runtime) -> str:
     device = torch.device(config.device)
     name = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
     pool, tree = runtime.runner.pool, runtime.runner.tree
-    host = f", host KV tier {tree.host.slots * tree.host.bytes_per_token / 2 ** 30:.1f} GiB" \
+    host = f", host KV tier {tree.host.capacity_bytes / 2 ** 30:.1f} GiB" \
         if tree is not None and tree.host is not None else ""
     return (f"{runtime.model_id} on {name}, {config.precision}, token budget {config.token_budget:,}, "
-            f"KV pool {pool.slots * pool.bytes_per_token / 2 ** 30:.1f} GiB{host}")
+            f"KV pool {pool.capacity_bytes / 2 ** 30:.1f} GiB{host}")
 
 
 def load_runtime(config: EngineConfig | None = None) -> Runtime:

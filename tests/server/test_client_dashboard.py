@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import re
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -14,19 +13,13 @@ import pytest
 
 from quail.clients import dashboard
 from quail.clients.demo import REVIEWS
-from quail.clients.server_process import ServerProcess
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from quail.clients.server_process import ServerProcess, free_port
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A server with metrics, and `python -m quail.clients.dashboard --load-demo` over it: (server, page URL)."""
-    metrics_port = _free_port()
+    metrics_port = free_port()
     with ServerProcess(tmp_path_factory.mktemp("data"), "--log-level", "warning",
                        "--metrics-port", str(metrics_port)) as server:
         process = subprocess.Popen([sys.executable, "-m", "quail.clients.dashboard", server.uri, "--port", "0",
@@ -77,7 +70,7 @@ def test_running_queries_show_progress_and_are_escaped():
 
 
 def test_errors_are_shown_as_text_not_a_traceback():
-    closed = _free_port()
+    closed = free_port()
     shown = dashboard.page(f"grpc://127.0.0.1:{closed}", f"http://127.0.0.1:{closed}/metrics")
     assert shown.count('<p class="error">') == 4 and "Traceback" not in shown
     assert "Unavailable" in shown and "Connection refused" in shown

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from quail.clients.server_process import ServerProcess
+from quail.clients.server_process import ServerProcess, free_port, metric_samples
 from quail.server import health
 from quail.server import sql_messages as sql
 from quail.server.flight_messages import (CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING,
@@ -248,13 +248,7 @@ def test_limits_per_query_and_admission(tmp_path):
 def test_prometheus_metrics(tmp_path):
     """--metrics-port: queries by status, model tokens by kind, errors by status, speed-of-light fractions,
     the KV pool and the resident tree's counters."""
-    import socket
-    import urllib.request
-
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     with ServerProcess(tmp_path, "--metrics-port", str(port)) as served:
         with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
             cur.adbc_ingest("topics", TOPICS, mode="replace")
@@ -267,9 +261,7 @@ def test_prometheus_metrics(tmp_path):
             cur.fetch_arrow_table()
             with pytest.raises(adbc_driver_manager.Error):
                 cur.execute("SELECT * FROM no_such_table")
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line and not line.startswith("#")}
+        values = metric_samples(f"http://127.0.0.1:{port}/metrics", timeout=10)
     assert values['quail_queries_total{status="OK"}'] >= 1
     assert values['quail_tokens_total{kind="fresh"}'] > 0 and values['quail_tokens_total{kind="logical"}'] > 0
     assert values['quail_errors_total{status="NOT_FOUND"}'] == 1
@@ -425,18 +417,10 @@ def test_kv_the_pool_has_no_room_for_waits_in_host_memory_and_serves_a_refresh(t
     oldest to host memory; the same query sent again (a dashboard's refresh) copies them back instead of
     computing them (it computes only each prompt's last tokens), returns the same rows, and the metrics
     show both moves."""
-    import socket
-    import urllib.request
-
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
 
     def metrics() -> dict[str, float]:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                if line and not line.startswith("#")}
+        return metric_samples(f"http://127.0.0.1:{port}/metrics", timeout=10)
 
     per_token = 46_080  # SmolLM2-135M in fp32: 2 × 30 layers × 3 KV heads × 64 × 4 bytes
     query = ("SELECT id, AI_FILTER(PROMPT('Was the soup cold in {0}?', body)) AS cold FROM reviews WHERE id < 60 "

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from quail.clients.server_process import ServerProcess
+from quail.clients.server_process import ServerProcess, free_port
 from quail.server import sql_messages as sql
 from quail.server.app import ServerConfig
 from tests.tls_certs import self_signed
@@ -97,14 +97,10 @@ def test_public_address_needs_auth_or_an_explicit_yes(tmp_path):
 @pytest.fixture(scope="module")
 def roles(tmp_path_factory):
     """A server whose users file gives each role: reader (the default), writer, admin; metrics served."""
-    import socket
-
     root = tmp_path_factory.mktemp("roles")
     users = root / "users"
     users.write_text("reader:r-pass\nwriter:w:pass:write\nboss:b-pass:admin\n")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     with ServerProcess(root / "data", "--users", str(users), "--metrics-port", str(port)) as server:
         server.metrics_port = port
         yield server
