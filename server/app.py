@@ -110,8 +110,8 @@ class QuailServer:
         self.port = self._listen(f"{config.host}:{config.port}")
         engine = settled(config.engine)
         self.runtime = load_runtime(engine)
-        self.chosen = chosen(engine, self.runtime)  # what it runs on, for the startup line
         self.runtime.warm_up()
+        self.chosen = chosen(engine, self.runtime)  # what it runs on, for the startup line
         self.metrics = Metrics(self.runtime.runner)
         users = load_users(config.users_file) if config.users_file else None
         self.auth = Authenticator(users, config.token_ttl_s) if users is not None else None

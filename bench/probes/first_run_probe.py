@@ -71,11 +71,11 @@ def main() -> None:
     passes: list[dict] = []
     forward = ModelRunner.forward_shared
 
-    def timed(runner, groups):  # CUDA events around each pass: its GPU span, without a sync
+    def timed(runner, groups, events=None):  # CUDA events around each pass: its GPU span, without a sync
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         host = time.perf_counter()
         start.record()
-        out = forward(runner, groups)
+        out = forward(runner, groups, events)
         rows = [row for owned, _ in groups for row in owned]
         end.record()
         passes.append({"start": start, "end": end, "host_ms": 1000 * (time.perf_counter() - host),

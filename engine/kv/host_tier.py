@@ -2,8 +2,8 @@
 
 The resident tree (kv/resident.py) moves its least recently used runs here
 instead of dropping them, and copies them back into the pool when a request
-matches them, if that is cheaper than computing them again (`restores`: the copy
-and the forward pass are measured on this machine). Host memory is one pinned
+matches them, if that is cheaper than computing them again (`restores`: both
+timed end to end on this machine when the server warms up). Host memory is one pinned
 store of token slots, all of a token's layers together, so a run is a few
 contiguous extents: one copy each way per extent. On a GPU the copies run on a
 stream of their own: a run comes back while the passes before it still compute,
@@ -13,7 +13,6 @@ and the pass that reads it waits for it, not the host.
 from __future__ import annotations
 
 import bisect
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,8 +71,10 @@ class HostTier:
         self._free: list[tuple[int, int]] = [(0, slots)] if slots else []  # by first slot, none adjacent
         self.used = 0
         self._owed: list[_Restore] = []
-        self.copy_bytes_per_s = self._measure_copy()
-        self.recompute_tokens_per_s: float | None = None  # set once passes have been timed (Runtime.warm_up)
+        # A pass's worth of new prompts, timed computed, then moved here and timed copied back with their last
+        # tokens computed (Runtime.warm_up): seconds each way, None until timed.
+        self.recompute_s: float | None = None
+        self.restore_s: float | None = None
 
     @property
     def capacity_bytes(self) -> int:
@@ -82,26 +83,9 @@ class HostTier:
 
     @property
     def restores(self) -> bool:
-        """Whether copying a run back is faster than computing it again (true until passes are timed)."""
-        if self.recompute_tokens_per_s is None:
-            return True
-        return self.bytes_per_token / self.copy_bytes_per_s < 1 / self.recompute_tokens_per_s
-
-    def _measure_copy(self) -> float:
-        """Bytes a second from the store into the device (the best of three copies of up to 64 MiB)."""
-        if not self.slots:
-            return 1.0
-        tokens = min(self.slots, max(1, (64 << 20) // self.bytes_per_token))
-        best = float("inf")
-        for _ in range(3):
-            began = time.perf_counter()
-            if self.stream is None:
-                self.store[:tokens].clone()
-            else:
-                self.store[:tokens].to(self.pool.device, non_blocking=True)
-                torch.cuda.synchronize(self.pool.device)
-            best = min(best, time.perf_counter() - began)
-        return tokens * self.bytes_per_token / max(best, 1e-9)
+        """Whether copying runs back is faster than computing them again, as timed end to end on this machine
+        and pool (true until timed)."""
+        return self.restore_s is None or self.recompute_s is None or self.restore_s < self.recompute_s
 
     def take(self, count: int) -> HostRun | None:
         """`count` free slots, in one extent where one is long enough; None: fewer are free."""

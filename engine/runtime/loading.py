@@ -155,12 +155,16 @@ def settled(config: EngineConfig) -> EngineConfig:
 
 
 def chosen(config: EngineConfig, runtime: Runtime) -> str:
-    """What a settled config and its runtime run on, in a line (the server logs it when it starts)."""
+    """What a settled config and its runtime run on, in a line (the server logs it when it starts, after the
+    warm-up)."""
     device = torch.device(config.device)
     name = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
     pool, tree = runtime.runner.pool, runtime.runner.tree
-    host = f", host KV tier {tree.host.capacity_bytes / 2 ** 30:.1f} GiB" \
-        if tree is not None and tree.host is not None else ""
+    host = "" if tree is None or tree.host is None else f", host KV tier {tree.host.capacity_bytes / 2 ** 30:.1f} GiB"
+    if host and tree.host.restore_s is not None:  # timed by the warm-up
+        choice = "copies back" if tree.host.restores else "computes again"
+        host += (f" ({choice}: a pass copied back in {tree.host.restore_s:.3f} s, computed in "
+                 f"{tree.host.recompute_s:.3f} s)")
     return (f"{runtime.model_id} on {name}, {config.precision}, token budget {config.token_budget:,}, "
             f"KV pool {pool.capacity_bytes / 2 ** 30:.1f} GiB{host}")
 

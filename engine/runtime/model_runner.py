@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -55,6 +56,31 @@ def _keeping(rows: list[Row], starts: list[int], pool: KVPool, ledger: KVLedger
         pool.write(layer, target, k, v)
 
     return kept, write
+
+
+@dataclass(eq=False)
+class PassEvents:
+    """Points a pass records on the device's stream (CUDA only): its start, the start of layer `mark`, its end."""
+
+    mark: int
+    start: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(enable_timing=True))
+    marked: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(blocking=True))
+    end: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(enable_timing=True))
+
+
+def _marking(write: Callable[[int, torch.Tensor, torch.Tensor], None] | None, events: PassEvents | None
+             ) -> Callable[[int, torch.Tensor, torch.Tensor], None] | None:
+    """The model's per-layer hook: `write` the layer's kept KV, and record `events.marked` at layer `events.mark`."""
+    if events is None:
+        return write
+
+    def hook(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        if layer == events.mark:
+            events.marked.record()
+        if write is not None:
+            write(layer, k, v)
+
+    return hook
 
 
 def kv_pool(model: Decoder, kv_bytes: int) -> KVPool:
@@ -130,17 +156,24 @@ class ModelRunner:
         if self.device.type == "cuda":
             host = host.pin_memory()
         ids_t, positions_t = host.to(self.device, non_blocking=True)
-        return ids_t, positions_t, torch.from_numpy(starts[1:] - 1).to(self.device, non_blocking=True)
+        return ids_t, positions_t, on_device(self.device, starts[1:] - 1)
 
     def forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:
         """Last hidden state of each row, and the KV of rows that asked to keep it: one pass, now, on the
         caller's thread (the scheduler runs the queries' passes; this is for probes and tests)."""
         return self.forward_shared([(rows, stats)])
 
+    def pass_events(self, mark: int) -> PassEvents | None:
+        """Events for a pass that marks layer `mark`, where the device runs passes behind the host (CUDA);
+        None on the CPU, where a pass runs on the caller's thread."""
+        return PassEvents(mark) if self.device.type == "cuda" else None
+
     @torch.inference_mode()
-    def forward_shared(self, groups: Sequence[tuple[list[Row], Stats]]) -> tuple[torch.Tensor, list[KV | None]]:
+    def forward_shared(self, groups: Sequence[tuple[list[Row], Stats]], events: PassEvents | None = None
+                       ) -> tuple[torch.Tensor, list[KV | None]]:
         """One pass over the rows of several owners, in order (a row's parent is its index in the pass):
-        each row's last hidden state and kept KV, each owner's work counted in its stats."""
+        each row's last hidden state and kept KV, each owner's work counted in its stats; `events` recorded
+        on the way (queued, not waited for)."""
         rows = [row for owned, _ in groups for row in owned]
         lengths = [len(r.ids) for r in rows]
         layout = Rows.build(lengths, [r.past for r in rows], self.device, self.model.padded_attention,
@@ -149,7 +182,11 @@ class ModelRunner:
         kept, write = _keeping(rows, layout.starts, self.pool, self.ledger)
         if self.tree is not None:
             self.tree.settle()  # KV the rows continue that is still owed from the host tier
-        hidden = self.model(ids, positions, layout, last, write)
+        if events is not None:
+            events.start.record()
+        hidden = self.model(ids, positions, layout, last, _marking(write, events))
+        if events is not None:
+            events.end.record()
         start = 0
         for owned, stats in groups:
             end = start + len(owned)

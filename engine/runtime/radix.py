@@ -14,8 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-import numpy as np
-
 from quail.engine.kv.token_prefix import common_length
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.requests import Request, Segment

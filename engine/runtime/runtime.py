@@ -144,7 +144,7 @@ class Runtime:
         rows of more than a full pass after a shared prefix as long as each (copied before each row on a
         GPU), then short rows after two long prefixes (attended apart and merged); always one short request
         alone (compiled layers specialize a size of one). With a host KV tier, then a pass of new rows is
-        timed: the host tier restores what it holds when copying is faster than that."""
+        timed against its copy back from the tier (`_time_host_tier`)."""
         rng = np.random.default_rng(0)
 
         def segment(n: int) -> Segment:
@@ -158,13 +158,25 @@ class Runtime:
             anchors = [segment(600) for _ in range(2)]
             partners = [(anchor, segment(12)) for anchor in anchors for _ in range(60)]
             self.score([Request(parts, self.yes_no) for parts in rows + partners], work)
-        host = self.runner.tree.host if self.runner.tree is not None else None
-        if host is not None:
-            timed = QueryWork()
-            began = time.perf_counter()
-            self.score([Request((segment(128),), self.yes_no) for _ in range(self.runner.token_budget // 128)], timed)
-            host.recompute_tokens_per_s = timed.stats.fresh_tokens / (time.perf_counter() - began)
+        if self.runner.tree is not None and self.runner.tree.host is not None:
+            self._time_host_tier([Request((segment(128),), self.yes_no)
+                                  for _ in range(self.runner.token_budget // 128)])
         return work.stats
+
+    def _time_host_tier(self, requests: list[Request]) -> None:
+        """Time the new requests computed, then, moved to the host tier, copied back with their last tokens
+        computed: the tier restores runs when that was faster (HostTier.restores)."""
+        tree = self.runner.tree
+        tree.host.recompute_s = tree.host.restore_s = None  # restoring, for the second timing
+
+        def timed() -> float:
+            began = time.perf_counter()
+            self.score(requests, QueryWork())
+            return time.perf_counter() - began
+
+        computed = timed()
+        tree.evict(tree.pool.slots)  # all the runs no query holds, to the host tier as far as it has room
+        tree.host.recompute_s, tree.host.restore_s = computed, timed()
 
     def forget(self, rejected: Sequence[Request], accepted: Sequence[Request]) -> None:
         """The rejected requests' documents (what follows the preamble), with all that continues them, go

@@ -3,6 +3,8 @@
 - Which queries' rows share a pass (`PassScheduler`, the device's owner loop): every running query's
   model work waits in one place and each pass is packed from many queries' rows, the queries taking the
   lead in turn, each up to an equal share of the budget before any takes more.
+- When the next pass is filled (`Pacing`): while the device runs the last layers of the one before, so a
+  query arriving during a pass joins the next.
 - What fits a pass: a token budget, and padded attention's area at most PAD_FACTOR times it (Fill, pack).
 - In what order a step's requests are computed (`tree`, the quail strategy): each shared prefix once,
   longest roots first, depth first, short prefixes joined by their children in one pass, prompts longer
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
 
     from quail.engine.kv.resident import Match, Node, ResidentTree
     from quail.engine.kv.runs import KV
-    from quail.engine.runtime.model_runner import ModelRunner
+    from quail.engine.runtime.model_runner import ModelRunner, PassEvents
 
 Strategy = Callable[["ModelRunner", Sequence[Request], Stats], "list[torch.Tensor]"]
 
@@ -138,6 +140,72 @@ class _Waiting:
     error: BaseException | None = None
 
 
+GAP_MS = 1.0  # the device idle longer than this between two passes: the host filled the second too late
+QUIET = 8  # passes in a row without such a gap before the lead shrinks by a layer
+
+
+class Pacing:
+    """When the owner loop fills the next pass, where the device runs queued passes behind the host (CUDA).
+
+    The loop fills a pass once the device has started layer `layers - lead` of
+    the pass queued before it, so it fills while the device runs those last
+    `lead` layers: a query that arrives while a pass computes joins the next
+    pass, not the one after (filled at once, the next pass would be fixed
+    before the query came). `lead` adapts to the host's speed: it grows by
+    half when the device waited for the host between two passes (a gap over
+    GAP_MS), and shrinks by one after QUIET passes in a row without a gap.
+    Passes after the loop waited for work are not judged. On the CPU a pass
+    runs on the loop's own thread: no events, nothing to wait for.
+    """
+
+    def __init__(self, layers: int) -> None:
+        self.layers = layers
+        self.lead = max(1, layers // 4)
+        self.quiet = 0
+        self.idle = True  # the loop waited for work (or ran no pass) since the pass queued last
+        self.last: PassEvents | None = None
+        self.judged: tuple[PassEvents, PassEvents] | None = None  # (a pass, the next), when the next came at once
+
+    @property
+    def mark(self) -> int:
+        """The layer of the next pass whose start lets the loop fill the one after it."""
+        return self.layers - self.lead
+
+    def queued(self, events: PassEvents | None) -> None:
+        """A pass recording `events` went to the device."""
+        if events is None:
+            return
+        self.judged = None if self.idle or self.last is None else (self.last, events)
+        self.last, self.idle = events, False
+
+    def wait(self) -> None:
+        """Until the device starts the mark of the pass queued last; then the gap before that pass is judged."""
+        if self.last is None:
+            return
+        self.last.marked.synchronize()
+        if self.judged is not None:
+            before, after = self.judged
+            self.observe(before.end.elapsed_time(after.start))
+            self.judged = None
+
+    def observe(self, gap_ms: float) -> None:
+        """The device's idle time between two passes the loop queued one after the other.
+
+        >>> pacing = Pacing(36)
+        >>> pacing.observe(5.0); pacing.lead
+        13
+        >>> for _ in range(QUIET): pacing.observe(0.0)
+        >>> pacing.lead
+        12
+        """
+        if gap_ms > GAP_MS:
+            self.lead, self.quiet = min(self.layers, self.lead + max(1, self.lead // 2)), 0
+            return
+        self.quiet += 1
+        if self.quiet >= QUIET:
+            self.lead, self.quiet = max(1, self.lead - 1), 0
+
+
 class PassScheduler:
     """The device's owner loop: every running query's model work waits here, and each forward pass is
     packed from the rows of many queries (continuous batching across queries).
@@ -145,14 +213,16 @@ class PassScheduler:
     Fairness: the queries with work lead a pass in turn (round robin) and each
     takes up to an equal share of its token budget (the leader's runner's)
     before any takes more; what one leaves unused goes to the others in the
-    same order. A query admitted while others run joins the next pass, so a
-    short interactive query waits about one pass while a long scan keeps its
-    share of every pass. Before each pass each query's check runs: a query
-    cancelled or past its deadline leaves at once, its rows with it.
+    same order. A query admitted while others run joins the next pass (the
+    loop fills it while the device runs the last layers of the pass before:
+    `Pacing`), so a short interactive query waits about one pass while a long
+    scan keeps its share of every pass. Before each pass each query's check
+    runs: a query cancelled or past its deadline leaves at once, its rows with it.
     """
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
+        self.pacing = Pacing(runner.model.config.num_layers)
         self._cond = threading.Condition()
         self._waiting: deque[_Waiting] = deque()
         self._thread: threading.Thread | None = None
@@ -186,6 +256,7 @@ class PassScheduler:
 
     def _loop(self) -> None:
         while True:
+            self.pacing.wait()
             self._guarded(self._queue())  # no reference to a query's work outlives its pass here
 
     def _guarded(self, queue: list[_Waiting]) -> None:
@@ -201,6 +272,7 @@ class PassScheduler:
     def _queue(self) -> list[_Waiting]:
         with self._cond:
             while not self._waiting:
+                self.pacing.idle = True
                 self._cond.wait()
             return list(self._waiting)
 
@@ -214,6 +286,7 @@ class PassScheduler:
             except BaseException as err:  # the query's own error (cancelled, past its deadline) goes to it
                 self._end(waiting, err)
         if not live:
+            self.pacing.idle = True
             return
         fill = new_pass(live[0].job.runner)
         taken = [0] * len(live)  # each query's tokens in the pass so far
@@ -228,15 +301,19 @@ class PassScheduler:
             groups.append((rows, waiting.job.stats))
             base += len(rows)
         if not base:  # every query waits for another's documents: for it to reach the scheduler
+            self.pacing.idle = True
             with self._cond:
                 self._cond.wait(0.01)
             return
+        events = self.runner.pass_events(self.pacing.mark)
         try:
-            last, kept = self.runner.forward_shared(groups)
+            last, kept = self.runner.forward_shared(groups, events)
         except BaseException as err:  # the pass failed: every query in it gets the error
             for waiting in live:
                 self._end(waiting, err)
+            self.pacing.idle = True
             return
+        self.pacing.queued(events)
         start = 0
         for waiting, (rows, _) in zip(live, groups):
             try:

@@ -176,9 +176,9 @@ def test_the_kv_ledger_counts_kept_kv_until_the_plan_is_done_with_it(runtime, mo
     requests = [request(anchor, [7, 8, p, 9]) for anchor in anchors for p in range(10, 22)]
     seen, forward = [], ModelRunner.forward_shared
 
-    def counting(self, groups):
+    def counting(self, groups, events=None):
         seen.append(self.ledger.resident_bytes)
-        return forward(self, groups)
+        return forward(self, groups, events)
 
     monkeypatch.setattr(ModelRunner, "forward_shared", counting)
     quail = runtime.variant("quail", token_budget=256)
@@ -197,10 +197,10 @@ def test_documents_below_a_shared_preamble_run_depth_first(runtime, monkeypatch)
     passes = []
     forward = type(runtime.runner).forward_shared
 
-    def recording(self, groups):
+    def recording(self, groups, events=None):
         rows = [row for owned, _ in groups for row in owned]
         passes.append((sum(len(r.ids) >= 100 for r in rows), sum(len(r.ids) <= 4 for r in rows)))
-        return forward(self, groups)
+        return forward(self, groups, events)
 
     monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
     work = QueryWork()
@@ -270,9 +270,9 @@ def test_long_prompts_run_in_passes_no_longer_than_the_budget(runtime, monkeypat
     sizes = []
     forward = type(runtime.runner).forward_shared
 
-    def recording(self, groups):
+    def recording(self, groups, events=None):
         sizes.append(sum(len(row.ids) for owned, _ in groups for row in owned))
-        return forward(self, groups)
+        return forward(self, groups, events)
 
     whole = np.array(runtime.variant("quail", token_budget=4096).score(requests))
     runtime.runner.tree.clear()
@@ -325,12 +325,12 @@ def test_concurrent_queries_share_passes_and_a_short_one_waits_about_one_pass(ru
     first_in, release = threading.Event(), threading.Event()
     forward = type(runtime.runner).forward_shared
 
-    def recording(self, groups):
+    def recording(self, groups, events=None):
         passes.append([owners.get(id(stats), "?") for owned, stats in groups if owned])
         if len(passes) == 1:
             first_in.set()
             release.wait(30)
-        return forward(self, groups)
+        return forward(self, groups, events)
 
     monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
     got = {}
