@@ -54,24 +54,32 @@ def main() -> None:
     p.add_argument("--kv-cache-bytes", type=int, default=4 << 30)
     p.add_argument("--kv-host-bytes", type=int, default=40 << 30)
     p.add_argument("--out", default=".")
+    p.add_argument("--runs", choices=("both", "with", "without"), default="both",
+                   help="one run alone (a pool the GPU holds only once: one run a process)")
     args = p.parse_args()
-    with_host = quail.Session(engine_config(args, kv_cache_bytes=args.kv_cache_bytes,
-                                            kv_host_bytes=args.kv_host_bytes))
     table = numbered_reviews(args.rows, 300)
-    with_host.register("reviews", table)
-    with_host.runtime.warm_up()
-    host = with_host.runtime.runner.tree.host
-    result = {"rows": args.rows, "kv_cache_bytes": args.kv_cache_bytes, "kv_host_bytes": args.kv_host_bytes,
-              "bytes_per_token": host.bytes_per_token, "warm_up_restore_s": host.restore_s,
-              "warm_up_recompute_s": host.recompute_s, "restores": host.restores}
-    host.restore_s = None  # copied back whatever the warm-up chose: the choice is what this probe checks
-    result["with_host_tier"] = run(with_host)
-    base = with_host.runtime
-    without = Runtime(base.model_id, base.runner.model, base.tokenizer, base.layout.frame, "quail",
-                      args.token_budget, "hash", kv_bytes=args.kv_cache_bytes)
-    session = quail.Session(runtime=without)
-    session.register("reviews", table)
-    result["without"] = run(session)
+    result: dict = {"rows": args.rows, "kv_cache_bytes": args.kv_cache_bytes, "kv_host_bytes": args.kv_host_bytes}
+    base = None
+    if args.runs != "without":
+        with_host = quail.Session(engine_config(args, kv_cache_bytes=args.kv_cache_bytes,
+                                                kv_host_bytes=args.kv_host_bytes))
+        with_host.register("reviews", table)
+        with_host.runtime.warm_up()
+        host = with_host.runtime.runner.tree.host
+        result.update({"bytes_per_token": host.bytes_per_token, "warm_up_restore_s": host.restore_s,
+                       "warm_up_recompute_s": host.recompute_s, "restores": host.restores})
+        host.restore_s = None  # copied back whatever the warm-up chose: the choice is what this probe checks
+        result["with_host_tier"] = run(with_host)
+        base = with_host.runtime
+    if args.runs != "with":
+        if base is None:
+            session = quail.Session(engine_config(args, kv_cache_bytes=args.kv_cache_bytes))
+        else:
+            session = quail.Session(runtime=Runtime(base.model_id, base.runner.model, base.tokenizer,
+                                                    base.layout.frame, "quail", args.token_budget, "hash",
+                                                    kv_bytes=args.kv_cache_bytes))
+        session.register("reviews", table)
+        result["without"] = run(session)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "host_tier.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
