@@ -105,13 +105,15 @@ class KVPool:
         self._released.append(slots)
 
     def _settle(self) -> None:
-        """Count the released slots (the lock held); those no run holds are free."""
-        while self._released:
-            slots = self._released.pop()
-            self.refs[slots] -= 1
-            freed = slots[self.refs[slots] == 0]
-            self._free[self._top:self._top + len(freed)] = freed
-            self._top += len(freed)
+        """Count the released slots (the lock held), all at once; those no run holds are free."""
+        if not self._released:
+            return
+        released, self._released = self._released, []
+        slots, times = np.unique(np.concatenate(released), return_counts=True)  # a slot two runs released: twice
+        self.refs[slots] -= times.astype(self.refs.dtype)
+        freed = slots[self.refs[slots] == 0]
+        self._free[self._top:self._top + len(freed)] = freed
+        self._top += len(freed)
 
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store one layer's keys and values (tokens, kv_heads, head_dim) in `slots` (on the device)."""

@@ -49,14 +49,16 @@ class KV:
 
     __slots__ = ("parts", "_index", "counted")
 
-    def __init__(self, parts: tuple[tuple[KVPool, np.ndarray], ...]) -> None:
+    def __init__(self, parts: tuple[tuple[KVPool, np.ndarray], ...], held: bool = False) -> None:
+        """A run of these slots, which it holds from now on (`held`: the caller counted them for it)."""
         if len(parts) > 1 or (parts and not len(parts[0][1])):
             parts = tuple(part for part in parts if len(part[1]))
         self.parts = parts
         self._index: list[torch.Tensor] | None = None
         self.counted: tuple[KVLedger, int] | None = None  # a ledger counting the run's bytes until it is freed
-        for pool, slots in parts:
-            pool.hold(slots)
+        if not held:
+            for pool, slots in parts:
+                pool.hold(slots)
 
     def __del__(self) -> None:
         for pool, slots in self.parts:
@@ -91,6 +93,14 @@ class KV:
                 out.append((pool, slots[lo:hi]))
             offset += len(slots)
         return KV(tuple(out))
+
+    def blocks(self, size: int) -> list["KV"]:
+        """The run cut into runs of `size` tokens (the last one short, if so), their slots counted at once."""
+        if len(self.parts) != 1:
+            return [self.slice(start, start + size) for start in range(0, len(self), size)]
+        pool, slots = self.parts[0]
+        pool.hold(slots)
+        return [KV(((pool, slots[start:start + size]),), held=True) for start in range(0, len(slots), size)]
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(keys, values) of the whole run in one layer: (tokens, kv_heads, head_dim) each, gathered from

@@ -181,8 +181,8 @@ class _BlockPrefix:
         size = self.cache.block_size
         for (i, keys, hits, _), h, kv in zip(self.pending, last, kept):
             self.hidden[i] = h
-            for b in range(hits, len(keys)):
-                self.cache.store(keys[b], kv.slice((b - hits) * size, (b - hits + 1) * size))
+            for key, block in zip(keys[hits:], kv.blocks(size)):  # a short last block is no block: not stored
+                self.cache.store(key, block)
         self.pending = []
         self.pasts = {}
 

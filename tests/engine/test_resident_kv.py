@@ -50,6 +50,19 @@ def test_runs_share_slots_and_free_them_with_the_last_holder():
     assert pool.used == 0 and pool.take(10) is not None
 
 
+def test_a_run_cut_into_blocks_holds_each_blocks_slots_until_that_block_goes():
+    pool = _pool(10)
+    run = _run(pool, np.arange(7))
+    blocks = run.blocks(3)
+    assert [_tokens(b) for b in blocks] == [[0, 1, 2], [3, 4, 5], [6]]
+    del run
+    gc.collect()
+    assert pool.used == 7
+    del blocks[1]
+    gc.collect()
+    assert pool.used == 4 and sorted(pool.take(6)) == [3, 4, 5, 7, 8, 9]
+
+
 def test_the_tree_finds_the_longest_prefix_whoever_computed_it_and_copies_nothing():
     pool = _pool(64)
     tree = ResidentTree(pool)
