@@ -15,7 +15,8 @@ class Stats:
     attention_pairs: (query, key) pairs scored; kv_written: KV rows kept for later
     requests; kv_read: resident KV rows read by later computation; planned_tokens:
     the fresh tokens the strategies have laid out for the requests handed to them
-    so far (progress: fresh_tokens of planned_tokens).
+    so far (progress: fresh_tokens of planned_tokens); generated_tokens: tokens
+    decoding chose (their own KV is computed in later passes, counted as fresh).
     """
 
     requests: int = 0
@@ -27,6 +28,7 @@ class Stats:
     kv_read: int = 0
     forward_passes: int = 0
     planned_tokens: int = 0
+    generated_tokens: int = 0
 
     @property
     def physical_tokens(self) -> int:

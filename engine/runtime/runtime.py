@@ -14,7 +14,7 @@ from quail.engine.errors import InvalidArgument
 from quail.engine.kv.resident import ResidentTree
 from quail.engine.model.decoder import Decoder
 from quail.engine.model.tokenizer import Tokenizer
-from quail.engine.runtime import baselines
+from quail.engine.runtime import baselines, decode
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.model_runner import ModelRunner, host_tier, kv_pool
 from quail.engine.runtime.prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
@@ -124,13 +124,29 @@ class Runtime:
                   for labels, members in by_labels.items()]
         return Scoring(groups)
 
-    def refuse_too_long(self, requests: Sequence[Request], where: str = "") -> None:
-        """InvalidArgument when a request is longer than the model's context (it would never be answered
-        right, and would hold the device for nothing)."""
+    def generate(self, requests: Sequence[Request], max_tokens: int, stop: frozenset[int] = frozenset(),
+                 work: QueryWork | None = None) -> list[list[int]]:
+        """The greedy continuation of each request's prompt: at most `max_tokens` token ids, ending before
+        a stop token (decode.py; the requests' label sets are not read). The work is added to `work`."""
+        if not requests:
+            return []
+        self.refuse_too_long(requests, extra=max_tokens)
+        work = work if work is not None else QueryWork()
+        work.count(len(requests))
+        work.spend_tokens(sum(len(r) for r in requests))
+        work.check()
+        generated = decode.greedy(self.runner.for_query(work.check), requests, max_tokens, stop, work.stats)
+        work.stats.logical_tokens += sum(map(len, generated))  # the prompts and, fed back, what they generated
+        return generated
+
+    def refuse_too_long(self, requests: Sequence[Request], where: str = "", extra: int = 0) -> None:
+        """InvalidArgument when a request, with `extra` tokens to generate after it, is longer than the model's
+        context (it would never be answered right, and would hold the device for nothing)."""
         longest = max((len(r) for r in requests), default=0)
-        if longest > self.config.max_position:
-            raise InvalidArgument(f"a prompt{where} has {longest:,} tokens; the model {self.model_id} reads at most "
-                                  f"{self.config.max_position:,}: shorten its text")
+        if longest + extra > self.config.max_position:
+            more = f" and {extra:,} to generate" if extra else ""
+            raise InvalidArgument(f"a prompt{where} has {longest:,} tokens{more}; the model {self.model_id} reads at "
+                                  f"most {self.config.max_position:,}: shorten its text")
 
     @property
     def plans_order(self) -> bool:
