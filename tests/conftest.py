@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
-import pytest
+# Under pytest-xdist each worker, and each server or script it starts (they inherit the environment), gets
+# an equal share of the machine's cores for torch's threads: two workers at two threads each on two cores
+# (their servers besides) wait on one another, a third slower than one thread each.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
+                                                     // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
-import quail
-from quail.clients.server_process import ServerProcess
-from quail.engine.runtime.loading import embedded_gguf, load_runtime
-from tests.sample_tables import ASPECTS, REVIEWS
+import pytest  # noqa: E402
+
+import quail  # noqa: E402
+from quail.clients.server_process import ServerProcess  # noqa: E402
+from quail.engine.runtime.loading import embedded_gguf, load_runtime  # noqa: E402
+from tests.sample_tables import ASPECTS, REVIEWS  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -48,25 +56,38 @@ def session(hash_session):
 
 @pytest.fixture(scope="session")
 def hf_model():
-    """SmolLM2 as transformers loads it from the same GGUF (its own dequantization), fp32."""
+    """SmolLM2 as transformers loads it from the same GGUF (its own dequantization), fp32.
+
+    While it loads, gguf's reader of the file and its tensor-name map are built once each: transformers
+    reads the file twice (the config, then the weights; ~50,000 metadata fields each time) and builds the
+    same map once a tensor, about half of the load's 25 s on a CPU core. What it reads is unchanged."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    gguf = pytest.importorskip("gguf")
     path = embedded_gguf()
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", functools.cache(gguf.GGUFReader))
+        patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="session")
 def hf_p_yes(hf_model):
-    """P(yes) of a request as HF transformers computes it on the request's token ids."""
+    """P(yes) of a request as HF transformers computes it on the request's token ids (each prompt's
+    computed once a session: a test asking again gets the same number)."""
     torch = pytest.importorskip("torch")
+    known: dict[tuple, float] = {}
 
     def p_yes(request) -> float:
-        with torch.inference_mode():
-            logits = hf_model(torch.from_numpy(request.ids().astype("int64"))[None]).logits[0, -1]
-        labels = request.labels
-        logp = torch.log_softmax(logits[list(labels.token_ids)].double(), dim=-1)
-        return float(torch.logsumexp(logp[torch.tensor(labels.groups) == 1], dim=-1).exp())
+        ids, labels = request.ids().astype("int64"), request.labels
+        key = (ids.tobytes(), tuple(labels.token_ids), tuple(labels.groups))
+        if key not in known:
+            with torch.inference_mode():
+                logits = hf_model(torch.from_numpy(ids)[None]).logits[0, -1]
+            logp = torch.log_softmax(logits[list(labels.token_ids)].double(), dim=-1)
+            known[key] = float(torch.logsumexp(logp[torch.tensor(labels.groups) == 1], dim=-1).exp())
+        return known[key]
 
     return p_yes
 
@@ -83,3 +104,39 @@ def server(tmp_path_factory):
     """A real `quail serve` process over a fresh data directory."""
     with ServerProcess(tmp_path_factory.mktemp("data")) as proc:
         yield proc
+
+
+# How `make test` spreads the test files over its workers (pytest-xdist, --dist loadfile): each file's tests
+# on one worker (its module-scoped servers and fixtures built once), the files that use HF transformers'
+# model (about 20 s to load, once a worker) together on one, and the longest first, so that no worker is
+# left running one of them alone at the end.
+HF_GROUP = "files using hf_model or hf_p_yes"
+LONGEST_FIRST = (HF_GROUP, "tests/server/test_server_cancel.py", "tests/engine/test_scheduler.py",
+                 "tests/test_ai_sql.py", "tests/server/test_server_exclusive.py", "tests/bench/test_fuzz.py",
+                 "tests/server/test_server_limits.py", "tests/planner/test_substrait.py",
+                 "tests/engine/test_ai_operators.py", "tests/engine/test_executor.py", "tests/bench/test_bench.py",
+                 "tests/server/test_server_security.py", "tests/bench/test_server_load.py", "tests/test_demo.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    @functools.cache
+    def share(path: str) -> str:
+        text = (config.rootpath / path).read_text(errors="replace")
+        return HF_GROUP if "hf_model" in text or "hf_p_yes" in text else path
+
+    class FilesLongestFirst(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return share(super()._split_scope(nodeid))
+
+        def _assign_work_unit(self, node) -> None:
+            rank = {scope: k for k, scope in enumerate(LONGEST_FIRST)}
+            for scope in sorted(self.workqueue, key=lambda scope: rank.get(scope, len(rank))):
+                self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
+
+    return FilesLongestFirst(config, log)

@@ -15,8 +15,11 @@ FIGURES = ["wall_s", "rows", "agree", "logical_tokens", "physical_tokens", "cach
            "sol_s", "usd"]
 
 
+SCALE, LENGTH_SCALE = 0.0002, 0.05  # 10 reviews, 4 traces, texts a twentieth of the benchmark's
+
+
 def test_harness_writes_a_valid_result_file(tmp_path, runtime):
-    run.main(["--scale", "0.0004", "--length-scale", "0.05", "--queries", "F1,AG",
+    run.main(["--scale", str(SCALE), "--length-scale", str(LENGTH_SCALE), "--queries", "F1,AG",
               "--engines", "quail,naive,prefix,hf", "--out", str(tmp_path)])
     (path,) = tmp_path.glob("*-cpu-smollm2-135m-fp32-*.json")
     doc = json.loads(path.read_text())
@@ -38,7 +41,7 @@ def test_harness_writes_a_valid_result_file(tmp_path, runtime):
     assert ag["quail"]["fresh_tokens"] < ag["prefix"]["fresh_tokens"] <= ag["naive"]["fresh_tokens"]
 
     # The harness records what the Python API reports for the same query over the same data.
-    tables = run.generate(run.Workload(0.0004, 0, 0.05), ["traces"])
+    tables = run.generate(run.Workload(SCALE, 0, LENGTH_SCALE), ["traces"])
     session = Session(runtime=runtime)
     for name, table in tables.items():
         session.register(name, table)

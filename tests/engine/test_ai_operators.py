@@ -10,32 +10,39 @@ import pytest
 
 from quail.engine.ai.operators import Question, build_requests, yes_probabilities
 
+STEP = [None if i == 5 else f"Visit {i % 4}: {'the room was cold' if i % 3 else 'lovely staff'} ({i})."
+        for i in range(60)]
+COMPLAINT = Question("Is {0} a complaint?")
+
+
+@pytest.fixture(scope="module")
+def alone(runtime):
+    """The answer each row of STEP with a text (by row) gets to its prompt alone: each row its own prompt,
+    nothing shared (the naive strategy; computed once for both tests below)."""
+    present = [i for i, text in enumerate(STEP) if text is not None]
+    requests = build_requests(runtime, COMPLAINT, [[STEP[i]] for i in present])
+    return dict(zip(present, (float(np.exp(a[1])) for a in runtime.variant("naive").score(requests))))
+
 
 @pytest.mark.parametrize("strategy", ["quail", "naive"])
-def test_a_step_in_parts_answers_as_one_call(runtime, monkeypatch, strategy):
+def test_a_step_in_parts_answers_as_one_call(runtime, alone, monkeypatch, strategy):
     """Rows of a large step (for quail, a small token budget): every row gets the answer its prompt gets alone, NULL
     rows none; quail takes them in two parts in the order of their anchor's text, a baseline in one call
     in table order."""
     small = runtime.variant(strategy, token_budget=32 if strategy == "quail" else 1024)  # a baseline: one call anyway
-    texts = [None if i == 5 else f"Visit {i % 4}: {'the room was cold' if i % 3 else 'lovely staff'} ({i})."
-             for i in range(60)]
     launched = []
     launch = type(small).launch
     monkeypatch.setattr(type(small), "launch", lambda self, requests, work=None:
                         launched.append(list(requests)) or launch(self, requests, work))
-    probs = yes_probabilities(small, Question("Is {0} a complaint?"), [texts])
+    probs = yes_probabilities(small, COMPLAINT, [STEP])
     assert len(launched) == (2 if strategy == "quail" else 1), "quail's runtime gets the step in two parts"
     assert np.isnan(probs[5])
-    present = [i for i, text in enumerate(texts) if text is not None]
-    requests = build_requests(runtime, Question("Is {0} a complaint?"), [[texts[i]] for i in present])
-    alone = runtime.variant("naive").score(requests)  # each row its own prompt, nothing shared
-    assert np.allclose([probs[i] for i in present], [np.exp(a[1]) for a in alone], atol=1e-4, rtol=0)
+    assert np.allclose([probs[i] for i in alone], list(alone.values()), atol=1e-4, rtol=0)
     first = [r.segments[1].key for r in launched[0]]
-    documents = [r.segments[1] for r in build_requests(runtime, Question("Is {0} a complaint?"),
-                                                       [[t] for t in texts if t is not None])]
+    documents = [r.segments[1] for r in build_requests(runtime, COMPLAINT, [[t] for t in STEP if t is not None])]
     if strategy == "quail":
-        ordered = sorted(t for t in texts if t is not None)
-        want = build_requests(runtime, Question("Is {0} a complaint?"), [[t] for t in ordered[:len(first)]])
+        ordered = sorted(t for t in STEP if t is not None)
+        want = build_requests(runtime, COMPLAINT, [[t] for t in ordered[:len(first)]])
         assert first == [r.segments[1].key for r in want], "quail: in the order of the documents' text"
     else:
         assert first == [d.key for d in documents[:len(first)]], "a baseline: in table order"

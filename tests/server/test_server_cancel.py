@@ -28,14 +28,18 @@ TOPICS = pa.table({"id": list(range(12)), "topic": ["food", "service", "price", 
 LONG = ("SELECT r.id, t.id FROM reviews r JOIN topics t "
         "ON AI_FILTER(PROMPT('Is the review {0} about {1}?', r.body, t.topic))")  # 7,200 model requests
 QUICK = "SELECT id FROM topics WHERE AI_FILTER(PROMPT('Is {0} about food?', topic)) ORDER BY id"
+# Passes of 512 tokens (a second or two on a CPU core; 4,096, the default, take over ten): a query sent
+# while the long one runs joins it at the next pass, and a cancel or a time limit stops it there.
+SHORT_PASSES = ("--token-budget", "512")
 
 
 @pytest.fixture(scope="module")
-def uri(server):
-    with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
-        cur.adbc_ingest("reviews", REVIEWS, mode="replace")
-        cur.adbc_ingest("topics", TOPICS, mode="replace")
-    return server.uri
+def uri(tmp_path_factory):
+    with ServerProcess(tmp_path_factory.mktemp("data"), *SHORT_PASSES) as server:
+        with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.adbc_ingest("reviews", REVIEWS, mode="replace")
+            cur.adbc_ingest("topics", TOPICS, mode="replace")
+        yield server.uri
 
 
 def _info(client: flight.FlightClient, query: str) -> flight.FlightInfo:
@@ -157,7 +161,10 @@ def test_ai_rows_stream_before_the_query_ends(uri):
     runs (quail_queries lists it), then the rest arrive, in table order."""
     from quail.engine.runtime.scheduler import CHUNK_ROWS
 
-    query = "SELECT id, AI_FILTER(PROMPT('Is {0} about food?', body)) AS food FROM reviews WHERE id < 200"
+    notes = pa.table({"id": list(range(200)), "body": [f"Note {i}." for i in range(200)]})  # short: fewer tokens
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.adbc_ingest("notes", notes, mode="replace")
+    query = "SELECT id, AI_FILTER(PROMPT('Is {0} about food?', body)) AS food FROM notes"
     client = flight.FlightClient(uri)
     reader = client.do_get(_info(client, query).endpoints[0].ticket)
     first = reader.read_chunk().data
@@ -220,7 +227,7 @@ def test_limits_per_query_and_admission(tmp_path):
     """--max-requests refuses a query asking more (RESOURCE_EXHAUSTED), --query-timeout stops a long
     one (DEADLINE_EXCEEDED), --max-active refuses a query past the running ones (RESOURCE_EXHAUSTED)."""
 
-    args = ("--max-requests", "5000", "--query-timeout", "3", "--max-active", "1")
+    args = ("--max-requests", "5000", "--query-timeout", "3", "--max-active", "1", *SHORT_PASSES)
     with ServerProcess(tmp_path, *args) as limited:
         with flight_sql.connect(limited.uri, autocommit=True) as conn, conn.cursor() as cur:
             cur.adbc_ingest("reviews", REVIEWS, mode="replace")
@@ -302,7 +309,7 @@ def test_sigterm_drains_and_an_interrupted_ingest_leaves_a_whole_table(tmp_path)
 
     big = pa.table({"id": pa.array(range(3_000_000), pa.int64()),
                     "text": pa.array(["x" * 40] * 3_000_000)})
-    with ServerProcess(tmp_path) as served:
+    with ServerProcess(tmp_path, *SHORT_PASSES) as served:
         with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
             cur.adbc_ingest("reviews", REVIEWS, mode="replace")
             cur.adbc_ingest("topics", TOPICS, mode="replace")
@@ -383,8 +390,9 @@ os._exit(1)  # no end of stream
         assert cur.fetch_arrow_table().to_pylist() == [{"n": TOPICS.num_rows}]
 
 
+SHARED_ROWS = 10  # each statement's
 SHARED = [f"SELECT id, AI_SCORE(PROMPT('Is {{0}} {word}?', body)) AS p, AI_FILTER(PROMPT('Does {{0}} mention "
-          f"the staff?', body)) AS staff FROM reviews WHERE id BETWEEN {k} AND {k + 24} ORDER BY id"
+          f"the staff?', body)) AS staff FROM reviews WHERE id BETWEEN {k} AND {k + SHARED_ROWS - 1} ORDER BY id"
           for k, word in [(0, "kind"), (40, "angry"), (80, "about food"), (120, "short"), (160, "polite"),
                           (200, "about money")]]
 
@@ -408,7 +416,7 @@ def test_concurrent_clients_get_the_answers_they_get_one_at_a_time(uri):
     assert sorted(together) == list(range(len(SHARED)))
     for i, want in enumerate(alone):
         got = together[i]
-        assert [(r[0], r[2]) for r in got] == [(r[0], r[2]) for r in want] and len(want) == 25, SHARED[i]
+        assert [(r[0], r[2]) for r in got] == [(r[0], r[2]) for r in want] and len(want) == SHARED_ROWS, SHARED[i]
         assert all(abs(a[1] - b[1]) < 1e-4 for a, b in zip(got, want)), SHARED[i]
 
 
