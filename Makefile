@@ -33,10 +33,11 @@ offline-wheels: $(STAMP)
 	rm -rf build .offline/wheels/quail_server-*.whl
 	$(BIN)/python -m pip wheel --quiet --no-deps -w .offline/wheels .
 	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+		--implementation cp --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 \
+		--platform manylinux_2_27_x86_64 \
 		-d .offline/wheels duckdb==2.0.1 sqlglot==30.30.0 substrait==0.37.1 substrait-protobuf==0.106.0 \
 		substrait-extensions==0.106.0 substrait-antlr==0.106.0 antlr4-python3-runtime==4.13.2 \
-		pyyaml==6.0.3 adbc-driver-flightsql==1.13.0 adbc-driver-manager==1.13.0
+		pyyaml==6.0.3 adbc-driver-flightsql==1.13.0 adbc-driver-manager==1.13.0 llguidance==1.9.1
 	$(BIN)/python -c "from quail.engine.runtime.loading import export_embedded_tokenizer; export_embedded_tokenizer('.offline/tokenizer')"
 
 clean:

@@ -1,4 +1,5 @@
-"""The demo: a server with the embedded model; over ADBC a ranking, EXPLAIN ANALYZE, a watched and cancelled query."""
+"""The demo: a server with the embedded model; over ADBC a ranking, EXPLAIN ANALYZE, a watched and cancelled query,
+then generation: fields extracted from tickets (AI_EXTRACT) and a summary of complaints per product (AI_AGG)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,18 @@ REVIEWS = [
     (12, "Parking was impossible and the museum closed an hour early without notice.", 2),
 ]
 
+TICKETS = [
+    (1, "kettle", "Order 5521: the kettle leaks from the lid and I want a refund."),
+    (2, "kettle", "Order 5604: my kettle is very loud when it boils."),
+    (3, "lamp", "Order 6120: the desk lamp flickers every evening."),
+    (4, "lamp", "Order 6187: the lamp is far too dim to read by."),
+]
+EXTRACT = ("SELECT id, AI_EXTRACT(body, {'order': 'What is the order number?', 'problem': 'What is wrong?'}) AS fields "
+           "FROM tickets ORDER BY id")
+AGG = ("SELECT product, count(*) AS tickets, AI_AGG(body, 'Name the complaints in one short sentence.') AS complaints "
+       "FROM tickets GROUP BY product ORDER BY product")
+
+
 def reviews_table() -> pa.Table:
     """REVIEWS as the table `reviews` (id, body, stars)."""
     ids, bodies, stars = zip(*REVIEWS)
@@ -43,7 +56,8 @@ VISITS = 3000  # rows of the long query: long enough on a CPU to be watched and 
 def _show(table: pa.Table) -> None:
     rows = table.to_pylist()
     for row in rows:
-        print("   ", " | ".join(str(v) if len(str(v)) <= 70 else str(v)[:67] + "..." for v in row.values()))
+        texts = (" ".join(str(v).split()) for v in row.values())  # a value's lines and runs of blanks as spaces
+        print("   ", " | ".join(t if len(t) <= 70 else t[:67] + "..." for t in texts))
     print(f"    ({len(rows)} row{'s' if len(rows) != 1 else ''})")
 
 
@@ -134,6 +148,20 @@ def _watch_and_cancel(conn, cur) -> None:
           "quail_queries no longer lists it\n")
 
 
+def _generate(cur) -> None:
+    ids, products, bodies = zip(*TICKETS)
+    cur.adbc_ingest("tickets", pa.table({"id": ids, "product": products, "body": bodies}), mode="create")
+    print(f"-- 4. Generation: fields extracted from support tickets, as JSON that follows a schema (AI_EXTRACT)\n"
+          f"{EXTRACT}")
+    cur.execute(EXTRACT)
+    _show(cur.fetch_arrow_table())
+    print(f"-- 5. A summary of the complaints per product (AI_AGG: each group's texts in one prompt, the\n"
+          f"--    instruction first, its KV shared by every group)\n{AGG}")
+    cur.execute(AGG)
+    _show(cur.fetch_arrow_table())
+    print()
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="quail-demo-") as data_dir:
         started = time.perf_counter()
@@ -147,6 +175,7 @@ def main() -> None:
                 _score(cur)
                 _explain(cur)
                 _watch_and_cancel(conn, cur)
+                _generate(cur)
         print(f"server stopped; total {time.perf_counter() - started:.1f}s")
 
 

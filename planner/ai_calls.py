@@ -1,28 +1,37 @@
 """Binding AI function calls in a syntax tree: what is asked, of which expressions, answered how.
 
 Snowflake spellings: AI_FILTER(PROMPT('... {0} ...', a, ...) [, {'selectivity': s, 'anchor': k}]),
-AI_CLASSIFY(input, ['label', ...]) → OBJECT {"labels": [...]}, AI_SCORE(PROMPT(...)).
+AI_CLASSIFY(input, ['label', ...]) → OBJECT {"labels": [...]}, AI_SCORE(PROMPT(...)),
+AI_COMPLETE(prompt [, options]) or AI_COMPLETE(model, prompt [, model_parameters [, response_format]])
+→ STRING (JSON with a response_format), AI_EXTRACT(text, questions_or_schema [, options]) → JSON.
 BigQuery spellings: AI.IF(('text ', col, ' text')), AI.CLASSIFY(input, ['label', ...]) → STRING,
-AI.SCORE(prompt). A prompt is PROMPT('template', args...), a tuple of parts (string
-literals are text, other parts documents) or a string literal.
+AI.SCORE(prompt), AI.GENERATE(prompt [, model_params => ...]) → STRUCT(result, status). A prompt is
+PROMPT('template', args...), a tuple of parts (string literals are text, other parts documents) or a
+string literal; a generating call's prompt may also be any expression: its value is the instruction.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 from sqlglot import exp
 
+from quail.engine.ai.options import Generation
 from quail.engine.ai.kinds import SQL_NAMES
 from quail.engine.errors import InvalidArgument
+from quail.engine.runtime.grammar import canonical
 from quail.engine.runtime.prompt import placeholders
 
 from quail.planner.binder import is_unbound
 from quail.planner.dialects import position
 
-NOT_YET = {"AI_COMPLETE", "AI_AGG", "AI_SIMILARITY", "AI.GENERATE", "AI_SUMMARIZE_AGG"}
-KNOWN = set(SQL_NAMES) | NOT_YET
+NOT_YET = {"AI_SIMILARITY"}
+AGGREGATES = {"AI_AGG", "AI_SUMMARIZE_AGG"}  # planned around their SELECT (planner/aggregates.py), never bound here
+KNOWN = set(SQL_NAMES) | NOT_YET | AGGREGATES
 _IGNORED_KWARGS = {"connection_id", "endpoint", "model_params", "model"}
+_GENERATING_IGNORED = {"connection_id", "endpoint", "request_type"}  # where the model runs: here, always
 DEFAULT_SELECTIVITY = 0.2  # an AI filter's expected fraction answered yes, without a hint
 CLASSIFY_TEMPLATE = "Which category does {0} belong to?"
 
@@ -39,6 +48,7 @@ class AICall:
     selectivity: float | None = None
     anchor: int = 0
     answers: str = "letters"
+    generation: Generation | None = None
 
     @property
     def expected_selectivity(self) -> float:
@@ -98,13 +108,14 @@ def contains_ai(node: exp.Expression) -> bool:
     return any(ai_name(n) for n in node.walk())
 
 
-def _arguments(name: str, call: exp.Expression) -> tuple[list[exp.Expression], dict[str, exp.Expression]]:
+def _arguments(name: str, call: exp.Expression, ignored: set[str] = _IGNORED_KWARGS
+               ) -> tuple[list[exp.Expression], dict[str, exp.Expression]]:
     inner = call.expression if isinstance(call, exp.Dot) else call
     positional, named = [], {}
     for arg in _raw_arguments(inner):
         if isinstance(arg, (exp.Kwarg, exp.PropertyEQ)):
             key = arg.this.name.lower()
-            if key not in _IGNORED_KWARGS:
+            if key not in ignored:
                 named[key] = arg.expression
         else:
             positional.append(arg)
@@ -125,6 +136,9 @@ def _bind(call: exp.Expression) -> AICall:
     name = ai_name(call)
     if name in NOT_YET:
         raise InvalidArgument(f"{name} is not supported yet{position(call)}")
+    if SQL_NAMES[name] == "complete":
+        binder = _bind_extract if name == "AI_EXTRACT" else _bind_complete
+        return binder(name, call, *_arguments(name, call, _GENERATING_IGNORED))
     positional, named = _arguments(name, call)
     if "prompt" in named:
         positional.insert(0, named.pop("prompt"))
@@ -240,3 +254,181 @@ def _bind_parts(parts: list[exp.Expression]) -> tuple[str, tuple[exp.Expression,
             template.append(f"{{{len(args)}}}")
             args.append(part)
     return "".join(template), tuple(args)
+
+
+AS_INSTRUCTION = "Do what {0} asks."  # the template of a generating call whose prompt is an expression
+
+
+def _bind_complete(name: str, call: exp.Expression, positional: list[exp.Expression],
+                   named: dict[str, exp.Expression]) -> AICall:
+    """AI_COMPLETE(prompt [, options]); Snowflake's AI_COMPLETE(model, prompt [, model_parameters
+    [, response_format [, show_details]]]), positional or named; AI.GENERATE(prompt [, model_params => ...]).
+    The options name max_tokens, temperature, top_p and stop; BigQuery's model_params its generationConfig."""
+    model = named.pop("model", None)
+    if "prompt" in named:
+        positional.insert(0, named.pop("prompt"))
+    elif model is None and len(positional) >= 2 and not isinstance(positional[1], exp.Struct):
+        model = positional.pop(0)  # Snowflake's order: the model, then the prompt
+    if model is not None:
+        positional[1:1] = [named.pop(k) for k in ("model_parameters", "response_format", "show_details")
+                           if k in named]
+    elif "model_params" in named:
+        positional.append(_bigquery_params(named.pop("model_params"), call))
+    if "output_schema" in named:
+        raise InvalidArgument(f"{name}: output_schema is not supported yet; AI_COMPLETE takes a response_format "
+                              f"JSON schema{position(call)}")
+    if named:
+        raise InvalidArgument(f"{name} has no argument named {next(iter(named))!r}{position(call)}")
+    if not 1 <= len(positional) <= (4 if model is not None else 2):
+        raise InvalidArgument(f"{name} takes a prompt and optional options{' (after the model)' if model else ''}, "
+                              f"got {len(positional)} argument(s){position(call)}")
+    prompt, *rest = positional
+    options = value(rest[0], name, call) if rest else {}
+    if len(rest) > 1 and isinstance(options, dict):
+        options = {**options, "response_format": value(rest[1], name, call)}
+    if len(rest) > 2 and value(rest[2], name, call):
+        raise InvalidArgument(f"{name}: show_details is not supported{position(call)}")
+    if isinstance(prompt, exp.Anonymous) and prompt.name.upper() == "PROMPT" or isinstance(prompt, exp.Tuple) or (
+            isinstance(prompt, exp.Literal) and prompt.is_string):
+        template, args = _bind_prompt(name, prompt, call)
+    else:
+        template, args = AS_INSTRUCTION, (prompt,)
+    served = None
+    if model is not None:
+        served = value(model, name, call)
+        if not isinstance(served, str):
+            raise InvalidArgument(f"{name}'s model must be a string literal{position(call)}")
+    return AICall(name, "complete", template, args, answers="text",
+                  generation=generating_options(options, served, name, call))
+
+
+_OPTIONS = {"max_tokens": int, "temperature": float, "top_p": float, "stop": tuple, "response_format": dict}
+
+
+def generating_options(options: Any, model: str | None, name: str, call: exp.Expression) -> Generation:
+    """The options object as a Generation (InvalidArgument for an unknown option or a value of a wrong type)."""
+    if not isinstance(options, dict):
+        raise InvalidArgument(f"{name}'s options must be an object such as {{'max_tokens': 100}}{position(call)}")
+    options = {key.lower(): value for key, value in options.items()}
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise InvalidArgument(f"{name} has no option {unknown[0]!r}: use {', '.join(_OPTIONS)}{position(call)}")
+    values: dict[str, Any] = {}
+    for key, value in options.items():
+        if key == "stop":
+            value = (value,) if isinstance(value, str) else value
+            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+                raise InvalidArgument(f"{name}'s stop must be a text or a list of texts{position(call)}")
+            values[key] = tuple(value)
+        elif key == "response_format":
+            values["schema"] = _schema(value, name, call)
+        elif isinstance(value, bool) or not isinstance(value, int | float) or (
+                _OPTIONS[key] is int and value != int(value)):
+            raise InvalidArgument(f"{name}'s {key} must be a{'n integer' if _OPTIONS[key] is int else ' number'}"
+                                  f"{position(call)}")
+        else:
+            values[key] = _OPTIONS[key](value)
+    try:
+        return Generation(**values, model=model)
+    except InvalidArgument as error:
+        raise InvalidArgument(f"{name}: {error}{position(call)}") from None
+
+
+_BIGQUERY_CONFIG = {"maxOutputTokens": "max_tokens", "temperature": "temperature", "topP": "top_p",
+                    "stopSequences": "stop"}
+
+
+def _bigquery_params(params: exp.Expression, call: exp.Expression) -> exp.Expression:
+    """BigQuery's model_params JSON ({"generationConfig": {...}}) as the options object of AI_COMPLETE."""
+    text = params.this if isinstance(params, exp.Literal) and params.is_string else (
+        params.this.this if isinstance(params, exp.ParseJSON) and isinstance(params.this, exp.Literal) else None)
+    try:
+        parsed = json.loads(text) if text is not None else None
+    except json.JSONDecodeError:
+        parsed = None
+    config = parsed.get("generationConfig", {}) if isinstance(parsed, dict) and set(parsed) <= {"generationConfig"} \
+        else None
+    if not isinstance(config, dict) or not set(config) <= set(_BIGQUERY_CONFIG):
+        raise InvalidArgument(f"AI.GENERATE's model_params must be JSON {{\"generationConfig\": {{...}}}} with "
+                              f"{', '.join(_BIGQUERY_CONFIG)}{position(call)}")
+    return exp.Struct(expressions=[exp.PropertyEQ(this=exp.to_identifier(_BIGQUERY_CONFIG[k]),
+                                                  expression=_literal_of(v)) for k, v in config.items()])
+
+
+def _literal_of(value: Any) -> exp.Expression:
+    """A JSON value as an SQL literal (texts, numbers, booleans, lists)."""
+    if isinstance(value, list):
+        return exp.Array(expressions=[_literal_of(v) for v in value])
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    return exp.Literal.string(value) if isinstance(value, str) else exp.Literal.number(value)
+
+
+def value(node: exp.Expression, name: str, call: exp.Expression) -> Any:
+    """A constant expression's value: texts, numbers, booleans, NULL, lists and objects of them."""
+    if isinstance(node, exp.Literal):
+        return node.this if node.is_string else json.loads(node.this)
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+        return -json.loads(node.this.this)
+    if isinstance(node, exp.Boolean):
+        return node.this
+    if isinstance(node, exp.Null):
+        return None
+    if isinstance(node, exp.Array):
+        return [value(v, name, call) for v in node.expressions]
+    if isinstance(node, exp.Struct) and all(isinstance(p, exp.PropertyEQ) for p in node.expressions):
+        return {p.this.name: value(p.expression, name, call) for p in node.expressions}
+    raise InvalidArgument(f"{name}'s options must be constants{position(node) or position(call)}")
+
+
+def _schema(value: Any, name: str, call: exp.Expression) -> str | None:
+    """A response_format as a JSON schema's canonical text: Snowflake's {'type': 'json', 'schema': {...}}, a
+    schema itself, or either as JSON text; NULL: none."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise InvalidArgument(f"{name}'s response_format is not JSON{position(call)}") from None
+    if isinstance(value, dict) and value.get("type") == "json" and "schema" in value:
+        value = value["schema"]
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{name}'s response_format must be a JSON schema (an object){position(call)}")
+    return canonical(value)
+
+
+EXTRACT_ANSWER_CHARS = 100  # the longest answer AI_EXTRACT takes to a question (a field of its JSON)
+
+
+def _bind_extract(name: str, call: exp.Expression, positional: list[exp.Expression],
+                  named: dict[str, exp.Expression]) -> AICall:
+    """AI_EXTRACT(text, response_format [, options]), positional or named (text =>, responseFormat =>): the
+    response format is {'field': 'question', ...}, a list of questions (each its own field) or
+    {'schema': <JSON schema>}; the answer is JSON with those fields."""
+    for key in ("text", "responseformat"):
+        if key in named:
+            positional.insert(0 if key == "text" else 1, named.pop(key))
+    if named:
+        raise InvalidArgument(f"{name} has no argument named {next(iter(named))!r}{position(call)}")
+    if len(positional) not in (2, 3):
+        raise InvalidArgument(f"{name} takes a text, a response format and optional options{position(call)}")
+    fields = value(positional[1], name, call)
+    if isinstance(fields, list) and all(isinstance(q, str) for q in fields):
+        fields = {q: q for q in fields}
+    if isinstance(fields, dict) and set(fields) == {"schema"} and isinstance(fields["schema"], dict):
+        schema, template = fields["schema"], "Extract from {0} the values this JSON schema asks for."
+    elif isinstance(fields, dict) and fields and all(isinstance(q, str) for q in fields.values()):
+        schema = {"type": "object", "additionalProperties": False, "required": list(fields),
+                  "properties": {k: {"type": "string", "maxLength": EXTRACT_ANSWER_CHARS} for k in fields}}
+        template = "Extract from {0} the answer to each question:" + "".join(f"\n- {k}: {q}" for k, q in fields.items())
+    else:
+        raise InvalidArgument(f"{name}'s response format must be {{'field': 'question', ...}}, a list of questions "
+                              f"or {{'schema': <JSON schema>}}{position(call)}")
+    options = value(positional[2], name, call) if len(positional) == 3 else {}
+    if not isinstance(options, dict):
+        raise InvalidArgument(f"{name}'s options must be an object such as {{'max_tokens': 100}}{position(call)}")
+    enough = 16 + (EXTRACT_ANSWER_CHARS + 10) * len(schema.get("properties", {})) if "schema" not in fields else None
+    defaults = {"max_tokens": enough} if enough else {}
+    generation = generating_options({**defaults, **options, "response_format": schema}, None, name, call)
+    return AICall(name, "complete", template, (positional[0],), answers="text", generation=generation)

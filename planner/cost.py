@@ -7,6 +7,9 @@ max(2·P·tokens / R_dense, P·bytes_per_weight·passes / BW) each, and for atte
 max(4·n_q·d_head·L·pairs / R_attn, κ·(kv_written + kv_read) / BW) with
 κ = 2·L·n_kv·d_head·bytes_per_kv; the sum is the SoL time. passes = ⌈tokens / C⌉
 for C tokens per forward pass. Embeddings, head, norms and activations are left out.
+Generation adds its decode steps to the passes (each reads the weights once) and
+its fed-back tokens to the tokens, pairs and KV (decode.ideal), so a decode-bound
+query's speed of light is the bandwidth roofline of its steps.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ def parameter_counts(model: ModelConfig) -> tuple[int, int]:
 def sol_seconds(work: Stats, model: ModelConfig, device: Device, precision: str, tokens_per_pass: int) -> float:
     """Roofline seconds of the given work (use the ideal plan's counts for the speed of light)."""
     tokens = work.fresh_tokens
-    passes = math.ceil(tokens / tokens_per_pass) if tokens else 0
+    prefill = tokens - work.generated_tokens
+    passes = (math.ceil(prefill / tokens_per_pass) if prefill > 0 else 0) + work.decode_steps
     rate = device.dense[precision]
     weight_bytes = BYTES[precision]
     linear = sum(max(2 * p * tokens / rate, p * weight_bytes * passes / device.bandwidth)

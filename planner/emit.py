@@ -155,18 +155,21 @@ class _Emitter:
         query = exp.select(*projection).from_(relation.table.copy())
         if relation.before:
             query = query.where(_and([c.node for c in relation.before]))
+        filters = [call for call, kind, _ in asks if kind == "filter"]
+        if relation.limit is not None and not filters:  # only these rows are asked (limit_into_model)
+            query = query.limit(relation.limit)
         self.steps.append(SQLStep(query.sql("duckdb"), current))
         steps, rows = [], self.core.rows_asked(relation)
         for (call, kind, column), names in zip(asks, args):
             output = self._name("ai")
             steps.append(AIStep(current, output, kind, call.template, names, "filter", call.labels,
                                 column, call.expected_selectivity, call.anchor, call.answers,
-                                self.core.expected_documents(call, rows)))
+                                self.core.expected_documents(call, rows), call.generation, rows))
             current = output
             if kind == "filter":
                 rows *= call.expected_selectivity
         filters = [s for s in steps if s.kind == "filter"]
-        if relation.limit is not None or len(filters) > 1:
+        if filters and (relation.limit is not None or len(filters) > 1):
             chain = AIFilterChain(filters[0].input, filters[-1].output, tuple(filters), relation.limit)
             steps = [chain] + steps[len(filters):]
         self.steps.extend(steps)
@@ -188,6 +191,12 @@ class _Emitter:
             label_list = exp.Array(expressions=[ref])
             obj = exp.Struct(expressions=[exp.PropertyEQ(this=exp.to_identifier("labels"), expression=label_list)])
             return exp.Cast(this=exp.Anonymous(this="TO_JSON", expressions=[obj]), to=exp.DataType.build("JSON"))
+        if call.generation is not None and call.generation.schema is not None:  # JSON text: a JSON value
+            ref = exp.Cast(this=ref, to=exp.DataType.build("JSON"))
+        if call.name == "AI.GENERATE":  # BigQuery's STRUCT: the text, and an empty status where it succeeded
+            return exp.Struct(expressions=[exp.PropertyEQ(this=exp.to_identifier("result"), expression=ref),
+                                           exp.PropertyEQ(this=exp.to_identifier("status"),
+                                                          expression=exp.Literal.string(""))])
         return ref
 
     def _per_group(self, node: exp.Expression) -> bool:
@@ -365,7 +374,7 @@ class _Emitter:
         answered = self._name("answered")
         self.steps.append(AIStep(combos, answered, KINDS[call.kind].projected, call.template,
                                  names, "join", call.labels, column, call.expected_selectivity,
-                                 call.anchor, call.answers, self._anchor_documents(call, refs)))
+                                 call.anchor, call.answers, self._anchor_documents(call, refs), call.generation))
         return self._with_answers(tuples, answered, slots, "LEFT", [_col("__quail_k", column)])
 
     def _anchor_documents(self, call: AICall, refs: frozenset) -> tuple[float, float] | None:

@@ -38,8 +38,9 @@ from sqlglot import exp
 
 from quail.engine.errors import InvalidArgument
 from quail.engine.exec.catalog import Catalog
-from quail.engine.exec.plan import PhysicalPlan, SQLStep, Step
+from quail.engine.exec.plan import AIAggregate, PhysicalPlan, SQLStep, Step
 from quail.engine.runtime.requests import ResidentShare
+from quail.planner.aggregates import collect_texts
 from quail.planner.ai_calls import ai_calls, contains_ai
 from quail.planner.binder import bind_parameters, bind_tables
 from quail.planner.core import bind_core
@@ -122,15 +123,25 @@ def name_ai_columns(tree: exp.Expression, dialect: str) -> exp.Expression:
 def _plan_select(select: exp.Query, root: exp.Query, scope: Scope, names: Names, result: str, notes: list[str],
                  rank: Rank, join_order: Sequence[str] | None, rules: tuple[Rule, ...]) -> list[Step]:
     """Steps computing one SELECT with AI calls into `result`: its AI core bound, rewritten by the rules and
-    emitted; its columns join the scope, the rules' notes join `notes`."""
+    emitted (with AI aggregates: the SELECT collecting their texts, then the aggregate step: aggregates.py);
+    its columns join the scope, the rules' notes join `notes`."""
     if not isinstance(select, exp.Select) or select.args.get("from_") is None:
         raise InvalidArgument(f"an AI function outside a SELECT ... FROM is not supported yet"
                               f"{position(ai_calls(select)[0])}")
+    aggregated = collect_texts(select)
     steps = _materialize_sources(select, root, scope, names)
-    scope.add(result, output_columns(select, scope))
-    core = optimize(bind_core(select, scope, rank, join_order), rules)
-    notes += core.notes
-    return steps + emit(core, names, result)
+    texts = names.fresh("texts") if aggregated else result
+    scope.add(texts, output_columns(select, scope))
+    if ai_calls(select):
+        core = optimize(bind_core(select, scope, rank, join_order), rules)
+        notes += core.notes
+        steps += emit(core, names, texts)
+    else:
+        steps.append(SQLStep(select.sql("duckdb"), texts))
+    if aggregated:
+        scope.add(result, output_columns(select, scope))
+        steps.append(AIAggregate(texts, result, tuple(aggregated)))
+    return steps
 
 
 def _materialize_sources(select: exp.Select, root: exp.Query, scope: Scope, names: Names) -> list[Step]:

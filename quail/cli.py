@@ -24,7 +24,8 @@ def _serve(args: argparse.Namespace) -> int:
                        dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
                        tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
                        public_without_auth=args.public_without_auth,
-                       limits=Limits(args.max_active, args.max_requests, args.query_timeout, args.max_tokens),
+                       limits=Limits(args.max_active, args.max_requests, args.query_timeout, args.max_tokens,
+                                     args.max_generated_tokens),
                        metrics_port=args.metrics_port))
     return 0
 
@@ -70,6 +71,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-tokens", type=int, default=None,
                        help="prompt tokens one query may send the model (every prompt in full), checked per AI "
                             "step before it runs")
+    serve.add_argument("--max-generated-tokens", type=int, default=None,
+                       help="tokens one query may generate (AI_COMPLETE and friends), checked before every pass")
     serve.add_argument("--query-timeout", type=float, default=None,
                        help="seconds one query may take, planning included")
     serve.add_argument("--metrics-port", type=int, default=None,

@@ -58,7 +58,7 @@ class DocumentProvider:
 
 @dataclass
 class Report:
-    """What a query cost: wall time, tokens asked and computed, and its speed of light."""
+    """What a query cost: wall time, tokens asked and computed (and generated), and its speed of light."""
 
     wall_s: float
     logical_tokens: int
@@ -67,6 +67,8 @@ class Report:
     padded_tokens: int
     physical_tokens: int
     kv_regret_tokens: int
+    generated_tokens: int
+    decode_steps: int
     requests: int
     forward_passes: int
     stages: list[dict[str, Any]]

@@ -15,12 +15,13 @@ from quail.engine.runtime.query_work import QueryWork
 @dataclass(frozen=True)
 class Limits:
     """max_active: queries running or waiting for the model at once; per query: model requests, their
-    prompts' tokens, and seconds."""
+    prompts' tokens, seconds, and the tokens generation may choose."""
 
     max_active: int = 64
     max_requests: int | None = None
     timeout_s: float | None = None
     max_tokens: int | None = None
+    max_generated_tokens: int | None = None
 
     def check(self) -> None:
         """ValueError for a limit that could never let a query run."""
@@ -30,13 +31,16 @@ class Limits:
             raise ValueError("--max-requests must be at least 1")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError("--max-tokens must be at least 1")
+        if self.max_generated_tokens is not None and self.max_generated_tokens < 1:
+            raise ValueError("--max-generated-tokens must be at least 1")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ValueError("--query-timeout must be a positive number of seconds")
 
     def work(self) -> QueryWork:
         """A query's work record, carrying its limits."""
         deadline = time.monotonic() + self.timeout_s if self.timeout_s is not None else None
-        return QueryWork(deadline=deadline, max_requests=self.max_requests, max_tokens=self.max_tokens)
+        return QueryWork(deadline=deadline, max_requests=self.max_requests, max_tokens=self.max_tokens,
+                         max_generated_tokens=self.max_generated_tokens)
 
 
 class Admission:

@@ -70,8 +70,11 @@ class Metrics:
         self.queries = Counter("quail_queries", "Queries finished, by gRPC status", ["status"],
                                registry=self.registry)
         self.tokens = Counter("quail_tokens", "Model tokens of finished queries: logical (every prompt in "
-                              "full), fresh (computed), cached (served from resident KV)", ["kind"],
-                              registry=self.registry)
+                              "full), fresh (computed), cached (served from resident KV), generated (chosen by "
+                              "decoding)", ["kind"], registry=self.registry)
+        self.decode_steps = Counter("quail_decode_steps", "Decode steps of finished queries (a step: the passes "
+                                    "in which each of a generating step's running sequences gains a token)",
+                                    registry=self.registry)
         self.requests = Counter("quail_model_requests", "Model requests of finished queries", registry=self.registry)
         self.seconds = Histogram("quail_query_seconds", "Wall seconds per query", registry=self.registry,
                                  buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800))
@@ -113,9 +116,10 @@ class Metrics:
 
     def query_done(self, report: dict[str, Any]) -> None:
         self.queries.labels("OK").inc()
-        for kind in ("logical", "fresh", "cached"):
+        for kind in ("logical", "fresh", "cached", "generated"):
             self.tokens.labels(kind).inc(report[f"{kind}_tokens"])
         self.requests.inc(report["requests"])
+        self.decode_steps.inc(report["decode_steps"])
         self.seconds.observe(report["wall_s"])
         if report["sol_s"] is not None and report["wall_s"] > 0:
             self.sol.observe(report["sol_s"] / report["wall_s"])

@@ -21,6 +21,7 @@ QUERIES_SCHEMA = pa.schema([
     pa.field("forward_passes", pa.int64(), False), pa.field("ai_steps_done", pa.int64(), False),
     pa.field("tokens_done", pa.int64(), False), pa.field("tokens_planned", pa.int64(), False),
     pa.field("tokens_cached", pa.int64(), False), pa.field("queue_place", pa.int64(), True),
+    pa.field("tokens_generated", pa.int64(), False),
 ])
 
 
@@ -31,8 +32,9 @@ def queries_table(running: dict[bytes, Running], viewer: str = "-", everyone: bo
                   place: Callable[[Stats], int | None] = lambda stats: None) -> pa.Table:
     """One row per statement being executed, its progress in fresh tokens: done of planned so far
     (planned grows as each AI step hands its requests to the runtime), the tokens of its requests so far
-    that the plan takes from resident or shared KV instead of computing (logical less planned), and its
-    place in the device's scheduler (`place`: 1 leads the next pass; NULL: no model work waiting). The
+    that the plan takes from resident or shared KV instead of computing (logical less planned), its
+    place in the device's scheduler (`place`: 1 leads the next pass; NULL: no model work waiting) and the
+    tokens its generation has chosen so far. The
     text of another user's query shows only to a viewer who sees `everyone`'s."""
     now = time.time()
     rows = [{"query_id": handle[:8].hex(), "user_name": r.user,
@@ -41,7 +43,7 @@ def queries_table(running: dict[bytes, Running], viewer: str = "-", everyone: bo
              "forward_passes": r.work.stats.forward_passes, "ai_steps_done": len(r.work.stages),
              "tokens_done": r.work.stats.fresh_tokens, "tokens_planned": r.work.stats.planned_tokens,
              "tokens_cached": max(0, r.work.stats.logical_tokens - r.work.stats.planned_tokens),
-             "queue_place": place(r.work.stats)}
+             "queue_place": place(r.work.stats), "tokens_generated": r.work.stats.generated_tokens}
             for handle, r in sorted(running.items(), key=lambda item: item[1].started)]
     return pa.Table.from_pylist(rows, schema=QUERIES_SCHEMA)
 

@@ -93,6 +93,26 @@ def hf_p_yes(hf_model):
 
 
 @pytest.fixture(scope="session")
+def hf_generate(hf_model):
+    """HF transformers' greedy continuation of a request's token ids, at most `max_tokens` tokens, cut before
+    its first stop token (each prompt's computed once a session)."""
+    torch = pytest.importorskip("torch")
+    known: dict[tuple, list[int]] = {}
+
+    def generate(request, max_tokens: int, stop: frozenset[int]) -> list[int]:
+        key = (request.ids().tobytes(), max_tokens, tuple(sorted(stop)))
+        if key not in known:
+            ids = torch.from_numpy(request.ids().astype("int64"))[None]
+            with torch.inference_mode():
+                out = hf_model.generate(ids, max_new_tokens=max_tokens, do_sample=False, eos_token_id=sorted(stop),
+                                        pad_token_id=0)[0, ids.shape[1]:].tolist()
+            known[key] = out[:next((i for i, token in enumerate(out) if token in stop), len(out))]
+        return known[key]
+
+    return generate
+
+
+@pytest.fixture(scope="session")
 def hf_tokenizer():
     transformers = pytest.importorskip("transformers")
     path = embedded_gguf()
@@ -110,7 +130,8 @@ def server(tmp_path_factory):
 # on one worker (its module-scoped servers and fixtures built once), the files that use HF transformers'
 # model (about 20 s to load, once a worker) together on one, and the longest first, so that no worker is
 # left running one of them alone at the end.
-HF_GROUP = "files using hf_model or hf_p_yes"
+HF_FIXTURES = ("hf_model", "hf_p_yes", "hf_generate")
+HF_GROUP = "files using hf_model, hf_p_yes or hf_generate"
 LONGEST_FIRST = (HF_GROUP, "tests/server/test_server_cancel.py", "tests/engine/test_scheduler.py",
                  "tests/test_ai_sql.py", "tests/server/test_server_exclusive.py", "tests/bench/test_fuzz.py",
                  "tests/server/test_server_limits.py", "tests/planner/test_substrait.py",
@@ -127,7 +148,7 @@ def pytest_xdist_make_scheduler(config, log):
     @functools.cache
     def share(path: str) -> str:
         text = (config.rootpath / path).read_text(errors="replace")
-        return HF_GROUP if "hf_model" in text or "hf_p_yes" in text else path
+        return HF_GROUP if any(name in text for name in HF_FIXTURES) else path
 
     class FilesLongestFirst(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:

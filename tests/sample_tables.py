@@ -1,4 +1,5 @@
-"""Tables and questions the AI-SQL tests share: reviews and aspects, and the hash decision of a prompt."""
+"""Tables and questions the AI-SQL tests share: reviews and aspects, and the hash decision of a prompt; subjects
+and a task for generation."""
 
 from __future__ import annotations
 
@@ -18,6 +19,15 @@ SELECTIVITY = 0.5
 FILTER = "Is {0} a complaint?"
 JOIN = "Does {0} discuss {1}?"
 OPTS = f"{{'selectivity': {SELECTIVITY}}}"
+SUBJECTS = ["the sea", "a red bicycle", "winter mornings", "why bread rises", "the moon", "a library at night",
+            "how bees talk", "an old map", "rain on a tin roof", "the first computer", "a lighthouse keeper",
+            "why the sky is blue", "a cup of tea", "volcanoes", "the smell of pine", "a chess opening",
+            "paper airplanes", "a quiet train station", "how rivers form", "a jazz trio", "snow leopards",
+            "the printing press", "a garden in May", "why cats purr", "a thunderstorm", "the Roman roads",
+            "a violin maker", "how glass is made", "desert nights", "a market in the morning", "owls",
+            "the history of the spoon, in the style of a museum guide who loves long words"]
+TELL = "Tell me about {0} in one sentence."  # a task over each subject, answered in free text
+TELL_TOKENS = 10  # tokens generated per subject where generation is compared with HF transformers
 
 
 def decide(runtime, template: str, layout: str, docs: list[str], anchor: int = 0) -> bool:

@@ -1,4 +1,5 @@
-"""`make demo` (python -m quail.clients.demo) runs end to end: a ranking, EXPLAIN ANALYZE, a watched and cancelled query."""
+"""`make demo` (python -m quail.clients.demo) runs end to end: a ranking, EXPLAIN ANALYZE, a watched and cancelled
+query, fields extracted and complaints summarized per product."""
 
 from __future__ import annotations
 
@@ -17,4 +18,6 @@ def test_the_demo_shows_a_ranking_a_plan_run_and_a_cancelled_query():
     progress = [int(n.replace(",", "")) for n in re.findall(r"after [\d.]+s: ([\d,]+) of", text)]
     assert len(progress) >= 2 and progress == sorted(progress) and progress[-1] > 0, "quail_queries showed progress"
     assert "the client had OperationalError: CANCELLED" in text and "quail_queries no longer lists it" in text
+    assert len(re.findall(r'\| \{"order":"', text)) == 4, "AI_EXTRACT's JSON fields, a row per ticket"
+    assert "-- 5. A summary" in text and "    (2 rows)" in text.split("-- 5.")[1], "AI_AGG: a row per product"
     assert "server stopped" in text

@@ -6,12 +6,16 @@ call (prefill included) and of the decode steps alone (the call less a prefill
 of the same prompts, timed apart), generated tokens per second, and the floor
 of a decode step: the weights and every sequence's KV read once from HBM at the
 device's bandwidth (`--bandwidth`, bytes/s), its tokens per second and our
-fraction of it. Writes decode.json to --out.
+fraction of it. With `--hf`, then HF transformers' `generate` (greedy, the same
+number of tokens, no stop) on a model of the same shape and precision (HF's own
+random weights: the speed depends on the shapes, not the values), timed the
+same way (a one-token generate as its prefill). Writes decode.json to --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from pathlib import Path
@@ -22,6 +26,7 @@ import torch
 import quail
 from bench.probes.engine_args import add_engine_arguments, engine_config
 from quail.engine.kv.pool import token_bytes
+from quail.engine.runtime.decode import Decoding
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.requests import Request, Segment
 
@@ -44,6 +49,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--bandwidth", type=float, default=4.8e12, help="HBM bytes/s (H200 datasheet)")
+    p.add_argument("--hf", action="store_true", help="time HF transformers' generate too")
     p.add_argument("--out", default=".")
     args = p.parse_args()
     runtime = quail.Session(engine_config(args)).runtime
@@ -57,7 +63,7 @@ def main() -> None:
               "generated_tokens": args.tokens, "weight_bytes": weight_bytes, "kv_bytes_per_token": per_token,
               "bandwidth": args.bandwidth, "batches": {}}
     runtime.generate([Request((Segment.of(rng.integers(100, 20000, args.prompt), runtime.model_id),),
-                              runtime.yes_no)], 4)  # first calls of the decode path
+                              runtime.yes_no)], Decoding(4))  # first calls of the decode path
     for batch in map(int, args.batches.split(",")):
         requests = [Request((Segment.of(rng.integers(100, 20000, args.prompt), runtime.model_id),), runtime.yes_no)
                     for _ in range(batch)]
@@ -66,7 +72,7 @@ def main() -> None:
         runtime.runner.tree.clear()
         out: list = []
         work = QueryWork()
-        whole = timed(lambda: out.extend(runtime.generate(requests, args.tokens, work=work)))
+        whole = timed(lambda: out.extend(runtime.generate(requests, Decoding(args.tokens), work=work)))
         assert all(len(tokens) == args.tokens for tokens in out)
         steps = args.tokens - 1  # the first token comes from the prefill
         decode_s = max(whole - prefill, 1e-9)
@@ -80,8 +86,47 @@ def main() -> None:
                                     "floor_tokens_per_s": round(floor), "of_floor": round(rate / floor, 4),
                                     "forward_passes": work.stats.forward_passes}
         print(batch, result["batches"][batch], flush=True)
+    if args.hf:
+        config, dtype = model.config, model.embed_tokens.weight.dtype
+        del runtime, model
+        gc.collect()
+        torch.cuda.empty_cache()
+        result["hf"] = hf_generate(config, dtype, args, result["batches"])
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "decode.json").write_text(json.dumps(result, indent=1))
+
+
+def hf_generate(config, dtype: torch.dtype, args: argparse.Namespace, ours: dict) -> dict:
+    """HF transformers' greedy generate at each batch size, on a Qwen3/Llama model of the same shape: seconds,
+    decode tokens per second, and its fraction of the floor our batch of the same size was measured against."""
+    import transformers
+
+    kind = transformers.Qwen3Config if config.qk_norm else transformers.LlamaConfig
+    hf_config = kind(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+                     intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
+                     num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
+                     head_dim=config.head_dim, rope_theta=config.rope_theta, rms_norm_eps=config.rms_norm_eps,
+                     tie_word_embeddings=config.tie_embeddings, max_position_embeddings=config.max_position)
+    with torch.device(args.device):
+        hf = transformers.AutoModelForCausalLM.from_config(hf_config, torch_dtype=dtype).eval()
+    out = {"transformers": transformers.__version__, "batches": {}}
+    for batch in map(int, args.batches.split(",")):
+        ids = torch.randint(100, 20000, (batch, args.prompt), device=args.device)
+
+        def generate(tokens: int) -> None:
+            with torch.inference_mode():
+                hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
+                            do_sample=False, pad_token_id=0)
+
+        generate(2)  # first calls
+        prefill, whole = timed(lambda: generate(1)), timed(lambda: generate(args.tokens))
+        decode_s = max(whole - prefill, 1e-9)
+        rate = batch * (args.tokens - 1) / decode_s
+        out["batches"][batch] = {"wall_s": round(whole, 3), "prefill_s": round(prefill, 3),
+                                 "decode_s": round(decode_s, 3), "tokens_per_s": round(rate),
+                                 "of_floor": round(rate / ours[batch]["floor_tokens_per_s"], 4)}
+        print("hf", batch, out["batches"][batch], flush=True)
+    return out
 
 
 if __name__ == "__main__":

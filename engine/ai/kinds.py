@@ -17,8 +17,8 @@ import pyarrow as pa
 class AIKind:
     """One kind of AI step.
 
-    `answer`: "yes_no" (P(yes) > 0.5 decides), "probability" (P(yes) itself) or
-    "category" (the most probable of the call's categories). `value`: the type
+    `answer`: "yes_no" (P(yes) > 0.5 decides), "probability" (P(yes) itself),
+    "category" (the most probable of the call's categories) or "text" (generated). `value`: the type
     of the column the step adds; None for a filter, which keeps the rows
     answered yes instead. `projected`: the kind of the same SQL call in a
     SELECT list (a filter's yes or no becomes a column).
@@ -40,10 +40,12 @@ KINDS: dict[str, AIKind] = {kind.name: kind for kind in (
     AIKind("bool", "ai_bool", "yes_no", pa.bool_(), "bool"),
     AIKind("score", "ai_score", "probability", pa.float64(), "score"),
     AIKind("classify", "ai_classify", "category", pa.string(), "classify"),
+    AIKind("complete", "ai_complete", "text", pa.string(), "complete"),
 )}
 
 SQL_NAMES: dict[str, str] = {  # Snowflake's spellings and BigQuery's (AI.IF, ...) → the kind they bind to
     "AI_FILTER": "filter", "AI.IF": "filter",
     "AI_SCORE": "score", "AI.SCORE": "score",
     "AI_CLASSIFY": "classify", "AI.CLASSIFY": "classify",
+    "AI_COMPLETE": "complete", "AI.GENERATE": "complete", "AI_EXTRACT": "complete",
 }

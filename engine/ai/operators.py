@@ -18,7 +18,7 @@ from quail.engine.runtime.runtime import Runtime
 from quail.engine.runtime.scheduler import step_parts
 
 
-ANSWERS = ("letters", "names")
+ANSWERS = ("letters", "names", "text")
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,8 @@ class Question:
     """What each row is asked: a template over its documents, a layout, and yes/no or category answers.
 
     `anchor` is the placeholder whose document comes first in the prompt;
-    categories are answered by letter or by name (`answers`: "letters", "names").
+    categories are answered by letter or by name (`answers`: "letters", "names"); "text" asks a task
+    answered in free text (generation) instead of a question, in JSON following `schema` where one is given.
     """
 
     template: str
@@ -34,6 +35,7 @@ class Question:
     labels: tuple[str, ...] = ()
     anchor: int = 0
     answers: str = "letters"
+    schema: str | None = None
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -57,13 +59,19 @@ def _labels(runtime: Runtime, question: Question) -> LabelSet:
     return runtime.letters(len(question.labels), question.labels)
 
 
+def _asked(runtime: Runtime, question: Question) -> str:
+    """The text between the documents and the answer cue: the task, or the question and how to answer it."""
+    if question.answers == "text":
+        return runtime.layout.task(question.template, question.schema)
+    return runtime.layout.question(question.template, question.labels, question.answers == "names")
+
+
 def build_requests(runtime: Runtime, question: Question, docs: Sequence[Sequence[str]]) -> list[Request]:
     """One request per row; docs[i] holds that row's PROMPT arguments as text."""
     layout = runtime.layout
     preamble, asked, cue = runtime.segments([
         layout.preamble(),
-        layout.question(question.template, question.labels, question.answers == "names")
-        + ("\n\n" if question.layout == "join" else ""),
+        _asked(runtime, question) + ("\n\n" if question.layout == "join" else ""),
         layout.answer_cue(),
     ])
     labels = _labels(runtime, question)
@@ -90,7 +98,7 @@ def _present(args: Sequence[Sequence[str | None]]) -> list[int]:
     return [i for i in range(rows) if all(col[i] is not None for col in args)]
 
 
-def _prompts(runtime: Runtime, question: Question,
+def prompts(runtime: Runtime, question: Question,
              args: Sequence[Sequence[str | None]]) -> tuple[list[int], list[Request]]:
     """The rows without a NULL argument, and their requests."""
     present = _present(args)
@@ -164,8 +172,7 @@ def _refuse_too_long(runtime: Runtime, jobs: Sequence[Job], rows: list[tuple[int
     limit = runtime.config.max_position
     layout = runtime.layout
     for j, (question, args) in enumerate(jobs):
-        frame = _utf8(layout.preamble() + layout.question(question.template, question.labels,
-                                                          question.answers == "names") + layout.answer_cue())
+        frame = _utf8(layout.preamble() + _asked(runtime, question) + layout.answer_cue())
         suspects = [i for jj, i in rows if jj == j and frame + sum(_utf8(layout.document(k, col[i]))
                                                                  for k, col in enumerate(args)) > limit]
         for i in suspects:
@@ -266,15 +273,15 @@ def _ask_by_name(runtime: Runtime, question: Question, args: Sequence[Sequence[s
                  work: QueryWork | None) -> tuple[list[int], list[Request], list[np.ndarray]]:
     """Each row's prompt, asked once per branch point of the names' token trie (labels.py):
     the rows, their prompts, and log P(name) per name."""
-    present, prompts = _prompts(runtime, question, args)
+    present, rows = prompts(runtime, question, args)
     found = branches([list(runtime.tokenizer.encode(name)) for name in question.labels])
     asked_at = [_branch_ask(runtime, branch) for branch in found]
-    asked = [Request(prompt.segments + path, labels) for prompt in prompts for path, labels in asked_at]
+    asked = [Request(prompt.segments + path, labels) for prompt in rows for path, labels in asked_at]
     answers = runtime.score(asked, work)
     per_row = len(found)
     scores = [name_logprobs(found, answers[k * per_row:(k + 1) * per_row], len(question.labels))
-              for k in range(len(prompts))]
-    return present, prompts, scores
+              for k in range(len(rows))]
+    return present, rows, scores
 
 
 def _branch_ask(runtime: Runtime, branch: Branch) -> tuple[tuple[Segment, ...], LabelSet]:

@@ -10,10 +10,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from quail.engine.ai.aggregate import aggregate
+from quail.engine.ai.completion import complete
 from quail.engine.ai.kinds import KINDS
 from quail.engine.ai.operators import Ask, Question, classify, yes_probabilities_together
 from quail.engine.exec.catalog import Catalog
-from quail.engine.exec.plan import AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step, filter_rank
+from quail.engine.exec.plan import (AIAggregate, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step,
+                                   filter_rank)
 from quail.engine.exec.relational import DuckDB
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.query_work import QueryWork
@@ -118,6 +121,18 @@ class _Run:
     def join_choice(self, step: JoinChoice) -> None:
         _join_choice(step, self.relations, self.db, self.runtime, self.work)
 
+    def ai_aggregate(self, step: AIAggregate) -> None:
+        rows = self.relations[step.input]
+        if rows.num_rows and self.runtime is None:
+            raise RuntimeError("an AI step over rows needs a runtime")
+        for column, aggregation in step.columns:
+            lists = rows.column(column).to_pylist()
+            answers = aggregate(self.runtime, aggregation, lists, self.work) if lists else []
+            rows = rows.set_column(rows.schema.get_field_index(column), column, pa.array(answers, pa.string()))
+            if self.work is not None and lists:
+                _record(self.work, {"operator": "ai_aggregate", "output": step.output, "rows_in": len(lists)})
+        self.relations[step.output] = rows
+
 
 def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], db: DuckDB, runtime: Runtime | None,
             work: QueryWork, sol: Callable[[Stats], float | None] | None) -> pa.Table:
@@ -170,7 +185,8 @@ def _join_choice(step: JoinChoice, relations: dict[str, pa.Table], db: DuckDB, r
 
 
 def _question(step: AIStep) -> Question:
-    return Question(step.template, step.layout, step.labels, step.anchor, step.answers)
+    schema = step.generation.schema if step.generation is not None else None
+    return Question(step.template, step.layout, step.labels, step.anchor, step.answers, schema)
 
 
 def _args(step: AIStep, rows: pa.Table) -> list[list[str | None]]:
@@ -190,13 +206,20 @@ def _values(step: AIStep, probs: np.ndarray) -> pa.Array:
 
 
 def _ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
-    if KINDS[step.kind].answer != "category":
+    answer = KINDS[step.kind].answer
+    if answer not in _ANSWERED_ALONE:
         return _asked_together([(step, rows)], runtime, work)[0]
     if rows.num_rows and runtime is None:
         raise RuntimeError("an AI step over rows needs a runtime")
-    answers = pa.array(classify(runtime, _question(step), _args(step, rows), work) if rows.num_rows else [],
+    answers = pa.array(_ANSWERED_ALONE[answer](runtime, step, _args(step, rows), work) if rows.num_rows else [],
                        pa.string())
     return _answered(step, rows, answers, work)
+
+
+_ANSWERED_ALONE = {  # the kinds whose steps are not asked together with others: their answers, by how answered
+    "category": lambda runtime, step, args, work: classify(runtime, _question(step), args, work),
+    "text": lambda runtime, step, args, work: complete(runtime, _question(step), args, step.generation, work),
+}
 
 
 def _asked_together(steps: list[tuple[AIStep, pa.Table]], runtime: Runtime | None,

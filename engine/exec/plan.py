@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Generic, Protocol, TypeVar, Union
 
+from quail.engine.ai.options import Aggregation, Generation
 from quail.engine.runtime.scheduler import PROBE_ROWS
 
 T = TypeVar("T", covariant=True)
@@ -25,6 +26,8 @@ class StepVisitor(Protocol, Generic[T]):
     def ai_chain(self, step: "AIFilterChain") -> T: ...
 
     def join_choice(self, step: "JoinChoice") -> T: ...
+
+    def ai_aggregate(self, step: "AIAggregate") -> T: ...
 
 
 class _OneStep:
@@ -64,8 +67,9 @@ class SQLStep(_OneStep):
 class AIStep(_OneStep):
     """Ask the model a question about each row of `input`.
 
-    kind "filter" keeps the rows answered yes; "bool" (yes/no), "score" (P(yes))
-    and "classify" (the chosen category) add the answer as `column`. The
+    kind "filter" keeps the rows answered yes; "bool" (yes/no), "score" (P(yes)),
+    "classify" (the chosen category) and "complete" (text generated as
+    `generation` says) add the answer as `column`. The
     `arg_columns` hold the PROMPT arguments as text, in placeholder order, and
     are dropped from the output. `layout` is "filter" (documents, then the
     question) or "join" (the anchor, the question, then the other documents);
@@ -75,7 +79,9 @@ class AIStep(_OneStep):
     `selectivity` is the expected fraction answered yes (a hint, or the default);
     `documents` the planner's estimate of the tokens of the anchor documents
     it reads and how many of them it expects resident in the KV pool (None:
-    planned without seeing the pool; not part of the step's identity).
+    planned without seeing the pool; not part of the step's identity);
+    `rows` its estimate of the rows asked (None: not estimated; not part of
+    the identity either): a generating step expects at most `max_tokens` a row.
     """
 
     ASKS: ClassVar[int] = 1
@@ -93,12 +99,17 @@ class AIStep(_OneStep):
     anchor: int = 0
     answers: str = "letters"
     documents: tuple[float, float] | None = field(default=None, compare=False)
+    generation: Generation | None = None
+    rows: float | None = field(default=None, compare=False)
 
     def describe(self) -> list[str]:
         anchor = f", anchor {{{self.anchor}}}" if self.anchor else ""
+        how = self.generation.describe() if self.generation is not None else f"selectivity {self.selectivity:g}"
         expected = "" if self.documents is None else (f"; expects ~{self.documents[1]:,.0f} of "
                                                        f"{self.documents[0]:,.0f} document tokens resident")
-        return [f"AI {self.kind} ({self.layout} layout{anchor}, selectivity {self.selectivity:g}) "
+        if self.generation is not None and self.rows is not None:
+            expected += f"; expects at most ~{self.rows * self.generation.max_tokens:,.0f} generated tokens"
+        return [f"AI {self.kind} ({self.layout} layout{anchor}, {how}) "
                 f"{self.input} -> {self.output}: {self.template!r} over {list(self.arg_columns)}{expected}"]
 
     def visit(self, visitor: StepVisitor[T]) -> T:
@@ -135,6 +146,28 @@ class AIFilterChain(_OneStep):
 
     def visit(self, visitor: StepVisitor[T]) -> T:
         return visitor.ai_chain(self)
+
+
+@dataclass(frozen=True)
+class AIAggregate(_OneStep):
+    """Reduce each row's list of texts in each of `columns` (column, aggregation) to the model's answer, a
+    string in the list's place (engine/ai/aggregate.py); a row is a group of the SELECT it comes from."""
+
+    ROW_BY_ROW: ClassVar[bool] = True
+
+    input: str
+    output: str
+    columns: tuple[tuple[str, Aggregation], ...]
+
+    def describe(self) -> list[str]:
+        return [f"AI aggregate {self.input} -> {self.output}: {column!r}: {aggregation.describe()}"
+                for column, aggregation in self.columns]
+
+    def asks(self) -> int:
+        return len(self.columns)
+
+    def visit(self, visitor: StepVisitor[T]) -> T:
+        return visitor.ai_aggregate(self)
 
 
 def filter_rank(template: str, selectivity: float) -> float:
@@ -182,7 +215,7 @@ class JoinChoice:
         return visitor.join_choice(self)
 
 
-Step = Union[SQLStep, AIStep, AIFilterChain, JoinChoice]
+Step = Union[SQLStep, AIStep, AIFilterChain, JoinChoice, AIAggregate]
 
 
 def ai_steps(steps: tuple[Step, ...]) -> int:

@@ -44,6 +44,10 @@ class Tokenizer:
         """A tokenizer.json as HF saves it."""
         return cls(HFTokenizer.from_file(str(path)))
 
+    def to_json(self) -> str:
+        """The tokenizer as HF's tokenizer.json holds it."""
+        return self._backend.to_str()
+
     def save(self, path: str | Path) -> None:
         self._backend.save(str(path))
 

@@ -16,7 +16,8 @@ class Stats:
     requests; kv_read: resident KV rows read by later computation; planned_tokens:
     the fresh tokens the strategies have laid out for the requests handed to them
     so far (progress: fresh_tokens of planned_tokens); generated_tokens: tokens
-    decoding chose (their own KV is computed in later passes, counted as fresh).
+    decoding chose (their own KV is computed in later passes, counted as fresh); decode_steps: forward
+    passes that carried sequences being decoded.
     """
 
     requests: int = 0
@@ -29,6 +30,7 @@ class Stats:
     forward_passes: int = 0
     planned_tokens: int = 0
     generated_tokens: int = 0
+    decode_steps: int = 0
 
     @property
     def physical_tokens(self) -> int:
@@ -39,6 +41,10 @@ class Stats:
     def cached_tokens(self) -> int:
         """Logical tokens not computed: served from resident KV or identical requests."""
         return self.logical_tokens - self.fresh_tokens
+
+    def plus(self, other: "Stats") -> "Stats":
+        """Both counts added, field by field."""
+        return Stats(**{name: value + getattr(other, name) for name, value in asdict(self).items()})
 
     def as_dict(self) -> dict[str, int]:
         return {**asdict(self), "physical_tokens": self.physical_tokens, "cached_tokens": self.cached_tokens}

@@ -1,67 +1,169 @@
-"""Greedy decoding on the device's scheduler: prompts prefilled by the quail strategy, then a token a pass.
+"""Decoding on the device's scheduler: prompts prefilled by the quail strategy, then a token a pass.
 
-`greedy` prefills the prompts as the `tree` strategy computes any requests
+`generate` prefills the prompts as the `tree` strategy computes any requests
 (each shared prefix once, whichever query computed it, its passes shared with
 the other queries on the device), reads each prompt's KV back from the
 resident tree, then drives a `DecodeJob`: every pass carries one new token of
 each running sequence, after that sequence's KV in the pool, beside the rows
-of other queries. A sequence ends at a stop token (not returned) or after
-`max_tokens` tokens.
+of other queries. How a sequence is continued and when it ends is a
+`Decoding`: greedy or sampled, and at most so many tokens, up to a stop token
+or a stop text.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-from quail.engine.runtime.counters import Stats
+from quail.engine.errors import ResourceExhausted
+from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.requests import Request
 from quail.engine.runtime.scheduler import Row, Share, tree
 
 if TYPE_CHECKING:
     from quail.engine.kv.runs import KV
+    from quail.engine.runtime.grammar import Schema
     from quail.engine.runtime.model_runner import ModelRunner
+
+Text = Callable[[list[int]], str]  # token ids to text (the tokenizer's decode)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How sequences are continued, and when each ends.
+
+    At most `max_tokens` tokens; a stop token (`stop_ids`: not returned) ends a
+    sequence, as does a stop text (`stop_texts`) appearing in its text (the
+    caller cuts the text before it: `cut`). `temperature` 0 takes the most
+    probable token (greedy); above 0 a token is drawn from the softmax of the
+    logits over the temperature, within the smallest set of tokens whose
+    probability reaches `top_p` (nucleus sampling). A draw's randomness is a
+    function of the prompt's tokens and the step, so a prompt gets the same
+    text whatever else runs beside it, and the same text again. With a
+    `schema` (grammar.py) each token is one the schema's grammar allows, and a
+    sequence ends once its JSON value is complete.
+    """
+
+    max_tokens: int
+    stop_ids: frozenset[int] = frozenset()
+    stop_texts: tuple[str, ...] = ()
+    temperature: float = 0.0
+    top_p: float = 1.0
+    schema: Schema | None = None
+
+    @property
+    def window(self) -> int:
+        """How many last tokens hold any stop text that a new token completes (a token is at least a byte)."""
+        return max((len(s.encode()) for s in self.stop_texts), default=0) + 1
+
+    def cut(self, text: str) -> str:
+        """The text before its first stop text."""
+        return text[:min((i for i in (text.find(s) for s in self.stop_texts) if i >= 0), default=len(text))]
 
 
 @dataclass(eq=False)
 class _Sequence:
     """One prompt being continued: the KV of its tokens so far, the tokens to compute next (what the tree
-    no longer held of the prompt, then the last generated token), and what it generated."""
+    no longer held of the prompt, then the last chosen token), what it generated, and its sampling seed."""
 
     run: KV | None
     feed: np.ndarray
+    seed: int
+    matcher: Any = None  # where the schema's grammar stands (Decoding.schema), else None
     tokens: list[int] = field(default_factory=list)
     ended: bool = False
 
+    def accept(self, token: int, decoding: Decoding, text: Text, stats: Stats) -> None:
+        """Take the token chosen after this sequence: a stop token ends it (dropped); else the token is
+        generated and fed next, and the sequence ends at its `max_tokens`-th token, once a stop text shows
+        or once its schema's JSON value is complete."""
+        if token in decoding.stop_ids:
+            self.ended = True
+            return
+        self.tokens.append(token)
+        stats.generated_tokens += 1
+        self.feed = np.append(self.feed, np.int32(token))
+        complete = self.matcher is not None and decoding.schema.take(self.matcher, token)
+        self.ended = complete or len(self.tokens) >= decoding.max_tokens or bool(decoding.stop_texts) and any(
+            s in text(self.tokens[-decoding.window:]) for s in decoding.stop_texts)
 
-def greedy(runner: ModelRunner, requests: Sequence[Request], max_tokens: int, stop: frozenset[int],
-           stats: Stats) -> list[list[int]]:
-    """The tokens greedy decoding gives after each request's prompt (the runner's resident tree holds them
-    between prefill and decode)."""
-    if not requests or max_tokens <= 0:
+
+def generate(runner: ModelRunner, requests: Sequence[Request], decoding: Decoding, text: Text,
+             stats: Stats) -> list[list[int]]:
+    """The tokens decoding gives after each request's prompt (the runner's resident tree holds them
+    between prefill and decode); ResourceExhausted when a schema's JSON value is not complete within
+    `max_tokens`."""
+    if not requests or decoding.max_tokens <= 0:
         return [[] for _ in requests]
     hidden = tree(runner, requests, stats)
     sequences = []
-    for request, token in zip(requests, next_tokens(runner, torch.stack(hidden))):
+    for request in requests:
         ids = request.ids()
         match = runner.tree.match(ids, counted=False) if runner.tree is not None else None
         run, length = (match.kv, match.length) if match is not None else (None, 0)
-        tokens = [] if token in stop else [token]
-        stats.generated_tokens += len(tokens)
-        sequences.append(_Sequence(run, np.append(ids[length:], token).astype(np.int32), tokens,
-                                   token in stop or len(tokens) >= max_tokens))
-    job = DecodeJob(runner, sequences, max_tokens, stop, stats)
-    runner.scheduler.run(job)
+        matcher = decoding.schema.matcher() if decoding.schema is not None else None
+        sequences.append(_Sequence(run, ids[length:].astype(np.int32), _seed(ids), matcher))
+    for sequence, token in zip(sequences, choose(runner, torch.stack(hidden), sequences, decoding)):
+        sequence.accept(token, decoding, text, stats)
+        if sequence.ended:
+            sequence.run = None  # its KV goes as soon as nothing else holds it
+    runner.scheduler.run(DecodeJob(runner, sequences, decoding, text, stats))
+    if decoding.schema is not None and not all(decoding.schema.accepting(s.matcher) for s in sequences):
+        raise ResourceExhausted(f"an answer's JSON was not complete after max_tokens ({decoding.max_tokens:,}) "
+                                f"tokens: allow more")
     return [s.tokens for s in sequences]
 
 
-def next_tokens(runner: ModelRunner, hidden: torch.Tensor) -> list[int]:
-    """The greedy token after each final hidden state: the full head, in fp32, its first largest logit."""
+def ideal(prompts: Sequence[int], generated: Sequence[int], max_tokens: int) -> Stats:
+    """The least work of decoding answers of these lengths after prompts of these lengths (the prompts'
+    prefill apart): each token fed back once (but an answer's last at `max_tokens`, which nothing follows),
+    attending to its context, whose KV it reads; all answers together, a step per token of the longest. Its
+    generated_tokens are the tokens fed back (what a speed of light counts apart from prefill)."""
+    fed = [n - (n == max_tokens) for n in generated]
+    return Stats(fresh_tokens=sum(fed), attention_pairs=sum(causal_pairs(f, p) for p, f in zip(prompts, fed)),
+                 kv_written=sum(fed), kv_read=sum(f * p + f * (f - 1) // 2 for p, f in zip(prompts, fed)),
+                 generated_tokens=sum(fed), decode_steps=max(fed, default=0))
+
+
+def _seed(ids: np.ndarray) -> int:
+    """A prompt's sampling seed: 32 bits of a hash of its token ids."""
+    return int.from_bytes(hashlib.blake2b(ids.astype(np.int32).tobytes(), digest_size=4).digest(), "little")
+
+
+def choose(runner: ModelRunner, hidden: torch.Tensor, sequences: Sequence[_Sequence],
+           decoding: Decoding) -> list[int]:
+    """The token after each final hidden state (the full head, in fp32): the first largest logit, or a
+    draw as `Decoding` says, its noise seeded by the sequence's seed and its number of tokens."""
     logits = hidden.float() @ runner.model.head_weight().float().T
-    return logits.argmax(dim=-1).tolist()
+    if decoding.schema is not None:
+        allowed = decoding.schema.allowed([s.matcher for s in sequences], logits.device)
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    if decoding.temperature <= 0:
+        return logits.argmax(dim=-1).tolist()
+    logits = logits / decoding.temperature
+    if decoding.top_p < 1:
+        ordered, order = logits.sort(dim=-1, descending=True)
+        before = ordered.softmax(dim=-1).cumsum(dim=-1) - ordered.softmax(dim=-1)  # mass of the likelier tokens
+        logits = logits.scatter(-1, order, ordered.masked_fill(before >= decoding.top_p, float("-inf")))
+    seeds = torch.tensor([s.seed for s in sequences], dtype=torch.int64, device=logits.device)
+    steps = torch.tensor([len(s.tokens) for s in sequences], dtype=torch.int64, device=logits.device)
+    return (logits + _gumbel(seeds, steps, logits.shape[-1])).argmax(dim=-1).tolist()
+
+
+def _gumbel(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Gumbel noise per (sequence, vocabulary entry) from a counter-based hash of (seed, step, entry):
+    adding it to logits and taking the largest draws from their softmax. The same on every device."""
+    mask = 0xFFFFFFFF
+    x = (seeds[:, None] * 0x2545F491 + steps[:, None] * 0x9E3779B1
+         + torch.arange(vocab, device=seeds.device, dtype=torch.int64)) & mask
+    for _ in range(3):  # the murmur3 finalizer's mixing, thrice
+        x = (((x >> 16) ^ x) * 0x45D9F3B) & mask
+    uniform = (((x >> 16) ^ x).double() + 0.5) / 2 ** 32
+    return -torch.log(-torch.log(uniform)).float()
 
 
 class DecodeJob:
@@ -70,9 +172,9 @@ class DecodeJob:
     share admits them; after it, each sequence's run grows by what the pass kept and, where its feed
     ended, the next token is chosen."""
 
-    def __init__(self, runner: ModelRunner, sequences: list[_Sequence], max_tokens: int, stop: frozenset[int],
+    def __init__(self, runner: ModelRunner, sequences: list[_Sequence], decoding: Decoding, text: Text,
                  stats: Stats) -> None:
-        self.runner, self.sequences, self.max_tokens, self.stop, self.stats = runner, sequences, max_tokens, stop, stats
+        self.runner, self.sequences, self.decoding, self.text, self.stats = runner, sequences, decoding, text, stats
         self.members: list[tuple[_Sequence, int]] = []  # this pass's sequences and how many of their feed
         self.start = 0  # the sequence that leads the next pass (in turn: none waits behind the same others)
 
@@ -103,17 +205,10 @@ class DecodeJob:
             if not len(sequence.feed):
                 finished.append(j)
         members, self.members = self.members, []
-        if not finished:
-            return
-        for j, token in zip(finished, next_tokens(self.runner, last[finished])):
-            sequence = members[j][0]
-            if token in self.stop:
-                sequence.ended = True
-                continue
-            sequence.tokens.append(token)
-            self.stats.generated_tokens += 1
-            sequence.feed = np.array([token], dtype=np.int32)
-            sequence.ended = len(sequence.tokens) >= self.max_tokens
-        for sequence, _ in members:
+        self.stats.decode_steps += 1
+        chosen = [members[j][0] for j in finished]
+        tokens = choose(self.runner, last[finished], chosen, self.decoding) if chosen else []
+        for sequence, token in zip(chosen, tokens):
+            sequence.accept(token, self.decoding, self.text, self.stats)
             if sequence.ended:
-                sequence.run = None  # its KV goes as soon as nothing else holds it
+                sequence.run = None

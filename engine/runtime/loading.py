@@ -210,4 +210,4 @@ def _runtime(model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFra
     if budget is None:
         budget = default_pool_bytes(next(model.parameters()).device, pass_bytes(model, config.token_budget))
     return Runtime(model_id, model, tokenizer, frame, config.strategy, config.token_budget, config.decisions,
-                   kv_bytes=budget, kv_host_bytes=config.kv_host_bytes)
+                   kv_bytes=budget, kv_host_bytes=config.kv_host_bytes, names=(config.model or DEFAULT_MODEL,))

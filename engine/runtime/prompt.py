@@ -28,10 +28,12 @@ LAYOUTS = ("filter", "join")
 
 @dataclass(frozen=True)
 class ChatFrame:
-    """The model's chat template split around the user's message."""
+    """The model's chat template split around the user's message; `turn_end`: what closes the assistant's
+    turn (its first non-blank text after the assistant's message; "" without a template)."""
 
     head: str
     tail: str
+    turn_end: str = ""
 
     @classmethod
     def from_template(cls, template: str | None) -> "ChatFrame":
@@ -41,12 +43,15 @@ class ChatFrame:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        text = env.from_string(template).render(
-            messages=[{"role": "user", "content": _SENTINEL}], add_generation_prompt=True,
-            bos_token="", eos_token="",
-        )
+        compiled = env.from_string(template)
+        text = compiled.render(messages=[{"role": "user", "content": _SENTINEL}], add_generation_prompt=True,
+                               bos_token="", eos_token="")
         head, tail = text.split(_SENTINEL)
-        return cls(head, tail)
+        answered = compiled.render(messages=[{"role": "user", "content": "?"},
+                                             {"role": "assistant", "content": _SENTINEL}],
+                                   add_generation_prompt=False, bos_token="", eos_token="")
+        after = answered.split(_SENTINEL)[-1].split()
+        return cls(head, tail, after[0] if after else "")
 
 
 def label(index: int) -> str:
@@ -73,7 +78,7 @@ class PromptLayout:
 
     def question(self, template: str, labels: tuple[str, ...] = (), by_name: bool = False) -> str:
         """The question; yes/no unless labels are given (then the categories, lettered or by name)."""
-        asked = "Question: " + PLACEHOLDER.sub(lambda m: label(int(m.group(1))), template)
+        asked = "Question: " + _labelled(template)
         if not labels:
             return asked + "\nAnswer Yes or No."
         if by_name:
@@ -82,5 +87,15 @@ class PromptLayout:
         options = "".join(f"\n{LETTERS[i]}) {name}" for i, name in enumerate(labels))
         return f"{asked}\nCategories:{options}\nAnswer with the letter of the best category."
 
+    def task(self, template: str, schema: str | None = None) -> str:
+        """What generation is asked to do, answered in free text or, with a JSON schema, in JSON following it."""
+        follows = f"\nAnswer with JSON that follows this schema: {schema}" if schema else ""
+        return "Task: " + _labelled(template) + follows
+
     def answer_cue(self) -> str:
         return self.frame.tail
+
+
+def _labelled(template: str) -> str:
+    """The template with each placeholder {i} naming its document's label."""
+    return PLACEHOLDER.sub(lambda m: label(int(m.group(1))), template)

@@ -19,18 +19,22 @@ class QueryWork:
     """Filled as a query runs; `ideal()` is the least work for the same requests.
 
     stages: one entry per AI operator: rows in and out, provided and observed selectivity.
+    decoded: the least work of decoding what the query generated (decode.ideal), beside its prompts'.
     `cancel()` (from any thread) stops the query at its next step or forward pass, as
-    passing `deadline` (time.monotonic() seconds) does; `max_requests` bounds its model requests and
-    `max_tokens` their prompts' tokens (logical: every prompt in full).
+    passing `deadline` (time.monotonic() seconds) does; `max_requests` bounds its model requests,
+    `max_tokens` their prompts' tokens (logical: every prompt in full) and `max_generated_tokens` the
+    tokens generation may choose (checked before every pass, as cancellation is).
     """
 
     stats: Stats = field(default_factory=Stats)
     requests: list[Request] = field(default_factory=list)
     stages: list[dict[str, Any]] = field(default_factory=list)
+    decoded: Stats = field(default_factory=Stats)
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     deadline: float | None = None
     max_requests: int | None = None
     max_tokens: int | None = None
+    max_generated_tokens: int | None = None
     announced: int = 0  # requests counted (`announce`) that have not reached the runtime yet
     _interrupts: list[Callable[[], None]] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -64,11 +68,15 @@ class QueryWork:
                 timer.cancel()
 
     def check(self) -> None:
-        """Raise Cancelled once the query has been cancelled, DeadlineExceeded once past its deadline."""
+        """Raise Cancelled once the query has been cancelled, DeadlineExceeded once past its deadline,
+        ResourceExhausted once it has generated more tokens than its limit."""
         if self.cancelled.is_set():
             raise Cancelled("the query was cancelled")
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise DeadlineExceeded("the query ran past its time limit (the server's --query-timeout)")
+        if self.max_generated_tokens is not None and self.stats.generated_tokens > self.max_generated_tokens:
+            raise ResourceExhausted(f"the query generates more than {self.max_generated_tokens:,} tokens "
+                                    f"(the server's --max-generated-tokens per query)")
 
     def announce(self, requests: int) -> None:
         """Count a step's requests before they reach the runtime in parts (progress shows the step's all at
@@ -99,8 +107,9 @@ class QueryWork:
 
     def ideal(self) -> Stats:
         """Each distinct prefix of all the query's prompts computed once (unlimited KV, nothing resident
-        before the query: KV kept from earlier queries can make the fresh tokens fewer, the regret 0)."""
-        return ideal_stats(self.requests)
+        before the query: KV kept from earlier queries can make the fresh tokens fewer, the regret 0), and
+        what it generated decoded with no step wasted."""
+        return ideal_stats(self.requests).plus(self.decoded)
 
     def report(self, wall_s: float, sol: Callable[[Stats], float | None] | None = None) -> dict[str, Any]:
         """The figures of a query's report: tokens, KV regret, stages, and speed-of-light seconds (if known)."""
@@ -108,5 +117,6 @@ class QueryWork:
         return {"wall_s": wall_s, "logical_tokens": stats.logical_tokens, "fresh_tokens": stats.fresh_tokens,
                 "cached_tokens": stats.cached_tokens, "padded_tokens": stats.padded_tokens,
                 "physical_tokens": stats.physical_tokens, "kv_regret_tokens": max(0, stats.fresh_tokens - ideal.fresh_tokens),
+                "generated_tokens": stats.generated_tokens, "decode_steps": stats.decode_steps,
                 "requests": stats.requests, "forward_passes": stats.forward_passes, "stages": self.stages,
                 "ideal": ideal.as_dict(), "sol_s": sol(ideal) if sol is not None else None}

@@ -16,6 +16,7 @@ from quail.engine.model.decoder import Decoder
 from quail.engine.model.tokenizer import Tokenizer
 from quail.engine.runtime import baselines, decode
 from quail.engine.runtime.counters import Stats
+from quail.engine.runtime.grammar import GrammarTokens, Schema
 from quail.engine.runtime.model_runner import ModelRunner, host_tier, kv_pool
 from quail.engine.runtime.prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
 from quail.engine.runtime.query_work import QueryWork
@@ -57,12 +58,13 @@ class Runtime:
     steps and queries, indexed by a resident tree (kv/resident.py; 0: nothing stays), with `kv_host_bytes`
     of pinned host memory for what the pool has no room for (kv/host_tier.py; 0: none).
     `texts`: the tokenized texts kept between steps and queries (default: a cache of its own).
+    `names`: what else queries may call the model (the name it was served by), besides its id and "default".
     """
 
     def __init__(self, model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame,
                  strategy: str | Strategy = "quail", token_budget: int = 4096, decisions: str = "model",
                  device_of: ModelRunner | None = None, kv_bytes: int = 0, kv_host_bytes: int = 0,
-                 texts: SegmentCache | None = None) -> None:
+                 texts: SegmentCache | None = None, names: tuple[str, ...] = ()) -> None:
         if isinstance(strategy, str) and strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
         if decisions not in ("model", "hash"):
@@ -82,13 +84,17 @@ class Runtime:
         self.strategy = strategy
         self.texts = texts if texts is not None else SegmentCache()
         self.yes_no = self._yes_no_labels()
+        self.end_of_turn = frozenset(self._single_token((frame.turn_end,))) if frame.turn_end else frozenset()
+        self.names = frozenset(n.lower() for n in (model_id, "default", *names))
+        self._grammar_tokens: GrammarTokens | None = None
         self._preamble_tokens: int | None = None
 
     def variant(self, strategy: str | Strategy, token_budget: int | None = None) -> "Runtime":
         """Another runtime over the same weights and tokenizer (and the device's scheduler, KV ledger, pool
         and tree, and the tokenized texts), scoring by another strategy."""
         return Runtime(self.model_id, self.runner.model, self.tokenizer, self.layout.frame, strategy,
-                       token_budget or self.runner.token_budget, self.decisions, self.runner, texts=self.texts)
+                       token_budget or self.runner.token_budget, self.decisions, self.runner, texts=self.texts,
+                       names=tuple(self.names))
 
     def segments(self, texts: list[str]) -> list[Segment]:
         """Each text as a segment of its own, tokenized once (the texts cache)."""
@@ -124,20 +130,36 @@ class Runtime:
                   for labels, members in by_labels.items()]
         return Scoring(groups)
 
-    def generate(self, requests: Sequence[Request], max_tokens: int, stop: frozenset[int] = frozenset(),
+    def generate(self, requests: Sequence[Request], decoding: decode.Decoding,
                  work: QueryWork | None = None) -> list[list[int]]:
-        """The greedy continuation of each request's prompt: at most `max_tokens` token ids, ending before
-        a stop token (decode.py; the requests' label sets are not read). The work is added to `work`."""
+        """The continuation of each request's prompt, as `decoding` says (decode.py; the requests' label sets
+        are not read): its token ids, the stop token not among them. The work is added to `work`, whose check
+        (cancellation, deadline, generated tokens) runs before every pass."""
         if not requests:
             return []
-        self.refuse_too_long(requests, extra=max_tokens)
+        self.refuse_too_long(requests, extra=decoding.max_tokens)
         work = work if work is not None else QueryWork()
         work.count(len(requests))
         work.spend_tokens(sum(len(r) for r in requests))
+        work.requests.extend(requests)
         work.check()
-        generated = decode.greedy(self.runner.for_query(work.check), requests, max_tokens, stop, work.stats)
+        generated = decode.generate(self.runner.for_query(work.check), requests, decoding, self.tokenizer.decode,
+                                    work.stats)
         work.stats.logical_tokens += sum(map(len, generated))  # the prompts and, fed back, what they generated
+        work.decoded = work.decoded.plus(decode.ideal([len(r) for r in requests], [len(g) for g in generated],
+                                                      decoding.max_tokens))
         return generated
+
+    def schema(self, schema: str) -> Schema:
+        """A JSON schema's grammar over this model's vocabulary (decode.Decoding.schema); InvalidArgument when
+        the chat template names no token that ends the model's turn (a complete answer ends there)."""
+        if not self.end_of_turn:
+            raise InvalidArgument(f"the model {self.model_id} has no chat template that ends its turn: it cannot "
+                                  f"answer in a response format")
+        if self._grammar_tokens is None:
+            self._grammar_tokens = GrammarTokens(self.tokenizer.to_json(), self.config.vocab_size,
+                                                 min(self.end_of_turn))
+        return self._grammar_tokens.schema(schema)
 
     def refuse_too_long(self, requests: Sequence[Request], where: str = "", extra: int = 0) -> None:
         """InvalidArgument when a request, with `extra` tokens to generate after it, is longer than the model's
@@ -145,8 +167,9 @@ class Runtime:
         longest = max((len(r) for r in requests), default=0)
         if longest + extra > self.config.max_position:
             more = f" and {extra:,} to generate" if extra else ""
+            fewer = " or generate fewer tokens (max_tokens)" if extra else ""
             raise InvalidArgument(f"a prompt{where} has {longest:,} tokens{more}; the model {self.model_id} reads at "
-                                  f"most {self.config.max_position:,}: shorten its text")
+                                  f"most {self.config.max_position:,}: shorten its text{fewer}")
 
     @property
     def plans_order(self) -> bool:

@@ -1,4 +1,5 @@
-"""A LIMIT reaches the model: it stops asking once that many rows have passed the AI filters."""
+"""A LIMIT reaches the model: it stops asking once that many rows have passed the AI filters (without
+filters, only that many rows are asked for their AI values)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def limit_into_model(core: AICore) -> AICore:
     """LIMIT n [OFFSET m] as n + m rows for the model, when the first rows passing the filters are the
     answer: a plain projection of one table (no ordering, grouping, DISTINCT, aggregates or window
     functions) with no condition after its AI filters. The model then sees rows, in table order, only
-    until that many have passed.
+    until that many have passed; without AI filters, only that many rows reach the model at all.
 
     >>> from quail.planner.rules.examples import show
     >>> show("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body)) LIMIT 2")
@@ -28,12 +29,16 @@ def limit_into_model(core: AICore) -> AICore:
     DuckDB -> __quail_rows_reviews_1: SELECT ... FROM reviews
     AI filter (filter layout, selectivity 0.2) __quail_rows_reviews_1 -> __quail_ai_2: 'Is {0} kind?' over [...]
     DuckDB -> __quail_result: SELECT id FROM "__quail_ai_2" AS "reviews" LIMIT 2
+    >>> show("SELECT id, AI_COMPLETE(PROMPT('Summarize {0}.', body)) AS s FROM reviews LIMIT 2")
+    DuckDB -> __quail_rows_reviews_2: SELECT ... FROM reviews LIMIT 2
+    AI complete (filter layout, at most 256 tokens a row, greedy) __quail_rows_reviews_2 -> __quail_ai_3: ...
+    DuckDB -> __quail_result: SELECT id, "reviews"."__quail_ai_1" AS s FROM "__quail_ai_3" AS "reviews" LIMIT 2
     """
     if len(core.relations) != 1:
         return core
     (relation,) = core.relations
     rows = _rows_needed(core.select)
-    if rows is None or not relation.filters or relation.after:
+    if rows is None or relation.after:
         return core
     return replace(core, relations=[replace(relation, limit=rows)])
 

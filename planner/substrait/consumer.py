@@ -13,6 +13,7 @@ from substrait.algebra_pb2 import (AggregateRel, CrossRel, Expression, FetchRel,
 from substrait.plan_pb2 import Plan
 from substrait.type_pb2 import Type
 
+from quail.engine.ai.options import Generation
 from quail.engine.ai.kinds import KINDS
 from quail.engine.errors import InvalidArgument, NotFound, Unimplemented
 from quail.engine.exec.catalog import Catalog
@@ -29,7 +30,7 @@ from quail.planner.substrait.types import STRINGS, from_arrow, kind, of
 
 QUERY_TEXT = "<Substrait plan>"  # a Substrait plan's query text where queries are listed
 _AI_KINDS = {name: kind_ for kind_, name in AI_FUNCTIONS.items()}
-_ANSWERS = ("letters", "names")
+_ANSWERS = ("letters", "names", "text")
 _JOIN_SIDES = {JoinRel.JOIN_TYPE_INNER: None, JoinRel.JOIN_TYPE_LEFT: "LEFT", JoinRel.JOIN_TYPE_RIGHT: "RIGHT",
                JoinRel.JOIN_TYPE_OUTER: "FULL"}
 _SET_OPS = {SetRel.SET_OP_UNION_ALL: False, SetRel.SET_OP_UNION_DISTINCT: True}
@@ -87,6 +88,7 @@ class _AICall:
     selectivity: float
     labels: tuple[str, ...]
     documents: list[Expression]
+    generation: Generation | None = None
 
 
 def _ident(name: str) -> exp.Identifier:
@@ -422,9 +424,11 @@ class _Importer:
         if self.nested:
             raise Unimplemented("Substrait import: AI functions inside subquery expressions are not supported")
         args = function.arguments
-        if len(args) != 7:
-            raise InvalidArgument(f"{declared.base} takes 7 arguments (template, layout, answers, anchor, "
-                                  f"selectivity, labels, documents), not {len(args)}")
+        generating = _AI_KINDS[declared.base] == "complete"
+        if len(args) != 7 + generating:
+            raise InvalidArgument(f"{declared.base} takes {7 + generating} arguments (template, layout, answers, "
+                                  f"anchor, selectivity, labels, documents{', generation' if generating else ''}), "
+                                  f"not {len(args)}")
         template, anchor, selectivity = (_literal(args[i], name, declared.base) for i, name in
                                          ((0, "string"), (3, "i32"), (4, "fp64")))
         layout, answers = args[1].enum, args[2].enum
@@ -432,13 +436,16 @@ class _Importer:
         documents = list(args[6].value.nested.list.values)
         listed = (args[5].value.literal.WhichOneof("literal_type") in ("list", "empty_list"),
                   args[6].value.nested.WhichOneof("nested_type") == "list")
-        call = _AICall(_AI_KINDS[declared.base], template, layout, answers, anchor, selectivity, labels, documents)
+        generation = Generation.from_json(_literal(args[7], "string", declared.base)) if generating else None
+        call = _AICall(_AI_KINDS[declared.base], template, layout, answers, anchor, selectivity, labels, documents,
+                       generation)
         problems = [layout not in LAYOUTS and f"layout {layout!r}", answers not in _ANSWERS and f"answers {answers!r}",
                     not listed[0] and "labels (a list literal)",
                     not (listed[1] and documents) and "documents (a nested list of expressions)",
                     not 0 <= anchor < len(documents) and f"anchor {anchor}",
                     not 0 < selectivity <= 1 and f"selectivity {selectivity}",
-                    (call.kind == "classify") != bool(labels) and "labels (classify only)"]
+                    (call.kind == "classify") != bool(labels) and "labels (classify only)",
+                    generating != (answers == "text") and f"answers {answers!r} for {declared.base}"]
         problems = [p for p in problems if p]
         if problems:
             raise InvalidArgument(f"{declared.base}: bad {', '.join(problems)}")
@@ -463,7 +470,7 @@ class _Importer:
             current, args = self._as_text(current, call.documents, inputs)
         name = self._claim(output, "ai")
         self.steps.append(AIStep(current.name, name, call.kind, call.template, tuple(args), call.layout, call.labels,
-                                 column, call.selectivity, call.anchor, call.answers))
+                                 column, call.selectivity, call.anchor, call.answers, generation=call.generation))
         kept = [i for i, n in enumerate(current.names) if n not in args]
         return Rows([current.names[i] for i in kept] + ([column] if column else []),
                     [current.types[i] for i in kept] + ([from_arrow(KINDS[call.kind].value)] if column else []),

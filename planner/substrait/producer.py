@@ -12,9 +12,9 @@ from substrait.plan_pb2 import Plan, PlanRel, Version
 from substrait.version import substrait_version
 
 from quail.engine.ai.kinds import KINDS
-from quail.engine.errors import InvalidArgument
+from quail.engine.errors import InvalidArgument, Unimplemented
 from quail.engine.exec.catalog import Catalog
-from quail.engine.exec.plan import AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step
+from quail.engine.exec.plan import AIAggregate, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step
 from quail.engine.exec.relational import DuckDB
 
 from quail.planner.substrait.expressions import Column, Expressions, Relation, Typed, field_ref, literal
@@ -26,12 +26,18 @@ SUBSTRAIT_VERSION = substrait_version  # the Substrait release the plans are wri
 PRODUCER = "quail"
 
 
+AGGREGATES_UNSUPPORTED = "Substrait export: AI aggregates (AI_AGG, AI_SUMMARIZE_AGG) are not supported yet"
+
+
 def export_plan(plan: PhysicalPlan, catalog: Catalog) -> Plan:
     """The Substrait plan of a physical plan (a join chosen at run time: its planned order)."""
     if plan.analyze:
         raise InvalidArgument("EXPLAIN ANALYZE runs its query: it has no Substrait plan")
+    steps = [s for step in plan.steps for s in step.planned()]
+    if any(isinstance(step, AIAggregate) for step in steps):  # before its texts' SQL step, which lists them
+        raise Unimplemented(AGGREGATES_UNSUPPORTED)
     with DuckDB() as db:
-        return _Exporter(plan, catalog, db).plan([s for step in plan.steps for s in step.planned()])
+        return _Exporter(plan, catalog, db).plan(steps)
 
 
 def version() -> Version:
@@ -105,6 +111,9 @@ class _Exporter:
     def join_choice(self, step: JoinChoice) -> tuple[Relation, pa.Schema]:
         raise AssertionError("a join choice is exported as its planned steps")
 
+    def ai_aggregate(self, step: AIAggregate) -> tuple[Relation, pa.Schema]:
+        raise Unimplemented(AGGREGATES_UNSUPPORTED)
+
     def _sql(self, step: SQLStep) -> tuple[Relation, pa.Schema]:
         try:
             tree = sqlglot.parse_one(step.sql, read="duckdb")
@@ -146,7 +155,8 @@ class _Exporter:
                 remaining.append(pa.field(step.column, KINDS[step.kind].value)))
 
     def _ai_call(self, step: AIStep, positions: list[int], source: Relation) -> Typed:
-        """ai_<kind>(template, layout, answers, anchor, selectivity, labels, documents)."""
+        """ai_<kind>(template, layout, answers, anchor, selectivity, labels, documents[, generation]): a
+        generating step's options follow as a JSON object."""
         for p in positions:
             if kind(source.columns[p].type) not in STRINGS:
                 raise InvalidArgument(f"Substrait export: AI step {step.output} reads {source.columns[p].name}, "
@@ -155,6 +165,8 @@ class _Exporter:
         args = [literal("string", step.template), step.layout, step.answers, literal("i32", step.anchor),
                 literal("fp64", step.selectivity), _labels(step.labels),
                 Typed(Expression(nested=documents), list_of(of("string")))]
+        if step.generation is not None:
+            args.append(literal("string", step.generation.to_json()))
         return self.expressions.call(AI_FUNCTIONS[step.kind], args)
 
 

@@ -252,8 +252,10 @@ def asked(steps) -> list:
     (f"SELECT id FROM reviews r WHERE NOT EXISTS (SELECT 1 FROM aspects a WHERE {ASK}) ORDER BY id", AIStep),
     (f"SELECT r.id, a.id, b.id FROM reviews r JOIN aspects a ON {ASK} JOIN aspects b "
      f"ON AI_FILTER(PROMPT('Is {{1}} missing from {{0}}?', r.body, b.aspect), {O}) ORDER BY 1, 2, 3", JoinChoice),
+    ("SELECT id, AI_COMPLETE(PROMPT('Name the dish in {0}.', body), {'max_tokens': 3, 'stop': ['.']}) AS c "
+     "FROM reviews ORDER BY id", AIStep),
 ], ids=["filter", "chain-limit", "join", "classify", "classify-label", "score", "bool", "left-join", "right-join",
-        "correlated-not-exists", "join-choice"])
+        "correlated-not-exists", "join-choice", "complete"])
 def test_ai_plan_round_trip(session, query, shape):
     planned = session.sql(query)
     assert any(isinstance(s, shape) for s in planned.plan.steps)

@@ -127,6 +127,16 @@ def _progress(cur, query: str) -> dict | None:
     return next((row for row in cur.fetch_arrow_table().to_pylist() if row["query"] == query), None)
 
 
+def _once_under_way(cur, query: str, column: str) -> dict | None:
+    """The query's quail_queries row once its `column` is above 0 (None: not within a minute)."""
+    for _ in range(240):
+        row = _progress(cur, query)
+        if row is not None and row[column] > 0:
+            return row
+        threading.Event().wait(0.25)
+    return None
+
+
 def test_queries_share_passes_and_show_their_progress(uri):
     """While a long AI query runs, quail_queries shows its progress, and a short AI query sent after it
     is answered while the long one still runs: it joins the long one's passes."""
@@ -134,11 +144,7 @@ def test_queries_share_passes_and_show_their_progress(uri):
     info = _info(client, LONG)
     thread, outcome = _reading(client, info)
     with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
-        for _ in range(240):
-            started = _progress(cur, LONG)
-            if started is not None and started["tokens_done"] > 0:
-                break
-            threading.Event().wait(0.25)
+        started = _once_under_way(cur, LONG, "tokens_done")
         assert started is not None and started["requests"] == REVIEWS.num_rows * TOPICS.num_rows
         assert 0 < started["tokens_done"] < started["tokens_planned"] and started["user_name"] == "-"
         assert started["queue_place"] == 1 and started["tokens_cached"] > 0, "its anchors are computed once"
@@ -154,6 +160,22 @@ def test_queries_share_passes_and_show_their_progress(uri):
     assert _cancel_flight_info(client, info) == CANCEL_STATUS_CANCELLING
     thread.join(60)
     assert not thread.is_alive() and isinstance(outcome[0], flight.FlightCancelledError)
+
+
+def test_a_generating_query_shows_its_tokens_and_a_cancel_stops_its_decoding(uri):
+    """AI_COMPLETE over 48 reviews, 256 tokens each: quail_queries shows the tokens generated so far, and a
+    cancel stops the decoding at the next pass."""
+    generating = ("SELECT id, AI_COMPLETE(PROMPT('Reply to {0} at length.', body), {'max_tokens': 256}) AS reply "
+                  "FROM reviews WHERE id < 48")
+    client = flight.FlightClient(uri)
+    info = _info(client, generating)
+    thread, outcome = _reading(client, info)
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        assert _once_under_way(cur, generating, "tokens_generated") is not None
+    assert _cancel_flight_info(client, info) == CANCEL_STATUS_CANCELLING
+    thread.join(30)
+    assert not thread.is_alive() and isinstance(outcome[0], flight.FlightCancelledError)
+    _answers_quickly(uri)
 
 
 def test_ai_rows_stream_before_the_query_ends(uri):
@@ -253,8 +275,8 @@ def test_limits_per_query_and_admission(tmp_path):
 
 
 def test_prometheus_metrics(tmp_path):
-    """--metrics-port: queries by status, model tokens by kind, errors by status, speed-of-light fractions,
-    the KV pool and the resident tree's counters."""
+    """--metrics-port: queries by status, model tokens by kind (generated too) and decode steps, errors by status,
+    speed-of-light fractions, the KV pool and the resident tree's counters."""
     port = free_port()
     with ServerProcess(tmp_path, "--metrics-port", str(port)) as served:
         with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
@@ -266,12 +288,16 @@ def test_prometheus_metrics(tmp_path):
             cur.fetch_arrow_table()  # the topics' KV stays in the pool for later queries
             cur.execute(QUICK)  # again: served from the pool but each answer cue
             cur.fetch_arrow_table()
+            cur.execute("SELECT AI_COMPLETE(PROMPT('Name {0} in a word.', topic), {'max_tokens': 3}) FROM topics "
+                        "WHERE id < 2")
+            cur.fetch_arrow_table()
             with pytest.raises(adbc_driver_manager.Error):
                 cur.execute("SELECT * FROM no_such_table")
         values = metric_samples(f"http://127.0.0.1:{port}/metrics", timeout=10)
     assert values['quail_queries_total{status="OK"}'] >= 1
     assert values['quail_tokens_total{kind="fresh"}'] > 0 and values['quail_tokens_total{kind="logical"}'] > 0
     assert values['quail_errors_total{status="NOT_FOUND"}'] == 1
+    assert values['quail_tokens_total{kind="generated"}'] >= 2 and values["quail_decode_steps_total"] >= 1
     assert values["quail_query_sol_fraction_count"] >= 1 and values["quail_queries_running"] == 0
     assert values["quail_queries_waiting"] == 0 and values["quail_kv_resident_bytes"] == 0, "all freed"
     assert values["quail_kv_cached_bytes"] > 0, "the prompts computed stay for later queries"

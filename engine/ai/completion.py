@@ -1,0 +1,37 @@
+"""Generation as an AI operator (AI_COMPLETE, AI.GENERATE): each row's prompt continued in free text."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from quail.engine.ai.operators import Question, prompts
+from quail.engine.ai.options import Generation
+from quail.engine.errors import InvalidArgument
+from quail.engine.runtime.decode import Decoding
+from quail.engine.runtime.query_work import QueryWork
+from quail.engine.runtime.runtime import Runtime
+
+
+def decoding(generation: Generation, runtime: Runtime) -> Decoding:
+    """How the runtime decodes these answers (InvalidArgument when the query names another model)."""
+    if generation.model is not None and generation.model.lower() not in runtime.names:
+        raise InvalidArgument(f"model {generation.model!r} is not served here: this server serves "
+                              f"{runtime.model_id!r} (name it so, or leave the model out)")
+    schema = runtime.schema(generation.schema) if generation.schema is not None else None
+    return Decoding(generation.max_tokens, runtime.end_of_turn, generation.stop, generation.temperature,
+                    generation.top_p, schema)
+
+
+def complete(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]], generation: Generation,
+             work: QueryWork | None = None) -> list[str | None]:
+    """Each row's answer (None where an argument is NULL) to a question answered in free text (`answers`
+    "text"); args holds one column (texts) per PROMPT argument. Rows with the same prompt are answered once
+    (their answer is a function of the prompt)."""
+    decoded = decoding(generation, runtime)
+    present, requests = prompts(runtime, question, args)
+    distinct = list({tuple(s.key for s in r.segments): r for r in requests}.items())
+    tokens = dict(zip((key for key, _ in distinct), runtime.generate([r for _, r in distinct], decoded, work)))
+    out: list[str | None] = [None] * (len(args[0]) if args else 0)
+    for i, request in zip(present, requests):
+        out[i] = decoded.cut(runtime.tokenizer.decode(tokens[tuple(s.key for s in request.segments)]))
+    return out
