@@ -12,7 +12,10 @@ float round-off:
 - unpadded rows without Triton: one flash varlen call for own tokens, one for
   the runs, merged (`merge`);
 - padded rows (buckets, padding_buckets.py): cuDNN per bucket in bf16/fp16,
-  two matmuls for short rows and in fp32; on the CPU, its flash kernel.
+  two matmuls for short rows and in fp32; on the CPU, its flash kernel. Rows
+  of one token after runs of their own (decode steps) in fp32: their runs'
+  keys gathered through the slot table and attended together as padded
+  matmuls (`_one_query_runs`), not run by run.
 Why these paths, with the measurements behind each: bench/GPU_NOTES.md.
 """
 
@@ -397,14 +400,19 @@ def over_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
         return t.transpose(0, 1)[None]
 
     if not _fused(q) or (len(rows.runs) == 1 and rows.packed is None):
-        outs, lses = [], []
-        for first, end, run in rows.runs:
+        found: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        alone = [i for i, (first, end, _) in enumerate(rows.runs) if end - first == 1]
+        if len(alone) > 1 and rows.run_slots is not None:
+            found.update(zip(alone, _one_query_runs(q, rows, layer, alone)))
+        for r, (first, end, run) in enumerate(rows.runs):
+            if r in found:
+                continue
             pieces = run.pieces(k, v, layer)
             keys, values = (torch.cat([piece[i] for piece in pieces]) for i in (0, 1))
             out, lse = attend(packed(q[first:end]), packed(keys), packed(values), causal=False)
-            outs.append(out[0].transpose(0, 1))
-            lses.append(lse[0].transpose(0, 1))
-        return torch.cat(outs), torch.cat(lses)
+            found[r] = (out[0].transpose(0, 1), lse[0].transpose(0, 1))
+        return torch.cat([found[i][0] for i in range(len(rows.runs))]), \
+            torch.cat([found[i][1] for i in range(len(rows.runs))])
     queries = q.index_select(0, rows.past_index)
     if attention_kernels is not None:
         runs, slots = _kernel_runs(rows, k, v, layer)
@@ -415,6 +423,38 @@ def over_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
         queries, keys, values, cu_q, cu_k, max(e - a for a, e, _ in rows.runs),
         max(len(run) for *_, run in rows.runs), 0.0, False, False, scale=q.shape[-1] ** -0.5)[:2]
     return out, lse.transpose(0, 1)
+
+
+KEYS_PER_GATHER = 1 << 25  # key and value elements `_one_query_runs` gathers at once (128 MiB each in fp32)
+
+
+def _one_query_runs(q: torch.Tensor, rows: Rows, layer: int, alone: list[int]
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The runs `alone` (of one query each: decode steps), attended together as padded matmuls, their keys
+    gathered from the pool through the runs' slot table (the masked tail of a shorter run scores −inf):
+    each run's (1, h, d) output and (1, h) log-sum-exp, as `attend` gives them to round-off."""
+    pool, slots = rows.run_slots
+    cumulative = rows.run_offsets[1].long()
+    picked = torch.tensor(alone, device=q.device)
+    firsts, lengths = cumulative[picked], (cumulative[1:] - cumulative[:-1])[picked]
+    queries = q.index_select(0, torch.tensor([rows.runs[i][0] for i in alone], device=q.device))
+    kv_heads, d = pool.keys[layer].shape[1:]
+    group = q.shape[1] // kv_heads
+    width = int(lengths.max())
+    step = max(1, KEYS_PER_GATHER // (width * kv_heads * d))
+    out = []
+    for at in range(0, len(alone), step):
+        span = torch.arange(width, device=q.device)
+        valid = span < lengths[at:at + step, None]
+        index = slots[torch.where(valid, firsts[at:at + step, None] + span, firsts[at:at + step, None])]
+        keys, values = (t[layer][index].transpose(1, 2) for t in (pool.keys, pool.values))  # (r, kv, width, d)
+        asked = queries[at:at + step].view(-1, kv_heads, group, d)
+        scores = (asked @ keys.transpose(-1, -2)).float() * d ** -0.5
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+        lse = torch.logsumexp(scores, -1, keepdim=True)
+        o = torch.exp(scores - lse).to(values.dtype) @ values
+        out += [(o[r].reshape(1, -1, d), lse[r].reshape(1, -1)) for r in range(o.shape[0])]
+    return out
 
 
 def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:

@@ -159,3 +159,28 @@ def test_unpadded_rows_copy_their_chain_after_their_copied_run():
         assert torch.equal(values[key_starts[b] : key_starts[b + 1]], v[chain + own])
     with pytest.raises(ValueError, match="earlier row"):
         Rows.build([3, 3], [None, None], torch.device("cpu"), parents=[1, None])
+
+
+def test_one_token_rows_after_their_own_pooled_runs_match_dense_attention():
+    """Decode steps: one-token rows, each after its own run in the pool (runs of different lengths, slots
+    scattered), attended together as padded matmuls; against dense attention row by row, in each layer."""
+    from quail.engine.kv.pool import KVPool
+
+    torch.manual_seed(4)
+    pool = KVPool(2, HKV, D, torch.float32, torch.device("cpu"), 512)
+    slots = pool.take(400)
+    for layer in range(2):
+        pool.write(layer, torch.from_numpy(slots[::-1].copy()), torch.randn(400, HKV, D), torch.randn(400, HKV, D))
+    whole = KV(((pool, slots[::-1].copy()),))
+    pasts = [whole.slice(a, b) for a, b in ((0, 37), (40, 41), (50, 250), (260, 262), (300, 399))]
+    lengths = [1] * len(pasts)
+    q = torch.randn(len(pasts), H, D)
+    k, v = torch.randn(len(pasts), HKV, D), torch.randn(len(pasts), HKV, D)
+    layout = Rows.build(lengths, pasts, torch.device("cpu"))
+    assert layout.run_slots is not None and len(layout.runs) == len(pasts)
+    for layer in range(2):
+        got = attention(q, k, v, layout, layer)
+        for row, past in enumerate(pasts):
+            in_layer = KV.of(*([t] for t in past.layer(layer)))
+            want = _dense(q[row:row + 1], k[row:row + 1], v[row:row + 1], in_layer)
+            torch.testing.assert_close(got[row:row + 1], want, atol=1e-5, rtol=1e-5)
