@@ -17,6 +17,7 @@ from quail.engine.errors import InvalidArgument
 from quail.planner.ai_calls import AGGREGATES, ai_name, ancestors
 from quail.planner.dialects import position
 
+
 def ai_aggregates(select: exp.Select) -> list[exp.Expression]:
     """The SELECT's own AI aggregate calls (not those of its subqueries)."""
     return [node for node in select.walk() if ai_name(node) in AGGREGATES

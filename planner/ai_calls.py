@@ -283,10 +283,10 @@ def _bind_complete(name: str, call: exp.Expression, positional: list[exp.Express
         raise InvalidArgument(f"{name} takes a prompt and optional options{' (after the model)' if model else ''}, "
                               f"got {len(positional)} argument(s){position(call)}")
     prompt, *rest = positional
-    options = value(rest[0], name, call) if rest else {}
+    options = _constant(rest[0], name, call) if rest else {}
     if len(rest) > 1 and isinstance(options, dict):
-        options = {**options, "response_format": value(rest[1], name, call)}
-    if len(rest) > 2 and value(rest[2], name, call):
+        options = {**options, "response_format": _constant(rest[1], name, call)}
+    if len(rest) > 2 and _constant(rest[2], name, call):
         raise InvalidArgument(f"{name}: show_details is not supported{position(call)}")
     if isinstance(prompt, exp.Anonymous) and prompt.name.upper() == "PROMPT" or isinstance(prompt, exp.Tuple) or (
             isinstance(prompt, exp.Literal) and prompt.is_string):
@@ -295,17 +295,17 @@ def _bind_complete(name: str, call: exp.Expression, positional: list[exp.Express
         template, args = AS_INSTRUCTION, (prompt,)
     served = None
     if model is not None:
-        served = value(model, name, call)
+        served = _constant(model, name, call)
         if not isinstance(served, str):
             raise InvalidArgument(f"{name}'s model must be a string literal{position(call)}")
     return AICall(name, "complete", template, args, answers="text",
-                  generation=generating_options(options, served, name, call))
+                  generation=_generation_options(options, served, name, call))
 
 
 _OPTIONS = {"max_tokens": int, "temperature": float, "top_p": float, "stop": tuple, "response_format": dict}
 
 
-def generating_options(options: Any, model: str | None, name: str, call: exp.Expression) -> Generation:
+def _generation_options(options: Any, model: str | None, name: str, call: exp.Expression) -> Generation:
     """The options object as a Generation (InvalidArgument for an unknown option or a value of a wrong type)."""
     if not isinstance(options, dict):
         raise InvalidArgument(f"{name}'s options must be an object such as {{'max_tokens': 100}}{position(call)}")
@@ -364,7 +364,7 @@ def _literal_of(value: Any) -> exp.Expression:
     return exp.Literal.string(value) if isinstance(value, str) else exp.Literal.number(value)
 
 
-def value(node: exp.Expression, name: str, call: exp.Expression) -> Any:
+def _constant(node: exp.Expression, name: str, call: exp.Expression) -> Any:
     """A constant expression's value: texts, numbers, booleans, NULL, lists and objects of them."""
     if isinstance(node, exp.Literal):
         return node.this if node.is_string else json.loads(node.this)
@@ -375,9 +375,9 @@ def value(node: exp.Expression, name: str, call: exp.Expression) -> Any:
     if isinstance(node, exp.Null):
         return None
     if isinstance(node, exp.Array):
-        return [value(v, name, call) for v in node.expressions]
+        return [_constant(v, name, call) for v in node.expressions]
     if isinstance(node, exp.Struct) and all(isinstance(p, exp.PropertyEQ) for p in node.expressions):
-        return {p.this.name: value(p.expression, name, call) for p in node.expressions}
+        return {p.this.name: _constant(p.expression, name, call) for p in node.expressions}
     raise InvalidArgument(f"{name}'s options must be constants{position(node) or position(call)}")
 
 
@@ -413,7 +413,7 @@ def _bind_extract(name: str, call: exp.Expression, positional: list[exp.Expressi
         raise InvalidArgument(f"{name} has no argument named {next(iter(named))!r}{position(call)}")
     if len(positional) not in (2, 3):
         raise InvalidArgument(f"{name} takes a text, a response format and optional options{position(call)}")
-    fields = value(positional[1], name, call)
+    fields = _constant(positional[1], name, call)
     if isinstance(fields, list) and all(isinstance(q, str) for q in fields):
         fields = {q: q for q in fields}
     if isinstance(fields, dict) and set(fields) == {"schema"} and isinstance(fields["schema"], dict):
@@ -425,10 +425,10 @@ def _bind_extract(name: str, call: exp.Expression, positional: list[exp.Expressi
     else:
         raise InvalidArgument(f"{name}'s response format must be {{'field': 'question', ...}}, a list of questions "
                               f"or {{'schema': <JSON schema>}}{position(call)}")
-    options = value(positional[2], name, call) if len(positional) == 3 else {}
+    options = _constant(positional[2], name, call) if len(positional) == 3 else {}
     if not isinstance(options, dict):
         raise InvalidArgument(f"{name}'s options must be an object such as {{'max_tokens': 100}}{position(call)}")
     enough = 16 + (EXTRACT_ANSWER_CHARS + 10) * len(schema.get("properties", {})) if "schema" not in fields else None
     defaults = {"max_tokens": enough} if enough else {}
-    generation = generating_options({**defaults, **options, "response_format": schema}, None, name, call)
+    generation = _generation_options({**defaults, **options, "response_format": schema}, None, name, call)
     return AICall(name, "complete", template, (positional[0],), answers="text", generation=generation)

@@ -20,6 +20,7 @@ from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.requests import Request, Segment
 from quail.engine.runtime.runtime import Runtime
 
+
 def aggregate(runtime: Runtime, aggregation: Aggregation, groups: Sequence[Sequence[str | None] | None],
               work: QueryWork | None = None) -> list[str | None]:
     """Each group's answer (None for a group of no texts), reduced level by level."""

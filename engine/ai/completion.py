@@ -29,9 +29,10 @@ def complete(runtime: Runtime, question: Question, args: Sequence[Sequence[str |
     (their answer is a function of the prompt)."""
     decoded = decoding(generation, runtime)
     present, requests = prompts(runtime, question, args)
-    distinct = list({tuple(s.key for s in r.segments): r for r in requests}.items())
-    tokens = dict(zip((key for key, _ in distinct), runtime.generate([r for _, r in distinct], decoded, work)))
+    keys = [tuple(s.key for s in r.segments) for r in requests]
+    distinct = dict(zip(keys, requests))
+    tokens = dict(zip(distinct, runtime.generate(list(distinct.values()), decoded, work)))
     out: list[str | None] = [None] * (len(args[0]) if args else 0)
-    for i, request in zip(present, requests):
-        out[i] = decoded.cut(runtime.tokenizer.decode(tokens[tuple(s.key for s in request.segments)]))
+    for i, key in zip(present, keys):
+        out[i] = decoded.cut(runtime.tokenizer.decode(tokens[key]))
     return out

@@ -443,8 +443,8 @@ def _one_query_runs(q: torch.Tensor, rows: Rows, layer: int, alone: list[int]
     width = int(lengths.max())
     step = max(1, KEYS_PER_GATHER // (width * kv_heads * d))
     out = []
+    span = torch.arange(width, device=q.device)
     for at in range(0, len(alone), step):
-        span = torch.arange(width, device=q.device)
         valid = span < lengths[at:at + step, None]
         index = slots[torch.where(valid, firsts[at:at + step, None] + span, firsts[at:at + step, None])]
         keys, values = (t[layer][index].transpose(1, 2) for t in (pool.keys, pool.values))  # (r, kv, width, d)

@@ -80,9 +80,9 @@ class _Sequence:
     def accept(self, token: int, decoding: Decoding, text: Text, stats: Stats) -> None:
         """Take the token chosen after this sequence: a stop token ends it (dropped); else the token is
         generated and fed next, and the sequence ends at its `max_tokens`-th token, once a stop text shows
-        or once its schema's JSON value is complete."""
+        or once its schema's JSON value is complete. An ended sequence lets go of its KV."""
         if token in decoding.stop_ids:
-            self.ended = True
+            self.ended, self.run = True, None
             return
         self.tokens.append(token)
         stats.generated_tokens += 1
@@ -90,6 +90,8 @@ class _Sequence:
         complete = self.matcher is not None and decoding.schema.take(self.matcher, token)
         self.ended = complete or len(self.tokens) >= decoding.max_tokens or bool(decoding.stop_texts) and any(
             s in text(self.tokens[-decoding.window:]) for s in decoding.stop_texts)
+        if self.ended:
+            self.run = None  # its KV goes as soon as nothing else holds it
 
 
 def generate(runner: ModelRunner, requests: Sequence[Request], decoding: Decoding, text: Text,
@@ -109,8 +111,6 @@ def generate(runner: ModelRunner, requests: Sequence[Request], decoding: Decodin
         sequences.append(_Sequence(run, ids[length:].astype(np.int32), _seed(ids), matcher))
     for sequence, token in zip(sequences, choose(runner, torch.stack(hidden), sequences, decoding)):
         sequence.accept(token, decoding, text, stats)
-        if sequence.ended:
-            sequence.run = None  # its KV goes as soon as nothing else holds it
     runner.scheduler.run(DecodeJob(runner, sequences, decoding, text, stats))
     if decoding.schema is not None and not all(decoding.schema.accepting(s.matcher) for s in sequences):
         raise ResourceExhausted(f"an answer's JSON was not complete after max_tokens ({decoding.max_tokens:,}) "
@@ -210,5 +210,3 @@ class DecodeJob:
         tokens = choose(self.runner, last[finished], chosen, self.decoding) if chosen else []
         for sequence, token in zip(chosen, tokens):
             sequence.accept(token, self.decoding, self.text, self.stats)
-            if sequence.ended:
-                sequence.run = None

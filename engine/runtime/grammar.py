@@ -1,7 +1,7 @@
 """Structured output: a JSON schema compiled to a token-level grammar (llguidance) that masks each step's logits.
 
-llguidance was measured against xgrammar for this (bench/GPU_NOTES.md, "Structured
-output"): it needs no other package, and every value it let through parsed and
+llguidance was measured against xgrammar for this (docs/runtime.md, "Generation"):
+it needs no other package, and every value it let through parsed and
 validated, where xgrammar let raw control characters into bounded strings.
 Whitespace is compact (no spaces or newlines between tokens of JSON), so an
 answer cannot run to its token limit on blanks. The planner checks schemas
