@@ -38,9 +38,10 @@ HEAVY = "SELECT count(*) AS n FROM numbers a, numbers b WHERE (a.x * b.x) % 7 = 
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory):
     """A server whose queries may run TIMEOUT_S seconds, in passes of at most 512 tokens, and generate at most
-    40 tokens each."""
+    8 tokens each (so a generation test passes its limit in two decode steps, well within the time limit on a
+    busy machine)."""
     args = ("--query-timeout", str(TIMEOUT_S), "--token-budget", "512", "--max-active", "2",
-            "--max-generated-tokens", "40")
+            "--max-generated-tokens", "8")
     with ServerProcess(tmp_path_factory.mktemp("limited"), *args) as server:
         with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
             cur.adbc_ingest("docs", DOCS, mode="create")
@@ -153,7 +154,7 @@ def test_a_query_generating_past_its_limit_is_stopped(limited):
     """--max-generated-tokens: RESOURCE_EXHAUSTED at the pass after the limit is passed; the server answers on."""
     counting = ("SELECT AI_COMPLETE(PROMPT('Count from one to one hundred in words, starting after {0}.', "
                 "CAST(x AS VARCHAR)), {'max_tokens': 30}) FROM numbers WHERE x < 4")
-    with pytest.raises(adbc_driver_manager.Error, match="generates more than 40 tokens") as info:
+    with pytest.raises(adbc_driver_manager.Error, match="generates more than 8 tokens") as info:
         _run(limited.uri, counting)
     assert info.value.vendor_code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
     assert _run(limited.uri, "SELECT count(*) FROM docs") == [(3,)]
