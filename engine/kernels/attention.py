@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from quail.engine.kernels.paged_decode import gathered
 from quail.engine.kernels.padding_buckets import SMALL, padded_shape, width_class
 from quail.engine.kv.pool import KVPool, on_device
 from quail.engine.kv.runs import KV, end_to_end
@@ -425,36 +426,20 @@ def over_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
     return out, lse.transpose(0, 1)
 
 
-KEYS_PER_GATHER = 1 << 25  # key and value elements `_one_query_runs` gathers at once (128 MiB each in fp32)
-
-
 def _one_query_runs(q: torch.Tensor, rows: Rows, layer: int, alone: list[int]
                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The runs `alone` (of one query each: decode steps), attended together as padded matmuls, their keys
-    gathered from the pool through the runs' slot table (the masked tail of a shorter run scores −inf):
-    each run's (1, h, d) output and (1, h) log-sum-exp, as `attend` gives them to round-off."""
+    gathered from the pool through a slot table of the runs (paged_decode.gathered): each run's (1, h, d)
+    output and (1, h) log-sum-exp, as `attend` gives them to round-off."""
     pool, slots = rows.run_slots
     cumulative = rows.run_offsets[1].long()
     picked = torch.tensor(alone, device=q.device)
     firsts, lengths = cumulative[picked], (cumulative[1:] - cumulative[:-1])[picked]
     queries = q.index_select(0, torch.tensor([rows.runs[i][0] for i in alone], device=q.device))
-    kv_heads, d = pool.keys[layer].shape[1:]
-    group = q.shape[1] // kv_heads
-    width = int(lengths.max())
-    step = max(1, KEYS_PER_GATHER // (width * kv_heads * d))
-    out = []
-    span = torch.arange(width, device=q.device)
-    for at in range(0, len(alone), step):
-        valid = span < lengths[at:at + step, None]
-        index = slots[torch.where(valid, firsts[at:at + step, None] + span, firsts[at:at + step, None])]
-        keys, values = (t[layer][index].transpose(1, 2) for t in (pool.keys, pool.values))  # (r, kv, width, d)
-        asked = queries[at:at + step].view(-1, kv_heads, group, d)
-        scores = (asked @ keys.transpose(-1, -2)).float() * d ** -0.5
-        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-        lse = torch.logsumexp(scores, -1, keepdim=True)
-        o = torch.exp(scores - lse).to(values.dtype) @ values
-        out += [(o[r].reshape(1, -1, d), lse[r].reshape(1, -1)) for r in range(o.shape[0])]
-    return out
+    span = torch.arange(int(lengths.max()), device=q.device)
+    table = slots[firsts[:, None] + torch.minimum(span, lengths[:, None] - 1)]
+    out, lse = gathered(queries, pool.keys[layer], pool.values[layer], table, lengths)
+    return [(out[r:r + 1], lse[r:r + 1]) for r in range(len(alone))]
 
 
 def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:

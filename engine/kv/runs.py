@@ -23,6 +23,14 @@ class KVLedger:
         self._add(size)
         kv.counted = (self, size)
 
+    def keep_each(self, runs: list["KV"], tokens: int) -> None:
+        """`keep` for runs of `tokens` tokens each in one pool, counted at once."""
+        if runs:
+            size = tokens * runs[0].parts[0][0].bytes_per_token
+            for kv in runs:
+                kv.counted = (self, size)
+            self._add(size * len(runs))
+
     def _add(self, size: int) -> None:
         with self._lock:
             self.resident_bytes += size

@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama, Qwen2, Qwen3) over packed rows, prefill only."""
+"""The Llama-family decoder (Llama, Qwen2, Qwen3): prefill of packed rows, and decode steps of one token per sequence."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from torch import nn
 
 from quail.engine.kernels.attention import Rows, attention, merge
 from quail.engine.kernels.fp8 import project, silu_mul_project
+from quail.engine.kernels.paged_decode import paged_decode
 from quail.engine.model.config import ModelConfig
 
 
@@ -156,6 +157,27 @@ class Decoder(nn.Module):
             if i == len(self.layers) - 1:  # nothing reads the last layer's other positions
                 x, out = x[last], out[last]
             x = self._finish(layer, x, out)
+        return self.norm(x)
+
+    def decode(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, table: torch.Tensor,
+               lengths: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        """One new token per sequence, after that sequence's keys in a pool: its final-normed hidden state.
+
+        ids, positions, slots, lengths: (sequences,); keys and values: the
+        pool's tensors per layer (slots, kv_heads, head_dim). Each layer writes
+        the new tokens' keys and values at `slots`, then each token attends to
+        the first lengths[b] slots of its `table` row (sequences, width), its
+        own slot last. No host sync and no shape taken from the values: a
+        CUDA graph of one call replays for any tokens, slots and lengths.
+        """
+        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        x = self.embed_tokens(ids)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            keys[i].index_copy_(0, slots, k)
+            values[i].index_copy_(0, slots, v)
+            x = self._finish(layer, x, paged_decode(q, keys[i], values[i], table, lengths))
         return self.norm(x)
 
     def label_logits(self, hidden: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:

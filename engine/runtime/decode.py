@@ -20,12 +20,13 @@ import numpy as np
 import torch
 
 from quail.engine.errors import ResourceExhausted
+from quail.engine.kv.pool import KVPool
+from quail.engine.kv.runs import KV
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.requests import Request
 from quail.engine.runtime.scheduler import Row, Share, tree
 
 if TYPE_CHECKING:
-    from quail.engine.kv.runs import KV
     from quail.engine.runtime.grammar import Schema
     from quail.engine.runtime.model_runner import ModelRunner
 
@@ -67,31 +68,66 @@ class Decoding:
 
 @dataclass(eq=False)
 class _Sequence:
-    """One prompt being continued: the KV of its tokens so far, the tokens to compute next (what the tree
-    no longer held of the prompt, then the last chosen token), what it generated, and its sampling seed."""
+    """One prompt being continued: its KV so far, the tokens to compute next (what the tree no longer
+    held of the prompt, then the last chosen token), what it generated, and its sampling seed.
 
-    run: KV | None
+    Its KV lies in the runner's pool, in order, in `slots[:length]` (held by the runs in `held`: the
+    prompt's, then each new token's), so a decode step reads it through that slot table and appending a
+    token copies nothing; or, once part of it was kept elsewhere (a pass that found the pool full), it is
+    the one run `spilled`.
+    """
+
+    pool: KVPool
     feed: np.ndarray
     seed: int
     matcher: Any = None  # where the schema's grammar stands (Decoding.schema), else None
     tokens: list[int] = field(default_factory=list)
     ended: bool = False
+    held: list[KV] = field(default_factory=list)
+    slots: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    length: int = 0
+    spilled: KV | None = None
+
+    def extend(self, run: KV | None) -> None:
+        """The KV of the next tokens, after what it has."""
+        if run is None:
+            return
+        if self.spilled is None and len(run.parts) == 1 and run.parts[0][0] is self.pool:
+            added = run.parts[0][1]
+            if self.length + len(added) > len(self.slots):
+                self.slots = np.resize(self.slots, max(2 * len(self.slots), self.length + len(added) + 64))
+            self.slots[self.length:self.length + len(added)] = added
+            self.length += len(added)
+            self.held.append(run)
+            return
+        before = self.spilled or (KV(((self.pool, self.slots[:self.length]),)) if self.length else None)
+        self.spilled = run if before is None else before.then(run)
+        self.held, self.slots, self.length = [], self.slots[:0], 0
+
+    def row(self, n: int) -> Row:
+        """A row of its next `n` tokens, keeping their KV."""
+        if self.spilled is not None:
+            return Row(self.feed[:n], self.spilled, keep=n)
+        return Row(self.feed[:n], keep=n, slots=self.slots[:self.length])
 
     def accept(self, token: int, decoding: Decoding, text: Text, stats: Stats) -> None:
         """Take the token chosen after this sequence: a stop token ends it (dropped); else the token is
         generated and fed next, and the sequence ends at its `max_tokens`-th token, once a stop text shows
         or once its schema's JSON value is complete. An ended sequence lets go of its KV."""
         if token in decoding.stop_ids:
-            self.ended, self.run = True, None
+            self._end()
             return
         self.tokens.append(token)
         stats.generated_tokens += 1
-        self.feed = np.append(self.feed, np.int32(token))
+        self.feed = np.append(self.feed, np.int32(token)) if len(self.feed) else np.array([token], dtype=np.int32)
         complete = self.matcher is not None and decoding.schema.take(self.matcher, token)
-        self.ended = complete or len(self.tokens) >= decoding.max_tokens or bool(decoding.stop_texts) and any(
-            s in text(self.tokens[-decoding.window:]) for s in decoding.stop_texts)
-        if self.ended:
-            self.run = None  # its KV goes as soon as nothing else holds it
+        if complete or len(self.tokens) >= decoding.max_tokens or bool(decoding.stop_texts) and any(
+                s in text(self.tokens[-decoding.window:]) for s in decoding.stop_texts):
+            self._end()
+
+    def _end(self) -> None:
+        self.ended = True
+        self.held, self.spilled = [], None  # its KV goes as soon as nothing else holds it
 
 
 def generate(runner: ModelRunner, requests: Sequence[Request], decoding: Decoding, text: Text,
@@ -108,7 +144,8 @@ def generate(runner: ModelRunner, requests: Sequence[Request], decoding: Decodin
         match = runner.tree.match(ids, counted=False) if runner.tree is not None else None
         run, length = (match.kv, match.length) if match is not None else (None, 0)
         matcher = decoding.schema.matcher() if decoding.schema is not None else None
-        sequences.append(_Sequence(run, ids[length:].astype(np.int32), _seed(ids), matcher))
+        sequences.append(_Sequence(runner.pool, ids[length:].astype(np.int32), _seed(ids), matcher))
+        sequences[-1].extend(run)
     for sequence, token in zip(sequences, choose(runner, torch.stack(hidden), sequences, decoding)):
         sequence.accept(token, decoding, text, stats)
     runner.scheduler.run(DecodeJob(runner, sequences, decoding, text, stats))
@@ -136,9 +173,10 @@ def _seed(ids: np.ndarray) -> int:
 
 def choose(runner: ModelRunner, hidden: torch.Tensor, sequences: Sequence[_Sequence],
            decoding: Decoding) -> list[int]:
-    """The token after each final hidden state (the full head, in fp32): the first largest logit, or a
-    draw as `Decoding` says, its noise seeded by the sequence's seed and its number of tokens."""
-    logits = hidden.float() @ runner.model.head_weight().float().T
+    """The token after each final hidden state (the full head in the model's precision, as HF
+    transformers computes logits, then fp32): the first largest logit, or a draw as `Decoding` says, its
+    noise seeded by the sequence's seed and its number of tokens."""
+    logits = (hidden @ runner.model.head_weight().T).float()
     if decoding.schema is not None:
         allowed = decoding.schema.allowed([s.matcher for s in sequences], logits.device)
         logits = logits.masked_fill(~allowed, float("-inf"))
@@ -174,39 +212,44 @@ class DecodeJob:
 
     def __init__(self, runner: ModelRunner, sequences: list[_Sequence], decoding: Decoding, text: Text,
                  stats: Stats) -> None:
-        self.runner, self.sequences, self.decoding, self.text, self.stats = runner, sequences, decoding, text, stats
+        self.runner, self.decoding, self.text, self.stats = runner, decoding, text, stats
+        self.running = [s for s in sequences if not s.ended]
         self.members: list[tuple[_Sequence, int]] = []  # this pass's sequences and how many of their feed
-        self.start = 0  # the sequence that leads the next pass (in turn: none waits behind the same others)
+        self.start = 0  # the running sequence that leads the next pass (in turn: none waits behind the same others)
 
     def done(self) -> bool:
-        return not self.members and all(s.ended for s in self.sequences)
+        return not self.members and not self.running
 
     def fill(self, fill: Share) -> None:
         taken, before = {id(s) for s, _ in self.members}, len(self.members)
-        order = self.sequences[self.start:] + self.sequences[:self.start]
-        for sequence in order:
-            if sequence.ended or id(sequence) in taken:
+        for sequence in self.running[self.start:] + self.running[:self.start]:
+            if taken and id(sequence) in taken:
                 continue
             length = min(len(sequence.feed), self.runner.token_budget)
             if not fill.admits(length):
                 break
             fill.add(length)
             self.members.append((sequence, length))
-        self.start = (self.start + len(self.members) - before) % len(self.sequences)
+        self.start = (self.start + len(self.members) - before) % len(self.running)
 
     def rows(self, base: int) -> list[Row]:
-        return [Row(s.feed[:n], s.run, keep=n) for s, n in self.members]
+        return [s.row(n) for s, n in self.members]
 
     def take(self, last: torch.Tensor, kept: list[KV | None]) -> None:
         finished = []
         for j, ((sequence, n), new) in enumerate(zip(self.members, kept)):
-            sequence.run = new if sequence.run is None else sequence.run.then(new)
+            sequence.extend(new)
             sequence.feed = sequence.feed[n:]
             if not len(sequence.feed):
                 finished.append(j)
         members, self.members = self.members, []
         self.stats.decode_steps += 1
         chosen = [members[j][0] for j in finished]
-        tokens = choose(self.runner, last[finished], chosen, self.decoding) if chosen else []
+        if len(finished) < len(members):
+            last = last.index_select(0, torch.tensor(finished, device=last.device))
+        tokens = choose(self.runner, last, chosen, self.decoding) if chosen else []
         for sequence, token in zip(chosen, tokens):
             sequence.accept(token, self.decoding, self.text, self.stats)
+        if any(s.ended for s in chosen):
+            self.running = [s for s in self.running if not s.ended]
+            self.start = self.start % len(self.running) if self.running else 0

@@ -1,9 +1,9 @@
-"""The model runner: packed prefill batches, each row after its resident KV and earlier rows of its pass."""
+"""The model runner: packed prefill batches, each row after its resident KV and earlier rows of its pass; decode steps."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -19,6 +19,7 @@ from quail.engine.model.decoder import Decoder
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.requests import LabelSet
 from quail.engine.runtime.scheduler import PassScheduler, Row
+from quail.engine.runtime.step_graphs import StepGraphs
 
 
 def go_on() -> None:
@@ -126,13 +127,14 @@ class ModelRunner:
 
     Runners over one model share its `scheduler` (the device's owner loop, which runs every query's
     passes), KV `ledger` (what running queries hold), KV `pool` (kv/pool.py; default: one of no slots,
-    every pass's kept KV in a pool of its own) and resident `tree` (kv/resident.py; None: nothing is
-    kept between steps and queries). `check` raises to stop a query before its next pass (see `for_query`).
+    every pass's kept KV in a pool of its own), resident `tree` (kv/resident.py; None: nothing is
+    kept between steps and queries) and, on CUDA, the captured decode `steps` (step_graphs.py). `check`
+    raises to stop a query before its next pass (see `for_query`).
     """
 
     def __init__(self, model: Decoder, token_budget: int = 4096, scheduler: PassScheduler | None = None,
                  check: Callable[[], None] = go_on, ledger: KVLedger | None = None, pool: KVPool | None = None,
-                 tree: ResidentTree | None = None) -> None:
+                 tree: ResidentTree | None = None, steps: StepGraphs | None = None) -> None:
         self.model = model
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
@@ -141,11 +143,13 @@ class ModelRunner:
         self.ledger = ledger or KVLedger()
         self.pool = pool if pool is not None else kv_pool(model, 0)
         self.tree = tree
+        self.steps = steps if steps is not None or self.device.type != "cuda" else StepGraphs(model, self.pool)
 
     def for_query(self, check: Callable[[], None]) -> "ModelRunner":
-        """This runner for one query: same model, budget, scheduler, ledger, pool and tree; `check` before
-        each pass."""
-        return ModelRunner(self.model, self.token_budget, self.scheduler, check, self.ledger, self.pool, self.tree)
+        """This runner for one query: same model, budget, scheduler, ledger, pool, tree and steps; `check`
+        before each pass."""
+        return ModelRunner(self.model, self.token_budget, self.scheduler, check, self.ledger, self.pool, self.tree,
+                           self.steps)
 
     def _inputs(self, rows: list[Row], layout: Rows) -> tuple[torch.Tensor, ...]:
         """Packed token ids, their positions (after what each row continues), each row's last index."""
@@ -175,6 +179,12 @@ class ModelRunner:
         each row's last hidden state and kept KV, each owner's work counted in its stats; `events` recorded
         on the way (queued, not waited for)."""
         rows = [row for owned, _ in groups for row in owned]
+        if all(len(r.ids) == 1 and r.slots is not None and r.keep == 1 for r in rows):
+            stepped = self._step(groups, rows, events)
+            if stepped is not None:
+                return stepped
+        rows = [replace(r, past=KV(((self.pool, r.slots),))) if r.slots is not None and len(r.slots) else r
+                for r in rows]
         lengths = [len(r.ids) for r in rows]
         layout = Rows.build(lengths, [r.past for r in rows], self.device, self.model.padded_attention,
                             [r.parent for r in rows])
@@ -192,6 +202,41 @@ class ModelRunner:
             end = start + len(owned)
             _count(stats, lengths[start:end], layout.context[start:end], owned)
             start = end
+        return hidden, kept
+
+    def _step(self, groups: Sequence[tuple[list[Row], Stats]], rows: list[Row], events: PassEvents | None
+              ) -> tuple[torch.Tensor, list[KV | None]] | None:
+        """A pass of decode steps (rows of one token, each after its `slots` in the pool): each token's KV
+        written into a new slot of the pool, attention through a slot table (Decoder.decode; a captured
+        graph on CUDA). None when the pool has no room for the new tokens (the caller's general pass
+        keeps them elsewhere)."""
+        if self.steps is not None and not self.steps.usable():
+            return None
+        new = self.pool.take(len(rows))
+        if new is None:
+            return None
+        if self.tree is not None:
+            self.tree.settle()
+        lengths = np.array([len(r.slots) + 1 for r in rows], dtype=np.int64)
+        table = np.zeros((len(rows), int(lengths.max())), dtype=np.int32)
+        for b, row in enumerate(rows):
+            table[b, :len(row.slots)] = row.slots
+        table[np.arange(len(rows)), lengths - 1] = new
+        ids = np.concatenate([r.ids for r in rows]).astype(np.int64)
+        if events is not None:
+            events.start.record()
+            events.marked.record()  # one launch: the loop may fill the next pass at once
+        if self.steps is not None:
+            hidden = self.steps(ids, lengths - 1, new, table, lengths)
+        else:
+            hidden = self.model.decode(*(torch.from_numpy(a) for a in (ids, lengths - 1, new.astype(np.int64), table,
+                                                                        lengths)), self.pool.keys, self.pool.values)
+        if events is not None:
+            events.end.record()
+        kept: list[KV | None] = list(KV(((self.pool, new),)).blocks(1))
+        self.ledger.keep_each(kept, 1)
+        for owned, stats in groups:
+            _count(stats, [1] * len(owned), [len(r.slots) for r in owned], owned)
         return hidden, kept
 
     @torch.inference_mode()

@@ -80,7 +80,7 @@ class Runtime:
             self.runner = ModelRunner(model, token_budget, pool=pool, tree=tree)
         else:
             self.runner = ModelRunner(model, token_budget, device_of.scheduler, ledger=device_of.ledger,
-                                      pool=device_of.pool, tree=device_of.tree)
+                                      pool=device_of.pool, tree=device_of.tree, steps=device_of.steps)
         self.strategy = strategy
         self.texts = texts if texts is not None else SegmentCache()
         self.yes_no = self._yes_no_labels()

@@ -51,12 +51,15 @@ CHUNK_ROWS = (64, 8192)  # a chunked plan's first and largest chunks: the first 
 class Row:
     """New tokens to compute after `past` (None: from position 0) and, where `parent` names one, after
     that earlier row of the same pass (whose past is this row's too); the KV of the first `keep` of them
-    is returned (written into the pool)."""
+    is returned (written into the pool). Or, with `slots` (and no past), after the tokens whose KV those
+    slots of the runner's pool hold, in order: a decode step, which the runner runs as one when every
+    row of the pass is one."""
 
     ids: np.ndarray
     past: KV | None = None
     keep: int = 0
     parent: int | None = None
+    slots: np.ndarray | None = None
 
 
 PAD_FACTOR = 2  # attention pads each row to its bucket's longest: padded area ≤ PAD_FACTOR × budget

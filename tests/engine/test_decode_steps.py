@@ -1,0 +1,60 @@
+"""Decode steps: one token per sequence after its KV in the pool, attended through a slot table, against dense attention and the general pass."""
+
+from __future__ import annotations
+
+import doctest
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from quail.engine.kernels.paged_decode import gathered, paged_decode
+from quail.engine.runtime import step_graphs
+from quail.engine.runtime.counters import Stats
+from quail.engine.runtime.scheduler import Row
+
+H, HKV, D = 4, 2, 16
+
+
+def test_gathered_attention_equals_dense_attention_per_sequence():
+    """Sequences of different lengths, slots scattered over the pool, the table wider than some of them
+    (its spare columns ignored): each sequence's output and log-sum-exp as dense attention over its keys."""
+    torch.manual_seed(0)
+    keys, values = torch.randn(600, HKV, D), torch.randn(600, HKV, D)
+    lengths = torch.tensor([1, 7, 40, 129])
+    table = torch.from_numpy(np.random.default_rng(0).permutation(600)[:4 * 129].reshape(4, 129).astype(np.int32))
+    q = torch.randn(4, H, D)
+    out, lse = gathered(q, keys, values, table, lengths)
+    torch.testing.assert_close(paged_decode(q, keys, values, table, lengths), out)
+    for b, n in enumerate(lengths.tolist()):
+        at = table[b, :n].long()
+        k, v = keys[at].transpose(0, 1), values[at].transpose(0, 1)  # (kv_heads, n, d)
+        want = F.scaled_dot_product_attention(q[b][:, None], k, v, enable_gqa=True)[:, 0]
+        torch.testing.assert_close(out[b], want, atol=1e-5, rtol=1e-5)
+        scores = (q[b].view(HKV, H // HKV, D) @ k.transpose(-1, -2)).reshape(H, n) * D ** -0.5
+        torch.testing.assert_close(lse[b], torch.logsumexp(scores, -1), atol=1e-5, rtol=1e-5)
+
+
+def test_a_decode_step_gives_the_general_pass_hidden_states_and_kv(runtime):
+    """Rows of one token after prompts in the pool: as decode steps (slot tables, Decoder.decode) and as
+    rows after their runs (the general pass), the same hidden states and the same new keys (fp32)."""
+    runner = runtime.runner
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(100, 20000, n).astype(np.int64) for n in (5, 33, 70)]
+    _, runs = runner.forward([Row(p, keep=len(p)) for p in prompts], Stats())
+    assert all(len(run.parts) == 1 and run.parts[0][0] is runner.pool for run in runs)
+    tokens = [np.array([t], dtype=np.int64) for t in rng.integers(100, 20000, len(prompts))]
+    stats = Stats()
+    stepped, stepped_kv = runner.forward([Row(t, keep=1, slots=r.parts[0][1]) for t, r in zip(tokens, runs)], stats)
+    general, general_kv = runner.forward([Row(t, run, keep=1) for t, run in zip(tokens, runs)], Stats())
+    torch.testing.assert_close(stepped, general, atol=1e-4, rtol=1e-4)
+    for a, b in zip(stepped_kv, general_kv):
+        assert len(a) == len(b) == 1
+        for layer in range(runtime.config.num_layers):
+            torch.testing.assert_close(a.layer(layer)[0], b.layer(layer)[0], atol=1e-5, rtol=1e-5)
+    assert (stats.fresh_tokens, stats.kv_read, stats.kv_written) == (3, 5 + 33 + 70, 3)
+
+
+def test_step_graph_buckets():
+    failed, tried = doctest.testmod(step_graphs)
+    assert tried and not failed
