@@ -181,9 +181,10 @@ class Runtime:
         """Run the passes queries bring, so the first query does not pay for first calls (kernels loaded
         lazily, layers compiled, GEMMs of a full pass); returns what they did. full (default: on a GPU):
         rows of more than a full pass after a shared prefix as long as each (copied before each row on a
-        GPU), then short rows after two long prefixes (attended apart and merged); always one short request
-        alone (compiled layers specialize a size of one). With a host KV tier, then a pass of new rows is
-        timed against its copy back from the tier (`_time_host_tier`)."""
+        GPU), then short rows after two long prefixes (attended apart and merged), then every decode step
+        graph captured (CUDA); always one short request alone (compiled layers specialize a size of one).
+        With a host KV tier, then a pass of new rows is timed against its copy back from the tier
+        (`_time_host_tier`)."""
         rng = np.random.default_rng(0)
 
         def segment(n: int) -> Segment:
@@ -197,6 +198,8 @@ class Runtime:
             anchors = [segment(600) for _ in range(2)]
             partners = [(anchor, segment(12)) for anchor in anchors for _ in range(60)]
             self.score([Request(parts, self.yes_no) for parts in rows + partners], work)
+            if self.runner.steps is not None:
+                self.runner.steps.prepare()
         if self.runner.tree is not None and self.runner.tree.host is not None:
             self._time_host_tier([Request((segment(128),), self.yes_no)
                                   for _ in range(self.runner.token_budget // 128)])

@@ -39,6 +39,8 @@ def test_the_decode_kernel_matches_the_gathered_reference(block_n):
 
 
 def test_captured_steps_equal_eager_steps_for_any_batch_and_leave_other_slots_alone():
+    """Steps of 3, 11 and 3 sequences (two graphs, one replayed with shorter tables than before): each the
+    eager step's hidden states; no slot but the new tokens' and the scratch slot written."""
     torch.manual_seed(0)
     cfg = ModelConfig("qwen3", vocab_size=512, hidden_size=256, num_layers=2, num_heads=8, num_kv_heads=2,
                       head_dim=32, intermediate_size=512, rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True)
@@ -68,4 +70,4 @@ def test_captured_steps_equal_eager_steps_for_any_batch_and_leave_other_slots_al
         others[int(graphs._scratch.parts[0][1][0])] = False
         for layer in range(cfg.num_layers):
             assert torch.equal(after[layer][others], before[layer][others])
-    assert set(graphs.graphs) == {(8, 256), (16, 512)}
+    assert set(graphs.graphs) == {8, 16}
