@@ -26,10 +26,10 @@ class KVLedger:
     def keep_each(self, runs: list["KV"], tokens: int) -> None:
         """`keep` for runs of `tokens` tokens each in one pool, counted at once."""
         if runs:
-            size = tokens * runs[0].parts[0][0].bytes_per_token
+            counted = (self, tokens * runs[0].parts[0][0].bytes_per_token)
             for kv in runs:
-                kv.counted = (self, size)
-            self._add(size * len(runs))
+                kv.counted = counted
+            self._add(counted[1] * len(runs))
 
     def _add(self, size: int) -> None:
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -184,7 +185,9 @@ class Runtime:
         GPU), then short rows after two long prefixes (attended apart and merged), then every decode step
         graph captured (CUDA); always one short request alone (compiled layers specialize a size of one).
         With a host KV tier, then a pass of new rows is timed against its copy back from the tier
-        (`_time_host_tier`)."""
+        (`_time_host_tier`). Last, every object alive (the model's modules, the tokenizer's vocabulary,
+        the libraries') leaves the cyclic garbage collector's view (`gc.freeze`): decoding makes objects
+        by the thousand a step, and each full collection they bring on would walk all of those again."""
         rng = np.random.default_rng(0)
 
         def segment(n: int) -> Segment:
@@ -203,6 +206,7 @@ class Runtime:
         if self.runner.tree is not None and self.runner.tree.host is not None:
             self._time_host_tier([Request((segment(128),), self.yes_no)
                                   for _ in range(self.runner.token_budget // 128)])
+        gc.freeze()
         return work.stats
 
     def _time_host_tier(self, requests: list[Request]) -> None:
