@@ -35,6 +35,8 @@ def independent(runner: ModelRunner, requests: Sequence[Request], stats: Stats) 
 class _Independent:
     """The naive baseline's work: the prompts longest first, as many to a pass as fit."""
 
+    decodes = False
+
     def __init__(self, runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> None:
         self.runner, self.requests, self.stats = runner, requests, stats
         self.order = deque(sorted(range(len(requests)), key=lambda i: -len(requests[i])))
@@ -133,6 +135,8 @@ class _BlockPrefix:
     """The prefix-caching baseline's work: each pass the next requests in arrival order, each after its
     longest run of cached blocks (the rows of a pass continuing the same blocks continue one run, read once
     for them all); the blocks it computed cached after the pass."""
+
+    decodes = False
 
     def __init__(self, runner: ModelRunner, requests: Sequence[Request], stats: Stats,
                  cache: BlockPrefixCache) -> None:

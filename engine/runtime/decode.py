@@ -210,6 +210,8 @@ class DecodeJob:
     share admits them; after it, each sequence's run grows by what the pass kept and, where its feed
     ended, the next token is chosen."""
 
+    decodes = True
+
     def __init__(self, runner: ModelRunner, sequences: list[_Sequence], decoding: Decoding, text: Text,
                  stats: Stats) -> None:
         self.runner, self.decoding, self.text, self.stats = runner, decoding, text, stats

@@ -62,6 +62,8 @@ class Row:
     slots: np.ndarray | None = None
 
 
+DECODE_PASS_TOKENS = 4096  # a pass's budget while a query decodes: its next token waits for the whole pass
+
 PAD_FACTOR = 2  # attention pads each row to its bucket's longest: padded area ≤ PAD_FACTOR × budget
 
 
@@ -120,10 +122,12 @@ class Share:
 
 class Job(Protocol):
     """A query's model work as the scheduler drives it, a pass at a time: rows for a pass, then their
-    results. `runner` is the query's (its budget, check, pool and tree), `stats` its counters."""
+    results. `runner` is the query's (its budget, check, pool and tree), `stats` its counters;
+    `decodes`: its rows are decode steps, each waiting for the pass before it (see DECODE_PASS_TOKENS)."""
 
     runner: ModelRunner
     stats: Stats
+    decodes: bool
 
     def done(self) -> bool: ...
 
@@ -216,7 +220,9 @@ class PassScheduler:
     Fairness: the queries with work lead a pass in turn (round robin) and each
     takes up to an equal share of its token budget (the leader's runner's)
     before any takes more; what one leaves unused goes to the others in the
-    same order. A query admitted while others run joins the next pass (the
+    same order. While a query decodes, passes hold at most DECODE_PASS_TOKENS
+    tokens: each of its tokens waits for a pass, so a long scan beside it
+    must not make every step a full pass long. A query admitted while others run joins the next pass (the
     loop fills it while the device runs the last layers of the pass before:
     `Pacing`), so a short interactive query waits about one pass while a long
     scan keeps its share of every pass. Before each pass each query's check
@@ -292,6 +298,8 @@ class PassScheduler:
             self.pacing.idle = True
             return
         fill = new_pass(live[0].job.runner)
+        if any(waiting.job.decodes for waiting in live):
+            fill.budget = min(fill.budget, DECODE_PASS_TOKENS)
         taken = [0] * len(live)  # each query's tokens in the pass so far
         for limit in (fill.budget // len(live), None):
             for k, waiting in enumerate(live):
@@ -437,6 +445,8 @@ class TreeJob:
     query has claimed waits for that query to compute it, then continues it;
     the job claims the others' documents.
     """
+
+    decodes = False
 
     def __init__(self, runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> None:
         self.runner, self.requests, self.stats = runner, requests, stats

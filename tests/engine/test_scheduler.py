@@ -466,3 +466,47 @@ def test_a_large_step_is_cut_once_where_rows_share_least():
 def test_shared_chars(a, b):
     common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     assert scheduler._shared_chars(a, b) == common
+
+
+def test_passes_stay_short_while_a_query_decodes(runtime, monkeypatch):
+    """A scan and a query generating text at once: while the latter decodes, every pass holds at most
+    DECODE_PASS_TOKENS tokens (each of its tokens waits for a pass), the scan's rows beside its steps; the
+    scan alone fills a pass."""
+    from quail.engine.runtime.decode import Decoding
+
+    monkeypatch.setattr(scheduler, "DECODE_PASS_TOKENS", 128)
+    rng = np.random.default_rng(8)
+    small = runtime.variant("quail", token_budget=256)
+    scan = [request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(12)]
+    prompts = [request(rng.integers(2000, 3000, 20), [7, 9]) for _ in range(2)]
+    works = {"scan": QueryWork(), "generate": QueryWork()}
+    owners = {id(works[name].stats): name for name in works}
+    passes: list[tuple[list[str], int, bool]] = []  # each pass's owners, tokens, and whether a query decoded
+    first_in, release = threading.Event(), threading.Event()
+    forward = type(runtime.runner).forward_shared
+
+    def recording(self, groups, events=None):
+        decoding = any(waiting.job.decodes for waiting in list(self.scheduler._waiting))
+        passes.append(([owners.get(id(stats), "?") for owned, stats in groups if owned],
+                       sum(len(row.ids) for owned, _ in groups for row in owned), decoding))
+        if len(passes) == 1:
+            first_in.set()
+            release.wait(30)
+        return forward(self, groups, events)
+
+    monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
+    threads = [threading.Thread(target=small.score, args=(scan, works["scan"])),
+               threading.Thread(target=small.generate, args=(prompts, Decoding(6), works["generate"]))]
+    threads[0].start()
+    assert first_in.wait(30)
+    threads[1].start()
+    while small.runner.scheduler.waiting() < 2:
+        threading.Event().wait(0.01)
+    release.set()
+    for thread in threads:
+        thread.join(120)
+    assert passes[0][1] > 150, "the scan alone fills a pass"
+    beside = [(names, tokens) for names, tokens, decoding in passes if decoding]
+    assert any(set(names) == {"scan", "generate"} for names, _ in beside), passes
+    assert all(tokens <= 128 for _, tokens in beside), passes
+    assert works["generate"].stats.decode_steps == 5
