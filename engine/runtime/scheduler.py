@@ -62,7 +62,7 @@ class Row:
     slots: np.ndarray | None = None
 
 
-DECODE_PASS_TOKENS = 4096  # a pass's budget while a query decodes: its next token waits for the whole pass
+DECODE_PASS_TOKENS = 2048  # a pass's budget while a query decodes: its next token waits for the whole pass
 
 PAD_FACTOR = 2  # attention pads each row to its bucket's longest: padded area ≤ PAD_FACTOR × budget
 
