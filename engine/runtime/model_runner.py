@@ -215,6 +215,8 @@ class ModelRunner:
         new = self.pool.take(len(rows))
         if new is None:
             return None
+        kept: list[KV | None] = list(KV(((self.pool, new),)).blocks(1))  # held from now: freed if the step fails
+        self.ledger.keep_each(kept, 1)
         if self.tree is not None:
             self.tree.settle()
         lengths = np.array([len(r.slots) + 1 for r in rows], dtype=np.int64)
@@ -233,8 +235,6 @@ class ModelRunner:
                                                                         lengths)), self.pool.keys, self.pool.values)
         if events is not None:
             events.end.record()
-        kept: list[KV | None] = list(KV(((self.pool, new),)).blocks(1))
-        self.ledger.keep_each(kept, 1)
         for owned, stats in groups:
             _count(stats, [1] * len(owned), [len(r.slots) for r in owned], owned)
         return hidden, kept

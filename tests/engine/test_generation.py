@@ -79,3 +79,19 @@ def test_sampling_is_a_function_of_the_prompt(runtime, chats):
     assert [tokens for request in chats[:4] for tokens in runtime.generate([request], sampled)] == batched
     assert runtime.generate(chats[:4], Decoding(MAX_TOKENS, temperature=1.0, top_p=1e-6)) == \
         runtime.generate(chats[:4], Decoding(MAX_TOKENS))
+
+
+def test_sequences_whose_kv_the_pool_cannot_hold_decode_the_same_tokens(runtime, chats, hf_generate):
+    """A pool of 40 slots, fewer than one prompt: the prompts' KV is kept outside it, so each sequence
+    goes on as one run after another (rows after their runs, not decode steps through slot tables), and
+    gives HF's tokens."""
+    from quail.engine.kv.pool import token_bytes
+    from quail.engine.runtime.runtime import Runtime
+
+    cfg = runtime.config
+    slot = token_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, runtime.runner.model.embed_tokens.weight.dtype)
+    small = Runtime(runtime.model_id, runtime.runner.model, runtime.tokenizer, runtime.layout.frame,
+                    kv_bytes=40 * slot)
+    assert small.runner.pool.slots == 40 and all(len(request) > 40 for request in chats[:3])
+    stop = runtime.end_of_turn
+    assert small.generate(chats[:3], Decoding(6, stop)) == [hf_generate(r, 6, stop) for r in chats[:3]]

@@ -173,6 +173,8 @@ def test_passes_mix_continuations_with_new_roots(runtime):
 class BrokenFill:
     """A job whose pass breaks as it is filled, before any row: the owner loop ends it with that error."""
 
+    decodes = False
+
     def __init__(self, runtime) -> None:
         self.runner, self.stats = runtime.runner, Stats()
 
