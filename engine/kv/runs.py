@@ -19,9 +19,7 @@ class KVLedger:
 
     def keep(self, kv: "KV") -> None:
         """Count the run's bytes until the run is freed."""
-        size = len(kv) * kv.parts[0][0].bytes_per_token
-        self._add(size)
-        kv.counted = (self, size)
+        self.keep_each([kv], len(kv))
 
     def keep_each(self, runs: list["KV"], tokens: int) -> None:
         """`keep` for runs of `tokens` tokens each in one pool, counted at once."""

@@ -136,6 +136,12 @@ class Decoder(nn.Module):
         """The output projection (vocab, hidden), tied to the embeddings where the model says so."""
         return self.embed_tokens.weight if self.config.tie_embeddings else self.lm_head.weight
 
+    def _embedded(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The tokens' embeddings, and the rotary tables of their positions in the embeddings' dtype."""
+        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        x = self.embed_tokens(ids)
+        return x, cos.to(x.dtype), sin.to(x.dtype)
+
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, rows: Rows, last: torch.Tensor,
                 keep: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None) -> torch.Tensor:
         """Prefill packed rows, each after the resident KV `rows` names.
@@ -146,9 +152,7 @@ class Decoder(nn.Module):
         to store (the runner's pool, kv/pool.py). The last layer's output
         projection and MLP run at those positions only.
         """
-        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
-        x = self.embed_tokens(ids)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        x, cos, sin = self._embedded(ids, positions)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             if keep is not None:
@@ -170,9 +174,7 @@ class Decoder(nn.Module):
         own slot last. No host sync and no shape taken from the values: a
         CUDA graph of one call replays for any tokens, slots and lengths.
         """
-        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
-        x = self.embed_tokens(ids)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        x, cos, sin = self._embedded(ids, positions)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             keys[i].index_copy_(0, slots, k)

@@ -19,7 +19,7 @@ from quail.engine.model.decoder import Decoder
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.requests import LabelSet
 from quail.engine.runtime.scheduler import PassScheduler, Row
-from quail.engine.runtime.step_graphs import StepGraphs
+from quail.engine.runtime.step_graphs import MAX_BATCH, StepGraphs
 
 
 def go_on() -> None:
@@ -208,7 +208,7 @@ class ModelRunner:
               ) -> tuple[torch.Tensor, list[KV | None]] | None:
         """A pass of decode steps (rows of one token, each after its `slots` in the pool): each token's KV
         written into a new slot of the pool, attention through a slot table (Decoder.decode; a captured
-        graph on CUDA). None when the pool has no room for the new tokens (the caller's general pass
+        graph on CUDA, up to MAX_BATCH rows). None when the pool has no room for the new tokens (the caller's general pass
         keeps them elsewhere)."""
         if self.steps is not None and not self.steps.usable():
             return None
@@ -228,11 +228,12 @@ class ModelRunner:
         if events is not None:
             events.start.record()
             events.marked.record()  # one launch: the loop may fill the next pass at once
-        if self.steps is not None:
-            hidden = self.steps(ids, lengths - 1, new, table, lengths)
-        else:
-            hidden = self.model.decode(*(torch.from_numpy(a) for a in (ids, lengths - 1, new.astype(np.int64), table,
-                                                                        lengths)), self.pool.keys, self.pool.values)
+        inputs = (ids, lengths - 1, new, table, lengths)
+        if self.steps is not None and len(rows) <= MAX_BATCH:
+            hidden = self.steps(*inputs)
+        else:  # on the CPU, or past the largest captured step
+            hidden = self.model.decode(*(torch.from_numpy(a).to(self.device) for a in inputs), self.pool.keys,
+                                       self.pool.values)
         if events is not None:
             events.end.record()
         for owned, stats in groups:

@@ -1,8 +1,8 @@
 """Decode steps on CUDA replayed from captured graphs: a step's layers cost one launch, not hundreds of host calls.
 
 A graph is captured per batch bucket: the batch padded to the next power of
-two, from MIN_BATCH to MAX_BATCH sequences (a larger step runs eagerly: its
-host calls are few for its size). Every graph reads one set of static
+two, from MIN_BATCH to MAX_BATCH sequences (the runner runs a larger step
+eagerly: its host calls are few for its size). Every graph reads one set of static
 inputs: token ids, positions, new slots and lengths (a (4, MAX_BATCH)
 tensor) and a slot table as wide as the model's context, of which a step
 copies only the columns its longest sequence uses. Padding rows compute a
@@ -67,13 +67,9 @@ class StepGraphs:
 
     def __call__(self, ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, table: np.ndarray,
                  lengths: np.ndarray) -> torch.Tensor:
-        """The final hidden states (sequences, hidden) of a decode step (Decoder.decode's arguments, on the
-        host; `usable` first)."""
+        """The final hidden states (sequences, hidden) of a decode step of at most MAX_BATCH sequences
+        (Decoder.decode's arguments, on the host; `usable` first)."""
         n = len(ids)
-        if n > MAX_BATCH:
-            device = self.pool.device
-            return self.model.decode(*(torch.from_numpy(a).to(device) for a in (ids, positions, slots, table, lengths)),
-                                     self.pool.keys, self.pool.values)
         size = bucket(n)
         graph, out = self.graphs.get(size) or self._capture(size)
         self._stage(ids, positions, slots, table, lengths, size)
