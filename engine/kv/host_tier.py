@@ -5,9 +5,10 @@ instead of dropping them, and copies them back into the pool when a request
 matches them, if that is cheaper than computing them again (`restores`: both
 timed end to end on this machine when the server warms up). Host memory is one pinned
 store of token slots, all of a token's layers together, so a run is a few
-contiguous extents: one copy each way per extent. On a GPU the copies run on a
-stream of their own: a run comes back while the passes before it still compute,
-and the pass that reads it waits for it, not the host.
+contiguous extents: one copy each way per extent. On a GPU the copies run on
+streams of their own, one each way: a run comes back while the passes before it
+still compute, and the pass that reads it waits for it, not the host and not
+the runs going out (a run comes back after its own copy out, no other).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from quail.engine.kv.runs import KV
 
 @dataclass
 class HostRun:
-    """A run of tokens in the host store: (first slot, count) extents, in token order."""
+    """A run of tokens in the host store: (first slot, count) extents, in token order; on a GPU, the event
+    that its copy out has been made (`copied`)."""
 
     extents: list[tuple[int, int]]
+    copied: torch.cuda.Event | None = None
 
     def __len__(self) -> int:
         return sum(count for _, count in self.extents)
@@ -45,7 +48,7 @@ class HostRun:
                 head.append((start, at - seen))
                 tail.append((start + at - seen, count - (at - seen)))
             seen += count
-        return HostRun(head), HostRun(tail)
+        return HostRun(head, self.copied), HostRun(tail, self.copied)
 
 
 @dataclass
@@ -67,7 +70,8 @@ class HostTier:
         on_gpu = pool.device.type == "cuda"
         self.store = torch.empty((slots, 2, len(pool.keys), k.shape[1], k.shape[2]), dtype=k.dtype,
                                  pin_memory=on_gpu)
-        self.stream = torch.cuda.Stream(pool.device) if on_gpu else None
+        self.out = torch.cuda.Stream(pool.device) if on_gpu else None  # copies to the host
+        self.back = torch.cuda.Stream(pool.device) if on_gpu else None  # copies back to the device
         self._free: list[tuple[int, int]] = [(0, slots)] if slots else []  # by first slot, none adjacent
         self.used = 0
         self._owed: list[_Restore] = []
@@ -120,28 +124,33 @@ class HostTier:
         self.used -= len(run)
 
     def offload(self, runs: list[KV]) -> list[HostRun | None]:
-        """Copy these device runs into host slots (all in one gather per layer); None for a run there is
-        no room for. The device's copies may be freed at once: the copy reads them before any later pass
+        """Copy these runs of the pool into host slots (all in one gather per layer); None for a run there
+        is no room for. The pool's slots may be freed at once: the gather reads them before any later pass
         writes there."""
         homes = [self.take(len(kv)) for kv in runs]
         moved = [kv for kv, home in zip(runs, homes) if home is not None]
         if not moved:
             return homes
-        whole = moved[0] if len(moved) == 1 else KV(tuple(part for kv in moved for part in kv.parts))
-        staged = torch.empty((len(whole),) + tuple(self.store.shape[1:]), dtype=self.store.dtype,
+        index = on_device(self.pool.device, np.concatenate([slots for kv in moved for _, slots in kv.parts]))
+        staged = torch.empty((len(index),) + tuple(self.store.shape[1:]), dtype=self.store.dtype,
                              device=self.pool.device)
         for layer in range(len(self.pool.keys)):
-            keys, values = whole.layer(layer)
-            staged[:, 0, layer] = keys
-            staged[:, 1, layer] = values
+            staged[:, 0, layer] = self.pool.keys[layer].index_select(0, index)
+            staged[:, 1, layer] = self.pool.values[layer].index_select(0, index)
         extents = [extent for home in homes if home is not None for extent in home.extents]
-        if self.stream is None:
+        if self.out is None:
             self._copy_out(staged, extents)
-        else:
-            self.stream.wait_stream(torch.cuda.current_stream(self.pool.device))
-            with torch.cuda.stream(self.stream):
-                self._copy_out(staged, extents)
-            staged.record_stream(self.stream)
+            return homes
+        self.out.wait_stream(torch.cuda.current_stream(self.pool.device))  # the gather
+        self.out.wait_stream(self.back)  # copies back still reading host slots given back since
+        with torch.cuda.stream(self.out):
+            self._copy_out(staged, extents)
+            copied = torch.cuda.Event()
+            copied.record()
+        staged.record_stream(self.out)
+        for home in homes:
+            if home is not None:
+                home.copied = copied
         return homes
 
     def _copy_out(self, staged: torch.Tensor, extents: list[tuple[int, int]]) -> None:
@@ -168,13 +177,15 @@ class HostTier:
             return
         owed, self._owed = self._owed, []
         pieces = [self.store[start:start + count] for entry in owed for start, count in entry.run.extents]
-        if self.stream is None:
+        if self.back is None:
             staged = torch.cat(pieces)
         else:
-            with torch.cuda.stream(self.stream):
+            for copied in {id(e.run.copied): e.run.copied for e in owed if e.run.copied is not None}.values():
+                self.back.wait_event(copied)
+            with torch.cuda.stream(self.back):
                 staged = torch.cat([piece.to(self.pool.device, non_blocking=True) for piece in pieces])
             main = torch.cuda.current_stream(self.pool.device)
-            main.wait_stream(self.stream)
+            main.wait_stream(self.back)
             staged.record_stream(main)
         into: dict[int, tuple[KVPool, list[np.ndarray], list[int]]] = {}  # per pool: slots, rows of `staged`
         offset = 0
