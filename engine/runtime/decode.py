@@ -5,9 +5,11 @@
 the other queries on the device), reads each prompt's KV back from the
 resident tree, then drives a `DecodeJob`: every pass carries one new token of
 each running sequence, after that sequence's KV in the pool, beside the rows
-of other queries. How a sequence is continued and when it ends is a
-`Decoding`: greedy or sampled, and at most so many tokens, up to a stop token
-or a stop text.
+of other queries. Tokens are chosen on the device and fed to the next pass from
+there; the host reads them a pass later (fed_tokens.py), so it fills each pass
+while the device computes the one before. How a sequence is continued and
+when it ends is a `Decoding`: greedy or sampled, and at most so many tokens, up
+to a stop token or a stop text.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from quail.engine.errors import ResourceExhausted
 from quail.engine.kv.pool import KVPool
 from quail.engine.kv.runs import KV
 from quail.engine.runtime.counters import Stats, causal_pairs
+from quail.engine.runtime.fed_tokens import Chosen
 from quail.engine.runtime.requests import Request
 from quail.engine.runtime.scheduler import Row, Share, tree
 
@@ -69,7 +72,8 @@ class Decoding:
 @dataclass(eq=False)
 class _Sequence:
     """One prompt being continued: its KV so far, the tokens to compute next (what the tree no longer
-    held of the prompt, then the last chosen token), what it generated, and its sampling seed.
+    held of the prompt, or the last chosen token: on the host in `feed`, or on the device in `fed`), what
+    it generated (`tokens`, and `owed`: chosen, not yet read), and its sampling seed.
 
     Its KV lies in the runner's pool, in order, in `slots[:length]` (held by the runs in `held`: the
     prompt's, then each new token's), so a decode step reads it through that slot table and appending a
@@ -82,6 +86,8 @@ class _Sequence:
     seed: int
     matcher: Any = None  # where the schema's grammar stands (Decoding.schema), else None
     tokens: list[int] = field(default_factory=list)
+    owed: int = 0
+    fed: tuple[torch.Tensor, int] | None = None
     ended: bool = False
     held: list[KV] = field(default_factory=list)
     slots: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
@@ -104,22 +110,45 @@ class _Sequence:
         self.spilled = run if before is None else before.then(run)
         self.held, self.slots, self.length = [], self.slots[:0], 0
 
+    @property
+    def waiting(self) -> int:
+        """How many tokens it has to compute next."""
+        return len(self.feed) if self.fed is None else 1
+
     def row(self, n: int) -> Row:
         """A row of its next `n` tokens, keeping their KV."""
+        ids = self.feed[:n] if self.fed is None else _PLACEHOLDER
         if self.spilled is not None:
-            return Row(self.feed[:n], self.spilled, keep=n)
-        return Row(self.feed[:n], keep=n, slots=self.slots[:self.length])
+            return Row(ids, self.spilled, keep=n, fed=self.fed)
+        return Row(ids, keep=n, slots=self.slots[:self.length], fed=self.fed)
+
+    def computed(self, n: int, run: KV | None) -> bool:
+        """Its next `n` tokens were computed, their KV `run`; whether it has none left to compute."""
+        self.extend(run)
+        if self.fed is not None:
+            self.fed = None
+        else:
+            self.feed = self.feed[n:]
+        return not len(self.feed) and self.fed is None
+
+    def chose(self, tokens: torch.Tensor, index: int, decoding: Decoding) -> None:
+        """A token was chosen after it, element `index` of `tokens` on the device: fed next unless it is
+        the last `max_tokens` allows; the host reads it later (`accept`)."""
+        self.owed += 1
+        if len(self.tokens) + self.owed < decoding.max_tokens:
+            self.fed = (tokens, index)
 
     def accept(self, token: int, decoding: Decoding, text: Text, stats: Stats) -> None:
-        """Take the token chosen after this sequence: a stop token ends it (dropped); else the token is
-        generated and fed next, and the sequence ends at its `max_tokens`-th token, once a stop text shows
-        or once its schema's JSON value is complete. An ended sequence lets go of its KV."""
+        """Take the token chosen after this sequence (read by the host): a stop token ends it (dropped);
+        else the token is generated, and the sequence ends at its `max_tokens`-th token, once a stop text
+        shows or once its schema's JSON value is complete. An ended sequence lets go of its KV (and of a
+        token it was fed since: computed for nothing)."""
+        self.owed -= 1
         if token in decoding.stop_ids:
             self._end()
             return
         self.tokens.append(token)
         stats.generated_tokens += 1
-        self.feed = np.append(self.feed, np.int32(token)) if len(self.feed) else np.array([token], dtype=np.int32)
         complete = self.matcher is not None and decoding.schema.take(self.matcher, token)
         if complete or len(self.tokens) >= decoding.max_tokens or bool(decoding.stop_texts) and any(
                 s in text(self.tokens[-decoding.window:]) for s in decoding.stop_texts):
@@ -127,7 +156,10 @@ class _Sequence:
 
     def _end(self) -> None:
         self.ended = True
-        self.held, self.spilled = [], None  # its KV goes as soon as nothing else holds it
+        self.held, self.spilled, self.fed = [], None, None  # its KV goes as soon as nothing else holds it
+
+
+_PLACEHOLDER = np.zeros(1, dtype=np.int32)  # the ids of a row whose token is fed from the device
 
 
 def generate(runner: ModelRunner, requests: Sequence[Request], decoding: Decoding, text: Text,
@@ -146,7 +178,9 @@ def generate(runner: ModelRunner, requests: Sequence[Request], decoding: Decodin
         matcher = decoding.schema.matcher() if decoding.schema is not None else None
         sequences.append(_Sequence(runner.pool, ids[length:].astype(np.int32), _seed(ids), matcher))
         sequences[-1].extend(run)
-    for sequence, token in zip(sequences, choose(runner, torch.stack(hidden), sequences, decoding)):
+    chosen = choose(runner, torch.stack(hidden), sequences, decoding)
+    for j, (sequence, token) in enumerate(zip(sequences, chosen.tolist())):
+        sequence.chose(chosen, j, decoding)
         sequence.accept(token, decoding, text, stats)
     runner.scheduler.run(DecodeJob(runner, sequences, decoding, text, stats))
     if decoding.schema is not None and not all(decoding.schema.accepting(s.matcher) for s in sequences):
@@ -172,24 +206,24 @@ def _seed(ids: np.ndarray) -> int:
 
 
 def choose(runner: ModelRunner, hidden: torch.Tensor, sequences: Sequence[_Sequence],
-           decoding: Decoding) -> list[int]:
-    """The token after each final hidden state (the full head in the model's precision, as HF
-    transformers computes logits, then fp32): the first largest logit, or a draw as `Decoding` says, its
-    noise seeded by the sequence's seed and its number of tokens."""
+           decoding: Decoding) -> torch.Tensor:
+    """The token after each final hidden state, on the device (the full head in the model's precision,
+    as HF transformers computes logits, then fp32): the first largest logit, or a draw as `Decoding`
+    says, its noise seeded by the sequence's seed and its number of tokens chosen so far."""
     logits = (hidden @ runner.model.head_weight().T).float()
     if decoding.schema is not None:
         allowed = decoding.schema.allowed([s.matcher for s in sequences], logits.device)
         logits = logits.masked_fill(~allowed, float("-inf"))
     if decoding.temperature <= 0:
-        return logits.argmax(dim=-1).tolist()
+        return logits.argmax(dim=-1)
     logits = logits / decoding.temperature
     if decoding.top_p < 1:
         ordered, order = logits.sort(dim=-1, descending=True)
         before = ordered.softmax(dim=-1).cumsum(dim=-1) - ordered.softmax(dim=-1)  # mass of the likelier tokens
         logits = logits.scatter(-1, order, ordered.masked_fill(before >= decoding.top_p, float("-inf")))
     seeds = torch.tensor([s.seed for s in sequences], dtype=torch.int64, device=logits.device)
-    steps = torch.tensor([len(s.tokens) for s in sequences], dtype=torch.int64, device=logits.device)
-    return (logits + _gumbel(seeds, steps, logits.shape[-1])).argmax(dim=-1).tolist()
+    steps = torch.tensor([len(s.tokens) + s.owed for s in sequences], dtype=torch.int64, device=logits.device)
+    return (logits + _gumbel(seeds, steps, logits.shape[-1])).argmax(dim=-1)
 
 
 def _gumbel(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -208,7 +242,10 @@ class DecodeJob:
     """Sequences continued a token a pass (the scheduler's Job): each pass takes every running sequence's
     next tokens (one, or the rest of a prompt the tree let go of, in parts of at most a pass) while the
     share admits them; after it, each sequence's run grows by what the pass kept and, where its feed
-    ended, the next token is chosen."""
+    ended, the next token is chosen on the device and fed to the next pass from there. The host reads a
+    pass's tokens after queuing the next pass (`owed`), so a sequence that a token ended has had one more
+    token computed for nothing; with a schema, whose grammar needs each token before the next is
+    chosen, it reads them at once."""
 
     decodes = True
 
@@ -218,40 +255,47 @@ class DecodeJob:
         self.running = [s for s in sequences if not s.ended]
         self.members: list[tuple[_Sequence, int]] = []  # this pass's sequences and how many of their feed
         self.start = 0  # the running sequence that leads the next pass (in turn: none waits behind the same others)
+        self.owed: list[tuple[list[_Sequence], Chosen]] = []  # tokens chosen, not yet read, oldest first
 
     def done(self) -> bool:
-        return not self.members and not self.running
+        return not self.members and not self.running and not self.owed
 
     def fill(self, fill: Share) -> None:
         taken, before = {id(s) for s, _ in self.members}, len(self.members)
         for sequence in self.running[self.start:] + self.running[:self.start]:
-            if taken and id(sequence) in taken:
+            if not sequence.waiting or (taken and id(sequence) in taken):
                 continue
-            length = min(len(sequence.feed), self.runner.token_budget)
+            length = min(sequence.waiting, self.runner.token_budget)
             if not fill.admits(length):
                 break
             fill.add(length)
             self.members.append((sequence, length))
-        self.start = (self.start + len(self.members) - before) % len(self.running)
+        self.start = (self.start + len(self.members) - before) % len(self.running) if self.running else 0
 
     def rows(self, base: int) -> list[Row]:
         return [s.row(n) for s, n in self.members]
 
     def take(self, last: torch.Tensor, kept: list[KV | None]) -> None:
-        finished = []
-        for j, ((sequence, n), new) in enumerate(zip(self.members, kept)):
-            sequence.extend(new)
-            sequence.feed = sequence.feed[n:]
-            if not len(sequence.feed):
-                finished.append(j)
+        finished = [j for j, ((sequence, n), new) in enumerate(zip(self.members, kept)) if sequence.computed(n, new)]
         members, self.members = self.members, []
         self.stats.decode_steps += 1
         chosen = [members[j][0] for j in finished]
-        if len(finished) < len(members):
-            last = last.index_select(0, torch.tensor(finished, device=last.device))
-        tokens = choose(self.runner, last, chosen, self.decoding) if chosen else []
-        for sequence, token in zip(chosen, tokens):
-            sequence.accept(token, self.decoding, self.text, self.stats)
-        if any(s.ended for s in chosen):
-            self.running = [s for s in self.running if not s.ended]
-            self.start = self.start % len(self.running) if self.running else 0
+        if chosen:
+            if len(finished) < len(members):
+                last = last.index_select(0, torch.tensor(finished, device=last.device))
+            tokens = choose(self.runner, last, chosen, self.decoding)
+            for j, sequence in enumerate(chosen):
+                sequence.chose(tokens, j, self.decoding)
+            self.owed.append((chosen, Chosen(tokens)))
+        while self.owed and (len(self.owed) > 1 or self.decoding.schema is not None or
+                             not any(s.waiting for s in self.running if not s.ended)):
+            self._read()
+        self.running = [s for s in self.running if not s.ended]
+        self.start = self.start % len(self.running) if self.running else 0
+
+    def _read(self) -> None:
+        """The oldest tokens owed, read: each taken by its sequence, unless a token before ended it."""
+        sequences, chosen = self.owed.pop(0)
+        for sequence, token in zip(sequences, chosen.read()):
+            if not sequence.ended:
+                sequence.accept(token, self.decoding, self.text, self.stats)

@@ -17,6 +17,7 @@ from quail.engine.kv.resident import ResidentTree
 from quail.engine.kv.runs import KV, KVLedger
 from quail.engine.model.decoder import Decoder
 from quail.engine.runtime.counters import Stats, causal_pairs
+from quail.engine.runtime.fed_tokens import feed_from_device
 from quail.engine.runtime.requests import LabelSet
 from quail.engine.runtime.scheduler import PassScheduler, Row
 from quail.engine.runtime.step_graphs import MAX_BATCH, StepGraphs
@@ -160,6 +161,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             host = host.pin_memory()
         ids_t, positions_t = host.to(self.device, non_blocking=True)
+        feed_from_device(ids_t, rows, layout.starts)
         return ids_t, positions_t, on_device(self.device, starts[1:] - 1)
 
     def forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:
@@ -230,10 +232,11 @@ class ModelRunner:
             events.marked.record()  # one launch: the loop may fill the next pass at once
         inputs = (ids, lengths - 1, new, table, lengths)
         if self.steps is not None and len(rows) <= MAX_BATCH:
-            hidden = self.steps(*inputs)
+            hidden = self.steps(*inputs, rows)
         else:  # on the CPU, or past the largest captured step
-            hidden = self.model.decode(*(torch.from_numpy(a).to(self.device) for a in inputs), self.pool.keys,
-                                       self.pool.values)
+            ids_t, *rest = (torch.from_numpy(a).to(self.device) for a in inputs)
+            feed_from_device(ids_t, rows, range(len(rows)))
+            hidden = self.model.decode(ids_t, *rest, self.pool.keys, self.pool.values)
         if events is not None:
             events.end.record()
         for owned, stats in groups:

@@ -53,13 +53,16 @@ class Row:
     that earlier row of the same pass (whose past is this row's too); the KV of the first `keep` of them
     is returned (written into the pool). Or, with `slots` (and no past), after the tokens whose KV those
     slots of the runner's pool hold, in order: a decode step, which the runner runs as one when every
-    row of the pass is one."""
+    row of the pass is one. With `fed` (tensor, index), the row's one token is that element of a tensor
+    on the device (a token chosen after an earlier pass, not yet read by the host); `ids` holds a
+    placeholder."""
 
     ids: np.ndarray
     past: KV | None = None
     keep: int = 0
     parent: int | None = None
     slots: np.ndarray | None = None
+    fed: tuple[torch.Tensor, int] | None = None
 
 
 DECODE_PASS_TOKENS = 2048  # a pass's budget while a query decodes: its next token waits for the whole pass

@@ -14,12 +14,18 @@ live as long as the runner.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from quail.engine.kv.pool import KVPool
 from quail.engine.kv.runs import KV
 from quail.engine.model.decoder import Decoder
+from quail.engine.runtime.fed_tokens import feed_from_device
+
+if TYPE_CHECKING:
+    from quail.engine.runtime.scheduler import Row
 
 MIN_BATCH = 8
 MAX_BATCH = 1024
@@ -66,13 +72,15 @@ class StepGraphs:
                     self._capture(1 << size)
 
     def __call__(self, ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, table: np.ndarray,
-                 lengths: np.ndarray) -> torch.Tensor:
+                 lengths: np.ndarray, rows: list[Row]) -> torch.Tensor:
         """The final hidden states (sequences, hidden) of a decode step of at most MAX_BATCH sequences
-        (Decoder.decode's arguments, on the host; `usable` first)."""
+        (Decoder.decode's arguments, on the host, but the ids of the `rows` fed from the device; `usable`
+        first)."""
         n = len(ids)
         size = bucket(n)
         graph, out = self.graphs.get(size) or self._capture(size)
         self._stage(ids, positions, slots, table, lengths, size)
+        feed_from_device(self._buffers[0][0], rows, range(n))
         graph.replay()
         return out[:n].clone()  # the next replay overwrites `out`
 

@@ -37,7 +37,8 @@ def test_gathered_attention_equals_dense_attention_per_sequence():
 
 def test_a_decode_step_gives_the_general_pass_hidden_states_and_kv(runtime):
     """Rows of one token after prompts in the pool: as decode steps (slot tables, Decoder.decode) and as
-    rows after their runs (the general pass), the same hidden states and the same new keys (fp32)."""
+    rows after their runs (the general pass), the same hidden states and the same new keys (fp32); and the
+    same with each row's token fed from a tensor instead of its ids."""
     runner = runtime.runner
     rng = np.random.default_rng(1)
     prompts = [rng.integers(100, 20000, n).astype(np.int64) for n in (5, 33, 70)]
@@ -53,6 +54,16 @@ def test_a_decode_step_gives_the_general_pass_hidden_states_and_kv(runtime):
         for layer in range(runtime.config.num_layers):
             torch.testing.assert_close(a.layer(layer)[0], b.layer(layer)[0], atol=1e-5, rtol=1e-5)
     assert (stats.fresh_tokens, stats.kv_read, stats.kv_written) == (3, 5 + 33 + 70, 3)
+    # The same tokens fed from a tensor (as decode.py feeds tokens chosen on the device), out of order and
+    # beside other elements, the rows' own ids placeholders: the same hidden states both ways.
+    source = torch.tensor([7, int(tokens[2][0]), 9, int(tokens[0][0]), int(tokens[1][0])])
+    placeholder = np.zeros(1, dtype=np.int64)
+    fed_step, _ = runner.forward([Row(placeholder, keep=1, slots=r.parts[0][1], fed=(source, index))
+                                  for r, index in zip(runs, (3, 4, 1))], Stats())
+    fed_general, _ = runner.forward([Row(placeholder, run, keep=1, fed=(source, index))
+                                     for run, index in zip(runs, (3, 4, 1))], Stats())
+    torch.testing.assert_close(fed_step, stepped, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(fed_general, general, atol=1e-6, rtol=1e-6)
 
 
 def test_step_graph_buckets():

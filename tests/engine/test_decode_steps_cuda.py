@@ -15,6 +15,7 @@ from quail.engine.kernels.paged_decode import gathered  # noqa: E402
 from quail.engine.kv.pool import KVPool  # noqa: E402
 from quail.engine.model.config import ModelConfig  # noqa: E402
 from quail.engine.model.decoder import Decoder  # noqa: E402
+from quail.engine.runtime.scheduler import Row  # noqa: E402
 from quail.engine.runtime.step_graphs import StepGraphs  # noqa: E402
 
 H, HKV, D = 32, 8, 128
@@ -39,8 +40,9 @@ def test_the_decode_kernel_matches_the_gathered_reference(block_n):
 
 
 def test_captured_steps_equal_eager_steps_for_any_batch_and_leave_other_slots_alone():
-    """Steps of 3, 11 and 3 sequences (two graphs, one replayed with shorter tables than before): each the
-    eager step's hidden states; no slot but the new tokens' and the scratch slot written."""
+    """Steps of 3, 11 and 3 sequences (two graphs, one replayed with shorter tables than before, its ids fed
+    from a device tensor): each the eager step's hidden states; no slot but the new tokens' and the scratch
+    slot written."""
     torch.manual_seed(0)
     cfg = ModelConfig("qwen3", vocab_size=512, hidden_size=256, num_layers=2, num_heads=8, num_kv_heads=2,
                       head_dim=32, intermediate_size=512, rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True)
@@ -59,8 +61,12 @@ def test_captured_steps_equal_eager_steps_for_any_batch_and_leave_other_slots_al
         new = table[np.arange(batch), lengths - 1].astype(np.int64)
         ids = rng.integers(0, cfg.vocab_size, batch)
         before = [t.clone() for t in pool.keys]
+        rows = [Row(ids[b:b + 1]) for b in range(batch)]
+        if batch == 3 and width == 17:  # the ids fed from the device, out of order, the host's placeholders
+            source = torch.from_numpy(ids[::-1].copy()).cuda()
+            rows = [Row(np.zeros(1, np.int64), fed=(source, batch - 1 - b)) for b in range(batch)]
         with torch.inference_mode():
-            got = graphs(ids, lengths - 1, new, table, lengths)
+            got = graphs(np.array([r.ids[0] for r in rows]), lengths - 1, new, table, lengths, rows)
             after = [t.clone() for t in pool.keys]
             want = model.decode(*(torch.from_numpy(a).cuda() for a in (ids, lengths - 1, new, table, lengths)),
                                 pool.keys, pool.values)

@@ -30,9 +30,13 @@ def test_greedy_tokens_equal_hf_generate_batched_and_alone(runtime, chats, hf_ge
     assert batched == expected
     assert sum(len(tokens) == MAX_TOKENS for tokens in batched) >= len(chats) // 2, "most run every step"
     assert any(len(tokens) < MAX_TOKENS for tokens in batched), "some end at the turn's end"
-    # Each token is computed after its sequence but the last of one stopped by max_tokens (none follows it).
+    # Each token is computed after its sequence but the last of one stopped by max_tokens (none follows it);
+    # a sequence that a stop token ended may have had that token computed too (the host reads a step's tokens
+    # after queuing the next step).
     fed = sum(len(tokens) - (len(tokens) == MAX_TOKENS) for tokens in batched)
-    assert work.stats.fresh_tokens == work.stats.planned_tokens + fed, "the prompts as the tree strategy plans them"
+    stopped = sum(len(tokens) < MAX_TOKENS for tokens in batched)
+    assert work.stats.planned_tokens + fed <= work.stats.fresh_tokens <= work.stats.planned_tokens + fed + stopped, \
+        "the prompts as the tree strategy plans them"
     assert work.stats.planned_tokens < sum(len(r) for r in chats) - 30 * len(chats[0].segments[0]), \
         "the preamble computed once"
     assert work.stats.generated_tokens == sum(map(len, batched))
