@@ -13,20 +13,24 @@ from quail.engine.errors import QuailError
 def _serve(args: argparse.Namespace) -> int:
     from quail.engine.model.config import EngineConfig
     from quail.server.admission import Limits
-    from quail.server.app import ServerConfig, serve
+    from quail.server.config import ServerConfig
 
     optional_path = lambda value: Path(value) if value else None  # noqa: E731
     engine = EngineConfig(model=args.model, device=args.device, precision=args.precision,
                           token_budget=args.token_budget, tokenizer=args.tokenizer, sol_device=args.sol_device,
                           kv_cache_bytes=args.kv_cache_bytes, kv_host_bytes=args.kv_host_bytes,
                           attention=args.attention)
-    serve(ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), engine=engine,
-                       dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
-                       tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
-                       public_without_auth=args.public_without_auth,
-                       limits=Limits(args.max_active, args.max_requests, args.query_timeout, args.max_tokens,
-                                     args.max_generated_tokens),
-                       metrics_port=args.metrics_port))
+    config = ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), engine=engine,
+                          dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
+                          tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
+                          public_without_auth=args.public_without_auth,
+                          limits=Limits(args.max_active, args.max_requests, args.query_timeout, args.max_tokens,
+                                        args.max_generated_tokens),
+                          metrics_port=args.metrics_port)
+    config.check()  # before the server's imports (torch, gRPC): a bad option is refused in a moment
+    from quail.server.app import serve
+
+    serve(config)
     return 0
 
 

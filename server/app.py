@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import signal
@@ -10,19 +9,15 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 
 from quail.engine.errors import Unavailable
 from quail.engine.exec.storage import TableStore
-from quail.engine.model.config import EngineConfig
 from quail.engine.runtime.loading import chosen, load_runtime, settled
-from quail.planner.dialects import DEFAULT_DIALECT, DIALECTS
 
-from quail.server.admission import Limits
 from quail.server.auth import Access, Authenticator, load_users
+from quail.server.config import ServerConfig
 from quail.server.flight_sql import FlightSQLHandler
 from quail.server.grpc_service import FlightService
 from quail.server.health import Health
@@ -30,57 +25,10 @@ from quail.server.metrics import Metrics
 from quail.server.query_service import QueryService
 
 log = logging.getLogger("quail.server")
-MIN_TOKEN_BUDGET = 16
 GRACE_S = 5.0  # after SIGTERM: running calls' time to finish before their queries are cancelled
 EXIT_S = 10.0  # then: the cancelled work's time to stop before the process exits without it
 # No SO_REUSEPORT: a port another server holds is refused, not shared (gRPC shares it by default).
 _OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)]
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Where to listen, where the data lives, which model to serve."""
-
-    host: str = "127.0.0.1"
-    port: int = 8815
-    data_dir: Path = Path("data")
-    engine: EngineConfig = field(default_factory=EngineConfig)  # the model, device, precision, token budget
-    dialect: str = DEFAULT_DIALECT
-    workers: int = 16
-    users_file: Path | None = None  # user:password lines; None: no authentication
-    token_ttl_s: float = 3600.0
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    public_without_auth: bool = False  # listen on a non-loopback address with no authentication
-    limits: Limits = Limits()
-    metrics_port: int | None = None  # Prometheus /metrics over HTTP on the same host; None: not served
-
-    def check(self) -> None:
-        """Refuse settings that would expose data: no auth off loopback unless told; TLS needs both files."""
-        for name, port in (("port", self.port), ("metrics port", self.metrics_port)):
-            if port is not None and not 0 <= port <= 65535:
-                raise ValueError(f"{name} {port} is not a TCP port (0 to 65535)")
-        if self.engine.token_budget is not None and self.engine.token_budget < MIN_TOKEN_BUDGET:
-            raise ValueError(f"the token budget must be at least {MIN_TOKEN_BUDGET} tokens a forward pass")
-        if self.engine.kv_cache_bytes is not None and self.engine.kv_cache_bytes < 0:
-            raise ValueError("the KV cache's bytes cannot be negative (0: no cache)")
-        if self.engine.kv_host_bytes < 0:
-            raise ValueError("the host KV tier's bytes cannot be negative (0: none)")
-        self.limits.check()
-        if self.dialect not in DIALECTS:
-            raise ValueError(f"unknown dialect {self.dialect!r}; use one of {', '.join(DIALECTS)}")
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("TLS needs both a certificate and a key file")
-        if self.users_file is None and not _loopback(self.host) and not self.public_without_auth:
-            raise ValueError(f"refusing to serve {self.host} without authentication: give a users file, "
-                             "or say explicitly that the address may be served without it")
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def _free(host: str, port: int) -> bool:
@@ -104,6 +52,7 @@ class QuailServer:
     def __init__(self, config: ServerConfig) -> None:
         config.check()
         self.config = config
+        users = load_users(config.users_file) if config.users_file else None  # a bad file refused before the model loads
         self.store = TableStore(config.data_dir)  # refuses a data directory another server holds
         self._executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="quail-call")
         self._grpc = grpc.server(self._executor, options=_OPTIONS)
@@ -113,7 +62,6 @@ class QuailServer:
         self.runtime.warm_up()
         self.chosen = chosen(engine, self.runtime)  # what it runs on, for the startup line
         self.metrics = Metrics(self.runtime.runner)
-        users = load_users(config.users_file) if config.users_file else None
         self.auth = Authenticator(users, config.token_ttl_s) if users is not None else None
         self.handler = FlightSQLHandler(self.store, QueryService.serving(self.runtime, engine), config.dialect,
                                         config.limits, self.metrics, Access(users))

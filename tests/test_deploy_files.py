@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import quail.cli
 from quail.clients.server_process import ServerProcess, free_port
 from quail.server import health
-from quail.server.app import ServerConfig
+from quail.server.config import ServerConfig
 from quail.server.auth import load_users
 from tests.tls_certs import self_signed
 
@@ -105,11 +105,14 @@ COMMANDS = {
 
 
 def _config(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> ServerConfig:
-    """The ServerConfig the real command line builds from `quail serve ARGS` (serving replaced by keeping it)."""
+    """The ServerConfig the real command line builds from `quail serve ARGS` (serving replaced by keeping it,
+    its checks left to the caller)."""
     kept: list[ServerConfig] = []
     monkeypatch.setattr("quail.server.app.serve", kept.append)
-    parsed = quail.cli.parser().parse_args(["serve", *args])
-    assert parsed.run(parsed) == 0
+    with pytest.MonkeyPatch.context() as unchecked:
+        unchecked.setattr(ServerConfig, "check", lambda self: None)
+        parsed = quail.cli.parser().parse_args(["serve", *args])
+        assert parsed.run(parsed) == 0
     return kept[0]
 
 

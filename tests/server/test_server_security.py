@@ -12,7 +12,7 @@ import pytest
 
 from quail.clients.server_process import ServerProcess, free_port
 from quail.server import sql_messages as sql
-from quail.server.app import ServerConfig
+from quail.server.config import ServerConfig
 from tests.tls_certs import self_signed
 
 TTL = 4.0
