@@ -179,11 +179,11 @@ def test_a_generating_query_shows_its_tokens_and_a_cancel_stops_its_decoding(uri
 
 
 def test_ai_rows_stream_before_the_query_ends(uri):
-    """An AI projection over 200 rows: the client holds the first chunk's rows while the query still
+    """An AI projection over 100 rows: the client holds the first chunk's rows while the query still
     runs (quail_queries lists it), then the rest arrive, in table order."""
     from quail.engine.runtime.scheduler import CHUNK_ROWS
 
-    notes = pa.table({"id": list(range(200)), "body": [f"Note {i}." for i in range(200)]})  # short: fewer tokens
+    notes = pa.table({"id": list(range(100)), "body": [f"Note {i}." for i in range(100)]})  # short: fewer tokens
     with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
         cur.adbc_ingest("notes", notes, mode="replace")
     query = "SELECT id, AI_FILTER(PROMPT('Is {0} about food?', body)) AS food FROM notes"
@@ -194,7 +194,7 @@ def test_ai_rows_stream_before_the_query_ends(uri):
     with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
         assert _progress(cur, query) is not None, "the first rows left before the query finished"
     rest = reader.read_all()
-    assert first.column("id").to_pylist() + rest.column("id").to_pylist() == list(range(200))
+    assert first.column("id").to_pylist() + rest.column("id").to_pylist() == list(range(100))
 
 
 def test_system_tables_are_listed_and_read_only(uri):
