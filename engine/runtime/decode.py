@@ -133,9 +133,14 @@ class _Sequence:
 
     def chose(self, tokens: torch.Tensor, index: int, decoding: Decoding) -> None:
         """A token was chosen after it, element `index` of `tokens` on the device: fed next unless it is
-        the last `max_tokens` allows; the host reads it later (`accept`)."""
+        the last `max_tokens` allows (after the rest of its prompt, if the tree let go of part of it: read
+        at once, then); the host reads it later (`accept`)."""
         self.owed += 1
-        if len(self.tokens) + self.owed < decoding.max_tokens:
+        if len(self.tokens) + self.owed >= decoding.max_tokens:
+            return
+        if len(self.feed):
+            self.feed = np.append(self.feed, np.int32(tokens[index].item()))
+        else:
             self.fed = (tokens, index)
 
     def accept(self, token: int, decoding: Decoding, text: Text, stats: Stats) -> None:

@@ -69,3 +69,23 @@ def test_a_decode_step_gives_the_general_pass_hidden_states_and_kv(runtime):
 def test_step_graph_buckets():
     failed, tried = doctest.testmod(step_graphs)
     assert tried and not failed
+
+
+def test_a_token_chosen_after_a_prompt_the_tree_let_go_of_follows_the_rest_of_it():
+    """A sequence whose prompt lost its last tokens from the tree between prefill and decode computes
+    those, then the token chosen after the prompt, in one row; a sequence with nothing left of its prompt
+    takes the token from the device tensor; the last token max_tokens allows is not fed."""
+    from quail.engine.kv.pool import KVPool
+    from quail.engine.runtime.decode import Decoding, _Sequence
+
+    pool = KVPool(1, 1, 4, torch.float32, torch.device("cpu"), 8)
+    chosen = torch.tensor([9, 11])
+    rest = _Sequence(pool, np.array([5, 6, 7], dtype=np.int32), seed=0)
+    rest.chose(chosen, 0, Decoding(4))
+    assert rest.waiting == 4 and rest.row(4).ids.tolist() == [5, 6, 7, 9] and rest.row(4).fed is None
+    whole = _Sequence(pool, np.empty(0, dtype=np.int32), seed=0)
+    whole.chose(chosen, 1, Decoding(4))
+    assert whole.waiting == 1 and whole.row(1).fed == (chosen, 1)
+    last = _Sequence(pool, np.empty(0, dtype=np.int32), seed=0)
+    last.chose(chosen, 1, Decoding(1))
+    assert last.waiting == 0 and last.owed == 1
