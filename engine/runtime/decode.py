@@ -170,10 +170,38 @@ _PLACEHOLDER = np.zeros(1, dtype=np.int32)  # the ids of a row whose token is fe
 def generate(runner: ModelRunner, requests: Sequence[Request], decoding: Decoding, text: Text,
              stats: Stats) -> list[list[int]]:
     """The tokens decoding gives after each request's prompt (the runner's resident tree holds them
-    between prefill and decode); ResourceExhausted when a schema's JSON value is not complete within
+    between prefill and decode), the requests taken in waves (`waves`: the sequences decoding at once keep
+    their KV in the pool); ResourceExhausted when a schema's JSON value is not complete within
     `max_tokens`."""
     if not requests or decoding.max_tokens <= 0:
         return [[] for _ in requests]
+    room = runner.pool.slots // 2 if runner.pool.slots else None
+    return [tokens for wave in waves([len(r) for r in requests], decoding.max_tokens, room)
+            for tokens in _generated(runner, [requests[i] for i in wave], decoding, text, stats)]
+
+
+def waves(prompts: Sequence[int], max_tokens: int, room: int | None) -> list[range]:
+    """Consecutive requests (by their prompts' lengths) whose prompts and answers together take at most
+    `room` tokens of KV, at least one a wave; None: all at once. Half the pool is the room: the rest stays
+    for the other queries and the prefixes kept for them.
+
+    >>> waves([100, 100, 100, 500], 20, 300), waves([100, 100], 20, None)
+    ([range(0, 2), range(2, 3), range(3, 4)], [range(0, 2)])
+    """
+    if room is None:
+        return [range(len(prompts))]
+    out, start, used = [], 0, 0
+    for i, length in enumerate(prompts):
+        if i > start and used + length + max_tokens > room:
+            out.append(range(start, i))
+            start, used = i, 0
+        used += length + max_tokens
+    return out + [range(start, len(prompts))]
+
+
+def _generated(runner: ModelRunner, requests: Sequence[Request], decoding: Decoding, text: Text,
+               stats: Stats) -> list[list[int]]:
+    """`generate` for one wave."""
     hidden = tree(runner, requests, stats)
     sequences = []
     for request in requests:

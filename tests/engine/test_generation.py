@@ -99,3 +99,23 @@ def test_sequences_whose_kv_the_pool_cannot_hold_decode_the_same_tokens(runtime,
     assert small.runner.pool.slots == 40 and all(len(request) > 40 for request in chats[:3])
     stop = runtime.end_of_turn
     assert small.generate(chats[:3], Decoding(6, stop)) == [hf_generate(r, 6, stop) for r in chats[:3]]
+
+
+def test_prompts_more_than_half_the_pool_holds_decode_in_waves_and_give_hf_tokens(runtime, chats, hf_generate):
+    """A pool of 400 slots: eight prompts and their answers take more than half of it, so they decode in
+    waves of what fits (decode.waves), each after the one before, and give HF's tokens."""
+    from quail.engine.kv.pool import token_bytes
+    from quail.engine.runtime.decode import waves
+    from quail.engine.runtime.runtime import Runtime
+
+    cfg = runtime.config
+    slot = token_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, runtime.runner.model.embed_tokens.weight.dtype)
+    small = Runtime(runtime.model_id, runtime.runner.model, runtime.tokenizer, runtime.layout.frame,
+                    kv_bytes=400 * slot)
+    requests = chats[:8]
+    assert len(waves([len(r) for r in requests], MAX_TOKENS, small.runner.pool.slots // 2)) >= 3
+    stop = runtime.end_of_turn
+    work = QueryWork()
+    assert small.generate(requests, Decoding(MAX_TOKENS, stop), work) == \
+        [hf_generate(r, MAX_TOKENS, stop) for r in requests]
+    assert work.stats.generated_tokens > 0
