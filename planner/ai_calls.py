@@ -5,7 +5,8 @@ AI_CLASSIFY(input, ['label', ...]) → OBJECT {"labels": [...]}, AI_SCORE(PROMPT
 AI_COMPLETE(prompt [, options]) or AI_COMPLETE(model, prompt [, model_parameters [, response_format]])
 → STRING (JSON with a response_format), AI_EXTRACT(text, questions_or_schema [, options]) → JSON.
 BigQuery spellings: AI.IF(('text ', col, ' text')), AI.CLASSIFY(input, ['label', ...]) → STRING,
-AI.SCORE(prompt), AI.GENERATE(prompt [, model_params => ...]) → STRUCT(result, status). A prompt is
+AI.SCORE(prompt), AI.GENERATE(prompt [, model_params => ...]) → STRUCT(result, status), or with
+output_schema => 'name TYPE, ...' STRUCT(its fields, full_response, status). A prompt is
 PROMPT('template', args...), a tuple of parts (string literals are text, other parts documents) or a
 string literal; a generating call's prompt may also be any expression: its value is the instruction.
 """
@@ -49,6 +50,7 @@ class AICall:
     anchor: int = 0
     answers: str = "letters"
     generation: Generation | None = None
+    fields: tuple[tuple[str, str], ...] = ()  # AI.GENERATE's output_schema: each field's name and SQL type
 
     @property
     def expected_selectivity(self) -> float:
@@ -262,8 +264,9 @@ AS_INSTRUCTION = "Do what {0} asks."  # the template of a generating call whose 
 def _bind_complete(name: str, call: exp.Expression, positional: list[exp.Expression],
                    named: dict[str, exp.Expression]) -> AICall:
     """AI_COMPLETE(prompt [, options]); Snowflake's AI_COMPLETE(model, prompt [, model_parameters
-    [, response_format [, show_details]]]), positional or named; AI.GENERATE(prompt [, model_params => ...]).
-    The options name max_tokens, temperature, top_p and stop; BigQuery's model_params its generationConfig."""
+    [, response_format [, show_details]]]), positional or named; AI.GENERATE(prompt [, model_params => ...]
+    [, output_schema => ...]). The options name max_tokens, temperature, top_p and stop; BigQuery's
+    model_params its generationConfig; an output_schema is a response_format of an object of those fields."""
     model = named.pop("model", None)
     if "prompt" in named:
         positional.insert(0, named.pop("prompt"))
@@ -274,9 +277,7 @@ def _bind_complete(name: str, call: exp.Expression, positional: list[exp.Express
                            if k in named]
     elif "model_params" in named:
         positional.append(_bigquery_params(named.pop("model_params"), call))
-    if "output_schema" in named:
-        raise InvalidArgument(f"{name}: output_schema is not supported yet; AI_COMPLETE takes a response_format "
-                              f"JSON schema{position(call)}")
+    fields = _output_schema(named.pop("output_schema"), call) if "output_schema" in named else ()
     if named:
         raise InvalidArgument(f"{name} has no argument named {next(iter(named))!r}{position(call)}")
     if not 1 <= len(positional) <= (4 if model is not None else 2):
@@ -298,8 +299,43 @@ def _bind_complete(name: str, call: exp.Expression, positional: list[exp.Express
         served = _constant(model, name, call)
         if not isinstance(served, str):
             raise InvalidArgument(f"{name}'s model must be a string literal{position(call)}")
+    if fields:
+        if not isinstance(options, dict) or "response_format" in options:
+            raise InvalidArgument(f"{name} takes an output_schema or a response_format, not both{position(call)}")
+        options = {**options, "response_format": {
+            "type": "object", "properties": {field: {"type": JSON_TYPES[kind]} for field, kind in fields},
+            "required": [field for field, _ in fields], "additionalProperties": False}}
     return AICall(name, "complete", template, args, answers="text",
-                  generation=_generation_options(options, served, name, call))
+                  generation=_generation_options(options, served, name, call), fields=fields)
+
+
+# BigQuery's output_schema types: each as the JSON schema type the answer takes, and the SQL type it is read as.
+OUTPUT_TYPES = {"STRING": "VARCHAR", "INT64": "BIGINT", "INTEGER": "BIGINT", "FLOAT64": "DOUBLE", "FLOAT": "DOUBLE",
+                "BOOL": "BOOLEAN", "BOOLEAN": "BOOLEAN"}
+JSON_TYPES = {"VARCHAR": "string", "BIGINT": "integer", "DOUBLE": "number", "BOOLEAN": "boolean"}
+
+
+def _output_schema(node: exp.Expression, call: exp.Expression) -> tuple[tuple[str, str], ...]:
+    """BigQuery's output_schema ('name STRING, count INT64, ...') as (field, SQL type) pairs; InvalidArgument
+    for a malformed one or a type other than STRING, INT64, FLOAT64 and BOOL.
+
+    >>> _output_schema(exp.Literal.string("name STRING, n int64, ok BOOL"), exp.Literal.string(""))
+    (('name', 'VARCHAR'), ('n', 'BIGINT'), ('ok', 'BOOLEAN'))
+    """
+    text = node.this if isinstance(node, exp.Literal) and node.is_string else None
+    fields: list[tuple[str, str]] = []
+    for part in (text or "").split(","):
+        words = part.split()
+        if len(words) != 2 or not words[0].isidentifier():
+            raise InvalidArgument(f"AI.GENERATE's output_schema must be a text of 'name TYPE' fields separated by "
+                                  f"commas{position(call)}")
+        if words[1].upper() not in OUTPUT_TYPES:
+            raise InvalidArgument(f"AI.GENERATE's output_schema field {words[0]!r} has type {words[1]!r}: use "
+                                  f"STRING, INT64, FLOAT64 or BOOL{position(call)}")
+        if any(words[0].lower() == field.lower() for field, _ in fields):
+            raise InvalidArgument(f"AI.GENERATE's output_schema names {words[0]!r} twice{position(call)}")
+        fields.append((words[0], OUTPUT_TYPES[words[1].upper()]))
+    return tuple(fields)
 
 
 _OPTIONS = {"max_tokens": int, "temperature": float, "top_p": float, "stop": tuple, "response_format": dict}

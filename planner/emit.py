@@ -193,10 +193,13 @@ class _Emitter:
             return exp.Cast(this=exp.Anonymous(this="TO_JSON", expressions=[obj]), to=exp.DataType.build("JSON"))
         if call.generation is not None and call.generation.schema is not None:  # JSON text: a JSON value
             ref = exp.Cast(this=ref, to=exp.DataType.build("JSON"))
-        if call.name == "AI.GENERATE":  # BigQuery's STRUCT: the text, and an empty status where it succeeded
-            return exp.Struct(expressions=[exp.PropertyEQ(this=exp.to_identifier("result"), expression=ref),
-                                           exp.PropertyEQ(this=exp.to_identifier("status"),
-                                                          expression=exp.Literal.string(""))])
+        if call.name == "AI.GENERATE":  # BigQuery's STRUCT: the text (or the output_schema's fields and the
+            # JSON they came in), and an empty status where it succeeded
+            parts = [(field, exp.Cast(this=exp.Anonymous(this="JSON_EXTRACT_STRING", expressions=[
+                ref, exp.Literal.string(f"$.{field}")]), to=exp.DataType.build(kind))) for field, kind in call.fields]
+            parts += [("full_response" if call.fields else "result", ref), ("status", exp.Literal.string(""))]
+            return exp.Struct(expressions=[exp.PropertyEQ(this=exp.to_identifier(field), expression=value)
+                                           for field, value in parts])
         return ref
 
     def _per_group(self, node: exp.Expression) -> bool:

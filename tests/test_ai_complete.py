@@ -95,6 +95,41 @@ def test_bigquery_generate_is_a_struct_with_its_result(session, answers):
     assert [g["result"] for g in got] == answers and {g["status"] for g in got} == {""}
 
 
+def test_bigquery_output_schema_gives_its_fields_typed(session):
+    """AI.GENERATE with output_schema: a STRUCT of the schema's fields, typed, with the JSON they came in
+    (full_response) and an empty status; the JSON is what AI_COMPLETE gives for the same prompt with the
+    equivalent response_format (an object of those fields, all required)."""
+    generate = ("SELECT id, AI.GENERATE(('Describe ', topic, ' in JSON.'), connection_id => 'us.any', "
+                "output_schema => 'name STRING, letters INT64, weight FLOAT64, round BOOL', "
+                "model_params => '{\"generationConfig\": {\"maxOutputTokens\": 64}}') AS g FROM topics ORDER BY id")
+    got = session.sql(generate, dialect="bigquery").run().table["g"].to_pylist()
+    schema = ("{'type': 'object', 'properties': {'name': {'type': 'string'}, 'letters': {'type': 'integer'}, "
+              "'weight': {'type': 'number'}, 'round': {'type': 'boolean'}}, "
+              "'required': ['name', 'letters', 'weight', 'round'], 'additionalProperties': false}")
+    complete = (f"SELECT id, AI_COMPLETE(PROMPT('Describe {{0}} in JSON.', topic), {{'max_tokens': 64, "
+                f"'response_format': {schema}}}) AS a FROM topics ORDER BY id")
+    texts = session.sql(complete).run().table["a"].to_pylist()
+    assert len(got) == len(texts) == TOPICS.num_rows
+    for g, text in zip(got, texts):
+        if text is None:  # a NULL topic: no answer
+            assert g is None or g["full_response"] is None
+            continue
+        parsed = json.loads(text)
+        assert {k: g[k] for k in ("name", "letters", "weight", "round")} == parsed
+        assert json.loads(g["full_response"]) == parsed and g["status"] == ""
+        assert isinstance(g["letters"], int) and isinstance(g["round"], bool) and isinstance(g["weight"], float)
+
+
+@pytest.mark.parametrize("schema, message", [
+    ("name STRING, tags ARRAY<STRING>", "has type 'ARRAY<STRING>'"), ("name", "'name TYPE' fields"),
+    ("a STRING, A INT64", "names 'A' twice"),
+], ids=["type", "malformed", "twice"])
+def test_bad_output_schemas_are_invalid_arguments(session, schema, message):
+    sql = f"SELECT AI.GENERATE(('Describe ', topic), output_schema => '{schema}') AS g FROM topics"
+    with pytest.raises(InvalidArgument, match=message):
+        session.sql(sql, dialect="bigquery").run()
+
+
 def test_stop_texts_sampling_and_an_expression_as_the_prompt(session, runtime):
     stopped = session.sql(f"SELECT AI_COMPLETE(PROMPT('{TASK}', topic), {{'max_tokens': 12, 'stop': [' ']}}) AS a "
                           "FROM topics WHERE id = 1").run().table["a"].to_pylist()

@@ -208,3 +208,12 @@ def test_plans_stream_in_chunks_only_when_each_row_stands_alone(store, sql, chun
     assert plan.chunked is chunked
     assert any("stream in chunks" in line for line in plan_sql("EXPLAIN " + sql, store).steps[0].sql.split("\n")) \
         is chunked
+
+
+def test_binding_doctests():
+    import doctest
+
+    from quail.planner import ai_calls
+
+    failed, tried = doctest.testmod(ai_calls)
+    assert tried and not failed
