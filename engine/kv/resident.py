@@ -33,6 +33,9 @@ from quail.engine.kv.runs import KV
 from quail.engine.kv.token_prefix import common_length
 
 
+MOVE_TOKENS = 2048  # the fewest tokens of leaves moved to the host tier at once
+
+
 @dataclass(eq=False)
 class Node:
     """An edge of tokens after `depth` tokens, and its KV: in the pool (`kv`), or in the host tier (`host`;
@@ -345,11 +348,13 @@ class ResidentTree:
     def evict(self, tokens: int) -> None:
         """Make `tokens` more slots free in the pool, or as many as can be: leaves go, demoted first, then
         least recently used; to the host tier when there is one and the plan did not demote them, else
-        out of the tree (a run's slots are free once no query holds them). Leaves move to the host tier a
-        sixteenth of the pool at a time at least: each move is a gather per layer, whatever its size."""
+        out of the tree (a run's slots are free once no query holds them). Leaves move to the host tier
+        MOVE_TOKENS (or a sixteenth of a smaller pool) at a time at least: each move is a gather per layer,
+        whatever its size (more at once would push out documents a scan still needs: each copied back then
+        moves as many out)."""
         with self._lock:
             if self.host is not None:
-                tokens = max(tokens, self.pool.slots // 16)
+                tokens = max(tokens, min(MOVE_TOKENS, self.pool.slots // 16))
             target = self.pool.free + tokens
             while self._heap and self.pool.free < target:
                 moving: list[Node] = []
