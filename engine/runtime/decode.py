@@ -125,11 +125,10 @@ class _Sequence:
     def computed(self, n: int, run: KV | None) -> bool:
         """Its next `n` tokens were computed, their KV `run`; whether it has none left to compute."""
         self.extend(run)
-        if self.fed is not None:
-            self.fed = None
-        else:
+        if self.fed is None:
             self.feed = self.feed[n:]
-        return not len(self.feed) and self.fed is None
+        self.fed = None
+        return not len(self.feed)
 
     def chose(self, tokens: torch.Tensor, index: int, decoding: Decoding) -> None:
         """A token was chosen after it, element `index` of `tokens` on the device: fed next unless it is
