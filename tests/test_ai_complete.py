@@ -197,3 +197,17 @@ def test_ai_extract_answers_each_question_in_a_field_of_its_own(session):
         answer = json.loads(row["x"])
         assert list(answer) == ["thing", "color"] and all(isinstance(v, str) and len(v) <= 100 for v in answer.values())
         assert isinstance(row["w"], str)
+
+
+def test_a_schema_sent_again_is_compiled_once_while_it_is_among_the_last_used(runtime):
+    from quail.engine.runtime.grammar import KEPT_SCHEMAS, canonical
+
+    text = canonical({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})
+    first = runtime.schema(text)
+    assert runtime.schema(text) is first
+    matchers = [first.matcher(), first.matcher()]
+    first.take(matchers[0], int(runtime.tokenizer.encode("{")[0]))
+    assert matchers[1] is not matchers[0] and not first.accepting(matchers[1]), "each sequence its own matcher"
+    for k in range(KEPT_SCHEMAS):
+        runtime.schema(canonical({"type": "object", "properties": {f"f{k}": {"type": "integer"}}}))
+    assert runtime.schema(text) is not first, "the least recently used schema's grammar was let go"

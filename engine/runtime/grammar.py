@@ -11,6 +11,8 @@ answer cannot run to its token limit on blanks. The planner checks schemas
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Sequence
 
 from quail.engine.errors import InvalidArgument
@@ -35,17 +37,31 @@ def compiled(schema: str) -> str:
     return grammar
 
 
+KEPT_SCHEMAS = 64  # the most recently used schemas' grammars a runtime keeps (a dashboard sends the same again)
+
+
 class GrammarTokens:
-    """A model's vocabulary as llguidance reads it (built once per runtime: about half a second)."""
+    """A model's vocabulary as llguidance reads it (built once per runtime: about half a second), and the
+    grammars of the KEPT_SCHEMAS schemas used last over it."""
 
     def __init__(self, tokenizer_json: str, vocab: int, end: int) -> None:
         from llguidance import LLTokenizer
 
         self.vocab = vocab
         self._tokenizer = LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=end)
+        self._schemas: OrderedDict[str, Schema] = OrderedDict()
+        self._lock = threading.Lock()
 
     def schema(self, schema: str) -> "Schema":
-        return Schema(self, compiled(schema))
+        """The schema's grammar over this vocabulary: compiled once while it is among the last used."""
+        with self._lock:
+            kept = self._schemas.pop(schema, None)
+        kept = kept or Schema(self, compiled(schema))
+        with self._lock:
+            self._schemas[schema] = kept
+            while len(self._schemas) > KEPT_SCHEMAS:
+                self._schemas.popitem(last=False)
+        return kept
 
 
 class Schema:
