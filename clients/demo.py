@@ -36,8 +36,8 @@ TICKETS = [
 ]
 EXTRACT = ("SELECT id, AI_EXTRACT(body, {'order': 'What is the order number?', 'problem': 'What is wrong?'}) AS fields "
            "FROM tickets ORDER BY id")
-AGG = ("SELECT product, count(*) AS tickets, AI_AGG(body, 'Name the complaints in one short sentence.') AS complaints "
-       "FROM tickets GROUP BY product ORDER BY product")
+AGG = ("SELECT product, count(*) AS tickets, AI_AGG(body, 'Name the complaints in one short sentence.', "
+       "{'max_tokens': 40}) AS complaints FROM tickets GROUP BY product ORDER BY product")
 
 
 def reviews_table() -> pa.Table:

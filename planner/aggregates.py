@@ -14,7 +14,7 @@ from sqlglot import exp, parse_one
 
 from quail.engine.ai.options import SUMMARIZE, Aggregation, Generation
 from quail.engine.errors import InvalidArgument
-from quail.planner.ai_calls import AGGREGATES, ai_name, ancestors
+from quail.planner.ai_calls import AGGREGATES, ai_name, ancestors, generation_of
 from quail.planner.dialects import position
 
 
@@ -47,12 +47,17 @@ def collect_texts(select: exp.Select) -> list[tuple[str, Aggregation]]:
 
 
 def _bind(call: exp.Expression) -> tuple[exp.Expression, Aggregation]:
-    """AI_AGG(expr, 'instruction') or AI_SUMMARIZE_AGG(expr): the texts' expression and the aggregation (answers
-    of at most DEFAULT_MAX_TOKENS, greedy; as many texts a prompt as fit the context)."""
+    """AI_AGG(expr, 'instruction' [, options]) or AI_SUMMARIZE_AGG(expr [, options]): the texts' expression and
+    the aggregation (answers as the options say: max_tokens, temperature, top_p, stop; by default of at most
+    DEFAULT_MAX_TOKENS, greedy; as many texts a prompt as fit the context). With options the call comes as a
+    plain function call (dialects.AI_AGGREGATES)."""
     name = ai_name(call)
+    args = call.expressions if isinstance(call, exp.Anonymous) else [a for a in (call.this, call.expression) if a]
+    takes = 1 if name == "AI_SUMMARIZE_AGG" else 2
+    generation = generation_of(args[takes], name, call) if len(args) > takes else Generation()
     if name == "AI_SUMMARIZE_AGG":
-        return call.this, Aggregation(SUMMARIZE, Generation())
-    instruction = call.expression
+        return args[0], Aggregation(SUMMARIZE, generation)
+    instruction = args[1]
     if not (isinstance(instruction, exp.Literal) and instruction.is_string and instruction.this.strip()):
         raise InvalidArgument(f"{name}'s instruction must be a string literal{position(call)}")
-    return call.this, Aggregation(instruction.this, Generation())
+    return args[0], Aggregation(instruction.this, generation)

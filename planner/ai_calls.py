@@ -341,6 +341,15 @@ def _output_schema(node: exp.Expression, call: exp.Expression) -> tuple[tuple[st
 _OPTIONS = {"max_tokens": int, "temperature": float, "top_p": float, "stop": tuple, "response_format": dict}
 
 
+def generation_of(node: exp.Expression, name: str, call: exp.Expression) -> Generation:
+    """An AI aggregate's options object (max_tokens, temperature, top_p, stop) as a Generation;
+    InvalidArgument for anything else."""
+    options = _constant(node, name, call)
+    if isinstance(options, dict) and "response_format" in {key.lower() for key in options}:
+        raise InvalidArgument(f"{name} answers in text: it takes no response_format{position(call)}")
+    return _generation_options(options, None, name, call)
+
+
 def _generation_options(options: Any, model: str | None, name: str, call: exp.Expression) -> Generation:
     """The options object as a Generation (InvalidArgument for an unknown option or a value of a wrong type)."""
     if not isinstance(options, dict):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from sqlglot import exp, parser
 from sqlglot.dialects.bigquery import BigQuery
 from sqlglot.dialects.duckdb import DuckDB
@@ -31,18 +33,32 @@ class StrictParser(parser.Parser):
         return self.expression(exp.Between(this=this, low=low, high=self._parse_bitwise(), symmetric=symmetric))
 
 
+def _ai_aggregate(kind: type[exp.Func]) -> Callable[[list[exp.Expression]], exp.Expression]:
+    """sqlglot's builder of an AI aggregate, but with one argument more than it takes (options): the call as
+    a plain function call, which planner/aggregates.py binds."""
+    def build(args: list[exp.Expression]) -> exp.Expression:
+        if len(args) == len(kind.arg_types) + 1:
+            return exp.Anonymous(this=kind.sql_names()[0], expressions=args)
+        return kind.from_arg_list(args)
+
+    return build
+
+
+AI_AGGREGATES = {"AI_AGG": _ai_aggregate(exp.AIAgg), "AI_SUMMARIZE_AGG": _ai_aggregate(exp.AISummarizeAgg)}
+
+
 class QuailSnowflake(Snowflake):
-    """Snowflake, parsed strictly."""
+    """Snowflake, parsed strictly; AI aggregates may take options."""
 
     class Parser(StrictParser, Snowflake.Parser):
-        pass
+        FUNCTIONS = {**Snowflake.Parser.FUNCTIONS, **AI_AGGREGATES}
 
 
 class QuailDuckDB(DuckDB):
-    """DuckDB, parsed strictly."""
+    """DuckDB, parsed strictly; AI aggregates may take options."""
 
     class Parser(StrictParser, DuckDB.Parser):
-        pass
+        FUNCTIONS = {**DuckDB.Parser.FUNCTIONS, **AI_AGGREGATES}
 
 
 class QuailBigQuery(BigQuery):

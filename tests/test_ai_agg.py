@@ -73,8 +73,8 @@ def test_prompts_take_as_many_texts_as_fit_the_room(runtime):
 
 
 def test_ai_agg_over_groups_in_sql(session, runtime):
-    sql = (f"SELECT product, count(*) AS n, AI_AGG(body, '{LIST_THEM}') AS complaints FROM reviews "
-           "WHERE product IS NOT NULL GROUP BY product ORDER BY product")
+    sql = (f"SELECT product, count(*) AS n, AI_AGG(body, '{LIST_THEM}', {{'max_tokens': 24}}) AS complaints "
+           "FROM reviews WHERE product IS NOT NULL GROUP BY product ORDER BY product")
     result = session.sql(sql).run()
     got = result.table.to_pylist()
     groups = {}
@@ -82,7 +82,7 @@ def test_ai_agg_over_groups_in_sql(session, runtime):
         if row["product"] is not None:
             groups.setdefault(row["product"], []).append(row["body"])
     want = [{"product": p, "n": len(bodies),
-             "complaints": directly(runtime, LIST_THEM, sorted(b for b in bodies if b is not None), 256, 64)
+             "complaints": directly(runtime, LIST_THEM, sorted(b for b in bodies if b is not None), 24, 64)
              if any(bodies) else None} for p, bodies in sorted(groups.items())]
     assert got == want
     assert result.report.requests == 2, "one prompt per group with texts"
@@ -97,6 +97,22 @@ def test_summarize_agg_after_a_limit(session, runtime):
     assert result.report.requests == 1, "only the group returned is summarized"
 
 
+def test_ai_aggregates_take_generation_options(session):
+    """An options object after the instruction (AI_AGG) or the texts (AI_SUMMARIZE_AGG), as AI_COMPLETE's:
+    max_tokens bounds every answer of the tree; a stop text cuts it; in both dialects that parse it."""
+    short = session.sql(f"SELECT product, AI_AGG(body, '{LIST_THEM}', {{'max_tokens': 3}}) AS c FROM reviews "
+                        "WHERE product = 'lamp' GROUP BY product").run()
+    assert short.report.generated_tokens <= 3 and short.table.num_rows == 1
+    summary = session.sql("SELECT AI_SUMMARIZE_AGG(body, {'max_tokens': 4, 'stop': ['.']}) AS s FROM reviews "
+                          "WHERE product = 'kettle'").run()  # a whole table's aggregate: one group
+    assert summary.report.generated_tokens <= 4 and "." not in summary.table["s"][0].as_py()
+    nothing = session.sql("SELECT AI_SUMMARIZE_AGG(body) AS s FROM reviews WHERE product = 'none'").run()
+    assert nothing.table.to_pylist() == [{"s": None}] and nothing.report.requests == 0, "no texts: NULL, unasked"
+    duck = session.sql(f"SELECT AI_AGG(body, '{LIST_THEM}', {{'max_tokens': 3}}) AS c FROM reviews "
+                       "WHERE product = 'lamp'", dialect="duckdb").run()
+    assert duck.table["c"].to_pylist() == short.table["c"].to_pylist()
+
+
 @pytest.mark.parametrize("sql, error, message", [
     (f"SELECT upper(AI_AGG(body, '{LIST_THEM}')) FROM reviews", InvalidArgument, "column of the SELECT by itself"),
     (f"SELECT product, AI_AGG(body, '{LIST_THEM}') AS c FROM reviews GROUP BY product ORDER BY c", InvalidArgument,
@@ -104,7 +120,11 @@ def test_summarize_agg_after_a_limit(session, runtime):
     (f"SELECT id FROM reviews WHERE AI_AGG(body, '{LIST_THEM}') = 'x'", InvalidArgument,
      "column of the SELECT by itself"),
     ("SELECT AI_AGG(body, product) FROM reviews", InvalidArgument, "instruction must be a string literal"),
-], ids=["in-expression", "ordered-by", "in-where", "instruction"])
+    (f"SELECT AI_AGG(body, '{LIST_THEM}', {{'max_token': 3}}) FROM reviews", InvalidArgument, "no option 'max_token'"),
+    ("SELECT AI_SUMMARIZE_AGG(body, {'response_format': {'type': 'object'}}) FROM reviews", InvalidArgument,
+     "takes no response_format"),
+    (f"SELECT AI_AGG(body, '{LIST_THEM}', {{'max_tokens': 0}}) FROM reviews", InvalidArgument, "at least 1"),
+], ids=["in-expression", "ordered-by", "in-where", "instruction", "unknown-option", "response-format", "zero"])
 def test_misplaced_ai_aggregates_are_refused(session, sql, error, message):
     with pytest.raises(error, match=message):
         session.sql(sql).run()

@@ -122,15 +122,20 @@ class _Run:
         _join_choice(step, self.relations, self.db, self.runtime, self.work)
 
     def ai_aggregate(self, step: AIAggregate) -> None:
+        """Each group's answer; NULL for a group of no texts (a whole table's aggregate over no rows, as the
+        result's schema is found, asks nothing)."""
         rows = self.relations[step.input]
-        if rows.num_rows and self.runtime is None:
-            raise RuntimeError("an AI step over rows needs a runtime")
         for column, aggregation in step.columns:
             lists = rows.column(column).to_pylist()
-            answers = aggregate(self.runtime, aggregation, lists, self.work) if lists else []
+            if not any(text is not None for texts in lists if texts for text in texts):
+                answers: list[str | None] = [None] * len(lists)
+            elif self.runtime is None:
+                raise RuntimeError("an AI step over rows needs a runtime")
+            else:
+                answers = aggregate(self.runtime, aggregation, lists, self.work)
+                if self.work is not None:
+                    _record(self.work, {"operator": "ai_aggregate", "output": step.output, "rows_in": len(lists)})
             rows = rows.set_column(rows.schema.get_field_index(column), column, pa.array(answers, pa.string()))
-            if self.work is not None and lists:
-                _record(self.work, {"operator": "ai_aggregate", "output": step.output, "rows_in": len(lists)})
         self.relations[step.output] = rows
 
 
