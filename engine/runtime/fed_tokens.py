@@ -24,7 +24,6 @@ class Chosen:
     """Tokens on the device (one per row of a pass), on their way to the host: `read` waits for their copy."""
 
     def __init__(self, tokens: torch.Tensor) -> None:
-        self.tokens = tokens
         if tokens.device.type == "cuda":
             self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             self._host.copy_(tokens, non_blocking=True)
