@@ -22,7 +22,7 @@ from quail.engine.kv.runs import KV, end_to_end
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.requests import Request
-from quail.engine.runtime.scheduler import Row, Share
+from quail.engine.runtime.scheduler import Row, Share, pass_tokens
 
 
 def independent(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
@@ -35,12 +35,11 @@ def independent(runner: ModelRunner, requests: Sequence[Request], stats: Stats) 
 class _Independent:
     """The naive baseline's work: the prompts longest first, as many to a pass as fit."""
 
-    decodes = False
-
     def __init__(self, runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> None:
         self.runner, self.requests, self.stats = runner, requests, stats
         self.order = deque(sorted(range(len(requests)), key=lambda i: -len(requests[i])))
         stats.planned_tokens += sum(len(r) for r in requests)
+        self.pass_tokens = pass_tokens(sum(len(r) for r in requests))
         self.hidden: list[torch.Tensor | None] = [None] * len(requests)
         self.members: list[int] = []
 
@@ -136,12 +135,11 @@ class _BlockPrefix:
     longest run of cached blocks (the rows of a pass continuing the same blocks continue one run, read once
     for them all); the blocks it computed cached after the pass."""
 
-    decodes = False
-
     def __init__(self, runner: ModelRunner, requests: Sequence[Request], stats: Stats,
                  cache: BlockPrefixCache) -> None:
         self.runner, self.requests, self.stats, self.cache = runner, requests, stats, cache
         stats.planned_tokens += sum(len(r) for r in requests)  # at most: cached blocks are not known ahead
+        self.pass_tokens = pass_tokens(sum(len(r) for r in requests))
         self.hidden: list[torch.Tensor | None] = [None] * len(requests)
         self.next = 0
         self.looked_up: tuple[int, list[bytes], int, Row] | None = None  # looked up, did not fit the last pass

@@ -27,7 +27,7 @@ from quail.engine.kv.runs import KV
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.fed_tokens import Chosen
 from quail.engine.runtime.requests import Request
-from quail.engine.runtime.scheduler import Row, Share, tree
+from quail.engine.runtime.scheduler import DECODE_PASS_TOKENS, Row, Share, tree
 
 if TYPE_CHECKING:
     from quail.engine.runtime.grammar import Schema
@@ -279,7 +279,7 @@ class DecodeJob:
     token computed for nothing; with a schema, whose grammar needs each token before the next is
     chosen, it reads them at once."""
 
-    decodes = True
+    pass_tokens = DECODE_PASS_TOKENS
 
     def __init__(self, runner: ModelRunner, sequences: list[_Sequence], decoding: Decoding, text: Text,
                  stats: Stats) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
@@ -66,6 +67,19 @@ class Row:
 
 
 DECODE_PASS_TOKENS = 2048  # a pass's budget while a query decodes: its next token waits for the whole pass
+SHORT_PASS_TOKENS = 2048  # a pass's budget while a short job (at most that many tokens) waits beside others
+SHORT_WINDOW_S = 1.0  # and for this long after a job that bounds its passes arrived: the next may come soon
+
+
+def pass_tokens(tokens: int) -> int | None:
+    """The longest pass a job of `tokens` fresh tokens should ride: SHORT_PASS_TOKENS for a
+    short one (an interactive statement's, which would otherwise wait for whole passes of a scan beside
+    it), else None.
+
+    >>> pass_tokens(1500), pass_tokens(50_000)
+    (2048, None)
+    """
+    return SHORT_PASS_TOKENS if tokens <= SHORT_PASS_TOKENS else None
 
 PAD_FACTOR = 2  # attention pads each row to its bucket's longest: padded area ≤ PAD_FACTOR × budget
 
@@ -126,11 +140,12 @@ class Share:
 class Job(Protocol):
     """A query's model work as the scheduler drives it, a pass at a time: rows for a pass, then their
     results. `runner` is the query's (its budget, check, pool and tree), `stats` its counters;
-    `decodes`: its rows are decode steps, each waiting for the pass before it (see DECODE_PASS_TOKENS)."""
+    `pass_tokens`: the longest pass it should ride while it waits, None: any (its rows are
+    decode steps, each waiting for the pass before it: DECODE_PASS_TOKENS; it is short: `pass_tokens`)."""
 
     runner: ModelRunner
     stats: Stats
-    decodes: bool
+    pass_tokens: int | None
 
     def done(self) -> bool: ...
 
@@ -223,12 +238,18 @@ class PassScheduler:
     Fairness: the queries with work lead a pass in turn (round robin) and each
     takes up to an equal share of its token budget (the leader's runner's)
     before any takes more; what one leaves unused goes to the others in the
-    same order. While a query decodes, passes hold at most DECODE_PASS_TOKENS
-    tokens: each of its tokens waits for a pass, so a long scan beside it
-    must not make every step a full pass long. A query admitted while others run joins the next pass (the
-    loop fills it while the device runs the last layers of the pass before:
-    `Pacing`), so a short interactive query waits about one pass while a long
-    scan keeps its share of every pass. Before each pass each query's check
+    same order. A job bounds the passes it rides (`pass_tokens`):
+    while a query decodes, passes hold at most DECODE_PASS_TOKENS tokens (each
+    of its tokens waits for a pass, so a long scan beside it must not make every
+    step a full pass long), while a short job waits at most SHORT_PASS_TOKENS.
+    A query admitted while others run joins the next pass (the loop fills it
+    while the device runs the last layers of the pass before: `Pacing`), so it
+    waits for the rest of the pass in flight too: for SHORT_WINDOW_S after a job
+    that bounds its passes arrived beside another query's, every pass holds at
+    most SHORT_PASS_TOKENS,
+    so the next short statement of a burst (a dashboard's) finds a short pass
+    in flight. A long scan keeps its share of every pass, in short passes while
+    short work comes. Before each pass each query's check
     runs: a query cancelled or past its deadline leaves at once, its rows with it.
     """
 
@@ -238,6 +259,7 @@ class PassScheduler:
         self._cond = threading.Condition()
         self._waiting: deque[_Waiting] = deque()
         self._thread: threading.Thread | None = None
+        self._short_until = 0.0  # time.monotonic() until which passes stay short
 
     def waiting(self) -> int:
         """Queries with model work in the scheduler."""
@@ -257,6 +279,8 @@ class PassScheduler:
             return
         waiting = _Waiting(job)
         with self._cond:
+            if job.pass_tokens is not None and any(w.job.stats is not job.stats for w in self._waiting):
+                self._short_until = time.monotonic() + SHORT_WINDOW_S
             self._waiting.append(waiting)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="quail-scheduler", daemon=True)
@@ -301,8 +325,7 @@ class PassScheduler:
             self.pacing.idle = True
             return
         fill = new_pass(live[0].job.runner)
-        if any(waiting.job.decodes for waiting in live):
-            fill.budget = min(fill.budget, DECODE_PASS_TOKENS)
+        fill.budget = self._budget(live, fill.budget)
         taken = [0] * len(live)  # each query's tokens in the pass so far
         for limit in (fill.budget // len(live), None):
             for k, waiting in enumerate(live):
@@ -342,6 +365,14 @@ class PassScheduler:
         with self._cond:
             if self._waiting and self._waiting[0] is live[0]:
                 self._waiting.rotate(-1)
+
+    def _budget(self, live: list[_Waiting], budget: int) -> int:
+        """A pass's token budget: the leader's, bounded by each job's own bound, and by SHORT_PASS_TOKENS
+        within SHORT_WINDOW_S of a bounded job's arrival beside another query's."""
+        bounds = [waiting.job.pass_tokens for waiting in live if waiting.job.pass_tokens is not None]
+        if time.monotonic() < self._short_until:
+            bounds.append(SHORT_PASS_TOKENS)
+        return min([budget, *bounds])
 
     def _end(self, waiting: _Waiting, error: BaseException | None) -> None:
         with self._cond:
@@ -449,15 +480,16 @@ class TreeJob:
     the job claims the others' documents.
     """
 
-    decodes = False
-
     def __init__(self, runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> None:
         self.runner, self.requests, self.stats = runner, requests, stats
         self.hidden: list[torch.Tensor | None] = [None] * len(requests)
         self.frontier: deque[Item] = deque()
         self.hold = _Hold(runner.tree, requests)
         self.waiting = self.hold.claim(requests)
+        planned = stats.planned_tokens
         self._start([i for i in range(len(requests)) if i not in self.waiting])
+        # short, unless it waits for another query's documents: then that query's passes bound its wait
+        self.pass_tokens = None if self.waiting else pass_tokens(stats.planned_tokens - planned)
         self.items: list[Item] = []  # this pass's, with whether each one's children joined it, and its chain
         self.shared: list[bool] = []
         self.chain: list[int] = []

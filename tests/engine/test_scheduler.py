@@ -173,7 +173,7 @@ def test_passes_mix_continuations_with_new_roots(runtime):
 class BrokenFill:
     """A job whose pass breaks as it is filled, before any row: the owner loop ends it with that error."""
 
-    decodes = False
+    pass_tokens = None
 
     def __init__(self, runtime) -> None:
         self.runner, self.stats = runtime.runner, Stats()
@@ -470,35 +470,26 @@ def test_shared_chars(a, b):
     assert scheduler._shared_chars(a, b) == common
 
 
-def test_passes_stay_short_while_a_query_decodes(runtime, monkeypatch):
-    """A scan and a query generating text at once: while the latter decodes, every pass holds at most
-    DECODE_PASS_TOKENS tokens (each of its tokens waits for a pass), the scan's rows beside its steps; the
-    scan alone fills a pass."""
-    from quail.engine.runtime.decode import Decoding
-
-    monkeypatch.setattr(scheduler, "DECODE_PASS_TOKENS", 128)
-    rng = np.random.default_rng(8)
-    small = runtime.variant("quail", token_budget=256)
-    scan = [request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(12)]
-    prompts = [request(rng.integers(2000, 3000, 20), [7, 9]) for _ in range(2)]
-    works = {"scan": QueryWork(), "generate": QueryWork()}
-    owners = {id(works[name].stats): name for name in works}
-    passes: list[tuple[list[str], int, bool]] = []  # each pass's owners, tokens, and whether a query decoded
+def _beside_a_scan(runtime, monkeypatch, small, scan, works, second) -> list[tuple[list[str], int, bool]]:
+    """Each pass's owners (names of `works`), tokens and whether a job waiting then bounded its passes, while
+    `small` runs the scan (as works["scan"]) and, once the scan's first pass is being filled, `second()`:
+    that pass waits until both are in the scheduler."""
+    owners = {id(work.stats): name for name, work in works.items()}
+    passes: list[tuple[list[str], int, bool]] = []
     first_in, release = threading.Event(), threading.Event()
     forward = type(runtime.runner).forward_shared
 
     def recording(self, groups, events=None):
-        decoding = any(waiting.job.decodes for waiting in list(self.scheduler._waiting))
+        bounded = any(waiting.job.pass_tokens is not None for waiting in list(self.scheduler._waiting))
         passes.append(([owners.get(id(stats), "?") for owned, stats in groups if owned],
-                       sum(len(row.ids) for owned, _ in groups for row in owned), decoding))
+                       sum(len(row.ids) for owned, _ in groups for row in owned), bounded))
         if len(passes) == 1:
             first_in.set()
             release.wait(30)
         return forward(self, groups, events)
 
     monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
-    threads = [threading.Thread(target=small.score, args=(scan, works["scan"])),
-               threading.Thread(target=small.generate, args=(prompts, Decoding(6), works["generate"]))]
+    threads = [threading.Thread(target=small.score, args=(scan, works["scan"])), threading.Thread(target=second)]
     threads[0].start()
     assert first_in.wait(30)
     threads[1].start()
@@ -507,8 +498,52 @@ def test_passes_stay_short_while_a_query_decodes(runtime, monkeypatch):
     release.set()
     for thread in threads:
         thread.join(120)
+    return passes
+
+
+def test_passes_stay_short_while_a_query_decodes(runtime, monkeypatch):
+    """A scan and a query generating text at once: while the latter decodes, every pass holds at most
+    DECODE_PASS_TOKENS tokens (each of its tokens waits for a pass), the scan's rows beside its steps; the
+    scan alone fills a pass."""
+    from quail.engine.runtime.decode import DecodeJob, Decoding
+
+    monkeypatch.setattr(DecodeJob, "pass_tokens", 128)
+    monkeypatch.setattr(scheduler, "SHORT_PASS_TOKENS", 64)  # the scan is not short; the prompts' prefill is
+    monkeypatch.setattr(scheduler, "SHORT_WINDOW_S", 0.0)
+    rng = np.random.default_rng(8)
+    small = runtime.variant("quail", token_budget=256)
+    scan = [request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(12)]
+    prompts = [request(rng.integers(2000, 3000, 20), [7, 9]) for _ in range(2)]
+    works = {"scan": QueryWork(), "generate": QueryWork()}
+    passes = _beside_a_scan(runtime, monkeypatch, small, scan, works,
+                            lambda: small.generate(prompts, Decoding(6), works["generate"]))
     assert passes[0][1] > 150, "the scan alone fills a pass"
-    beside = [(names, tokens) for names, tokens, decoding in passes if decoding]
+    beside = [(names, tokens) for names, tokens, bounded in passes if bounded]
     assert any(set(names) == {"scan", "generate"} for names, _ in beside), passes
     assert all(tokens <= 128 for _, tokens in beside), passes
     assert works["generate"].stats.decode_steps == 5
+
+
+def test_a_short_job_rides_short_passes_beside_a_scan(runtime, monkeypatch):
+    """A short statement arriving during a scan: from its arrival on (for SHORT_WINDOW_S, here longer than
+    the test) every pass holds at most SHORT_PASS_TOKENS, so it waits for the rest of a short pass and one
+    short pass, not full ones; the scan's rows ride beside its own and go on in short passes after it;
+    before it the scan fills its passes."""
+    monkeypatch.setattr(scheduler, "SHORT_PASS_TOKENS", 128)
+    monkeypatch.setattr(scheduler, "SHORT_WINDOW_S", 600.0)
+    rng = np.random.default_rng(9)
+    small = runtime.variant("quail", token_budget=256)
+    small.runner.scheduler._short_until = 0.0  # no window left open by an earlier test's short query
+    scan = [request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(12)]
+    short = [request(rng.integers(2000, 3000, 20), [7, 9])]
+    works = {"scan": QueryWork(), "short": QueryWork()}
+    passes = _beside_a_scan(runtime, monkeypatch, small, scan, works, lambda: small.score(short, works["short"]))
+    small.runner.scheduler._short_until = 0.0
+    assert passes[0][1] > 150, "the scan alone fills its passes"
+    assert all(tokens <= 128 for _, tokens, _ in passes[1:]), passes
+    assert any(set(names) == {"scan", "short"} for names, _, _ in passes), "the scan's rows ride beside the short's"
+    assert passes[-1][0] == ["scan"], "the scan goes on after it"
+    passes.clear()
+    small.score(short + [request(rng.integers(2000, 3000, 20), [7, 9])], QueryWork())
+    small.score([request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(3)], QueryWork())
+    assert max(tokens for _, tokens, _ in passes) > 150, "a short query alone opens no window: a scan after it fills its pass"
