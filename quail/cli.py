@@ -19,7 +19,7 @@ def _serve(args: argparse.Namespace) -> int:
     engine = EngineConfig(model=args.model, device=args.device, precision=args.precision,
                           token_budget=args.token_budget, tokenizer=args.tokenizer, sol_device=args.sol_device,
                           kv_cache_bytes=args.kv_cache_bytes, kv_host_bytes=args.kv_host_bytes,
-                          attention=args.attention)
+                          attention=args.attention, replicas=None if args.replicas == "auto" else int(args.replicas))
     config = ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), engine=engine,
                           dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
                           tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
@@ -32,6 +32,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     serve(config)
     return 0
+
+
+def _replicas(value: str) -> str:
+    if value != "auto" and not (value.isdigit() and int(value) >= 1):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a replica count (1 or more, or auto)")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -62,6 +68,10 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--attention", default=None, choices=ATTENTION,
                        help="own-token attention: rows padded per length bucket (cuDNN), or one flash varlen "
                             "call (default: varlen on CUDA in bf16/fp8)")
+    serve.add_argument("--replicas", default="1", type=_replicas,
+                       help="runtimes serving the model: N, or auto (one per CUDA GPU present); the server's own "
+                            "and the others in processes of their own, each request sent to the one holding its "
+                            "document (default 1)")
     serve.add_argument("--dialect", default="snowflake", help="SQL dialect: snowflake, bigquery or duckdb")
     serve.add_argument("--users", default=None, help="file of user:password lines: clients must log in")
     serve.add_argument("--token-ttl", type=float, default=3600.0, help="seconds a login token lasts (default 3600)")

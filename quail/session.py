@@ -135,7 +135,9 @@ class Session:
 
     def __init__(self, config: EngineConfig | None = None, runtime: Runtime | None = None) -> None:
         self.config = settled(config or EngineConfig())
+        owned = runtime is None
         self.runtime = runtime or load_runtime(self.config)
+        self._replicas = self.runtime.replicas if owned else None  # stopped by close
         self.service = QueryService.serving(self.runtime, self.config)
         self.catalog = MemoryCatalog()
 
@@ -146,7 +148,10 @@ class Session:
         self.close()
 
     def close(self) -> None:
+        """Drop the registered tables; stop the runtime's replica processes where this session started them."""
         self.catalog = MemoryCatalog()
+        if self._replicas is not None:
+            self._replicas.stop()
 
     def register(self, name: str, source: DocumentProvider | pa.Table, replace: bool = False) -> None:
         table = source.table if isinstance(source, DocumentProvider) else source

@@ -61,7 +61,7 @@ class QuailServer:
         self.runtime = load_runtime(engine)
         self.runtime.warm_up()
         self.chosen = chosen(engine, self.runtime)  # what it runs on, for the startup line
-        self.metrics = Metrics(self.runtime.runner)
+        self.metrics = Metrics(self.runtime.runner, self.runtime.replicas)
         self.auth = Authenticator(users, config.token_ttl_s) if users is not None else None
         self.handler = FlightSQLHandler(self.store, QueryService.serving(self.runtime, engine), config.dialect,
                                         config.limits, self.metrics, Access(users))
@@ -116,6 +116,8 @@ class QuailServer:
         False when some thread was still running then."""
         self.handler.cancel_all()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self.runtime.replicas is not None:
+            self.runtime.replicas.stop()
         deadline = time.monotonic() + timeout
         for thread in threading.enumerate():
             if thread is not threading.current_thread() and not thread.daemon:

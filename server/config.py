@@ -40,6 +40,8 @@ class ServerConfig:
             raise ValueError(f"the token budget must be at least {MIN_TOKEN_BUDGET} tokens a forward pass")
         if self.engine.kv_cache_bytes is not None and self.engine.kv_cache_bytes < 0:
             raise ValueError("the KV cache's bytes cannot be negative (0: no cache)")
+        if self.engine.replicas is not None and self.engine.replicas < 1:
+            raise ValueError("there must be at least one replica")
         if self.engine.kv_host_bytes < 0:
             raise ValueError("the host KV tier's bytes cannot be negative (0: none)")
         self.limits.check()

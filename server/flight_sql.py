@@ -56,7 +56,7 @@ class FlightSQLHandler:
         self.service = service
         self.admission = Admission(limits.max_active)
         self.limits = limits
-        self.metrics = metrics or Metrics(service.runtime.runner)
+        self.metrics = metrics or Metrics(service.runtime.runner, service.runtime.replicas)
         self.sessions = Sessions({"dialect": dialect, "catalog": CATALOG_NAME, "schema": SCHEMA_NAME},
                                  {"dialect": tuple(DIALECTS), "catalog": (CATALOG_NAME,), "schema": (SCHEMA_NAME,)})
         self.statements = Statements(limits.work)

@@ -14,10 +14,11 @@ from typing import Any, Callable, Iterator
 
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from quail.engine.kv.resident import ResidentTree
 from quail.engine.runtime.model_runner import ModelRunner
+from quail.engine.runtime.replicas import Replicas
 
 
 class _TreeCounts:
@@ -42,10 +43,39 @@ class _TreeCounts:
                                   "KV pool (instead of computed again)", value=counts.restored)
 
 
+class _ReplicaCounts:
+    """The replicas: how many, how many up, restarts, and each one's queued and computed tokens."""
+
+    def __init__(self, replicas: Replicas) -> None:
+        self.replicas = replicas
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        replicas = self.replicas
+        yield GaugeMetricFamily("quail_replicas", "Runtime replicas configured", value=replicas.count)
+        yield GaugeMetricFamily("quail_replicas_up", "Runtime replicas serving", value=len(replicas.live()))
+        yield CounterMetricFamily("quail_replica_restarts", "Replica processes started again after they ended",
+                                  value=sum(replica.restarts for replica in replicas.remote))
+        yield CounterMetricFamily("quail_replica_rerun_requests", "Model requests run again on another replica "
+                                  "after theirs ended before answering", value=replicas.rerun)
+        queued = GaugeMetricFamily("quail_replica_queued_tokens", "Prompt tokens routed to a replica and not yet "
+                                   "answered", labels=["replica"])
+        tokens = CounterMetricFamily("quail_replica_tokens", "Prompt tokens a replica answered: logical (every "
+                                     "prompt in full), fresh (computed), cached (served from its resident KV)",
+                                     labels=["replica", "kind"])
+        for replica in range(replicas.count):
+            queued.add_metric([str(replica)], replicas.router.queued[replica])
+            stats = replicas.stats(replica)
+            for kind, value in (("logical", stats.logical_tokens), ("fresh", stats.fresh_tokens),
+                                ("cached", stats.cached_tokens)):
+                tokens.add_metric([str(replica), kind], value)
+        yield queued
+        yield tokens
+
+
 class Metrics:
     """The server's counters, gauges and histograms, in a registry of its own."""
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, replicas: Replicas | None = None) -> None:
         self.registry = CollectorRegistry()
         self.running = Gauge("quail_queries_running", "Queries executing or waiting for the model",
                              registry=self.registry)
@@ -67,6 +97,8 @@ class Metrics:
               ).set_function(lambda: tree.host_tokens * host.bytes_per_token if host else 0)
         if tree is not None:
             self.registry.register(_TreeCounts(tree))
+        if replicas is not None:
+            self.registry.register(_ReplicaCounts(replicas))
         self.queries = Counter("quail_queries", "Queries finished, by gRPC status", ["status"],
                                registry=self.registry)
         self.tokens = Counter("quail_tokens", "Model tokens of finished queries: logical (every prompt in "

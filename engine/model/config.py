@@ -77,7 +77,9 @@ class EngineConfig:
     back when that is faster than computing it (kv/host_tier.py; 0: none); attention: how rows attend to their own
     tokens: "buckets" (rows padded per length bucket; cuDNN on a GPU) or "varlen" (one
     flash varlen call, no padding; CUDA in bf16 or fp8 only; None: varlen where it runs,
-    else buckets).
+    else buckets); replicas: runtimes serving the model, one per GPU (the server's own, and the others in
+    processes of their own, requests routed to the one holding their document: runtime/replicas.py; on the
+    CPU they share its cores; None: one per CUDA GPU present, settled when the model loads).
     """
 
     model: str | None = None
@@ -94,6 +96,7 @@ class EngineConfig:
     kv_host_bytes: int = 0
     attention: str | None = None
     backend: str | None = None
+    replicas: int | None = 1
 
     @property
     def compiled(self) -> bool:

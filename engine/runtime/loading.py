@@ -11,7 +11,7 @@ import torch
 
 from quail.engine.errors import InvalidArgument, NotFound
 from quail.engine.kernels.fp8 import to_fp8
-from quail.engine.kv.pool import default_pool_bytes
+from quail.engine.kv.pool import RESERVE, default_pool_bytes
 from quail.engine.model.config import ATTENTION, EngineConfig, ModelConfig
 from quail.engine.model.decoder import Decoder
 from quail.engine.model.embedded import embedded_gguf
@@ -20,6 +20,7 @@ from quail.engine.model.hf_weights import (TEMPLATE_FILE, cached_snapshot, chat_
                                            load_directory)
 from quail.engine.model.tokenizer import Tokenizer
 from quail.engine.runtime.prompt import ChatFrame
+from quail.engine.runtime.replicas import Replicas
 from quail.engine.runtime.runtime import Runtime
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -143,7 +144,7 @@ def _check_device(device: str) -> None:
 def settled(config: EngineConfig) -> EngineConfig:
     """The config with what it left to the machine chosen: device "auto" → cuda when a CUDA GPU is present,
     else cpu; precision "auto" → bf16 on a GPU, fp32 on the CPU; token budget None → 16,384 on a GPU, 4,096
-    on the CPU (InvalidArgument for a device this machine lacks)."""
+    on the CPU; replicas None → one per CUDA GPU present (InvalidArgument for a device this machine lacks)."""
     device = config.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -151,7 +152,8 @@ def settled(config: EngineConfig) -> EngineConfig:
     gpu = torch.device(device).type == "cuda"
     precision = ("bf16" if gpu else "fp32") if config.precision == "auto" else config.precision
     budget = config.token_budget if config.token_budget is not None else 16384 if gpu else 4096
-    return replace(config, device=device, precision=precision, token_budget=budget)
+    replicas = config.replicas if config.replicas is not None else torch.cuda.device_count() if gpu else 1
+    return replace(config, device=device, precision=precision, token_budget=budget, replicas=replicas)
 
 
 def chosen(config: EngineConfig, runtime: Runtime) -> str:
@@ -165,8 +167,9 @@ def chosen(config: EngineConfig, runtime: Runtime) -> str:
         choice = "copies back" if tree.host.restores else "computes again"
         host += (f" ({choice}: a pass copied back in {tree.host.restore_s:.3f} s, computed in "
                  f"{tree.host.recompute_s:.3f} s)")
+    replicas = "" if runtime.replicas is None else f", {runtime.replicas.count} replicas"
     return (f"{runtime.model_id} on {name}, {config.precision}, token budget {config.token_budget:,}, "
-            f"KV pool {pool.capacity_bytes / 2 ** 30:.1f} GiB{host}")
+            f"KV pool {pool.capacity_bytes / 2 ** 30:.1f} GiB{host}{replicas}")
 
 
 def load_runtime(config: EngineConfig | None = None) -> Runtime:
@@ -207,7 +210,26 @@ def pass_bytes(model: Decoder, token_budget: int) -> int:
 
 def _runtime(model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame, config: EngineConfig) -> Runtime:
     budget = config.kv_cache_bytes
-    if budget is None:
-        budget = default_pool_bytes(next(model.parameters()).device, pass_bytes(model, config.token_budget))
-    return Runtime(model_id, model, tokenizer, frame, config.strategy, config.token_budget, config.decisions,
-                   kv_bytes=budget, kv_host_bytes=config.kv_host_bytes, names=(config.model or DEFAULT_MODEL,))
+    if budget is None:  # replicas sharing a GPU: what it has free, less the others' weights and passes, shared
+        device = next(model.parameters()).device
+        sharing = -(-config.replicas // torch.cuda.device_count()) if device.type == "cuda" else 1
+        activations = pass_bytes(model, config.token_budget)
+        weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        others = (sharing - 1) * (activations + RESERVE + weights)
+        budget = max(0, default_pool_bytes(device, activations) - others) // sharing
+    runtime = Runtime(model_id, model, tokenizer, frame, config.strategy, config.token_budget, config.decisions,
+                      kv_bytes=budget, kv_host_bytes=config.kv_host_bytes, names=(config.model or DEFAULT_MODEL,))
+    if config.replicas > 1:
+        runtime.replicas = Replicas(replace(config, kv_cache_bytes=budget), config.replicas,
+                                    lambda i: replica_device(config.device, i))
+    return runtime
+
+
+def replica_device(device: str, index: int) -> str:
+    """The device of replica `index`: the next GPU (round robin over those present), or the CPU.
+
+    >>> replica_device("cpu", 1)
+    'cpu'
+    """
+    kind = torch.device(device).type
+    return f"cuda:{index % torch.cuda.device_count()}" if kind == "cuda" else kind

@@ -21,6 +21,7 @@ from quail.engine.runtime.grammar import GrammarTokens, Schema
 from quail.engine.runtime.model_runner import ModelRunner, host_tier, kv_pool
 from quail.engine.runtime.prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
 from quail.engine.runtime.query_work import QueryWork
+from quail.engine.runtime.replicas import Replicas, RoutedScoring
 from quail.engine.runtime.requests import LabelSet, Request, Segment, document_prefix
 from quail.engine.runtime.scheduler import Strategy, tree
 from quail.engine.runtime.text_segments import SegmentCache
@@ -89,6 +90,7 @@ class Runtime:
         self.names = frozenset(n.lower() for n in (model_id, "default", *names))
         self._grammar_tokens: GrammarTokens | None = None
         self._preamble_tokens: int | None = None
+        self.replicas: Replicas | None = None  # the other replicas requests are routed to (replicas.py)
 
     def variant(self, strategy: str | Strategy, token_budget: int | None = None) -> "Runtime":
         """Another runtime over the same weights and tokenizer (and the device's scheduler, KV ledger, pool
@@ -111,9 +113,10 @@ class Runtime:
         """
         return self.launch(requests, work).read()
 
-    def launch(self, requests: Sequence[Request], work: QueryWork | None = None) -> "Scoring":
+    def launch(self, requests: Sequence[Request], work: QueryWork | None = None) -> "Scoring | RoutedScoring":
         """The requests' forward passes queued on the device, their answers read later (`Scoring.read`),
-        so the host can build the next requests while these passes run; otherwise as `score`."""
+        so the host can build the next requests while these passes run; otherwise as `score`. With
+        replicas, each request is computed on the one its document is routed to (replicas.py)."""
         if not requests:
             return Scoring([])
         self.refuse_too_long(requests)
@@ -122,6 +125,12 @@ class Runtime:
         work.spend_tokens(sum(len(r) for r in requests))
         work.requests.extend(requests)
         work.check()
+        if self.replicas is not None:
+            return self.replicas.launch(requests, work, self._scoring)
+        return self._scoring(requests, work)
+
+    def _scoring(self, requests: Sequence[Request], work: QueryWork) -> "Scoring":
+        """The requests' passes queued on this runtime's device (counted already)."""
         strategy = STRATEGIES[self.strategy] if isinstance(self.strategy, str) else self.strategy
         hidden = strategy(self.runner.for_query(work.check), requests, work.stats)
         by_labels: dict[LabelSet, list[int]] = {}
@@ -228,6 +237,8 @@ class Runtime:
         """The rejected requests' documents (what follows the preamble), with all that continues them, go
         first when the pool needs room, but those an accepted request shares: the plan will not ask about
         them again (a join's anchor stays while a partner of it passed)."""
+        if self.replicas is not None:
+            self.replicas.forget(rejected, accepted)
         tree = self.runner.tree
         if tree is None:
             return

@@ -1,0 +1,121 @@
+"""A server with two runtime replicas (`--replicas 2`: its own and one in a process of its own), against a
+server with one: the same rows and scores; a repeated query's documents go back to the replica holding
+them; a replica killed mid-query has its requests run again, and restarts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import adbc_driver_flightsql.dbapi as flight_sql
+import pyarrow as pa
+import pytest
+
+from quail.clients.server_process import ServerProcess, free_port, metric_samples
+
+REVIEWS = pa.table({"id": list(range(48)),
+                    "body": [f"Review {i}: the soup was {'cold' if i % 2 else 'hot'} and the staff "
+                             f"{'rude' if i % 3 else 'kind'}; we paid {i % 40 + 10} euros." for i in range(48)]})
+TOPICS = pa.table({"id": list(range(6)), "topic": ["food", "service", "price", "noise", "a film", "weather"]})
+QUERIES = [
+    "SELECT id, AI_SCORE(PROMPT('How positive is {0}?', body)) AS s FROM reviews ORDER BY id",
+    "SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Does {0} complain about the staff?', body)) ORDER BY id",
+    "SELECT id, AI_CLASSIFY(body, ['food', 'service', 'price']):labels[0]::string AS c FROM reviews ORDER BY id",
+]
+JOIN = ("SELECT r.id AS r, t.id AS t, AI_SCORE(PROMPT('How much is the review {0} about {1}?', r.body, t.topic)) AS s "
+        "FROM reviews r CROSS JOIN topics t ORDER BY r.id, t.id")
+SHORT_PASSES = ("--token-budget", "512")  # a join of many passes: a replica is killed in the middle of it
+
+
+def _run(uri: str, query: str) -> pa.Table:
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(query)
+        return cur.fetch_arrow_table()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """(one replica, two replicas and their metrics URL and process id), over the same tables."""
+    port = free_port()
+    with ServerProcess(tmp_path_factory.mktemp("one"), *SHORT_PASSES) as one, \
+            ServerProcess(tmp_path_factory.mktemp("two"), *SHORT_PASSES, "--replicas", "2", "--metrics-port",
+                          str(port)) as two:
+        for uri in (one.uri, two.uri):
+            with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+                cur.adbc_ingest("reviews", REVIEWS, mode="replace")
+                cur.adbc_ingest("topics", TOPICS, mode="replace")
+        yield one.uri, two.uri, f"http://127.0.0.1:{port}/metrics", two.process.pid
+
+
+def _replica_pids(server_pid: int) -> list[int]:
+    """The server's replica processes (its children started by multiprocessing's spawn, not its resource
+    tracker)."""
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    return [int(pid) for pid in children
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def test_two_replicas_give_the_rows_and_scores_of_one(servers):
+    one, two, metrics, _ = servers
+    for query in QUERIES:
+        alone, replicated = _run(one, query), _run(two, query)
+        assert alone.column_names == replicated.column_names
+        if "s" in alone.column_names:
+            assert alone["id"].equals(replicated["id"])
+            assert max(abs(a - b) for a, b in zip(alone["s"].to_pylist(), replicated["s"].to_pylist())) < 1e-4
+        else:
+            assert alone.equals(replicated), query
+    samples = metric_samples(metrics)
+    assert samples["quail_replicas"] == 2 and samples["quail_replicas_up"] == 2
+    for replica in ("0", "1"):  # the documents spread over both
+        assert samples[f'quail_replica_tokens_total{{kind="logical",replica="{replica}"}}'] > 0
+
+
+def test_a_repeated_query_finds_its_documents_on_the_replica_that_holds_them(servers):
+    _, two, metrics, _ = servers
+    query = "SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Was {0} written in the evening?', body)) ORDER BY id"
+
+    def tokens() -> dict[str, float]:
+        samples = metric_samples(metrics)
+        return {f"{kind}{replica}": samples[f'quail_replica_tokens_total{{kind="{kind}",replica="{replica}"}}']
+                for replica in "01" for kind in ("logical", "fresh", "cached")}
+
+    before = tokens()
+    first = _run(two, query)
+    middle = tokens()
+    assert _run(two, query).equals(first)
+    after = tokens()
+    for replica in "01":
+        logical = after[f"logical{replica}"] - middle[f"logical{replica}"]
+        assert logical > 0, "the documents spread over both replicas"
+        assert logical == middle[f"logical{replica}"] - before[f"logical{replica}"], "each went where it went before"
+        assert after[f"fresh{replica}"] - middle[f"fresh{replica}"] <= 0.1 * logical, "and was found resident there"
+
+
+def test_a_replica_killed_mid_query_is_replaced_and_the_query_gets_its_rows(servers):
+    one, two, metrics, server_pid = servers
+    expected = _run(one, JOIN)
+    [pid] = _replica_pids(server_pid)
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(_run(two, JOIN)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while metric_samples(metrics)['quail_replica_queued_tokens{replica="1"}'] == 0:
+        assert time.monotonic() < deadline, "the join never reached the second replica"
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    thread.join(300)
+    assert outcome and outcome[0].select(["r", "t"]).equals(expected.select(["r", "t"]))
+    assert max(abs(a - b) for a, b in zip(outcome[0]["s"].to_pylist(), expected["s"].to_pylist())) < 1e-4
+    deadline = time.monotonic() + 120
+    while metric_samples(metrics)["quail_replicas_up"] < 2:
+        assert time.monotonic() < deadline, "the replica did not restart"
+        time.sleep(0.2)
+    samples = metric_samples(metrics)
+    assert samples["quail_replica_restarts_total"] == 1
+    assert samples["quail_replica_rerun_requests_total"] > 0, "it was killed with requests of the join"
+    assert _replica_pids(server_pid) != [pid]
+    assert _run(two, QUERIES[1]).equals(_run(one, QUERIES[1])), "the restarted replica serves"
