@@ -53,8 +53,10 @@ def parameter_counts(model: ModelConfig) -> tuple[int, int]:
     return attention, mlp
 
 
-def sol_seconds(work: Stats, model: ModelConfig, device: Device, precision: str, tokens_per_pass: int) -> float:
-    """Roofline seconds of the given work (use the ideal plan's counts for the speed of light)."""
+def sol_seconds(work: Stats, model: ModelConfig, device: Device, precision: str, tokens_per_pass: int,
+                replicas: int = 1) -> float:
+    """Roofline seconds of the given work (use the ideal plan's counts for the speed of light), spread evenly
+    over `replicas` devices of this kind (each computes its share in its own passes)."""
     tokens = work.fresh_tokens
     prefill = tokens - work.generated_tokens
     passes = (math.ceil(prefill / tokens_per_pass) if prefill > 0 else 0) + work.decode_steps
@@ -66,7 +68,7 @@ def sol_seconds(work: Stats, model: ModelConfig, device: Device, precision: str,
     kappa = 2 * model.num_layers * model.num_kv_heads * model.head_dim * kv_bytes
     attention = max(4 * model.num_heads * model.head_dim * model.num_layers * work.attention_pairs / device.attention,
                     kappa * (work.kv_written + work.kv_read) / device.bandwidth)
-    return linear + attention
+    return (linear + attention) / replicas
 
 
 def rank_by_sol(sol: Callable[[Stats], float | None] | None) -> Rank:

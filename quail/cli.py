@@ -19,7 +19,8 @@ def _serve(args: argparse.Namespace) -> int:
     engine = EngineConfig(model=args.model, device=args.device, precision=args.precision,
                           token_budget=args.token_budget, tokenizer=args.tokenizer, sol_device=args.sol_device,
                           kv_cache_bytes=args.kv_cache_bytes, kv_host_bytes=args.kv_host_bytes,
-                          attention=args.attention, replicas=None if args.replicas == "auto" else int(args.replicas))
+                          attention=args.attention, replicas=None if args.replicas == "auto" else int(args.replicas),
+                          ray=args.ray)
     config = ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), engine=engine,
                           dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
                           tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
@@ -72,6 +73,10 @@ def parser() -> argparse.ArgumentParser:
                        help="runtimes serving the model: N, or auto (one per CUDA GPU present); the server's own "
                             "and the others in processes of their own, each request sent to the one holding its "
                             "document (default 1)")
+    serve.add_argument("--ray", default=None, metavar="ADDRESS",
+                       help="run the other replicas as actors of the Ray cluster at ADDRESS, or of a local one "
+                            "started here (auto); needs pip install quail-server[ray] (default: processes of "
+                            "this host)")
     serve.add_argument("--dialect", default="snowflake", help="SQL dialect: snowflake, bigquery or duckdb")
     serve.add_argument("--users", default=None, help="file of user:password lines: clients must log in")
     serve.add_argument("--token-ttl", type=float, default=3600.0, help="seconds a login token lasts (default 3600)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,8 @@ class ServerConfig:
             raise ValueError("the KV cache's bytes cannot be negative (0: no cache)")
         if self.engine.replicas is not None and self.engine.replicas < 1:
             raise ValueError("there must be at least one replica")
+        if self.engine.ray is not None and importlib.util.find_spec("ray") is None:
+            raise ValueError("replicas on Ray need Ray installed: pip install 'quail-server[ray]'")
         if self.engine.kv_host_bytes < 0:
             raise ValueError("the host KV tier's bytes cannot be negative (0: none)")
         self.limits.check()

@@ -32,25 +32,28 @@ class QueryService:
     """Plans statements over a catalog and runs them on one runtime.
 
     `sol_device` names the device constants (planner/cost.py) that price join
-    orders and give reports their speed of light; None: join orders priced by
-    tokens, no speed of light.
+    orders and give reports their speed of light, `replicas` how many such
+    devices serve the model (the speed of light spreads the work over them);
+    None: join orders priced by tokens, no speed of light.
     """
 
     runtime: Runtime
     sol_device: str | None = None
     precision: str = "fp32"
     token_budget: int = 4096
+    replicas: int = 1
 
     @classmethod
     def serving(cls, runtime: Runtime, config: EngineConfig) -> "QueryService":
         """The service of a runtime loaded with `config`."""
-        return cls(runtime, config.speed_of_light_device, config.precision, config.token_budget)
+        return cls(runtime, config.speed_of_light_device, config.precision, config.token_budget, config.replicas or 1)
 
     def sol(self, ideal: Stats) -> float | None:
         """Speed-of-light seconds of the ideal work on the serving device (None: no device named)."""
         if self.sol_device is None:
             return None
-        return sol_seconds(ideal, self.runtime.config, DEVICES[self.sol_device], self.precision, self.token_budget)
+        return sol_seconds(ideal, self.runtime.config, DEVICES[self.sol_device], self.precision, self.token_budget,
+                           self.replicas)
 
     def plan(self, text: str, catalog: Catalog, dialect: str, params: Sequence[Any] | None = None,
              work: QueryWork | None = None) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema | None]:

@@ -95,7 +95,14 @@ def _systemd_command() -> list[str]:
     return _serve_args(shlex.split(line.removeprefix("ExecStart=")))
 
 
+def _ray_command() -> list[str]:
+    [cluster] = _yaml("ray/cluster.yaml")
+    line = next(line for line in cluster["head_start_ray_commands"] if "quail serve" in line)
+    return _serve_args(shlex.split(line.removeprefix("nohup ").split(">")[0]))
+
+
 COMMANDS = {
+    "ray": _ray_command,
     "docker-compose": _compose_command,
     "k8s": lambda: _serve_args(_container()["command"]) + _container()["args"],
     "k8s-tls": lambda: _serve_args(_container()["command"]) + _container()["args"] + [

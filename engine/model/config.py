@@ -79,7 +79,9 @@ class EngineConfig:
     flash varlen call, no padding; CUDA in bf16 or fp8 only; None: varlen where it runs,
     else buckets); replicas: runtimes serving the model, one per GPU (the server's own, and the others in
     processes of their own, requests routed to the one holding their document: runtime/replicas.py; on the
-    CPU they share its cores; None: one per CUDA GPU present, settled when the model loads).
+    CPU they share its cores; None: one per CUDA GPU present, settled when the model loads); ray: the
+    other replicas are Ray actors of the cluster at this address ("auto": a local Ray started by the
+    server), else processes of this host (None).
     """
 
     model: str | None = None
@@ -97,6 +99,7 @@ class EngineConfig:
     attention: str | None = None
     backend: str | None = None
     replicas: int | None = 1
+    ray: str | None = None
 
     @property
     def compiled(self) -> bool:

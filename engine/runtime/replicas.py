@@ -14,7 +14,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -101,6 +101,34 @@ class Router:
 
 class ReplicaLost(Unavailable):
     """The replica's process ended before it answered (its requests are run elsewhere)."""
+
+
+class Replica(Protocol):
+    """A runtime serving requests away from the server's process (ProcessReplica, ray_replicas.RayReplica)."""
+
+    index: int
+    up: bool  # serving: requests may be routed to it
+    restarts: int
+    computed: Stats  # what the requests it answered cost there, summed
+
+    def start(self) -> None: ...
+
+    def score(self, requests: Sequence[Request]) -> Future: ...
+
+    def cancel(self, future: Future) -> None: ...
+
+    def forget(self, rejected: Sequence[Request], accepted: Sequence[Request]) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def replica_error(index: int, name: str, text: str) -> QuailError:
+    """An error a replica raised, by its class name: the same Quail error here (Cancelled, ResourceExhausted,
+    ...), any other as a QuailError naming the replica."""
+    error = getattr(errors, name, None)
+    if isinstance(error, type) and issubclass(error, QuailError):
+        return error(text)
+    return QuailError(f"replica {index}: {name}: {text}")
 
 
 class ProcessReplica:
@@ -211,10 +239,7 @@ class ProcessReplica:
             if kind == "done":
                 job.set_result(tuple(rest))
             else:
-                name, text = rest
-                error = getattr(errors, name, None)
-                job.set_exception(error(text) if isinstance(error, type) and issubclass(error, QuailError)
-                                         else errors.QuailError(f"replica {self.index}: {name}: {text}"))
+                job.set_exception(replica_error(self.index, *rest))
 
     def _ended(self, conn) -> None:
         """The process ended (or its pipe broke): every job it had fails with ReplicaLost; it restarts."""
@@ -231,15 +256,23 @@ class ProcessReplica:
 
 
 class Replicas:
-    """Replicas 1..n-1 of a runtime (0 is the caller's own), and the router over all n."""
+    """Replicas 1..n-1 of a runtime (0 is the caller's own): processes of their own (ProcessReplica), or Ray
+    actors where `config.ray` names a cluster (ray_replicas.py); and the router over all n."""
 
     def __init__(self, config: EngineConfig, count: int, devices: Callable[[int], str]) -> None:
         self.router = Router(count)
-        self.remote = [ProcessReplica(i, replace(config, device=devices(i), replicas=1)) for i in range(1, count)]
+        self.remote: list[Replica]
+        self._disconnect: Callable[[], None] = lambda: None
+        if config.ray is None:
+            self.remote = [ProcessReplica(i, replace(config, device=devices(i), replicas=1)) for i in range(1, count)]
+        else:
+            from quail.engine.runtime import ray_replicas  # Ray is an optional extra
+
+            self.remote, self._disconnect = ray_replicas.replicas(config, count), ray_replicas.disconnect
         self.here = Stats()  # what replica 0's share cost
         self.rerun = 0  # requests run here again after their replica ended
         self._lock = threading.Lock()
-        starting = [threading.Thread(target=replica.start) for replica in self.remote]
+        starting = [threading.Thread(target=_start, args=(replica,)) for replica in self.remote]
         for thread in starting:
             thread.start()
         for thread in starting:
@@ -306,6 +339,14 @@ class Replicas:
     def stop(self) -> None:
         for replica in self.remote:
             replica.stop()
+        self._disconnect()
+
+
+def _start(replica: Replica) -> None:
+    try:
+        replica.start()
+    except Exception:  # noqa: BLE001 — Replicas reports the replicas left down
+        log.exception("replica %d did not start", replica.index)
 
 
 def serve_replica(config: EngineConfig, conn) -> None:
@@ -362,7 +403,7 @@ class RoutedScoring:
 
     size: int
     here: tuple[list[int], Scoring | None]
-    away: list[tuple[ProcessReplica, list[int], Future]]
+    away: list[tuple[Replica, list[int], Future]]
     requests: Sequence[Request]
     work: QueryWork
     scoring: Callable[[Sequence[Request], QueryWork], Scoring]
@@ -390,7 +431,7 @@ class RoutedScoring:
         for i, row in zip(members, answers):
             out[i] = row
 
-    def _wait(self, replica: ProcessReplica, future: Future) -> list[np.ndarray]:
+    def _wait(self, replica: Replica, future: Future) -> list[np.ndarray]:
         while True:
             try:
                 self.work.check()

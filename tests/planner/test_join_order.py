@@ -64,3 +64,11 @@ def test_resident_anchors_are_read_not_computed():
     work = cost([0, 1], [2.0, 3.0], [warm])
     assert work == Work(tokens=100 + 6 * 10, pairs=5050 + 6 * (10 * 100 + 55), kv_written=100, kv_read=600)
     assert SOL(work) < SOL(cost([0, 1], [2.0, 3.0], [cold]))
+
+
+def test_the_speed_of_light_spreads_the_work_over_the_replicas():
+    from quail.engine.runtime.counters import Stats
+
+    work = Stats(fresh_tokens=100_000, attention_pairs=10_000_000, kv_written=100_000)
+    one = sol_seconds(work, DUMMY_SHAPES["qwen3-4b"], DEVICES["h200"], "bf16", 16384)
+    assert sol_seconds(work, DUMMY_SHAPES["qwen3-4b"], DEVICES["h200"], "bf16", 16384, replicas=2) == one / 2

@@ -1,6 +1,7 @@
-"""A server with two runtime replicas (`--replicas 2`: its own and one in a process of its own), against a
-server with one: the same rows and scores; a repeated query's documents go back to the replica holding
-them; a replica killed mid-query has its requests run again, and restarts."""
+"""A server with two runtime replicas (`--replicas 2`: its own and one in a process of its own, or a Ray
+actor of a local Ray cluster), against a server with one: the same rows and scores; a repeated query's
+documents go back to the replica holding them; a replica killed mid-query has its requests run again, and
+restarts."""
 
 from __future__ import annotations
 
@@ -37,25 +38,52 @@ def _run(uri: str, query: str) -> pa.Table:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """(one replica, two replicas and their metrics URL and process id), over the same tables."""
+def one(tmp_path_factory):
+    with ServerProcess(tmp_path_factory.mktemp("one"), *SHORT_PASSES) as server:
+        _load(server.uri)
+        yield server.uri
+
+
+BACKENDS = {"processes": (), "ray": ("--ray", "auto")}
+
+
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def servers(request, one, tmp_path_factory):
+    """(one replica, two replicas, the latter's metrics URL, its replica's process id finder), over the
+    same tables."""
     port = free_port()
-    with ServerProcess(tmp_path_factory.mktemp("one"), *SHORT_PASSES) as one, \
-            ServerProcess(tmp_path_factory.mktemp("two"), *SHORT_PASSES, "--replicas", "2", "--metrics-port",
-                          str(port)) as two:
-        for uri in (one.uri, two.uri):
-            with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
-                cur.adbc_ingest("reviews", REVIEWS, mode="replace")
-                cur.adbc_ingest("topics", TOPICS, mode="replace")
-        yield one.uri, two.uri, f"http://127.0.0.1:{port}/metrics", two.process.pid
+    with ServerProcess(tmp_path_factory.mktemp("two"), *SHORT_PASSES, "--replicas", "2", "--metrics-port",
+                       str(port), *BACKENDS[request.param]) as two:
+        _load(two.uri)
+        pids = _child_replicas(two.process.pid) if request.param == "processes" else _ray_actors
+        yield one, two.uri, f"http://127.0.0.1:{port}/metrics", pids
 
 
-def _replica_pids(server_pid: int) -> list[int]:
-    """The server's replica processes (its children started by multiprocessing's spawn, not its resource
+def _load(uri: str) -> None:
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.adbc_ingest("reviews", REVIEWS, mode="replace")
+        cur.adbc_ingest("topics", TOPICS, mode="replace")
+
+
+def _child_replicas(server_pid: int):
+    """The server's replica processes: its children started by multiprocessing's spawn (not its resource
     tracker)."""
-    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
-    return [int(pid) for pid in children
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    def pids() -> list[int]:
+        children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+        return [int(pid) for pid in children if b"spawn_main" in _cmdline(pid)]
+    return pids
+
+
+def _ray_actors() -> list[int]:
+    """The processes of the replica actors (Ray names each after its actor class)."""
+    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid).startswith(b"ray::RuntimeActor")]
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # it ended meanwhile
+        return b""
 
 
 def test_two_replicas_give_the_rows_and_scores_of_one(servers):
@@ -96,9 +124,9 @@ def test_a_repeated_query_finds_its_documents_on_the_replica_that_holds_them(ser
 
 
 def test_a_replica_killed_mid_query_is_replaced_and_the_query_gets_its_rows(servers):
-    one, two, metrics, server_pid = servers
+    one, two, metrics, replica_pids = servers
     expected = _run(one, JOIN)
-    [pid] = _replica_pids(server_pid)
+    [pid] = replica_pids()
     outcome: list = []
     thread = threading.Thread(target=lambda: outcome.append(_run(two, JOIN)))
     thread.start()
@@ -117,5 +145,5 @@ def test_a_replica_killed_mid_query_is_replaced_and_the_query_gets_its_rows(serv
     samples = metric_samples(metrics)
     assert samples["quail_replica_restarts_total"] == 1
     assert samples["quail_replica_rerun_requests_total"] > 0, "it was killed with requests of the join"
-    assert _replica_pids(server_pid) != [pid]
+    assert replica_pids() not in ([pid], [])
     assert _run(two, QUERIES[1]).equals(_run(one, QUERIES[1])), "the restarted replica serves"

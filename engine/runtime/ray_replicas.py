@@ -1,0 +1,183 @@
+"""Runtime replicas as Ray actors (`--ray ADDRESS` or `auto`: a local Ray started here), so replicas can live
+on other hosts; Ray restarts an actor whose process dies. Needs the `ray` extra."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import Sequence
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from quail.engine.model.config import EngineConfig
+from quail.engine.runtime.counters import Stats
+from quail.engine.runtime.query_work import QueryWork
+from quail.engine.runtime.replicas import START_S, ReplicaLost, replica_error
+from quail.engine.runtime.requests import Request
+
+log = logging.getLogger("quail.replicas")
+
+CONCURRENCY = 64  # batches an actor scores at once (its scheduler packs them into shared passes)
+PING_S = 1.0  # how often a lost actor is asked whether Ray has restarted it
+START_ATTEMPTS = 3  # tries at starting a local Ray
+
+
+class RuntimeActor:
+    """A runtime in a Ray actor: loads and warms the model, scores request batches on threads of its own,
+    stops a batch its query cancelled."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        from quail.engine.runtime.loading import load_runtime
+
+        self.runtime = load_runtime(config)
+        self.runtime.warm_up()
+        self.device = config.device
+        self.works: dict[int, QueryWork] = {}
+
+    def ready(self) -> str:
+        return f"{self.runtime.model_id} on {self.device} (pid {os.getpid()})"
+
+    def score(self, job: int, requests: list[Request]) -> tuple[list, Stats]:
+        self.works[job] = work = QueryWork()
+        try:
+            return self.runtime.launch(requests, work).read(), work.stats
+        finally:
+            self.works.pop(job, None)
+
+    def cancel(self, job: int) -> None:
+        work = self.works.get(job)
+        if work is not None:
+            work.cancel()
+
+    def forget(self, rejected: list[Request], accepted: list[Request]) -> None:
+        self.runtime.forget(rejected, accepted)
+
+
+def replicas(config: EngineConfig, count: int) -> list["RayReplica"]:
+    """Replicas 1..count-1 as actors (not yet started), Ray connected first: to the cluster at `config.ray`,
+    or a local one started here ("auto"), its GPUs but the server's own for the actors."""
+    if not ray.is_initialized():
+        if config.ray == "auto":
+            import torch
+
+            gpus = max(0, torch.cuda.device_count() - 1) if config.device.startswith("cuda") else 0
+            _start_local(gpus)
+        else:
+            ray.init(address=config.ray, include_dashboard=False, log_to_driver=False)
+    gpu = config.device.startswith("cuda")
+    actor_config = replace(config, device="cuda" if gpu else "cpu", replicas=1, ray=None)
+    return [RayReplica(i, actor_config, gpu) for i in range(1, count)]
+
+
+def disconnect() -> None:
+    """Leave the Ray cluster (a local one started here stops)."""
+    ray.shutdown()
+
+
+def _start_local(gpus: int, attempts: int = START_ATTEMPTS) -> None:
+    """Start a local Ray with these GPUs for the actors. Ray gives its node 30 s to come up, which a busy
+    host can miss: then it is started again, up to `attempts` times."""
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+            return
+        except Exception as err:  # noqa: BLE001 — Ray raises a bare Exception for it
+            if "timed out during startup" not in str(err) or attempt == attempts:
+                raise
+            log.warning("the local Ray did not come up in time (attempt %d of %d): starting it again", attempt,
+                        attempts)
+            ray.shutdown()
+
+
+class RayReplica:
+    """A replica as a Ray actor (replicas.Replica). Ray restarts its process when it dies (the batches it
+    had fail with ReplicaLost and run elsewhere); the replica counts as down until the restarted actor
+    answers."""
+
+    def __init__(self, index: int, config: EngineConfig, gpu: bool) -> None:
+        self.index, self.config, self.gpu = index, config, gpu
+        self.up, self.stopped, self.restarts = False, False, 0
+        self.computed = Stats()
+        self.actor = None
+        self._jobs: dict[int, Future] = {}
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        actor_class = ray.remote(num_gpus=1 if self.gpu else 0, num_cpus=1, max_restarts=-1, max_task_retries=0,
+                                 max_concurrency=CONCURRENCY)(RuntimeActor)
+        self.actor = actor_class.options(name=f"quail-replica-{self.index}-{os.getpid()}").remote(self.config)
+        log.info("replica %d: %s (a Ray actor)", self.index, ray.get(self.actor.ready.remote(), timeout=START_S))
+        self.up = True
+
+    def score(self, requests: Sequence[Request]) -> Future:
+        future: Future = Future()
+        with self._lock:
+            if not self.up:
+                future.set_exception(ReplicaLost(f"replica {self.index} is restarting"))
+                return future
+            job, self._next = self._next, self._next + 1
+            self._jobs[job] = future
+        self.actor.score.remote(job, list(requests)).future().add_done_callback(
+            lambda done: self._answered(job, done))
+        return future
+
+    def _answered(self, job: int, done: Future) -> None:
+        with self._lock:
+            future = self._jobs.pop(job)
+        error = done.exception()
+        if error is None:
+            logprobs, stats = done.result()
+            with self._lock:
+                self.computed = self.computed.plus(stats)
+            future.set_result((logprobs, stats))
+        elif isinstance(error, RayActorError):
+            future.set_exception(ReplicaLost(f"replica {self.index} ended"))
+            self._lost()
+        elif isinstance(error, RayTaskError):
+            cause = error.cause
+            future.set_exception(replica_error(self.index, type(cause).__name__, str(cause)))
+        else:
+            future.set_exception(replica_error(self.index, type(error).__name__, str(error)))
+
+    def _lost(self) -> None:
+        """The actor's process died: down until Ray's restart of it answers."""
+        with self._lock:
+            if not self.up or self.stopped:
+                return
+            self.up = False
+        log.warning("replica %d ended: its batches run elsewhere; Ray restarts it", self.index)
+        threading.Thread(target=self._wait_restart, name=f"quail-replica-{self.index}-restart", daemon=True).start()
+
+    def _wait_restart(self) -> None:
+        while not self.stopped:
+            try:
+                ray.get(self.actor.ready.remote(), timeout=START_S)
+            except Exception:  # noqa: BLE001 — not back yet
+                time.sleep(PING_S)
+                continue
+            with self._lock:
+                self.up, self.restarts = not self.stopped, self.restarts + 1
+            log.info("replica %d restarted", self.index)
+            return
+
+    def cancel(self, future: Future) -> None:
+        with self._lock:
+            job = next((k for k, f in self._jobs.items() if f is future), None)
+        if job is not None and self.up:
+            self.actor.cancel.remote(job)
+
+    def forget(self, rejected: Sequence[Request], accepted: Sequence[Request]) -> None:
+        if self.up:
+            self.actor.forget.remote(list(rejected), list(accepted))
+
+    def stop(self) -> None:
+        with self._lock:
+            self.up, self.stopped = False, True
+        if self.actor is not None:
+            ray.kill(self.actor, no_restart=True)
