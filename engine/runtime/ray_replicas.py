@@ -24,7 +24,7 @@ log = logging.getLogger("quail.replicas")
 
 CONCURRENCY = 64  # batches an actor scores at once (its scheduler packs them into shared passes)
 PING_S = 1.0  # how often a lost actor is asked whether Ray has restarted it
-START_ATTEMPTS = 3  # tries at starting a local Ray
+START_ATTEMPTS = 5  # tries at starting a local Ray
 
 
 class RuntimeActor:
@@ -80,17 +80,19 @@ def disconnect() -> None:
 
 
 def _start_local(gpus: int, attempts: int = START_ATTEMPTS) -> None:
-    """Start a local Ray with these GPUs for the actors. Ray gives its node 30 s to come up, which a busy
-    host can miss: then it is started again, up to `attempts` times."""
+    """Start a local Ray with these GPUs for the actors. Ray gives its processes 30 s to come up, which a
+    busy host can miss: its GCS gets 120 s (unless RAY_gcs_server_port_wait_time_s says otherwise), and a
+    start that fails is tried again, up to `attempts` times."""
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
     for attempt in range(1, attempts + 1):
         try:
             ray.init(num_gpus=gpus, include_dashboard=False, log_to_driver=False)
             return
-        except Exception as err:  # noqa: BLE001 — Ray raises a bare Exception for it
-            if "timed out during startup" not in str(err) or attempt == attempts:
+        except Exception as err:  # noqa: BLE001 — Ray raises bare Exceptions and RuntimeErrors for it
+            if attempt == attempts:
                 raise
-            log.warning("the local Ray did not come up in time (attempt %d of %d): starting it again", attempt,
-                        attempts)
+            log.warning("the local Ray did not start (attempt %d of %d: %s): starting it again", attempt, attempts,
+                        err)
             ray.shutdown()
 
 

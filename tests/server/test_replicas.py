@@ -53,7 +53,7 @@ def servers(request, one, tmp_path_factory):
     same tables."""
     port = free_port()
     with ServerProcess(tmp_path_factory.mktemp("two"), *SHORT_PASSES, "--replicas", "2", "--metrics-port",
-                       str(port), *BACKENDS[request.param]) as two:
+                       str(port), *BACKENDS[request.param], startup_timeout=600) as two:
         _load(two.uri)
         pids = _child_replicas(two.process.pid) if request.param == "processes" else _ray_actors
         yield one, two.uri, f"http://127.0.0.1:{port}/metrics", pids
