@@ -38,8 +38,9 @@ class _Independent:
     def __init__(self, runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> None:
         self.runner, self.requests, self.stats = runner, requests, stats
         self.order = deque(sorted(range(len(requests)), key=lambda i: -len(requests[i])))
-        stats.planned_tokens += sum(len(r) for r in requests)
-        self.pass_tokens = pass_tokens(sum(len(r) for r in requests))
+        tokens = sum(len(r) for r in requests)
+        stats.planned_tokens += tokens
+        self.pass_tokens = pass_tokens(tokens)
         self.hidden: list[torch.Tensor | None] = [None] * len(requests)
         self.members: list[int] = []
 
@@ -138,8 +139,9 @@ class _BlockPrefix:
     def __init__(self, runner: ModelRunner, requests: Sequence[Request], stats: Stats,
                  cache: BlockPrefixCache) -> None:
         self.runner, self.requests, self.stats, self.cache = runner, requests, stats, cache
-        stats.planned_tokens += sum(len(r) for r in requests)  # at most: cached blocks are not known ahead
-        self.pass_tokens = pass_tokens(sum(len(r) for r in requests))
+        tokens = sum(len(r) for r in requests)
+        stats.planned_tokens += tokens  # at most: cached blocks are not known ahead
+        self.pass_tokens = pass_tokens(tokens)
         self.hidden: list[torch.Tensor | None] = [None] * len(requests)
         self.next = 0
         self.looked_up: tuple[int, list[bytes], int, Row] | None = None  # looked up, did not fit the last pass

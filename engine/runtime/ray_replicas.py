@@ -16,46 +16,14 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from quail.engine.model.config import EngineConfig
 from quail.engine.runtime.counters import Stats
-from quail.engine.runtime.query_work import QueryWork
-from quail.engine.runtime.replicas import START_S, ReplicaLost, replica_error
+from quail.engine.runtime.replicas import START_S, ReplicaLost, ReplicaWorker, replica_error
 from quail.engine.runtime.requests import Request
 
 log = logging.getLogger("quail.replicas")
 
-CONCURRENCY = 64  # batches an actor scores at once (its scheduler packs them into shared passes)
+CONCURRENCY = 64  # batches an actor (a ReplicaWorker) scores at once, on threads of its own
 PING_S = 1.0  # how often a lost actor is asked whether Ray has restarted it
 START_ATTEMPTS = 5  # tries at starting a local Ray
-
-
-class RuntimeActor:
-    """A runtime in a Ray actor: loads and warms the model, scores request batches on threads of its own,
-    stops a batch its query cancelled."""
-
-    def __init__(self, config: EngineConfig) -> None:
-        from quail.engine.runtime.loading import load_runtime
-
-        self.runtime = load_runtime(config)
-        self.runtime.warm_up()
-        self.device = config.device
-        self.works: dict[int, QueryWork] = {}
-
-    def ready(self) -> str:
-        return f"{self.runtime.model_id} on {self.device} (pid {os.getpid()})"
-
-    def score(self, job: int, requests: list[Request]) -> tuple[list, Stats]:
-        self.works[job] = work = QueryWork()
-        try:
-            return self.runtime.launch(requests, work).read(), work.stats
-        finally:
-            self.works.pop(job, None)
-
-    def cancel(self, job: int) -> None:
-        work = self.works.get(job)
-        if work is not None:
-            work.cancel()
-
-    def forget(self, rejected: list[Request], accepted: list[Request]) -> None:
-        self.runtime.forget(rejected, accepted)
 
 
 def replicas(config: EngineConfig, count: int) -> list["RayReplica"]:
@@ -112,9 +80,9 @@ class RayReplica:
 
     def start(self) -> None:
         actor_class = ray.remote(num_gpus=1 if self.gpu else 0, num_cpus=1, max_restarts=-1, max_task_retries=0,
-                                 max_concurrency=CONCURRENCY)(RuntimeActor)
+                                 max_concurrency=CONCURRENCY)(ReplicaWorker)
         self.actor = actor_class.options(name=f"quail-replica-{self.index}-{os.getpid()}").remote(self.config)
-        log.info("replica %d: %s (a Ray actor)", self.index, ray.get(self.actor.ready.remote(), timeout=START_S))
+        log.info("replica %d: %s, a Ray actor", self.index, ray.get(self.actor.ready.remote(), timeout=START_S))
         self.up = True
 
     def score(self, requests: Sequence[Request]) -> Future:

@@ -8,6 +8,7 @@ import hashlib
 import itertools
 import logging
 import multiprocessing
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -56,8 +57,10 @@ class Router:
 
     >>> router = Router(2)
     >>> first = router.route([b"doc"], [100], {0, 1})
+    >>> router.done(first[0], 100)
     >>> router.route([b"doc"], [100], {0, 1}) == first  # the same document: the same replica
     True
+    >>> router.done(first[0], 100)
     >>> router.route([b"doc"], [100], {1 - first[0]}) == [1 - first[0]]  # its replica is down: another
     True
     >>> router = Router(2)
@@ -170,7 +173,7 @@ class ProcessReplica:
         self.process, self._conn, self.up = process, ours, True
         threading.Thread(target=self._read, args=(ours,), name=f"quail-replica-{self.index}-reader",
                          daemon=True).start()
-        log.info("replica %d: %s (pid %d)", self.index, message[1], process.pid)
+        log.info("replica %d: %s", self.index, message[1])
 
     def score(self, requests: Sequence[Request]) -> Future:
         """A future of the requests' log-probabilities and what computing them cost there (Stats)."""
@@ -300,6 +303,7 @@ class Replicas:
         for i, replica in enumerate(self.route(requests)):
             groups.setdefault(replica, []).append(i)
         mine = groups.pop(0, [])
+        mine_tokens = sum(len(requests[i]) for i in mine)
         away = []  # sent first: replica 0's passes are queued on this thread (on the CPU, computed)
         for r, members in groups.items():
             future = self.remote[r - 1].score([requests[i] for i in members])
@@ -310,15 +314,15 @@ class Replicas:
         try:
             here = scoring([requests[i] for i in mine], work) if mine else None
         except BaseException:  # cancelled, say: the others' jobs end too
-            self.router.done(0, sum(len(requests[i]) for i in mine))
+            self.router.done(0, mine_tokens)
             for replica, _, future in away:
                 replica.cancel(future)
             raise
         with self._lock:
-            self.here = self.here.plus(Stats(requests=len(mine), logical_tokens=sum(len(requests[i]) for i in mine),
+            self.here = self.here.plus(Stats(requests=len(mine), logical_tokens=mine_tokens,
                                              fresh_tokens=work.stats.fresh_tokens - fresh))
         return RoutedScoring(len(requests), (mine, here), away, requests, work, scoring, self._rerun,
-                             lambda: self.router.done(0, sum(len(requests[i]) for i in mine)))
+                             lambda: self.router.done(0, mine_tokens))
 
     def _rerun(self, requests: int) -> None:
         with self._lock:
@@ -349,32 +353,57 @@ def _start(replica: Replica) -> None:
         log.exception("replica %d did not start", replica.index)
 
 
-def serve_replica(config: EngineConfig, conn) -> None:
-    """A replica process's life: load and warm the runtime, say ready, then score each job on a thread of its
-    own (its scheduler packs them together) until the pipe closes."""
-    from quail.engine.runtime.loading import load_runtime
+class ReplicaWorker:
+    """The runtime of a replica, where it runs (a process of its own, a Ray actor): loads and warms the
+    model, scores request batches (on threads of the caller's: its scheduler packs them into shared passes),
+    stops a batch its query cancelled."""
 
+    def __init__(self, config: EngineConfig) -> None:
+        from quail.engine.runtime.loading import load_runtime
+
+        self.runtime = load_runtime(config)
+        self.runtime.warm_up()
+        self.device = config.device
+        self.works: dict[int, QueryWork] = {}
+
+    def ready(self) -> str:
+        return f"{self.runtime.model_id} on {self.device} (pid {os.getpid()})"
+
+    def score(self, job: int, requests: list[Request]) -> tuple[list[np.ndarray], Stats]:
+        """The batch's log-probabilities and what computing them cost here."""
+        self.works[job] = work = QueryWork()
+        try:
+            return self.runtime.launch(requests, work).read(), work.stats
+        finally:
+            self.works.pop(job, None)
+
+    def cancel(self, job: int) -> None:
+        work = self.works.get(job)
+        if work is not None:
+            work.cancel()
+
+    def forget(self, rejected: list[Request], accepted: list[Request]) -> None:
+        self.runtime.forget(rejected, accepted)
+
+
+def serve_replica(config: EngineConfig, conn) -> None:
+    """A replica process's life: a ReplicaWorker, ready, then each batch scored on a thread of its own until
+    the pipe closes."""
     try:
-        runtime = load_runtime(config)
-        runtime.warm_up()
+        worker = ReplicaWorker(config)
     except BaseException as err:  # noqa: BLE001 — the coordinator reports it
         conn.send(("failed", f"{type(err).__name__}: {err}"))
         return
-    conn.send(("ready", f"{runtime.model_id} on {config.device}"))
-    send_lock, works = threading.Lock(), {}
+    conn.send(("ready", worker.ready()))
+    send_lock = threading.Lock()
 
-    def send(message: tuple) -> None:
+    def score(job: int, requests: list[Request]) -> None:
+        try:
+            message = ("done", job, *worker.score(job, requests))
+        except BaseException as err:  # noqa: BLE001 — the coordinator raises it in the query
+            message = ("failed", job, type(err).__name__, str(err))
         with send_lock:
             conn.send(message)
-
-    def score(job_id: int, requests: list[Request], work: QueryWork) -> None:
-        try:
-            logprobs = runtime.launch(requests, work).read()
-            send(("done", job_id, logprobs, work.stats))
-        except BaseException as err:  # noqa: BLE001 — the coordinator raises it in the query
-            send(("failed", job_id, type(err).__name__, str(err)))
-        finally:
-            works.pop(job_id, None)
 
     with ThreadPoolExecutor(max_workers=64, thread_name_prefix="quail-replica-job") as pool:
         while True:
@@ -383,15 +412,11 @@ def serve_replica(config: EngineConfig, conn) -> None:
             except (EOFError, OSError):
                 return
             if kind == "score":
-                job_id, requests = rest
-                works[job_id] = work = QueryWork()
-                pool.submit(score, job_id, requests, work)
+                pool.submit(score, *rest)
             elif kind == "cancel":
-                work = works.get(rest[0])
-                if work is not None:
-                    work.cancel()
+                worker.cancel(*rest)
             elif kind == "forget":
-                runtime.forget(*rest)
+                worker.forget(*rest)
 
 
 @dataclass

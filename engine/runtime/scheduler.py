@@ -246,10 +246,9 @@ class PassScheduler:
     while the device runs the last layers of the pass before: `Pacing`), so it
     waits for the rest of the pass in flight too: for SHORT_WINDOW_S after a job
     that bounds its passes arrived beside another query's, every pass holds at
-    most SHORT_PASS_TOKENS,
-    so the next short statement of a burst (a dashboard's) finds a short pass
-    in flight. A long scan keeps its share of every pass, in short passes while
-    short work comes. Before each pass each query's check
+    most SHORT_PASS_TOKENS, so the next short statement of a burst (a
+    dashboard's) finds a short pass in flight. A long scan keeps its share of
+    every pass, in short passes while short work comes. Before each pass each query's check
     runs: a query cancelled or past its deadline leaves at once, its rows with it.
     """
 

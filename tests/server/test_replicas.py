@@ -76,7 +76,7 @@ def _child_replicas(server_pid: int):
 
 def _ray_actors() -> list[int]:
     """The processes of the replica actors (Ray names each after its actor class)."""
-    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid).startswith(b"ray::RuntimeActor")]
+    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid).startswith(b"ray::ReplicaWorker")]
 
 
 def _cmdline(pid: str) -> bytes:
