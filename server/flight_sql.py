@@ -32,7 +32,7 @@ from quail.server.ipc import plain_schema, schema_bytes
 from quail.server.metrics import Metrics
 from quail.server.query_service import QueryService
 from quail.server.session_options import LAST_QUERY, Sessions
-from quail.server.statements import Statements
+from quail.server.statements import Planned, PreparedStatement, Statements
 from quail.server.status import status_of
 from quail.server.system_tables import QUERIES, QUERIES_SCHEMA, WithSystemTables, queries_table
 
@@ -93,6 +93,16 @@ class FlightSQLHandler:
         plan, schema = self.service.plan(query, self.catalog, self.sessions.options(context)["dialect"], params,
                                          planning)
         return plan, UPDATE_SCHEMA if schema is None else plain_schema(schema)
+
+    def _prepared_plan(self, statement: PreparedStatement,
+                       context) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema]:
+        """A prepared statement's plan and schema for its bound parameters: the one made when it was
+        prepared, while that holds (Planned.holds)."""
+        planned = statement.planned
+        if planned is not None and statement.params is None and \
+                planned.holds(self.store.version, self.sessions.options(context)["dialect"]):
+            return planned.plan, planned.schema
+        return self._plan(statement.query, _first_row(statement.params), context)
 
     def _substrait(self, cmd: Message) -> tuple[PhysicalPlan, pa.Schema]:
         """A CommandStatementSubstraitPlan's plan and result schema."""
@@ -174,11 +184,13 @@ class FlightSQLHandler:
         return FLIGHT["FlightInfo"](schema=schema_bytes(schema), flight_descriptor=descriptor,
                                     endpoint=[endpoint], total_records=-1, total_bytes=-1)
 
-    def _statement_info(self, descriptor, query: str, params: pa.Table | None, context) -> Message:
-        """FlightInfo of a statement. A query is planned here and runs when its ticket is redeemed; a
-        statement that changes tables runs here, so it has taken effect when the client's execute()
-        returns, whether or not the client fetches its result (the ticket then reads that result)."""
-        plan, schema = self._plan(query, _first_row(params), context)
+    def _statement_info(self, descriptor, query: str, params: pa.Table | None, context,
+                        planned: tuple[PhysicalPlan | UpdatePlan, pa.Schema] | None = None) -> Message:
+        """FlightInfo of a statement. A query is planned here (unless `planned` gives its plan and schema)
+        and runs when its ticket is redeemed; a statement that changes tables runs here, so it has taken
+        effect when the client's execute() returns, whether or not the client fetches its result (the
+        ticket then reads that result)."""
+        plan, schema = planned or self._plan(query, _first_row(params), context)
         _check_bound(plan, params)
         if isinstance(plan, UpdatePlan):
             handle = self.statements.add_result(self._apply(query, plan, params, context))
@@ -224,11 +236,11 @@ class FlightSQLHandler:
 
     def _prepared_info(self, cmd: Message, descriptor, context) -> Message:
         statement = self.statements.prepared(cmd.prepared_statement_handle)
-        return self._statement_info(descriptor, statement.query, statement.params, context)
+        return self._statement_info(descriptor, statement.query, statement.params, context,
+                                    self._prepared_plan(statement, context))
 
     def _prepared_schema(self, cmd: Message, context) -> pa.Schema:
-        statement = self.statements.prepared(cmd.prepared_statement_handle)
-        return self._plan(statement.query, _first_row(statement.params), context)[1]
+        return self._prepared_plan(self.statements.prepared(cmd.prepared_statement_handle), context)[1]
 
     def _ticket(self, cmd: Message, context) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
         """A statement's rows: a query's, run now, or the result an update left when it was planned."""
@@ -307,12 +319,16 @@ class FlightSQLHandler:
 
     def _prepare(self, body: bytes, context) -> list[bytes]:
         _, request = self._command(body, "CreatePreparedStatement")
+        version = self.store.version  # before planning: a commit while it plans makes the plan not hold
         plan, schema = self._plan(request.query, None, context)
         parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(plan.parameters)])
+        kept = None
+        if isinstance(plan, PhysicalPlan) and not plan.parameters:
+            kept = Planned(plan, schema, version, self.sessions.options(context)["dialect"])
         if isinstance(plan, UpdatePlan):
             schema = pa.schema([])  # an update: JDBC then runs it by DoPut(CommandPreparedStatementUpdate)
         result = sql.new("ActionCreatePreparedStatementResult",
-                         prepared_statement_handle=self.statements.prepare(request.query),
+                         prepared_statement_handle=self.statements.prepare(request.query, kept),
                          dataset_schema=schema_bytes(schema), parameter_schema=schema_bytes(parameters))
         return [sql.pack(result)]
 

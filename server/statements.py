@@ -31,12 +31,34 @@ class Running:
     started: float = field(default_factory=time.time)
 
 
+PLAN_HOLDS_S = 2.0  # a prepared query's plan runs it this long after it was made (its costs read the KV pool)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A prepared query's plan and result schema, and what they were made under: the catalog's version,
+    the session's dialect, and when (the KV pool its join orders were costed against changes)."""
+
+    plan: PhysicalPlan
+    schema: pa.Schema
+    version: int
+    dialect: str
+    at: float = field(default_factory=time.monotonic)
+
+    def holds(self, version: int, dialect: str) -> bool:
+        """Whether it is the plan the query would get now."""
+        return (version, dialect) == (self.version, self.dialect) and time.monotonic() - self.at < PLAN_HOLDS_S
+
+
 @dataclass
 class PreparedStatement:
-    """A query text and the rows of parameter values last bound to it (None: none bound)."""
+    """A query text and the rows of parameter values last bound to it (None: none bound); `planned`: the
+    plan a query of no parameters got when it was prepared (a client runs it at once: it is not made
+    twice)."""
 
     query: str
     params: pa.Table | None = None
+    planned: Planned | None = None
 
 
 class Held(Generic[T]):
@@ -99,10 +121,10 @@ class Statements:
         self._cancelled: OrderedDict[bytes, None] = OrderedDict()  # tickets cancelled before they were redeemed
         self._max_cancelled = max_count
 
-    def prepare(self, query: str) -> bytes:
+    def prepare(self, query: str, planned: Planned | None = None) -> bytes:
         handle = os.urandom(16)
         with self._lock:
-            self._prepared.put(handle, PreparedStatement(query), _plan_bytes(query))
+            self._prepared.put(handle, PreparedStatement(query, planned=planned), _plan_bytes(query))
         return handle
 
     def prepared(self, handle: bytes) -> PreparedStatement:

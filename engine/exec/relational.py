@@ -72,7 +72,7 @@ class DuckDB:
         record says)."""
         work = self._work or QueryWork()
         try:
-            sql_guard.check(self._con, sql, {name.lower() for name in relations})
+            sql_guard.check(sql, frozenset(name.lower() for name in relations))
             for name, table in relations.items():
                 if self._registered.get(name.lower()) is not table:
                     self._con.register(name, table)

@@ -37,11 +37,20 @@ def allowed_functions() -> frozenset[str]:
     return frozenset(name for (name,) in rows) - _WITHHELD
 
 
-def check(con: duckdb.DuckDBPyConnection, sql: str, relations: set[str]) -> None:
+@functools.cache
+def _parser() -> duckdb.DuckDBPyConnection:
+    """A database of no tables whose connections parse statements (json_serialize_sql)."""
+    return duckdb.connect(config={"enable_external_access": False})
+
+
+@functools.lru_cache(maxsize=4096)
+def check(sql: str, relations: frozenset[str]) -> None:
     """InvalidArgument unless the statement reads only `relations` (lower-case names), at most MAX_TABLES
     table references, and calls only allowed functions. Statements DuckDB cannot serialize (anything but
-    SELECT) are refused too."""
-    tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchall()[0][0])
+    SELECT) are refused too. A statement that passed passes again at once (a plan's steps are checked as
+    its schema is found, then as it runs, each time it runs)."""
+    with _parser().cursor() as con:
+        tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchall()[0][0])
     if tree.get("error"):
         raise InvalidArgument(f"not a query Quail runs: {tree.get('error_message', 'unknown statement')}")
     names = relations | {name.lower() for name in _cte_names(tree)}

@@ -79,7 +79,8 @@ def _write_atomic(path: Path, write) -> None:
 
 
 class TableStore:
-    """Tables of a data directory, loaded memory-mapped and served as immutable Arrow tables."""
+    """Tables of a data directory, loaded memory-mapped and served as immutable Arrow tables. `version`
+    counts the commits since it was opened: a plan made at one version holds until the next."""
 
     def __init__(self, data_dir: str | Path) -> None:
         self.data_dir = Path(data_dir)
@@ -89,6 +90,7 @@ class TableStore:
         self._lock = threading.Lock()
         self._tables: dict[str, StoredTable] = {}
         self._data: dict[str, pa.Table] = {}
+        self.version = 0
         self._move_from_data_dir()
         self._load()
 
@@ -205,6 +207,7 @@ class TableStore:
             self._commit(tables)
             self._tables = tables
             self._data = {**self._data, key: self._read_parts(entry.parts)}
+            self.version += 1
             if old is not None and not appending:
                 for p in old.parts:
                     (self.root / p).unlink(missing_ok=True)
@@ -222,6 +225,7 @@ class TableStore:
             self._commit(tables)
             self._tables = tables
             self._data = {k: v for k, v in self._data.items() if k != name.lower()}
+            self.version += 1
             for p in old.parts:
                 (self.root / p).unlink(missing_ok=True)
 

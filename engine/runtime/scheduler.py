@@ -2,7 +2,8 @@
 
 - Which queries' rows share a pass (`PassScheduler`, the device's owner loop): every running query's
   model work waits in one place and each pass is packed from many queries' rows, the queries taking the
-  lead in turn, each up to an equal share of the budget before any takes more.
+  lead in turn, each up to an equal share of the budget before any takes more; short and decoding
+  queries first, a scan moving at least every other pass (`_share_out`).
 - When the next pass is filled (`Pacing`): while the device runs the last layers of the one before, so a
   query arriving during a pass joins the next.
 - What fits a pass: a token budget, and padded attention's area at most PAD_FACTOR times it (Fill, pack).
@@ -113,6 +114,23 @@ class Fill:
         rows, width = self.buckets.get(key, (0, 0))
         self.buckets[key] = (rows + 1, max(width, length))
         self.tokens += length
+
+
+def _share_out(fill: Fill, live: list[_Waiting], others_first: bool = False) -> bool:
+    """Fill a pass from the queries' jobs, in their order: the bounded jobs (short or decoding: each waits
+    for whole passes) before the others, unless `others_first` (then all alike); within each group every
+    job takes up to an equal share of what is left before any takes more. Whether the others (there being
+    some, beside bounded jobs) got nothing: then they should not wait behind bounded jobs in the next pass."""
+    taken = [0] * len(live)
+    bounded = [k for k, waiting in enumerate(live) if waiting.job.pass_tokens is not None]
+    others = [k for k in range(len(live)) if k not in bounded]
+    for group in [range(len(live))] if others_first else (bounded, others):
+        for limit in ((fill.budget - fill.tokens) // max(1, len(group)), None):
+            for k in group:
+                share = Share(fill, limit, taken[k])
+                live[k].job.fill(share)
+                taken[k] = share.tokens
+    return bool(bounded and others) and not any(taken[k] for k in others)
 
 
 def new_pass(runner: ModelRunner) -> Fill:
@@ -238,17 +256,19 @@ class PassScheduler:
     Fairness: the queries with work lead a pass in turn (round robin) and each
     takes up to an equal share of its token budget (the leader's runner's)
     before any takes more; what one leaves unused goes to the others in the
-    same order. A job bounds the passes it rides (`pass_tokens`):
-    while a query decodes, passes hold at most DECODE_PASS_TOKENS tokens (each
-    of its tokens waits for a pass, so a long scan beside it must not make every
-    step a full pass long), while a short job waits at most SHORT_PASS_TOKENS.
-    A query admitted while others run joins the next pass (the loop fills it
-    while the device runs the last layers of the pass before: `Pacing`), so it
-    waits for the rest of the pass in flight too: for SHORT_WINDOW_S after a job
-    that bounds its passes arrived beside another query's, every pass holds at
-    most SHORT_PASS_TOKENS, so the next short statement of a burst (a
-    dashboard's) finds a short pass in flight. A long scan keeps its share of
-    every pass, in short passes while short work comes. Before each pass each query's check
+    same order. A job bounds the passes it rides (`pass_tokens`): while a query
+    decodes, passes hold at most DECODE_PASS_TOKENS tokens (each of its tokens
+    waits for a pass, so a long scan beside it must not make every step a full
+    pass long), while a short job waits at most SHORT_PASS_TOKENS. Bounded jobs
+    fill a pass before the others, except after a pass in which the others got
+    nothing (then all share alike): a short statement fits in the first pass it
+    finds, and a scan moves at least every other pass while short work keeps
+    coming. A query admitted while others run joins the
+    next pass (the loop fills it while the device runs the last layers of the
+    pass before: `Pacing`), so it waits for the rest of the pass in flight too:
+    for SHORT_WINDOW_S after a job that bounds its passes arrived beside another
+    query's, every pass holds at most SHORT_PASS_TOKENS, so the next short
+    statement of a burst (a dashboard's) finds a short pass in flight. Before each pass each query's check
     runs: a query cancelled or past its deadline leaves at once, its rows with it.
     """
 
@@ -259,6 +279,7 @@ class PassScheduler:
         self._waiting: deque[_Waiting] = deque()
         self._thread: threading.Thread | None = None
         self._short_until = 0.0  # time.monotonic() until which passes stay short
+        self._starved = False  # the unbounded jobs got nothing in the last pass: no bounded job leads the next
 
     def waiting(self) -> int:
         """Queries with model work in the scheduler."""
@@ -325,12 +346,7 @@ class PassScheduler:
             return
         fill = new_pass(live[0].job.runner)
         fill.budget = self._budget(live, fill.budget)
-        taken = [0] * len(live)  # each query's tokens in the pass so far
-        for limit in (fill.budget // len(live), None):
-            for k, waiting in enumerate(live):
-                share = Share(fill, limit, taken[k])
-                waiting.job.fill(share)
-                taken[k] = share.tokens
+        self._starved = _share_out(fill, live, self._starved)
         groups, base = [], 0
         for waiting in live:
             rows = waiting.job.rows(base)

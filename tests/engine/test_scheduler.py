@@ -512,6 +512,7 @@ def test_passes_stay_short_while_a_query_decodes(runtime, monkeypatch):
     monkeypatch.setattr(scheduler, "SHORT_WINDOW_S", 0.0)
     rng = np.random.default_rng(8)
     small = runtime.variant("quail", token_budget=256)
+    small.runner.scheduler._short_until = 0.0  # no window left open by an earlier test's short query
     scan = [request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(12)]
     prompts = [request(rng.integers(2000, 3000, 20), [7, 9]) for _ in range(2)]
     works = {"scan": QueryWork(), "generate": QueryWork()}
@@ -529,21 +530,50 @@ def test_a_short_job_rides_short_passes_beside_a_scan(runtime, monkeypatch):
     the test) every pass holds at most SHORT_PASS_TOKENS, so it waits for the rest of a short pass and one
     short pass, not full ones; the scan's rows ride beside its own and go on in short passes after it;
     before it the scan fills its passes."""
-    monkeypatch.setattr(scheduler, "SHORT_PASS_TOKENS", 128)
+    monkeypatch.setattr(scheduler, "SHORT_PASS_TOKENS", 160)
     monkeypatch.setattr(scheduler, "SHORT_WINDOW_S", 600.0)
     rng = np.random.default_rng(9)
     small = runtime.variant("quail", token_budget=256)
     small.runner.scheduler._short_until = 0.0  # no window left open by an earlier test's short query
-    scan = [request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(12)]
-    short = [request(rng.integers(2000, 3000, 20), [7, 9])]
+    scan = [request(rng.integers(1000, 2000, 30), [7, 9]) for _ in range(40)]
+    short = [request(rng.integers(2000, 3000, 20), [7, 9]) for _ in range(5)]
     works = {"scan": QueryWork(), "short": QueryWork()}
     passes = _beside_a_scan(runtime, monkeypatch, small, scan, works, lambda: small.score(short, works["short"]))
     small.runner.scheduler._short_until = 0.0
     assert passes[0][1] > 150, "the scan alone fills its passes"
-    assert all(tokens <= 128 for _, tokens, _ in passes[1:]), passes
-    assert any(set(names) == {"scan", "short"} for names, _, _ in passes), "the scan's rows ride beside the short's"
+    assert all(tokens <= 160 for _, tokens, _ in passes[1:]), passes
+    assert [set(names) for names, _, _ in passes if "short" in names] == [{"scan", "short"}], \
+        "the short job's rows in one pass (not an equal share of it), the scan's beside them"
     assert passes[-1][0] == ["scan"], "the scan goes on after it"
     passes.clear()
-    small.score(short + [request(rng.integers(2000, 3000, 20), [7, 9])], QueryWork())
+    small.score(short[:1] + [request(rng.integers(2000, 3000, 20), [7, 9])], QueryWork())
     small.score([request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(3)], QueryWork())
     assert max(tokens for _, tokens, _ in passes) > 150, "a short query alone opens no window: a scan after it fills its pass"
+
+
+class _Rows:
+    """A job as `_share_out` sees it: rows of `length` tokens, as many as its shares admit."""
+
+    def __init__(self, count: int, length: int, bounded: bool) -> None:
+        self.job, self.count, self.length = self, count, length
+        self.pass_tokens = 1 if bounded else None
+        self.took = 0
+
+    def fill(self, share: scheduler.Share) -> None:
+        while self.took < self.count and share.admits(self.length):
+            share.add(self.length)
+            self.took += 1
+
+
+def test_bounded_jobs_fill_a_pass_first_and_a_scan_moves_every_other_pass():
+    scan, short = _Rows(100, 30, bounded=False), _Rows(5, 20, bounded=True)
+    assert not scheduler._share_out(Fill(160, padded=False), [scan, short])
+    assert (short.took, scan.took) == (5, 2), "the short job first, all of it; the scan takes what is left"
+    scan, shorts = _Rows(100, 30, bounded=False), [_Rows(5, 20, bounded=True) for _ in range(3)]
+    assert scheduler._share_out(Fill(100, padded=False), [scan, shorts[0]]), "the scan got nothing"
+    assert not scheduler._share_out(Fill(100, padded=False), [scan, shorts[1]], others_first=True)
+    assert (scan.took, shorts[1].took) == (2, 2), "then both alike: an equal share each"
+    assert scheduler._share_out(Fill(100, padded=False), [scan, shorts[1], shorts[2]])
+    assert (shorts[1].took, shorts[2].took) == (5, 2), "bounded jobs share as every job does"
+    scan_alone = _Rows(100, 30, bounded=False)
+    assert not scheduler._share_out(Fill(100, padded=False), [scan_alone]) and scan_alone.took == 3

@@ -120,6 +120,20 @@ def test_ingest_modes(conn):
             cur.adbc_ingest("missing_table", rows, mode="append")
 
 
+def test_a_prepared_query_is_planned_again_when_a_table_changes_before_it_runs(server, conn):
+    """The plan a query got when it was prepared runs it only while the tables have not changed: one
+    replaced in between (by another connection) gives the new table's columns and rows."""
+    with conn.cursor() as cur:
+        cur.adbc_ingest("swap", pa.table({"a": [1]}), mode="create")
+        cur.adbc_prepare("SELECT * FROM swap")
+        with connect(server.uri) as other, other.cursor() as writer:
+            writer.adbc_ingest("swap", pa.table({"b": ["x", "y"]}), mode="replace")
+        cur.execute("SELECT * FROM swap")
+        assert cur.fetch_arrow_table().to_pylist() == [{"b": "x"}, {"b": "y"}]
+        cur.execute("SELECT * FROM swap")
+        assert cur.fetch_arrow_table().to_pylist() == [{"b": "x"}, {"b": "y"}]
+
+
 def test_restart_serves_the_same_rows(tmp_path):
     table = pa.table({"id": list(range(100)), "text": [f"row {i}" for i in range(100)]})
     with ServerProcess(tmp_path) as first, connect(first.uri) as c, c.cursor() as cur:

@@ -8,7 +8,8 @@ import pytest
 
 from quail.engine.errors import NotFound
 from quail.engine.exec.plan import PhysicalPlan
-from quail.server.statements import Statements
+from quail.server import statements as statements_module
+from quail.server.statements import PLAN_HOLDS_S, Planned, Statements
 
 
 def test_prepared_statements_are_bounded_by_count_and_bytes_least_recently_used_first():
@@ -31,6 +32,15 @@ def test_bound_parameters_count_toward_the_bound():
     old, new = statements.prepare("SELECT ?"), statements.prepare("SELECT ?")
     statements.bind(new, pa.table({"p": pa.array([b"x" * (8 << 20)])}))
     assert not _exists(statements, old) and _exists(statements, new)
+
+
+def test_a_prepared_plan_holds_for_its_catalog_version_and_dialect_a_short_while(monkeypatch):
+    """(The ADBC test beside it: a table replaced between prepare and run.)"""
+    planned = Planned(PhysicalPlan((), (), "r"), pa.schema([]), 3, "snowflake")
+    assert planned.holds(3, "snowflake")
+    assert not planned.holds(4, "snowflake") and not planned.holds(3, "duckdb")
+    monkeypatch.setattr(statements_module.time, "monotonic", lambda: planned.at + PLAN_HOLDS_S)
+    assert not planned.holds(3, "snowflake"), "the KV pool its costs read has changed since"
 
 
 def test_unredeemed_tickets_and_results_are_bounded():
