@@ -44,6 +44,12 @@ def one(tmp_path_factory):
         yield server.uri
 
 
+@pytest.fixture(scope="module")
+def joined(one) -> pa.Table:
+    """The join's rows from the server of one runtime (asked once for both backends)."""
+    return _run(one, JOIN)
+
+
 BACKENDS = {"processes": (), "ray": ("--ray", "auto")}
 
 
@@ -123,9 +129,9 @@ def test_a_repeated_query_finds_its_documents_on_the_replica_that_holds_them(ser
         assert after[f"fresh{replica}"] - middle[f"fresh{replica}"] <= 0.1 * logical, "and was found resident there"
 
 
-def test_a_replica_killed_mid_query_is_replaced_and_the_query_gets_its_rows(servers):
+def test_a_replica_killed_mid_query_is_replaced_and_the_query_gets_its_rows(servers, joined):
     one, two, metrics, replica_pids = servers
-    expected = _run(one, JOIN)
+    expected = joined
     [pid] = replica_pids()
     outcome: list = []
     thread = threading.Thread(target=lambda: outcome.append(_run(two, JOIN)))
