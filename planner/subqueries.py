@@ -76,7 +76,7 @@ class Scope:
         texts = self._stored(name, column)
         if texts is None or len(texts) == 0:
             return None
-        step = max(1, len(texts) // CHARS_SAMPLE)
+        step = -(-len(texts) // CHARS_SAMPLE)  # rounded up: at most CHARS_SAMPLE rows
         sample = pa.chunked_array([chunk for row in range(0, len(texts), step) for chunk in texts.slice(row, 1).chunks],
                                   texts.type)
         return pc.mean(pc.utf8_length(sample.cast(pa.string()))).as_py() or 0.0

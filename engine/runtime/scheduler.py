@@ -263,13 +263,14 @@ class PassScheduler:
     fill a pass before the others, except after a pass in which the others got
     nothing (then all share alike): a short statement fits in the first pass it
     finds, and a scan moves at least every other pass while short work keeps
-    coming. A query admitted while others run joins the
-    next pass (the loop fills it while the device runs the last layers of the
-    pass before: `Pacing`), so it waits for the rest of the pass in flight too:
-    for SHORT_WINDOW_S after a job that bounds its passes arrived beside another
+    coming. A query admitted while others run joins the next pass (the loop
+    fills it while the device runs the last layers of the pass before:
+    `Pacing`), so it waits for the rest of the pass in flight too: for
+    SHORT_WINDOW_S after a job that bounds its passes arrived beside another
     query's, every pass holds at most SHORT_PASS_TOKENS, so the next short
-    statement of a burst (a dashboard's) finds a short pass in flight. Before each pass each query's check
-    runs: a query cancelled or past its deadline leaves at once, its rows with it.
+    statement of a burst (a dashboard's) finds a short pass in flight. Before
+    each pass each query's check runs: a query cancelled or past its deadline
+    leaves at once, its rows with it.
     """
 
     def __init__(self, runner: ModelRunner) -> None:
