@@ -48,12 +48,17 @@ def _quantize_kernel(x_ptr, gate_ptr, out_ptr, scale_ptr, n_cols, stride_x, stri
     tl.store(scale_ptr + row, scale)
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernel reads it: rows at any stride, columns adjacent (a half of a joined GEMM's output is)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def _launch(x: torch.Tensor, gate: torch.Tensor | None, block: int = BLOCK, **settings: int
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel over x (after SiLU·mul with gate); `block` and Triton's launch `settings` (num_warps,
     num_stages) for the launch probe, the shipped ones by default."""
-    x = x.contiguous()
-    gate = None if gate is None else gate.contiguous()
+    x = _rows(x)
+    gate = None if gate is None else _rows(gate)
     rows, cols = x.shape
     out = torch.empty(rows, cols, device=x.device, dtype=FP8)
     scale = torch.empty(rows, 1, device=x.device, dtype=torch.float32)

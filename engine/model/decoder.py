@@ -42,6 +42,29 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos[:, None] + rotated * sin[:, None]).to(x.dtype)
 
 
+def joined_linear(module: nn.Module, name: str, inputs: int, parts: dict[str, int], bias: bool = False) -> None:
+    """Give `module` one linear layer `name` whose output is the outputs of `parts` (HF names → widths) side by
+    side: one GEMM instead of several. State dicts still load and save under the parts' names."""
+    setattr(module, name, nn.Linear(inputs, sum(parts.values()), bias=bias))
+    widths = list(parts.values())
+
+    def join(_module, state: dict, prefix: str, *_args) -> None:
+        for kind in ("weight", "bias"):
+            keys = [f"{prefix}{part}.{kind}" for part in parts]
+            if all(key in state for key in keys):
+                state[f"{prefix}{name}.{kind}"] = torch.cat([state.pop(key) for key in keys])
+
+    def split(_module, state: dict, prefix: str, _metadata) -> None:
+        for key in [key for key in state if key.startswith(f"{prefix}{name}.")]:
+            joined, kind = state.pop(key), key.rsplit(".", 1)[1]
+            axis = 0 if joined.shape[0] == sum(widths) else -1  # fp8 weight scales are (1, outputs)
+            for part, piece in zip(parts, joined.split(widths, dim=axis)):
+                state[f"{prefix}{part}.{kind}"] = piece
+
+    module.register_load_state_dict_pre_hook(join)
+    module.register_state_dict_post_hook(split)
+
+
 class Attention(nn.Module):
     """Grouped-query attention projections, optionally with per-head q/k RMSNorm (Qwen3)."""
 
@@ -49,9 +72,9 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         hd = cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * hd, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.widths = [cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.num_kv_heads * hd]
+        joined_linear(self, "qkv_proj", cfg.hidden_size, dict(zip(("q_proj", "k_proj", "v_proj"), self.widths)),
+                      bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_heads * hd, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
@@ -60,9 +83,8 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Packed tokens (tokens, hidden) → rotated q (tokens, heads, d), k and v (tokens, kv_heads, d)."""
         t, hd = x.shape[0], self.cfg.head_dim
-        q = self.q_proj(x).view(t, self.cfg.num_heads, hd)
-        k = self.k_proj(x).view(t, self.cfg.num_kv_heads, hd)
-        v = self.v_proj(x).view(t, self.cfg.num_kv_heads, hd)
+        q, k, v = self.qkv_proj(x).split(self.widths, dim=-1)
+        q, k, v = q.view(t, -1, hd), k.view(t, -1, hd), v.contiguous().view(t, -1, hd)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
@@ -73,12 +95,12 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        joined_linear(self, "gate_up_proj", cfg.hidden_size,
+                      {"gate_proj": cfg.intermediate_size, "up_proj": cfg.intermediate_size})
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return silu_mul_project(self.down_proj, self.gate_proj(x), self.up_proj(x))
+        return silu_mul_project(self.down_proj, *self.gate_up_proj(x).chunk(2, dim=-1))
 
 
 class DecoderLayer(nn.Module):
@@ -104,8 +126,9 @@ class DecoderLayer(nn.Module):
 class Decoder(nn.Module):
     """A causal decoder over packed rows whose head is evaluated only at chosen positions and token ids.
 
-    Parameter names follow the HF layout (`embed_tokens`, `layers.N.self_attn.q_proj`,
-    ...) without the `model.` prefix, so HF state dicts load after stripping it.
+    State dicts follow the HF layout (`embed_tokens`, `layers.N.self_attn.q_proj`,
+    ...) without the `model.` prefix, so HF state dicts load after stripping it;
+    q, k and v (and gate and up) are held as one joined linear layer each.
     `padded_attention`: rows are padded per length bucket for attention (cuDNN;
     the only layout on the CPU), else attended by flash varlen calls (CUDA, bf16/fp8).
     """
