@@ -12,6 +12,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
                                                      // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import quail  # noqa: E402
@@ -94,20 +95,26 @@ def hf_p_yes(hf_model):
 
 @pytest.fixture(scope="session")
 def hf_generate(hf_model):
-    """HF transformers' greedy continuation of a request's token ids, at most `max_tokens` tokens, cut before
-    its first stop token (each prompt's computed once a session)."""
+    """HF transformers' greedy continuation of each request's token ids, at most `max_tokens` tokens, cut
+    before its first stop token (each prompt's computed once a session). Prompts of one length go through one
+    `generate` call, unpadded: a decode step of one row reads every weight, as one of many rows does."""
     torch = pytest.importorskip("torch")
     known: dict[tuple, list[int]] = {}
 
-    def generate(request, max_tokens: int, stop: frozenset[int]) -> list[int]:
-        key = (request.ids().tobytes(), max_tokens, tuple(sorted(stop)))
-        if key not in known:
-            ids = torch.from_numpy(request.ids().astype("int64"))[None]
+    def generate(requests, max_tokens: int, stop: frozenset[int]) -> list[list[int]]:
+        keys = [(request.ids().tobytes(), max_tokens, tuple(sorted(stop))) for request in requests]
+        by_length: dict[int, dict[tuple, object]] = {}
+        for key, request in zip(keys, requests):
+            if key not in known:
+                by_length.setdefault(len(request), {})[key] = request
+        for group in by_length.values():
+            ids = torch.from_numpy(np.stack([request.ids() for request in group.values()]).astype("int64"))
             with torch.inference_mode():
                 out = hf_model.generate(ids, max_new_tokens=max_tokens, do_sample=False, eos_token_id=sorted(stop),
-                                        pad_token_id=0)[0, ids.shape[1]:].tolist()
-            known[key] = out[:next((i for i, token in enumerate(out) if token in stop), len(out))]
-        return known[key]
+                                        pad_token_id=0)[:, ids.shape[1]:].tolist()
+            for key, tokens in zip(group, out):
+                known[key] = tokens[:next((i for i, token in enumerate(tokens) if token in stop), len(tokens))]
+        return [known[key] for key in keys]
 
     return generate
 

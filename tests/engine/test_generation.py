@@ -24,7 +24,7 @@ def chats(runtime):
 def test_greedy_tokens_equal_hf_generate_batched_and_alone(runtime, chats, hf_generate):
     stop = runtime.end_of_turn
     assert stop == frozenset(runtime.tokenizer.encode("<|im_end|>").tolist()), "SmolLM2's turn ends so"
-    expected = [hf_generate(request, MAX_TOKENS, stop) for request in chats]
+    expected = hf_generate(chats, MAX_TOKENS, stop)
     work = QueryWork()
     batched = runtime.generate(chats, Decoding(MAX_TOKENS, stop), work)
     assert batched == expected
@@ -49,7 +49,7 @@ def test_a_stop_token_ends_its_sequence_and_the_others_go_on(runtime, chats, hf_
     period = frozenset(runtime.tokenizer.encode(".").tolist())
     requests = chats[:6]
     ours = runtime.generate(requests, Decoding(20, period))
-    assert ours == [hf_generate(request, 20, period) for request in requests]
+    assert ours == hf_generate(requests, 20, period)
     lengths = {len(tokens) for tokens in ours}
     assert min(lengths) < 20 and len(lengths) > 1, "sequences end at their own first period"
 
@@ -98,7 +98,7 @@ def test_sequences_whose_kv_the_pool_cannot_hold_decode_the_same_tokens(runtime,
                     kv_bytes=40 * slot)
     assert small.runner.pool.slots == 40 and all(len(request) > 40 for request in chats[:3])
     stop = runtime.end_of_turn
-    assert small.generate(chats[:3], Decoding(6, stop)) == [hf_generate(r, 6, stop) for r in chats[:3]]
+    assert small.generate(chats[:3], Decoding(6, stop)) == hf_generate(chats[:3], 6, stop)
 
 
 def test_prompts_more_than_half_the_pool_holds_decode_in_waves_and_give_hf_tokens(runtime, chats, hf_generate):
@@ -117,5 +117,5 @@ def test_prompts_more_than_half_the_pool_holds_decode_in_waves_and_give_hf_token
     stop = runtime.end_of_turn
     work = QueryWork()
     assert small.generate(requests, Decoding(MAX_TOKENS, stop), work) == \
-        [hf_generate(r, MAX_TOKENS, stop) for r in requests]
+        hf_generate(requests, MAX_TOKENS, stop)
     assert work.stats.generated_tokens > 0

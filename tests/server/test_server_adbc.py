@@ -264,7 +264,7 @@ def test_ai_complete_gives_the_tokens_hf_generate_gives_batched_and_alone(conn, 
     with conn.cursor() as cur:
         cur.adbc_ingest("subjects", pa.table({"id": list(range(len(SUBJECTS))), "subject": SUBJECTS}), mode="create")
     requests = build_requests(runtime, Question(TELL, answers="text"), [[s] for s in SUBJECTS])
-    expected = [runtime.tokenizer.decode(hf_generate(r, TELL_TOKENS, runtime.end_of_turn)) for r in requests]
+    expected = [runtime.tokenizer.decode(t) for t in hf_generate(requests, TELL_TOKENS, runtime.end_of_turn)]
     sql = f"SELECT id, AI_COMPLETE(PROMPT('{TELL}', subject), {{'max_tokens': {TELL_TOKENS}}}) AS answer FROM subjects"
     assert query(conn, sql + " ORDER BY id")["answer"].to_pylist() == expected
     for k in range(0, len(SUBJECTS), 8):
