@@ -56,21 +56,25 @@ def session(hash_session):
 
 
 @pytest.fixture(scope="session")
-def hf_model():
-    """SmolLM2 as transformers loads it from the same GGUF (its own dequantization), fp32.
-
-    While it loads, gguf's reader of the file and its tensor-name map are built once each: transformers
-    reads the file twice (the config, then the weights; ~50,000 metadata fields each time) and builds the
-    same map once a tensor, about half of the load's 25 s on a CPU core. What it reads is unchanged."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+def hf_gguf():
+    """The embedded GGUF's path, with gguf's reader of a file and its tensor-name map built once each for the
+    session: transformers reads the file once for the config, once for the weights and once for the tokenizer
+    (~50,000 metadata fields each time) and builds the same map once a tensor, most of a 25 s load on a CPU
+    core. What it reads is unchanged."""
     gguf = pytest.importorskip("gguf")
-    path = embedded_gguf()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gguf, "GGUFReader", functools.cache(gguf.GGUFReader))
         patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
-        return transformers.AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+        yield embedded_gguf()
+
+
+@pytest.fixture(scope="session")
+def hf_model(hf_gguf):
+    """SmolLM2 as transformers loads it from the same GGUF (its own dequantization), fp32."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(hf_gguf.parent), gguf_file=hf_gguf.name, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="session")
@@ -120,10 +124,9 @@ def hf_generate(hf_model):
 
 
 @pytest.fixture(scope="session")
-def hf_tokenizer():
+def hf_tokenizer(hf_gguf):
     transformers = pytest.importorskip("transformers")
-    path = embedded_gguf()
-    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return transformers.AutoTokenizer.from_pretrained(str(hf_gguf.parent), gguf_file=hf_gguf.name)
 
 
 @pytest.fixture(scope="module")

@@ -219,8 +219,8 @@ class ResidentTree:
                 if child is None:
                     # A run of the tree's own, even when it is all of `kv`: the query's is freed when it is done.
                     tail = run(length, len(ids))
-                    if tail is None or (node.kv is None and node is not self.root):
-                        return  # not given the KV before `start`, or its parent is in the host tier
+                    if not self._in_pool(tail) or (node.kv is None and node is not self.root):
+                        return  # not given the KV before `start`, not in the pool, or its parent is in the host tier
                     leaf = Node(np.array(ids[length:]), tail, node, length, used=now)
                     node.children[int(ids[length])] = leaf
                     node.device_children += 1
@@ -239,10 +239,15 @@ class ResidentTree:
                 node = child
             self._touch(node)
 
+    def _in_pool(self, kv: KV | None) -> bool:
+        """Whether a run lies in the tree's pool: a pass that found the pool full kept its KV in a pool of its
+        own, which the tree does not index (evicting and moving to the host tier read the pool's slots)."""
+        return kv is not None and all(pool is self.pool for pool, _ in kv.parts)
+
     def _promote(self, node: Node, kv: KV | None) -> None:
         """A node of the host tier whose tokens a pass has just computed again: those (`kv`) are its KV now,
         if they lie in the pool."""
-        if kv is not None and all(pool is self.pool for pool, _ in kv.parts):
+        if self._in_pool(kv):
             self.host.free(node.host)
             node.kv, node.host = kv, None
             self._to_pool(node)

@@ -21,7 +21,7 @@ TEXTS = [
     "Numbers: 3.14159, 2.71828, 1.41421 and 1234567890.",
     " ".join(["The room was clean and the staff were kind."] * 12),
     "A review with\nseveral\nlines\n\nand blank ones.",
-    " ".join(f"Sentence {i} says something about the battery life of this phone." for i in range(30)),
+    " ".join(f"Sentence {i} says something about the battery life of this phone." for i in range(18)),
     "🎉 emoji, ünïcödé, and <|im_start|> inside user text.",
 ]
 TEMPLATES = ["Is {0} a positive review?", "Does {0} mention food?", "Is {0} written in English?"]
@@ -59,7 +59,7 @@ def test_weights_match_hf_dequantization(runtime, hf_model):
     ("naive", 1), ("naive", 4096), ("quail", 64), ("quail", 4096), ("prefix", 4096),
 ], ids=["naive-unbatched", "naive-batched", "shared-prefix-chunked", "shared-prefix-batched", "block-prefix"])
 def test_true_probability_matches_hf(runtime, requests, hf_probabilities, strategy, token_budget):
-    """Every strategy's answers equal HF's; quail's with a budget of 64 computes prompts (up to ~600
+    """Every strategy's answers equal HF's; quail's with a budget of 64 computes prompts (up to ~300
     tokens) in chunks of at most 64 tokens, each continuing the KV of the chunk before."""
     work = QueryWork()
     stats = work.stats
@@ -137,12 +137,12 @@ def test_categories_answered_by_name_match_hf(runtime, hf_model):
 
 def test_documents_the_pool_has_no_room_for_come_back_from_host_memory_as_hf_computes_them(runtime, requests,
                                                                                             hf_probabilities):
-    """A pool of 600 tokens under documents of about 1,300, and host memory for all: the documents the pool
+    """A pool of 480 tokens under documents of about 1,050, and host memory for all: the documents the pool
     lets go of move to the host tier, later steps and a refresh copy them back instead of computing them,
     and every answer still equals HF's."""
     per_token = runtime.runner.pool.bytes_per_token
     small = Runtime(runtime.model_id, runtime.runner.model, runtime.tokenizer, runtime.layout.frame, "quail", 256,
-                    kv_bytes=600 * per_token, kv_host_bytes=4000 * per_token)
+                    kv_bytes=480 * per_token, kv_host_bytes=4000 * per_token)
     steps = [requests[i * len(TEXTS):(i + 1) * len(TEXTS)] for i in range(len(TEMPLATES))] + \
         [requests[:len(TEXTS)]]
     tree, fresh, ours = small.runner.tree, [], []
@@ -151,6 +151,6 @@ def test_documents_the_pool_has_no_room_for_come_back_from_host_memory_as_hf_com
         ours += [row[1] for row in small.score(step, work)]
         fresh.append(work.stats.fresh_tokens)
     assert np.abs(np.exp(ours) - np.concatenate([hf_probabilities, hf_probabilities[:len(TEXTS)]])).max() <= 1e-4
-    assert sum(r.prefix(2)[0] for r in steps[0]) > 2 * 600, "more documents than the pool holds"
-    assert tree.counts.offloaded > 600 and tree.counts.restored > 600
+    assert sum(r.prefix(2)[0] for r in steps[0]) > 2 * 480, "more documents than the pool holds"
+    assert tree.counts.offloaded > 480 and tree.counts.restored > 480
     assert max(fresh[1:]) < fresh[0] / 2, "later steps copy the documents back"

@@ -117,6 +117,26 @@ def test_a_pass_keeps_its_kv_in_a_pool_of_its_own_when_the_pool_is_held_by_runni
     assert _tokens(held.then(extra)) == [0, 1, 2, 3, 20, 21, 22]
 
 
+def test_kv_kept_in_a_pool_of_its_own_is_not_indexed():
+    """The tree indexes runs of its pool only: a pass's KV in a pool of its own (the pool was full) would be read
+    from the pool's slots of the same numbers when it moved to the host tier (another prompt's KV, returned as
+    this one's when it came back)."""
+    pool = _pool(4)
+    tree = ResidentTree(pool, HostTier(pool, 8))
+    first = np.array([1, 2, 3, 4])
+    tree.insert(first, _run(pool, first))
+    own = KVPool.like(pool, 3)
+    tree.insert(np.array([1, 2, 3, 4, 5, 6, 7]), _run(own, np.array([5, 6, 7])), start=4,
+                before=tree.match(first).kv)
+    assert tree.match(np.array([1, 2, 3, 4, 5, 6, 7])).length == 4, "the pass's own pool is not indexed"
+    tree.insert(np.array([8, 9]), _run(own, np.array([8, 9])))
+    assert tree.match(np.array([8, 9])).length == 0 and (tree.tokens, tree.nodes) == (4, 1)
+    tree.evict(4)
+    found = tree.match(first)
+    tree.settle()
+    assert _tokens(found.kv) == [1, 2, 3, 4], "what comes back from the host tier is what was computed"
+
+
 def test_leaves_the_pool_has_no_room_for_go_to_the_host_tier_and_come_back_exactly():
     pool = _pool(10)
     tree = ResidentTree(pool, HostTier(pool, 6))
