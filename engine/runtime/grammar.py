@@ -56,7 +56,7 @@ class GrammarTokens:
         """The schema's grammar over this vocabulary: compiled once while it is among the last used."""
         with self._lock:
             kept = self._schemas.pop(schema, None)
-        kept = kept or Schema(self, compiled(schema))
+        kept = kept or Schema(self, compiled(schema), schema)
         with self._lock:
             self._schemas[schema] = kept
             while len(self._schemas) > KEPT_SCHEMAS:
@@ -71,9 +71,10 @@ class Schema:
     `accepting` says whether what it consumed is a whole value.
     """
 
-    def __init__(self, tokens: GrammarTokens, grammar: str) -> None:
+    def __init__(self, tokens: GrammarTokens, grammar: str, source: str) -> None:
         from llguidance import LLMatcher
 
+        self.source = source  # the JSON schema compiled to `grammar`
         self.vocab = tokens.vocab
         self._template = LLMatcher(tokens._tokenizer, grammar, log_level=0)
         if self._template.is_error():

@@ -9,15 +9,18 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from quail.engine.model.config import EngineConfig
 from quail.engine.runtime.counters import Stats
-from quail.engine.runtime.replicas import START_S, ReplicaLost, ReplicaWorker, replica_error
+from quail.engine.runtime.replicas import START_S, ReplicaLost, ReplicaWorker, portable, replica_error
 from quail.engine.runtime.requests import Request
+
+if TYPE_CHECKING:
+    from quail.engine.runtime.decode import Decoding
 
 log = logging.getLogger("quail.replicas")
 
@@ -85,7 +88,7 @@ class RayReplica:
         log.info("replica %d: %s, a Ray actor", self.index, ray.get(self.actor.ready.remote(), timeout=START_S))
         self.up = True
 
-    def score(self, requests: Sequence[Request]) -> Future:
+    def submit(self, requests: Sequence[Request], decoding: "Decoding | None" = None) -> Future:
         future: Future = Future()
         with self._lock:
             if not self.up:
@@ -93,7 +96,7 @@ class RayReplica:
                 return future
             job, self._next = self._next, self._next + 1
             self._jobs[job] = future
-        self.actor.score.remote(job, list(requests)).future().add_done_callback(
+        self.actor.submit.remote(job, list(requests), *portable(decoding)).future().add_done_callback(
             lambda done: self._answered(job, done))
         return future
 
@@ -102,10 +105,10 @@ class RayReplica:
             future = self._jobs.pop(job)
         error = done.exception()
         if error is None:
-            logprobs, stats = done.result()
+            answers, stats = done.result()
             with self._lock:
                 self.computed = self.computed.plus(stats)
-            future.set_result((logprobs, stats))
+            future.set_result((answers, stats))
         elif isinstance(error, RayActorError):
             future.set_exception(ReplicaLost(f"replica {self.index} ended"))
             self._lost()

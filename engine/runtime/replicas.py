@@ -1,6 +1,6 @@
 """Runtime replicas: the server's own runtime is replica 0, the others run in processes of their own (one per
-GPU); requests go to the replica that holds their document, and a replica's requests are run again on
-replica 0 when its process dies, while it restarts."""
+GPU); requests (to score, or to continue by decoding) go to the replica that holds their document, and a
+replica's requests are run again on replica 0 when its process dies, while it restarts."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.requests import Request, document_prefix
 
 if TYPE_CHECKING:
-    from quail.engine.runtime.runtime import Scoring
+    from quail.engine.runtime.decode import Decoding
+    from quail.engine.runtime.runtime import Generated, Scoring
 
 log = logging.getLogger("quail.replicas")
 
@@ -116,13 +117,21 @@ class Replica(Protocol):
 
     def start(self) -> None: ...
 
-    def score(self, requests: Sequence[Request]) -> Future: ...
+    def submit(self, requests: Sequence[Request], decoding: "Decoding | None" = None) -> Future: ...
 
     def cancel(self, future: Future) -> None: ...
 
     def forget(self, rejected: Sequence[Request], accepted: Sequence[Request]) -> None: ...
 
     def stop(self) -> None: ...
+
+
+def portable(decoding: "Decoding | None") -> tuple["Decoding | None", str | None]:
+    """A decoding as it travels to a replica: without its grammar (compiled over this process's vocabulary
+    object), and the JSON schema the replica compiles it from again (ReplicaWorker.submit)."""
+    if decoding is None or decoding.schema is None:
+        return decoding, None
+    return replace(decoding, schema=None), decoding.schema.source
 
 
 def replica_error(index: int, name: str, text: str) -> QuailError:
@@ -175,15 +184,16 @@ class ProcessReplica:
                          daemon=True).start()
         log.info("replica %d: %s", self.index, message[1])
 
-    def score(self, requests: Sequence[Request]) -> Future:
-        """A future of the requests' log-probabilities and what computing them cost there (Stats)."""
+    def submit(self, requests: Sequence[Request], decoding: "Decoding | None" = None) -> Future:
+        """A future of the requests' log-probabilities (with `decoding`: the tokens it gives after each) and what
+        computing them cost there (Stats)."""
         job_id, future = next(self._ids), Future()
         with self._lock:
             if not self.up:
                 future.set_exception(ReplicaLost(f"replica {self.index} is restarting"))
                 return future
             self._jobs[job_id] = future
-        self._send(("score", job_id, list(requests)))
+        self._send(("submit", job_id, list(requests), *portable(decoding)))
         return future
 
     def cancel(self, future: Future) -> None:
@@ -296,9 +306,12 @@ class Replicas:
         return self.router.route([document_key(r) for r in requests], [len(r) for r in requests], self.live())
 
     def launch(self, requests: Sequence[Request], work: QueryWork,
-               scoring: Callable[[Sequence[Request], QueryWork], Scoring]) -> RoutedScoring:
-        """The requests' answers: each routed (`route`), replica 0's scored here by `scoring` (queued on the
-        device now), the others' sent to their replicas."""
+               scoring: Callable[[Sequence[Request], QueryWork], Scoring | Generated],
+               decoding: "Decoding | None" = None
+               ) -> RoutedScoring:
+        """The requests' answers: each routed (`route`), replica 0's computed here by `scoring` (queued on the
+        device now), the others' sent to their replicas: log-probabilities, or with `decoding` the tokens it
+        gives after each (`scoring` decodes them here)."""
         groups: dict[int, list[int]] = {}
         for i, replica in enumerate(self.route(requests)):
             groups.setdefault(replica, []).append(i)
@@ -306,7 +319,7 @@ class Replicas:
         mine_tokens = sum(len(requests[i]) for i in mine)
         away = []  # sent first: replica 0's passes are queued on this thread (on the CPU, computed)
         for r, members in groups.items():
-            future = self.remote[r - 1].score([requests[i] for i in members])
+            future = self.remote[r - 1].submit([requests[i] for i in members], decoding)
             tokens = sum(len(requests[i]) for i in members)
             future.add_done_callback(lambda _, r=r, tokens=tokens: self.router.done(r, tokens))
             away.append((self.remote[r - 1], members, future))
@@ -355,8 +368,8 @@ def _start(replica: Replica) -> None:
 
 class ReplicaWorker:
     """The runtime of a replica, where it runs (a process of its own, a Ray actor): loads and warms the
-    model, scores request batches (on threads of the caller's: its scheduler packs them into shared passes),
-    stops a batch its query cancelled."""
+    model, scores or decodes request batches (on threads of the caller's: its scheduler packs them into shared
+    passes), stops a batch its query cancelled."""
 
     def __init__(self, config: EngineConfig) -> None:
         from quail.engine.runtime.loading import load_runtime
@@ -369,11 +382,17 @@ class ReplicaWorker:
     def ready(self) -> str:
         return f"{self.runtime.model_id} on {self.device} (pid {os.getpid()})"
 
-    def score(self, job: int, requests: list[Request]) -> tuple[list[np.ndarray], Stats]:
-        """The batch's log-probabilities and what computing them cost here."""
+    def submit(self, job: int, requests: list[Request], decoding: "Decoding | None" = None,
+               schema: str | None = None) -> tuple[list, Stats]:
+        """The batch's log-probabilities, or with `decoding` (and the JSON `schema` it follows: `portable`) the
+        tokens it gives after each; and what computing them cost here."""
         self.works[job] = work = QueryWork()
         try:
-            return self.runtime.launch(requests, work).read(), work.stats
+            if decoding is None:
+                return self.runtime.launch(requests, work).read(), work.stats
+            if schema is not None:
+                decoding = replace(decoding, schema=self.runtime.schema(schema))
+            return self.runtime.generate(requests, decoding, work), work.stats
         finally:
             self.works.pop(job, None)
 
@@ -387,7 +406,7 @@ class ReplicaWorker:
 
 
 def serve_replica(config: EngineConfig, conn) -> None:
-    """A replica process's life: a ReplicaWorker, ready, then each batch scored on a thread of its own until
+    """A replica process's life: a ReplicaWorker, ready, then each batch computed on a thread of its own until
     the pipe closes."""
     try:
         worker = ReplicaWorker(config)
@@ -397,9 +416,9 @@ def serve_replica(config: EngineConfig, conn) -> None:
     conn.send(("ready", worker.ready()))
     send_lock = threading.Lock()
 
-    def score(job: int, requests: list[Request]) -> None:
+    def submit(job: int, *batch) -> None:
         try:
-            message = ("done", job, *worker.score(job, requests))
+            message = ("done", job, *worker.submit(job, *batch))
         except BaseException as err:  # noqa: BLE001 — the coordinator raises it in the query
             message = ("failed", job, type(err).__name__, str(err))
         with send_lock:
@@ -411,8 +430,8 @@ def serve_replica(config: EngineConfig, conn) -> None:
                 kind, *rest = conn.recv()
             except (EOFError, OSError):
                 return
-            if kind == "score":
-                pool.submit(score, *rest)
+            if kind == "submit":
+                pool.submit(submit, *rest)
             elif kind == "cancel":
                 worker.cancel(*rest)
             elif kind == "forget":
@@ -421,22 +440,22 @@ def serve_replica(config: EngineConfig, conn) -> None:
 
 @dataclass
 class RoutedScoring:
-    """Answers of requests spread over the replicas (Replicas.launch): replica 0's being computed here, the
-    others' as futures. `read` waits for all (checking the query's cancellation, which stops the other
+    """Answers of requests spread over the replicas (Replicas.launch; log-probabilities or continuations):
+    replica 0's being computed here, the others' as futures. `read` waits for all (checking the query's cancellation, which stops the other
     replicas' jobs too), runs here the requests of a replica that ended (`rerun` counts them), and adds
     what the others computed to the query's counters."""
 
     size: int
-    here: tuple[list[int], Scoring | None]
+    here: tuple[list[int], Scoring | Generated | None]
     away: list[tuple[Replica, list[int], Future]]
     requests: Sequence[Request]
     work: QueryWork
-    scoring: Callable[[Sequence[Request], QueryWork], Scoring]
+    scoring: Callable[[Sequence[Request], QueryWork], Scoring | Generated]
     rerun: Callable[[int], None]
     read_here: Callable[[], None]  # replica 0's answers have been read
 
-    def read(self) -> list[np.ndarray]:
-        out: list[np.ndarray] = [np.empty(0)] * self.size
+    def read(self) -> list:
+        out: list = [np.empty(0)] * self.size
         members, scoring = self.here
         try:
             if scoring is not None:
@@ -452,11 +471,11 @@ class RoutedScoring:
         return out
 
     @staticmethod
-    def _place(out: list[np.ndarray], members: list[int], answers: list[np.ndarray]) -> None:
+    def _place(out: list, members: list[int], answers: list) -> None:
         for i, row in zip(members, answers):
             out[i] = row
 
-    def _wait(self, replica: Replica, future: Future) -> list[np.ndarray]:
+    def _wait(self, replica: Replica, future: Future) -> list:
         while True:
             try:
                 self.work.check()
@@ -464,8 +483,8 @@ class RoutedScoring:
                 replica.cancel(future)
                 raise
             try:
-                logprobs, stats = future.result(POLL_S)
+                answers, stats = future.result(POLL_S)
             except FutureTimeout:
                 continue
             self.work.stats = self.work.stats.plus(replace(stats, requests=0, logical_tokens=0))
-            return logprobs
+            return answers

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Sequence
 
 import numpy as np
@@ -44,6 +45,16 @@ class Scoring:
             for i, row in zip(members, logprobs.cpu().numpy()):
                 out[i] = row
         return out
+
+
+@dataclass
+class Generated:
+    """Continuations computed already (Runtime.generate on this device): read as Scoring is."""
+
+    tokens: list[list[int]]
+
+    def read(self) -> list[list[int]]:
+        return self.tokens
 
 
 class Runtime:
@@ -144,7 +155,9 @@ class Runtime:
                  work: QueryWork | None = None) -> list[list[int]]:
         """The continuation of each request's prompt, as `decoding` says (decode.py; the requests' label sets
         are not read): its token ids, the stop token not among them. The work is added to `work`, whose check
-        (cancellation, deadline, generated tokens) runs before every pass."""
+        (cancellation, deadline, generated tokens) runs before every pass. With replicas, each request is
+        continued on the one its document is routed to (replicas.py), and the query's limits checked again on
+        what they all generated."""
         if not requests:
             return []
         self.refuse_too_long(requests, extra=decoding.max_tokens)
@@ -153,12 +166,20 @@ class Runtime:
         work.spend_tokens(sum(len(r) for r in requests))
         work.requests.extend(requests)
         work.check()
-        generated = decode.generate(self.runner.for_query(work.check), requests, decoding, self.tokenizer.decode,
-                                    work.stats)
+        if self.replicas is not None:
+            generated = self.replicas.launch(requests, work, partial(self._generating, decoding), decoding).read()
+            work.check()
+        else:
+            generated = self._generating(decoding, requests, work).read()
         work.stats.logical_tokens += sum(map(len, generated))  # the prompts and, fed back, what they generated
         work.decoded = work.decoded.plus(decode.ideal([len(r) for r in requests], [len(g) for g in generated],
                                                       decoding.max_tokens))
         return generated
+
+    def _generating(self, decoding: decode.Decoding, requests: Sequence[Request], work: QueryWork) -> "Generated":
+        """The requests continued on this runtime's device (counted already)."""
+        return Generated(decode.generate(self.runner.for_query(work.check), requests, decoding, self.tokenizer.decode,
+                                         work.stats))
 
     def schema(self, schema: str) -> Schema:
         """A JSON schema's grammar over this model's vocabulary (decode.Decoding.schema); InvalidArgument when

@@ -1,7 +1,7 @@
 """A server with two runtime replicas (`--replicas 2`: its own and one in a process of its own, or a Ray
-actor of a local Ray cluster), against a server with one: the same rows and scores; a repeated query's
-documents go back to the replica holding them; a replica killed mid-query has its requests run again, and
-restarts."""
+actor of a local Ray cluster), against a server with one: the same rows, scores and generated text; a
+repeated query's documents go back to the replica holding them; a replica killed mid-query has its requests
+run again, and restarts."""
 
 from __future__ import annotations
 
@@ -127,6 +127,26 @@ def test_a_repeated_query_finds_its_documents_on_the_replica_that_holds_them(ser
         assert logical > 0, "the documents spread over both replicas"
         assert logical == middle[f"logical{replica}"] - before[f"logical{replica}"], "each went where it went before"
         assert after[f"fresh{replica}"] - middle[f"fresh{replica}"] <= 0.1 * logical, "and was found resident there"
+
+
+def test_completions_are_decoded_where_their_documents_go_and_give_one_runtimes_text(servers):
+    """AI_COMPLETE with a response format: each row's prompt is continued on the replica its document is routed
+    to (the JSON schema compiled there again), and the text is what one runtime gives."""
+    one, two, metrics, _ = servers
+    schema = ("{'type': 'object', 'properties': {'food': {'type': 'boolean'}}, 'required': ['food'], "
+              "'additionalProperties': false}")
+    query = (f"SELECT id, AI_COMPLETE(PROMPT('Is {{0}} about food? Answer in JSON.', body), {{'max_tokens': 24, "
+             f"'response_format': {schema}}}) AS a FROM reviews ORDER BY id")
+
+    def logical() -> list[float]:
+        samples = metric_samples(metrics)
+        return [samples[f'quail_replica_tokens_total{{kind="logical",replica="{r}"}}'] for r in "01"]
+
+    before = logical()
+    replicated = _run(two, query)
+    assert replicated.equals(_run(one, query))
+    assert all(text.startswith('{"food":') for text in replicated["a"].to_pylist())
+    assert all(after > then for after, then in zip(logical(), before)), "both replicas decoded some rows"
 
 
 def test_a_replica_killed_mid_query_is_replaced_and_the_query_gets_its_rows(servers, joined):
