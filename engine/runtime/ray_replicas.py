@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
@@ -99,6 +100,13 @@ class RayReplica:
         self.actor.submit.remote(job, list(requests), *portable(decoding)).future().add_done_callback(
             lambda done: self._answered(job, done))
         return future
+
+    def resident(self, prompts: list[np.ndarray]) -> Future:
+        if not self.up:
+            lost: Future = Future()
+            lost.set_exception(ReplicaLost(f"replica {self.index} is restarting"))
+            return lost
+        return self.actor.resident.remote(prompts).future()
 
     def _answered(self, job: int, done: Future) -> None:
         with self._lock:

@@ -35,6 +35,7 @@ log = logging.getLogger("quail.replicas")
 SKEW = 1.25  # a replica holds at most this times the mean queued tokens while another has room
 PLACES = 1 << 20  # documents whose replica the router remembers (least recently routed forgotten first)
 POLL_S = 0.05  # how often a query waiting for a replica checks whether it was cancelled
+RESIDENT_S = 1.0  # how long planning waits for a replica to say which documents it holds
 START_S = 600.0  # a replica's process has this long to load its model and warm up
 
 
@@ -119,6 +120,8 @@ class Replica(Protocol):
 
     def submit(self, requests: Sequence[Request], decoding: "Decoding | None" = None) -> Future: ...
 
+    def resident(self, prompts: list[np.ndarray]) -> Future: ...
+
     def cancel(self, future: Future) -> None: ...
 
     def forget(self, rejected: Sequence[Request], accepted: Sequence[Request]) -> None: ...
@@ -187,13 +190,22 @@ class ProcessReplica:
     def submit(self, requests: Sequence[Request], decoding: "Decoding | None" = None) -> Future:
         """A future of the requests' log-probabilities (with `decoding`: the tokens it gives after each) and what
         computing them cost there (Stats)."""
+        return self._ask("submit", list(requests), *portable(decoding))
+
+    def resident(self, prompts: list[np.ndarray]) -> Future:
+        """A future of how long a prefix of each prompt the replica's resident tree holds (ReplicaWorker.resident),
+        and no cost (Stats())."""
+        return self._ask("resident", prompts)
+
+    def _ask(self, kind: str, *payload) -> Future:
+        """A job of this kind sent to the process: a future of its answer and cost (ReplicaLost while down)."""
         job_id, future = next(self._ids), Future()
         with self._lock:
             if not self.up:
                 future.set_exception(ReplicaLost(f"replica {self.index} is restarting"))
                 return future
             self._jobs[job_id] = future
-        self._send(("submit", job_id, list(requests), *portable(decoding)))
+        self._send((kind, job_id, *payload))
         return future
 
     def cancel(self, future: Future) -> None:
@@ -305,6 +317,29 @@ class Replicas:
     def route(self, requests: Sequence[Request]) -> list[int]:
         return self.router.route([document_key(r) for r in requests], [len(r) for r in requests], self.live())
 
+    def resident_lengths(self, keys: Sequence[bytes], prompts: Sequence[np.ndarray],
+                         here: Callable[[np.ndarray], int]) -> list[int]:
+        """How long a prefix of each prompt (a document prefix, of key `keys[i]`) is resident on the replica its
+        document was routed to: `here` for replica 0's and for documents not routed yet, the others asked (0
+        for a replica that is down or does not answer within RESIDENT_S)."""
+        placed = self.router.placed
+        away: dict[int, list[int]] = {}
+        out = []
+        for i, (key, prompt) in enumerate(zip(keys, prompts)):
+            replica = placed.get(key, 0)
+            out.append(here(prompt) if replica == 0 else 0)
+            if replica:
+                away.setdefault(replica, []).append(i)
+        asked = [(members, self.remote[r - 1].resident([prompts[i] for i in members])) for r, members in away.items()]
+        for members, future in asked:
+            try:
+                lengths, _ = future.result(RESIDENT_S)
+            except Exception:  # noqa: BLE001 — down or slow: nothing counted resident there
+                continue
+            for i, length in zip(members, lengths):
+                out[i] = length
+        return out
+
     def launch(self, requests: Sequence[Request], work: QueryWork,
                scoring: Callable[[Sequence[Request], QueryWork], Scoring | Generated],
                decoding: "Decoding | None" = None
@@ -404,6 +439,11 @@ class ReplicaWorker:
     def forget(self, rejected: list[Request], accepted: list[Request]) -> None:
         self.runtime.forget(rejected, accepted)
 
+    def resident(self, prompts: list[np.ndarray]) -> tuple[list[int], Stats]:
+        """How long a prefix of each prompt the resident tree holds (nothing when there is none), at no cost."""
+        tree = self.runtime.runner.tree
+        return [tree.resident_length(p) if tree is not None else 0 for p in prompts], Stats()
+
 
 def serve_replica(config: EngineConfig, conn) -> None:
     """A replica process's life: a ReplicaWorker, ready, then each batch computed on a thread of its own until
@@ -424,6 +464,10 @@ def serve_replica(config: EngineConfig, conn) -> None:
         with send_lock:
             conn.send(message)
 
+    def resident(job: int, prompts: list[np.ndarray]) -> None:
+        with send_lock:
+            conn.send(("done", job, *worker.resident(prompts)))
+
     with ThreadPoolExecutor(max_workers=64, thread_name_prefix="quail-replica-job") as pool:
         while True:
             try:
@@ -432,6 +476,8 @@ def serve_replica(config: EngineConfig, conn) -> None:
                 return
             if kind == "submit":
                 pool.submit(submit, *rest)
+            elif kind == "resident":
+                pool.submit(resident, *rest)
             elif kind == "cancel":
                 worker.cancel(*rest)
             elif kind == "forget":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
@@ -60,7 +60,7 @@ class Request:
     def prefix(self, segments: int) -> tuple[int, bytes]:
         """Length and content key of the first `segments` segments."""
         head = self.segments[:segments]
-        return self.offsets[len(head)], hashlib.blake2b(b"".join(s.key for s in head), digest_size=16).digest()
+        return self.offsets[len(head)], segments_key(head)
 
     def tokens(self, start: int, end: int) -> np.ndarray:
         """ids()[start:end] without concatenating the whole prompt."""
@@ -79,6 +79,11 @@ class Request:
 
 
 DOCUMENT_PREFIX = 2  # segments kept: the preamble and the first document (or join anchor)
+
+
+def segments_key(segments: Sequence[Segment]) -> bytes:
+    """The content key of segments laid end to end (Request.prefix)."""
+    return hashlib.blake2b(b"".join(s.key for s in segments), digest_size=16).digest()
 
 
 def document_prefix(request: Request) -> tuple[int, bytes] | None:

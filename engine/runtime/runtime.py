@@ -23,7 +23,7 @@ from quail.engine.runtime.model_runner import ModelRunner, host_tier, kv_pool
 from quail.engine.runtime.prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.replicas import Replicas, RoutedScoring
-from quail.engine.runtime.requests import LabelSet, Request, Segment, document_prefix
+from quail.engine.runtime.requests import LabelSet, Request, Segment, document_prefix, segments_key
 from quail.engine.runtime.scheduler import Strategy, tree
 from quail.engine.runtime.text_segments import SegmentCache
 
@@ -282,12 +282,13 @@ class Runtime:
     def resident_share(self, texts: pa.Array | pa.ChunkedArray, placeholder: int = 0, sample: int = 64) -> float:
         """requests.ResidentShare: of the documents these texts make as placeholder {placeholder}'s, the share
         of their tokens whose whole document prefix (the preamble, then the document, laid out and tokenized
-        as every request over them is: the prompt layout and the texts cache) the resident tree holds now.
+        as every request over them is: the prompt layout and the texts cache) the resident tree holds now
+        (with replicas, the tree of the replica each document was routed to: Replicas.resident_lengths).
         Reads at most `sample` rows, evenly spaced (the same rows every time), looked up without counting in
         the hit rate (in the host tier too, when it would be copied back); 0 without a tree, texts or anything
         resident. Thread-safe (the texts cache and the tree lock themselves)."""
         tree = self.runner.tree
-        if tree is None or not tree.tokens + tree.host_tokens or not len(texts):
+        if tree is None or not len(texts) or (self.replicas is None and not tree.tokens + tree.host_tokens):
             return 0.0
         rows = np.unique(np.linspace(0, len(texts) - 1, min(sample, len(texts))).astype(np.int64))
         picked = (texts[int(row)].as_py() for row in rows)  # any string type (pyarrow's take lacks string_view)
@@ -295,8 +296,13 @@ class Runtime:
         if not documents:
             return 0.0
         preamble, *segments = self.segments([self.layout.preamble(), *documents])
-        resident = sum(len(s) for s in segments
-                       if tree.resident_length(np.concatenate([preamble.ids, s.ids])) == len(preamble) + len(s))
+        prompts = [np.concatenate([preamble.ids, s.ids]) for s in segments]
+        if self.replicas is None:
+            lengths = [tree.resident_length(prompt) for prompt in prompts]
+        else:
+            keys = [segments_key((preamble, s)) for s in segments]
+            lengths = self.replicas.resident_lengths(keys, prompts, tree.resident_length)
+        resident = sum(len(s) for s, length in zip(segments, lengths) if length == len(preamble) + len(s))
         return resident / sum(len(s) for s in segments)
 
     def letters(self, count: int, names: tuple[str, ...]) -> LabelSet:

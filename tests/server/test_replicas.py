@@ -6,6 +6,7 @@ run again, and restarts."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -127,6 +128,18 @@ def test_a_repeated_query_finds_its_documents_on_the_replica_that_holds_them(ser
         assert logical > 0, "the documents spread over both replicas"
         assert logical == middle[f"logical{replica}"] - before[f"logical{replica}"], "each went where it went before"
         assert after[f"fresh{replica}"] - middle[f"fresh{replica}"] <= 0.1 * logical, "and was found resident there"
+
+
+def test_explain_expects_the_documents_each_replica_holds(servers):
+    """The planner counts a document resident when the replica it was routed to holds it: after the questions
+    above, another question over the reviews expects nearly all their document tokens resident (half of
+    them are on the other replica)."""
+    _, two, _, _ = servers
+    plan = _run(two, "EXPLAIN SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Is {0} long?', body))")
+    (line,) = [line for line in plan["plan"].to_pylist() if line.startswith("AI filter")]
+    found = re.search(r"expects ~([\d,]+) of ([\d,]+) document tokens resident", line)
+    resident, total = (int(found.group(k).replace(",", "")) for k in (1, 2))
+    assert total > 0 and resident >= 0.9 * total, line
 
 
 def test_completions_are_decoded_where_their_documents_go_and_give_one_runtimes_text(servers):
