@@ -17,7 +17,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from quail.engine.model.config import EngineConfig
 from quail.engine.runtime.counters import Stats
-from quail.engine.runtime.replicas import START_S, ReplicaLost, ReplicaWorker, portable, replica_error
+from quail.engine.runtime.replicas import START_S, ReplicaLost, ReplicaWorker, portable, replica_error, restarting
 from quail.engine.runtime.requests import Request
 
 if TYPE_CHECKING:
@@ -93,8 +93,7 @@ class RayReplica:
         future: Future = Future()
         with self._lock:
             if not self.up:
-                future.set_exception(ReplicaLost(f"replica {self.index} is restarting"))
-                return future
+                return restarting(self.index)
             job, self._next = self._next, self._next + 1
             self._jobs[job] = future
         self.actor.submit.remote(job, list(requests), *portable(decoding)).future().add_done_callback(
@@ -103,9 +102,7 @@ class RayReplica:
 
     def resident(self, prompts: list[np.ndarray]) -> Future:
         if not self.up:
-            lost: Future = Future()
-            lost.set_exception(ReplicaLost(f"replica {self.index} is restarting"))
-            return lost
+            return restarting(self.index)
         return self.actor.resident.remote(prompts).future()
 
     def _answered(self, job: int, done: Future) -> None:

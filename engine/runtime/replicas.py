@@ -129,6 +129,13 @@ class Replica(Protocol):
     def stop(self) -> None: ...
 
 
+def restarting(index: int) -> Future:
+    """The answer of a replica that is down: a future failed with ReplicaLost (its requests run elsewhere)."""
+    lost: Future = Future()
+    lost.set_exception(ReplicaLost(f"replica {index} is restarting"))
+    return lost
+
+
 def portable(decoding: "Decoding | None") -> tuple["Decoding | None", str | None]:
     """A decoding as it travels to a replica: without its grammar (compiled over this process's vocabulary
     object), and the JSON schema the replica compiles it from again (ReplicaWorker.submit)."""
@@ -202,8 +209,7 @@ class ProcessReplica:
         job_id, future = next(self._ids), Future()
         with self._lock:
             if not self.up:
-                future.set_exception(ReplicaLost(f"replica {self.index} is restarting"))
-                return future
+                return restarting(self.index)
             self._jobs[job_id] = future
         self._send((kind, job_id, *payload))
         return future
@@ -456,17 +462,14 @@ def serve_replica(config: EngineConfig, conn) -> None:
     conn.send(("ready", worker.ready()))
     send_lock = threading.Lock()
 
-    def submit(job: int, *batch) -> None:
+    def answer(job: int, call: Callable[..., tuple], *args) -> None:
+        """The job's answer and cost, or the error it raised, sent back."""
         try:
-            message = ("done", job, *worker.submit(job, *batch))
+            message = ("done", job, *call(*args))
         except BaseException as err:  # noqa: BLE001 — the coordinator raises it in the query
             message = ("failed", job, type(err).__name__, str(err))
         with send_lock:
             conn.send(message)
-
-    def resident(job: int, prompts: list[np.ndarray]) -> None:
-        with send_lock:
-            conn.send(("done", job, *worker.resident(prompts)))
 
     with ThreadPoolExecutor(max_workers=64, thread_name_prefix="quail-replica-job") as pool:
         while True:
@@ -475,9 +478,9 @@ def serve_replica(config: EngineConfig, conn) -> None:
             except (EOFError, OSError):
                 return
             if kind == "submit":
-                pool.submit(submit, *rest)
+                pool.submit(answer, rest[0], worker.submit, *rest)
             elif kind == "resident":
-                pool.submit(resident, *rest)
+                pool.submit(answer, rest[0], worker.resident, *rest[1:])
             elif kind == "cancel":
                 worker.cancel(*rest)
             elif kind == "forget":
@@ -487,9 +490,9 @@ def serve_replica(config: EngineConfig, conn) -> None:
 @dataclass
 class RoutedScoring:
     """Answers of requests spread over the replicas (Replicas.launch; log-probabilities or continuations):
-    replica 0's being computed here, the others' as futures. `read` waits for all (checking the query's cancellation, which stops the other
-    replicas' jobs too), runs here the requests of a replica that ended (`rerun` counts them), and adds
-    what the others computed to the query's counters."""
+    replica 0's being computed here, the others' as futures. `read` waits for all (checking the query's
+    cancellation, which stops the other replicas' jobs too), runs here the requests of a replica that ended
+    (`rerun` counts them), and adds what the others computed to the query's counters."""
 
     size: int
     here: tuple[list[int], Scoring | Generated | None]
