@@ -52,19 +52,21 @@ def disconnect() -> None:
 
 
 def _start_local(gpus: int, attempts: int = START_ATTEMPTS) -> None:
-    """Start a local Ray with these GPUs for the actors. Ray gives its processes 30 s to come up, which a
-    busy host can miss: its GCS gets 120 s (unless RAY_gcs_server_port_wait_time_s says otherwise), and a
-    start that fails is tried again, up to `attempts` times."""
-    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
+    """Start a local Ray with these GPUs for the actors, trying again when a start fails, up to `attempts`
+    times. A start that fails waits out Ray's wait for its GCS first, and a busy host can miss Ray's 30 s:
+    the waits are 30, 60, then 120 s (RAY_gcs_server_port_wait_time_s, when set, is every attempt's)."""
+    fixed = os.environ.get("RAY_gcs_server_port_wait_time_s")
     for attempt in range(1, attempts + 1):
+        os.environ["RAY_gcs_server_port_wait_time_s"] = fixed or str(min(120, 30 << (attempt - 1)))
+        started = time.monotonic()
         try:
             ray.init(num_gpus=gpus, include_dashboard=False, log_to_driver=False)
             return
         except Exception as err:  # noqa: BLE001 — Ray raises bare Exceptions and RuntimeErrors for it
             if attempt == attempts:
                 raise
-            log.warning("the local Ray did not start (attempt %d of %d: %s): starting it again", attempt, attempts,
-                        err)
+            log.warning("the local Ray did not start in %.0f s (attempt %d of %d: %s): starting it again",
+                        time.monotonic() - started, attempt, attempts, err)
             ray.shutdown()
 
 
