@@ -1,9 +1,9 @@
 """The scheduler: every decision of what runs in which forward pass, and when.
 
 - Which queries' rows share a pass (`PassScheduler`, the device's owner loop): every running query's
-  model work waits in one place and each pass is packed from many queries' rows, the queries taking the
-  lead in turn, each up to an equal share of the budget before any takes more; short and decoding
-  queries first, a scan moving at least every other pass (`_share_out`).
+  model work waits in one place and each pass is packed from many queries' rows: the SHARING_QUERIES
+  that came first up to an equal share of the budget each, then every query in arrival order takes
+  what is left; short and decoding queries first, a scan moving at least every other pass (`_share_out`).
 - When the next pass is filled (`Pacing`): while the device runs the last layers of the one before, so a
   query arriving during a pass joins the next.
 - What fits a pass: a token budget, and padded attention's area at most PAD_FACTOR times it (Fill, pack).
@@ -116,21 +116,37 @@ class Fill:
         self.tokens += length
 
 
+SHARING_QUERIES = 4  # queries whose jobs share a pass equally; later ones take what they leave, in arrival order
+
+
 def _share_out(fill: Fill, live: list[_Waiting], others_first: bool = False) -> bool:
     """Fill a pass from the queries' jobs, in their order: the bounded jobs (short or decoding: each waits
-    for whole passes) before the others, unless `others_first` (then all alike); within each group every
-    job takes up to an equal share of what is left before any takes more. Whether the others (there being
-    some, beside bounded jobs) got nothing: then they should not wait behind bounded jobs in the next pass."""
+    for whole passes) before the others, unless `others_first` (then all alike). Within each group the jobs
+    of its first SHARING_QUERIES queries take up to an equal share of what is left each, then every job in
+    order takes what it can: queries finish in about the order they came instead of all at the end of
+    the burst (their clients' next statements come spread out, while the device has work), and a scan is
+    not held back by more than a few older ones. Whether the others (there being some, beside bounded
+    jobs) got nothing: then they should not wait behind bounded jobs in the next pass."""
     taken = [0] * len(live)
     bounded = [k for k, waiting in enumerate(live) if waiting.job.pass_tokens is not None]
     others = [k for k in range(len(live)) if k not in bounded]
     for group in [range(len(live))] if others_first else (bounded, others):
-        for limit in ((fill.budget - fill.tokens) // max(1, len(group)), None):
-            for k in group:
+        first = _first_queries(live, group)
+        for members, limit in ((first, (fill.budget - fill.tokens) // max(1, len(first))), (group, None)):
+            for k in members:
                 share = Share(fill, limit, taken[k])
                 live[k].job.fill(share)
                 taken[k] = share.tokens
     return bool(bounded and others) and not any(taken[k] for k in others)
+
+
+def _first_queries(live: list[_Waiting], group: Sequence[int]) -> list[int]:
+    """The jobs in `group` of its first SHARING_QUERIES queries (a query's jobs share its counters)."""
+    queries: list[int] = []
+    for k in group:
+        if id(live[k].job.stats) not in queries and len(queries) < SHARING_QUERIES:
+            queries.append(id(live[k].job.stats))
+    return [k for k in group if id(live[k].job.stats) in queries]
 
 
 def new_pass(runner: ModelRunner) -> Fill:

@@ -552,17 +552,31 @@ def test_a_short_job_rides_short_passes_beside_a_scan(runtime, monkeypatch):
 
 
 class _Rows:
-    """A job as `_share_out` sees it: rows of `length` tokens, as many as its shares admit."""
+    """A job as `_share_out` sees it (a query of its own): rows of `length` tokens, as many as its shares
+    admit."""
 
     def __init__(self, count: int, length: int, bounded: bool) -> None:
         self.job, self.count, self.length = self, count, length
         self.pass_tokens = 1 if bounded else None
+        self.stats = Stats()  # a query of its own
         self.took = 0
 
     def fill(self, share: scheduler.Share) -> None:
         while self.took < self.count and share.admits(self.length):
             share.add(self.length)
             self.took += 1
+
+
+def test_the_first_queries_share_a_pass_and_later_ones_take_what_they_leave_in_order():
+    """Five scans queued beside one another: the four that came first take an equal share each, the fifth
+    waits. Four small ones first: what they leave goes to the fifth query before the sixth."""
+    def taken(counts: list[int]) -> list[int]:
+        jobs = [_Rows(count, 100, bounded=False) for count in counts]
+        scheduler._share_out(Fill(8000, padded=False), jobs)
+        return [job.took for job in jobs]
+
+    assert taken([50] * 5) == [20, 20, 20, 20, 0]
+    assert taken([10] * 4 + [50, 50]) == [10] * 4 + [40, 0]
 
 
 def test_bounded_jobs_fill_a_pass_first_and_a_scan_moves_every_other_pass():
