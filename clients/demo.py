@@ -165,8 +165,8 @@ def _generate(cur) -> None:
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="quail-demo-") as data_dir:
         started = time.perf_counter()
-        # Passes of 1,024 tokens: on a CPU a pass takes seconds, and query 3's progress moves a pass at a time.
-        with ServerProcess(data_dir, "--log-level", "warning", "--token-budget", "1024") as server:
+        # Passes of 512 tokens: on a CPU a pass takes a second or two, and query 3's progress moves a pass at a time.
+        with ServerProcess(data_dir, "--log-level", "warning", "--token-budget", "512") as server:
             print(f"server ready at {server.uri} in {time.perf_counter() - started:.1f}s (the embedded "
                   "SmolLM2-135M-Instruct on the CPU: a tiny model for trying the pipeline; its answers are weak)")
             with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
