@@ -28,6 +28,7 @@ log = logging.getLogger("quail.replicas")
 CONCURRENCY = 64  # batches an actor (a ReplicaWorker) scores at once, on threads of its own
 PING_S = 1.0  # how often a lost actor is asked whether Ray has restarted it
 START_ATTEMPTS = 5  # tries at starting a local Ray
+GCS_WAIT = "RAY_gcs_server_port_wait_time_s"  # seconds Ray waits for its GCS to come up
 
 
 def replicas(config: EngineConfig, count: int) -> list["RayReplica"]:
@@ -54,20 +55,24 @@ def disconnect() -> None:
 def _start_local(gpus: int, attempts: int = START_ATTEMPTS) -> None:
     """Start a local Ray with these GPUs for the actors, trying again when a start fails, up to `attempts`
     times. A start that fails waits out Ray's wait for its GCS first, and a busy host can miss Ray's 30 s:
-    the waits are 30, 60, then 120 s (RAY_gcs_server_port_wait_time_s, when set, is every attempt's)."""
-    fixed = os.environ.get("RAY_gcs_server_port_wait_time_s")
-    for attempt in range(1, attempts + 1):
-        os.environ["RAY_gcs_server_port_wait_time_s"] = fixed or str(min(120, 30 << (attempt - 1)))
-        started = time.monotonic()
-        try:
-            ray.init(num_gpus=gpus, include_dashboard=False, log_to_driver=False)
-            return
-        except Exception as err:  # noqa: BLE001 — Ray raises bare Exceptions and RuntimeErrors for it
-            if attempt == attempts:
-                raise
-            log.warning("the local Ray did not start in %.0f s (attempt %d of %d: %s): starting it again",
-                        time.monotonic() - started, attempt, attempts, err)
-            ray.shutdown()
+    the waits are 30, 60, then 120 s (GCS_WAIT in the environment, when set, is every attempt's)."""
+    fixed = os.environ.get(GCS_WAIT)
+    try:
+        for attempt in range(1, attempts + 1):
+            os.environ[GCS_WAIT] = fixed or str(min(120, 30 << (attempt - 1)))
+            started = time.monotonic()
+            try:
+                ray.init(num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+                return
+            except Exception as err:  # noqa: BLE001 — Ray raises bare Exceptions and RuntimeErrors for it
+                if attempt == attempts:
+                    raise
+                log.warning("the local Ray did not start in %.0f s (attempt %d of %d: %s): starting it again",
+                            time.monotonic() - started, attempt, attempts, err)
+                ray.shutdown()
+    finally:
+        if fixed is None:
+            del os.environ[GCS_WAIT]
 
 
 class RayReplica:
