@@ -558,7 +558,7 @@ class _Rows:
     def __init__(self, count: int, length: int, bounded: bool) -> None:
         self.job, self.count, self.length = self, count, length
         self.pass_tokens = 1 if bounded else None
-        self.stats = Stats()  # a query of its own
+        self.stats = Stats()
         self.took = 0
 
     def fill(self, share: scheduler.Share) -> None:
@@ -569,14 +569,18 @@ class _Rows:
 
 def test_the_first_queries_share_a_pass_and_later_ones_take_what_they_leave_in_order():
     """Five scans queued beside one another: the four that came first take an equal share each, the fifth
-    waits. Four small ones first: what they leave goes to the fifth query before the sixth."""
-    def taken(counts: list[int]) -> list[int]:
+    waits. Four small ones first: what they leave goes to the fifth query before the sixth. Two jobs of one
+    query count as one query among the four."""
+    def taken(counts: list[int], same_query: bool = False) -> list[int]:
         jobs = [_Rows(count, 100, bounded=False) for count in counts]
+        if same_query:
+            jobs[1].stats = jobs[0].stats
         scheduler._share_out(Fill(8000, padded=False), jobs)
         return [job.took for job in jobs]
 
     assert taken([50] * 5) == [20, 20, 20, 20, 0]
     assert taken([10] * 4 + [50, 50]) == [10] * 4 + [40, 0]
+    assert taken([50] * 6, same_query=True) == [16, 16, 16, 16, 16, 0]
 
 
 def test_bounded_jobs_fill_a_pass_first_and_a_scan_moves_every_other_pass():
