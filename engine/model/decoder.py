@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 from torch import nn
@@ -103,6 +103,17 @@ class MLP(nn.Module):
         return silu_mul_project(self.down_proj, *self.gate_up_proj(x).chunk(2, dim=-1))
 
 
+class LayerParts(Protocol):
+    """What runs a prefill pass's embedding and its layers' token-wise parts (the parts around attention):
+    the model itself, or graphs captured for the pass's size. `finish` need not serve the last layer."""
+
+    def embedded(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]: ...
+
+    def qkv(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]: ...
+
+    def finish(self, layer: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor: ...
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP with residual connections, split around the attention kernel."""
 
@@ -162,32 +173,44 @@ class Decoder(nn.Module):
         """The output projection (vocab, hidden), tied to the embeddings where the model says so."""
         return self.embed_tokens.weight if self.config.tie_embeddings else self.lm_head.weight
 
-    def _embedded(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def embedded(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The tokens' embeddings, and the rotary tables of their positions in the embeddings' dtype."""
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
         x = self.embed_tokens(ids)
         return x, cos.to(x.dtype), sin.to(x.dtype)
 
+    def qkv(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Layer `layer`'s part before attention (DecoderLayer.qkv, compiled where the layers are)."""
+        return self._qkv(self.layers[layer], x, cos, sin)
+
+    def finish(self, layer: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Layer `layer`'s part after attention (DecoderLayer.finish, compiled where the layers are)."""
+        return self._finish(self.layers[layer], x, attn)
+
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, rows: Rows, last: torch.Tensor,
-                keep: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None) -> torch.Tensor:
+                keep: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
+                parts: LayerParts | None = None) -> torch.Tensor:
         """Prefill packed rows, each after the resident KV `rows` names.
 
         ids and positions: (tokens,); last: the packed index of each row's last
         token. Returns the final-normed hidden state there. `keep(layer, k, v)`
         receives each layer's new keys and values (tokens, kv_heads, head_dim)
         to store (the runner's pool, kv/pool.py). The last layer's output
-        projection and MLP run at those positions only.
+        projection and MLP run at those positions only, by the model itself;
+        `parts` runs the embedding and the other token-wise parts (default: the
+        model; a pass's captured graphs, runtime/pass_graphs.py).
         """
-        x, cos, sin = self._embedded(ids, positions)
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
+        parts = self if parts is None else parts
+        x, cos, sin = parts.embedded(ids, positions)
+        final = len(self.layers) - 1
+        for i in range(final + 1):
+            q, k, v = parts.qkv(i, x, cos, sin)
             if keep is not None:
                 keep(i, k, v)
             out = attention(q, k, v, rows, i, self._merge)
-            if i == len(self.layers) - 1:  # nothing reads the last layer's other positions
-                x, out = x[last], out[last]
-            x = self._finish(layer, x, out)
-        return self.norm(x)
+            if i < final:
+                x = parts.finish(i, x, out)
+        return self.norm(self.finish(final, x[last], out[last]))  # nothing reads the last layer's other positions
 
     def decode(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, table: torch.Tensor,
                lengths: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
@@ -200,12 +223,12 @@ class Decoder(nn.Module):
         own slot last. No host sync and no shape taken from the values: a
         CUDA graph of one call replays for any tokens, slots and lengths.
         """
-        x, cos, sin = self._embedded(ids, positions)
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
+        x, cos, sin = self.embedded(ids, positions)
+        for i in range(len(self.layers)):
+            q, k, v = self.qkv(i, x, cos, sin)
             keys[i].index_copy_(0, slots, k)
             values[i].index_copy_(0, slots, v)
-            x = self._finish(layer, x, paged_decode(q, keys[i], values[i], table, lengths))
+            x = self.finish(i, x, paged_decode(q, keys[i], values[i], table, lengths))
         return self.norm(x)
 
     def label_logits(self, hidden: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.fed_tokens import feed_from_device
 from quail.engine.runtime.requests import LabelSet
 from quail.engine.runtime.scheduler import PassScheduler, Row
+from quail.engine.runtime.pass_graphs import PassGraphs
 from quail.engine.runtime.step_graphs import MAX_BATCH, StepGraphs
 
 
@@ -129,13 +130,15 @@ class ModelRunner:
     Runners over one model share its `scheduler` (the device's owner loop, which runs every query's
     passes), KV `ledger` (what running queries hold), KV `pool` (kv/pool.py; default: one of no slots,
     every pass's kept KV in a pool of its own), resident `tree` (kv/resident.py; None: nothing is
-    kept between steps and queries) and, on CUDA, the captured decode `steps` (step_graphs.py). `check`
-    raises to stop a query before its next pass (see `for_query`).
+    kept between steps and queries) and, on CUDA, the captured decode `steps` (step_graphs.py) and small
+    passes' layer parts (`passes`, pass_graphs.py). `check` raises to stop a query before its next pass
+    (see `for_query`).
     """
 
     def __init__(self, model: Decoder, token_budget: int = 4096, scheduler: PassScheduler | None = None,
                  check: Callable[[], None] = go_on, ledger: KVLedger | None = None, pool: KVPool | None = None,
-                 tree: ResidentTree | None = None, steps: StepGraphs | None = None) -> None:
+                 tree: ResidentTree | None = None, steps: StepGraphs | None = None,
+                 passes: PassGraphs | None = None) -> None:
         self.model = model
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
@@ -145,12 +148,13 @@ class ModelRunner:
         self.pool = pool if pool is not None else kv_pool(model, 0)
         self.tree = tree
         self.steps = steps if steps is not None or self.device.type != "cuda" else StepGraphs(model, self.pool)
+        self.passes = passes if passes is not None or self.device.type != "cuda" else PassGraphs(model)
 
     def for_query(self, check: Callable[[], None]) -> "ModelRunner":
-        """This runner for one query: same model, budget, scheduler, ledger, pool, tree and steps; `check`
+        """This runner for one query: same model, budget, scheduler, ledger, pool, tree and graphs; `check`
         before each pass."""
         return ModelRunner(self.model, self.token_budget, self.scheduler, check, self.ledger, self.pool, self.tree,
-                           self.steps)
+                           self.steps, self.passes)
 
     def _inputs(self, rows: list[Row], layout: Rows) -> tuple[torch.Tensor, ...]:
         """Packed token ids, their positions (after what each row continues), each row's last index."""
@@ -196,7 +200,8 @@ class ModelRunner:
             self.tree.settle()  # KV the rows continue that is still owed from the host tier
         if events is not None:
             events.start.record()
-        hidden = self.model(ids, positions, layout, last, _marking(write, events))
+        parts = self.passes.parts(len(ids)) if self.passes is not None else None
+        hidden = self.model(ids, positions, layout, last, _marking(write, events), parts)
         if events is not None:
             events.end.record()
         start = 0

@@ -66,7 +66,7 @@ class Runtime:
     or a Strategy function (a benchmark baseline).
     `decisions` is "model" (answers from the model) or "hash" (random weights:
     answers by content hash, forward passes still run in full).
-    `device_of`: a runner on the same device, whose scheduler, KV ledger, pool and resident tree this
+    `device_of`: a runner on the same device, whose scheduler, KV ledger, pool, resident tree and graphs this
     runtime's runner shares; else a pool of `kv_bytes` holds KV, and what it computes stays there between
     steps and queries, indexed by a resident tree (kv/resident.py; 0: nothing stays), with `kv_host_bytes`
     of pinned host memory for what the pool has no room for (kv/host_tier.py; 0: none).
@@ -93,7 +93,8 @@ class Runtime:
             self.runner = ModelRunner(model, token_budget, pool=pool, tree=tree)
         else:
             self.runner = ModelRunner(model, token_budget, device_of.scheduler, ledger=device_of.ledger,
-                                      pool=device_of.pool, tree=device_of.tree, steps=device_of.steps)
+                                      pool=device_of.pool, tree=device_of.tree, steps=device_of.steps,
+                                      passes=device_of.passes)
         self.strategy = strategy
         self.texts = texts if texts is not None else SegmentCache()
         self.yes_no = self._yes_no_labels()
@@ -213,7 +214,7 @@ class Runtime:
         lazily, layers compiled, GEMMs of a full pass); returns what they did. full (default: on a GPU):
         rows of more than a full pass after a shared prefix as long as each (copied before each row on a
         GPU), then short rows after two long prefixes (attended apart and merged), then every decode step
-        graph captured (CUDA); always one short request alone (compiled layers specialize a size of one).
+        graph and small pass graph captured (CUDA); always one short request alone (compiled layers specialize a size of one).
         With a host KV tier, then a pass of new rows is timed against its copy back from the tier
         (`_time_host_tier`). Last, every object alive (the model's modules, the tokenizer's vocabulary,
         the libraries') leaves the cyclic garbage collector's view (`gc.freeze`): decoding makes objects
@@ -233,6 +234,8 @@ class Runtime:
             self.score([Request(parts, self.yes_no) for parts in rows + partners], work)
             if self.runner.steps is not None:
                 self.runner.steps.prepare()
+            if self.runner.passes is not None:
+                self.runner.passes.prepare()
         if self.runner.tree is not None and self.runner.tree.host is not None:
             self._time_host_tier([Request((segment(128),), self.yes_no)
                                   for _ in range(self.runner.token_budget // 128)])

@@ -1,0 +1,120 @@
+"""Small prefill passes on CUDA with their layers' token-wise parts replayed from captured graphs.
+
+A pass of a few hundred tokens costs the device ~20 ms and the host ~50 ms
+to queue: two compiled-region calls a layer, each a few GEMM and Triton
+launches behind dynamo's and AOT autograd's wrappers. Here every layer's
+part before attention (norm, q/k/v projection, q/k norms, rotary) and after
+it (output projection, residual, norm, MLP) is a graph captured per size
+bucket: a pass of n tokens is padded to the next of SIZES, its tokens' rows
+first in static buffers, and each part is one replay. Attention and the KV
+writes stay as they are, between the replays, over the first n rows; so do
+the last layer's part after attention, at the rows' last positions only. A
+pass longer than the largest size runs the compiled regions directly: its
+device time covers their host calls. Padding rows start from zeros and are
+read by nothing. Graphs share one memory pool: each writes only the static
+buffers, so nothing of one outlives it there, and any may replay after any
+other. They are captured at warm-up (`prepare`), never in a query's pass.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from quail.engine.model.decoder import Decoder
+
+SIZES = (128, 256, 512, 1024, 2048)  # the token counts a captured pass is padded to
+
+
+def bucket(n: int) -> int | None:
+    """The size a pass of n tokens is padded to; None past the largest.
+
+    >>> bucket(1), bucket(129), bucket(2048), bucket(2049)
+    (128, 256, 2048, None)
+    """
+    return next((size for size in SIZES if size >= n), None)
+
+
+class PassGraphs:
+    """Captured token-wise parts of one model's layers, per size bucket (CUDA): `parts` gives what a pass
+    of n tokens runs them with (Decoder.forward's `parts`)."""
+
+    def __init__(self, model: Decoder) -> None:
+        self.model = model
+        self.memory = torch.cuda.graph_pool_handle()
+        self.graphs: dict[int, tuple[list[torch.cuda.CUDAGraph], ...]] = {}  # size: each layer's before, after
+        cfg, weight = model.config, model.embed_tokens.weight
+        rows, kinds = SIZES[-1], dict(device=weight.device, dtype=weight.dtype)
+        self.x = torch.zeros(rows, cfg.hidden_size, **kinds)
+        self.cos, self.sin = torch.zeros(rows, cfg.head_dim, **kinds), torch.zeros(rows, cfg.head_dim, **kinds)
+        self.q, self.attn = (torch.zeros(rows, cfg.num_heads, cfg.head_dim, **kinds) for _ in range(2))
+        self.k, self.v = (torch.zeros(rows, cfg.num_kv_heads, cfg.head_dim, **kinds) for _ in range(2))
+
+    def prepare(self) -> None:
+        """Capture every size's graphs (a server's warm-up)."""
+        for size in SIZES:
+            if size not in self.graphs:
+                self.graphs[size] = self._capture(size)
+
+    def parts(self, n: int) -> "CapturedParts | None":
+        """What runs a pass of n tokens: its size's graphs; None past the largest size, or before `prepare`."""
+        size = bucket(n)
+        return CapturedParts(self, n, size) if size in self.graphs else None
+
+    def _capture(self, size: int) -> tuple[list[torch.cuda.CUDAGraph], ...]:
+        """Each layer's part before attention, and each but the last one's after it, over the first `size`
+        rows of the buffers: run on a side stream first (the compiled regions built for the size outside
+        the capture), then captured."""
+        model, x, cos, sin = self.model, self.x[:size], self.cos[:size], self.sin[:size]
+        q, k, v, attn = self.q[:size], self.k[:size], self.v[:size], self.attn[:size]
+
+        def before(layer: int) -> None:
+            for buffer, part in zip((q, k, v), model.qkv(layer, x, cos, sin)):
+                buffer.copy_(part)
+
+        def after(layer: int) -> None:
+            x.copy_(model.finish(layer, x, attn))
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.inference_mode():
+            for layer in range(len(model.layers)):
+                before(layer)
+                after(layer)
+            x.zero_()
+        torch.cuda.current_stream().wait_stream(side)
+        layers = range(len(model.layers))
+        return [self._captured(before, layer) for layer in layers], [self._captured(after, layer) for layer in layers[:-1]]
+
+    def _captured(self, part: Callable[[int], None], layer: int) -> torch.cuda.CUDAGraph:
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=self.memory):
+            part(layer)
+        return graph
+
+
+class CapturedParts:
+    """A pass of n tokens through its size's graphs (decoder.LayerParts): the tokens' rows first in the
+    buffers, the rest zeros."""
+
+    def __init__(self, graphs: PassGraphs, n: int, size: int) -> None:
+        self.graphs, self.n, self.size = graphs, n, size
+
+    def embedded(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        g, n = self.graphs, self.n
+        for buffer, value in zip((g.x, g.cos, g.sin), g.model.embedded(ids, positions)):
+            buffer[:n].copy_(value)
+        g.x[n:self.size].zero_()
+        return g.x[:n], g.cos[:n], g.sin[:n]
+
+    def qkv(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        g, n = self.graphs, self.n
+        g.graphs[self.size][0][layer].replay()
+        return g.q[:n], g.k[:n], g.v[:n]
+
+    def finish(self, layer: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        g, n = self.graphs, self.n
+        g.attn[:n].copy_(attn)
+        g.graphs[self.size][1][layer].replay()
+        return g.x[:n]

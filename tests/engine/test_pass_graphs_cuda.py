@@ -1,0 +1,65 @@
+"""Small prefill passes through captured layer graphs against the same passes run directly (GPU only; else skipped)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("pass graphs run on CUDA", allow_module_level=True)
+
+from quail.engine.kernels.attention import Rows  # noqa: E402
+from quail.engine.kernels.fp8 import to_fp8  # noqa: E402
+from quail.engine.model.config import ModelConfig  # noqa: E402
+from quail.engine.model.decoder import Decoder  # noqa: E402
+from quail.engine.runtime.pass_graphs import SIZES, PassGraphs  # noqa: E402
+
+CFG = ModelConfig("qwen3", vocab_size=512, hidden_size=256, num_layers=3, num_heads=8, num_kv_heads=2, head_dim=32,
+                  intermediate_size=512, rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def _pass(model: Decoder, lengths: list[int], parts, seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A pass of new rows of these lengths: each row's last hidden state, and every layer's keys and values."""
+    rng = np.random.default_rng(seed)
+    ids = torch.from_numpy(rng.integers(0, CFG.vocab_size, sum(lengths))).cuda()
+    positions = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths])).cuda()
+    layout = Rows.build(lengths, [None] * len(lengths), torch.device("cuda"), model.padded_attention,
+                        [None] * len(lengths))
+    last = torch.from_numpy(np.cumsum(lengths) - 1).cuda()
+    kept: list[torch.Tensor] = []
+    with torch.inference_mode():
+        hidden = model(ids, positions, layout, last, lambda layer, k, v: kept.extend((k.clone(), v.clone())), parts)
+    return hidden, kept
+
+
+@pytest.mark.parametrize("precision, bound", [("fp32", 1e-5), ("bf16", 2e-2), pytest.param("fp8", 2e-2, marks=(
+    pytest.mark.skipif(torch.cuda.get_device_capability() < (8, 9), reason="fp8 GEMMs need Ada or Hopper")))])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_captured_pass_gives_the_direct_pass_hidden_states_and_kv(precision, bound, compiled):
+    """Passes of 5, 137 (two rows), 2,048 (four) and then 43 tokens (after the long one: padding rows that
+    held its values) through the graphs give what the layers give directly; a pass past the largest size
+    has no graphs, nor has any before they are captured."""
+    torch.manual_seed(0)
+    model = Decoder(CFG).to("cuda", torch.float32 if precision == "fp32" else torch.bfloat16).eval()
+    if precision == "fp8":
+        to_fp8(model.layers)
+    if compiled:
+        model.compile_layers()
+    graphs = PassGraphs(model)
+    assert graphs.parts(5) is None
+    graphs.prepare()
+    assert set(graphs.graphs) == set(SIZES)
+    for seed, lengths in enumerate(([5], [100, 37], [700, 300, 1000, 48], [40, 3])):
+        parts = graphs.parts(sum(lengths))
+        got, got_kv = _pass(model, lengths, parts, seed)
+        want, want_kv = _pass(model, lengths, None, seed)
+        assert _rel(got, want) < bound
+        assert len(got_kv) == len(want_kv) == 2 * CFG.num_layers
+        for a, b in zip(got_kv, want_kv):
+            assert _rel(a, b) < bound
+    assert graphs.parts(SIZES[-1] + 1) is None
