@@ -8,7 +8,7 @@ table or a stream of batches, and reported with its speed of light.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
@@ -16,6 +16,7 @@ import pyarrow as pa
 from quail.engine.exec.catalog import Catalog
 from quail.engine.exec.executor import execute, execute_stream, result_schema
 from quail.engine.exec.plan import PhysicalPlan
+from quail.engine.exec.relational import StatementSchemas
 from quail.engine.model.config import EngineConfig
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.query_work import QueryWork
@@ -34,7 +35,8 @@ class QueryService:
     `sol_device` names the device constants (planner/cost.py) that price join
     orders and give reports their speed of light, `replicas` how many such
     devices serve the model (the speed of light spreads the work over them);
-    None: join orders priced by tokens, no speed of light.
+    None: join orders priced by tokens, no speed of light. `schemas` remembers the output schemas of the
+    DuckDB statements whose result schemas it found (relational.StatementSchemas).
     """
 
     runtime: Runtime
@@ -42,6 +44,7 @@ class QueryService:
     precision: str = "fp32"
     token_budget: int = 4096
     replicas: int = 1
+    schemas: StatementSchemas = field(default_factory=StatementSchemas)
 
     @classmethod
     def serving(cls, runtime: Runtime, config: EngineConfig) -> "QueryService":
@@ -64,19 +67,19 @@ class QueryService:
             work.check()
         if isinstance(plan, UpdatePlan):
             return plan, None
-        return plan, result_schema(plan, catalog, work)
+        return plan, result_schema(plan, catalog, work, self.schemas)
 
     def plan_query(self, text: str, catalog: Catalog, dialect: str,
                    params: Sequence[Any] | None = None) -> tuple[PhysicalPlan, pa.Schema]:
         """A query's plan and result schema."""
         plan = plan_sql(text, catalog, dialect, params, rank=rank_by_sol(self.sol),
                         resident=self.runtime.resident_share)
-        return plan, result_schema(plan, catalog)
+        return plan, result_schema(plan, catalog, schemas=self.schemas)
 
     def plan_substrait(self, plan: bytes, catalog: Catalog) -> tuple[PhysicalPlan, pa.Schema]:
         """A serialized Substrait plan's physical plan and result schema."""
         physical = import_plan(plan, catalog)
-        return physical, result_schema(physical, catalog)
+        return physical, result_schema(physical, catalog, schemas=self.schemas)
 
     def substrait(self, text: str, catalog: Catalog, dialect: str, params: Sequence[Any] | None = None) -> bytes:
         """A query's optimized plan as a serialized Substrait plan."""

@@ -17,7 +17,7 @@ from quail.engine.ai.operators import Ask, Question, classify, yes_probabilities
 from quail.engine.exec.catalog import Catalog
 from quail.engine.exec.plan import (AIAggregate, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step,
                                    filter_rank)
-from quail.engine.exec.relational import DuckDB
+from quail.engine.exec.relational import DuckDB, StatementSchemas
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.runtime import Runtime
@@ -81,15 +81,18 @@ def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
             start, size = start + size, min(2 * size, CHUNK_ROWS[1])
 
 
-def result_schema(plan: PhysicalPlan, catalog: Catalog, work: QueryWork | None = None) -> pa.Schema:
-    """The result schema, found by running the plan over empty tables (no model work); DuckDB's planning of
-    it stops when `work` is cancelled or passes its deadline."""
+def result_schema(plan: PhysicalPlan, catalog: Catalog, work: QueryWork | None = None,
+                  schemas: StatementSchemas | None = None) -> pa.Schema:
+    """The result schema, found by running the plan over empty tables (no model work), each DuckDB statement's
+    output schema taken from `schemas` where it ran over relations of the same schemas before; DuckDB's
+    planning of the others stops when `work` is cancelled or passes its deadline."""
     if plan.analyze:
         return ANALYZE_SCHEMA
     relations = {name: catalog.schema(name).empty_table() for name in plan.tables}
     with DuckDB(work) as db:
+        run = _OverEmpty(relations, db, None, None, schemas or StatementSchemas(0))
         for step in plan.steps:
-            _run_step(step, relations, db, None, None)
+            step.visit(run)
     return relations[plan.result].schema
 
 
@@ -208,6 +211,16 @@ def _values(step: AIStep, probs: np.ndarray) -> pa.Array:
     if KINDS[step.kind].answer == "probability":
         return pa.array(probs, pa.float64(), from_pandas=True)
     return pa.array(np.where(np.isnan(probs), None, probs > 0.5).tolist(), pa.bool_())
+
+
+@dataclass
+class _OverEmpty(_Run):
+    """Runs a plan's steps over empty tables: its DuckDB statements' output schemas from `schemas`."""
+
+    schemas: StatementSchemas
+
+    def sql_step(self, step: SQLStep) -> None:
+        self.relations[step.output] = self.schemas.output(self.db, step.sql, self.relations).empty_table()
 
 
 def _ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import threading
+from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Iterator, Mapping
 
@@ -96,3 +98,34 @@ class DuckDB:
         """Evaluate one statement, its rows batch by batch as DuckDB produces them (memory bounded by a batch)."""
         with self._over(sql, relations) as con:
             yield from con.sql(sql).to_arrow_reader(rows_per_batch)
+
+
+class StatementSchemas:
+    """The output schema of each statement DuckDB ran over relations of given schemas, the last `size` of
+    them: an output schema is a function of the statement and its inputs' schemas, never of their rows, so
+    finding a plan's result schema runs only the statements it has not seen (a dashboard's refresh, or the
+    same projection over another range of rows, runs none). Shared by the threads planning statements."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self._known: OrderedDict[tuple, pa.Schema] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def output(self, db: DuckDB, sql: str, relations: Mapping[str, pa.Table]) -> pa.Schema:
+        """The schema of the statement's output over the relations: remembered, or found by running it in `db`."""
+        key = (sql, tuple(sorted(((name.lower(), table.schema) for name, table in relations.items()), key=_first)))
+        with self._lock:
+            known = self._known.get(key)
+            if known is not None:
+                self._known.move_to_end(key)
+                return known
+        schema = db.run(sql, relations).schema
+        with self._lock:
+            self._known[key] = schema
+            while len(self._known) > self._size:
+                self._known.popitem(last=False)
+        return schema
+
+
+def _first(pair: tuple) -> object:
+    return pair[0]

@@ -10,6 +10,7 @@ import pytest
 from quail.engine.errors import InvalidArgument, NotFound
 from quail.engine.exec.executor import execute, result_schema
 from quail.engine.exec.plan import AIFilterChain, AIStep, SQLStep
+from quail.engine.exec.relational import DuckDB, StatementSchemas
 from quail.engine.exec.storage import TableStore
 from quail.planner.planner import plan_sql
 
@@ -37,6 +38,33 @@ def test_relational_conjuncts_run_before_the_model(store):
     assert ai.input == first.output and ai.layout == "filter"
     assert "AI_FILTER" not in last.sql and "LIMIT 5" in last.sql and "WHERE" not in last.sql
     assert result_schema(plan, store).names == ["id"]
+
+
+def test_result_schemas_run_only_the_statements_not_seen_over_inputs_of_those_schemas(store, monkeypatch):
+    """A statement's output schema is remembered with its inputs' schemas: the same projection over another
+    range of rows runs only its first statement, the same statement none; a table whose columns changed type
+    runs them again and gets the new types; the oldest is forgotten past the size."""
+    runs: list[str] = []
+    run = DuckDB.run
+    monkeypatch.setattr(DuckDB, "run", lambda self, sql, relations: runs.append(sql) or run(self, sql, relations))
+    schemas = StatementSchemas()
+
+    def found(text: str) -> pa.Schema:
+        runs.clear()
+        return result_schema(plan_sql(text, store), store, schemas=schemas)
+
+    query = "SELECT id FROM reviews WHERE stars < {} AND AI_FILTER(PROMPT('Is {{0}} kind?', body))"
+    assert found(query.format(10)).field("id").type == pa.int64() and len(runs) == 2
+    assert found(query.format(20)).field("id").type == pa.int64() and len(runs) == 1 and "20" in runs[0]
+    assert found(query.format(20)).names == ["id"] and runs == []
+    store.write("reviews", pa.table({"id": ["a"], "body": ["good"], "stars": [5]}), if_exists="replace")
+    assert found(query.format(20)) == pa.schema([("id", pa.string())]) and len(runs) == 2
+    small = StatementSchemas(size=1)
+    for text in (query.format(1), query.format(2)):
+        result_schema(plan_sql(text, store), store, schemas=small)
+    runs.clear()
+    result_schema(plan_sql(query.format(1), store), store, schemas=small)
+    assert len(runs) == 2
 
 
 def test_join_condition_is_asked_per_distinct_pair_in_the_join_layout(store):
