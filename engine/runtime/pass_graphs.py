@@ -13,7 +13,9 @@ pass longer than the largest size runs the compiled regions directly: its
 device time covers their host calls. Padding rows start from zeros and are
 read by nothing. Graphs share one memory pool: each writes only the static
 buffers, so nothing of one outlives it there, and any may replay after any
-other. They are captured at warm-up (`prepare`), never in a query's pass.
+other. They are captured at warm-up (`prepare`), never in a query's pass,
+and replayed by one thread at a time (the device's owner loop: the buffers
+are the graphs' own).
 """
 
 from __future__ import annotations
