@@ -148,7 +148,7 @@ class ModelRunner:
         self.pool = pool if pool is not None else kv_pool(model, 0)
         self.tree = tree
         self.steps = steps if steps is not None or self.device.type != "cuda" else StepGraphs(model, self.pool)
-        self.passes = passes if passes is not None or self.device.type != "cuda" else PassGraphs(model)
+        self.passes = passes if passes is not None or not PassGraphs.serves(model) else PassGraphs(model)
 
     def for_query(self, check: Callable[[], None]) -> "ModelRunner":
         """This runner for one query: same model, budget, scheduler, ledger, pool, tree and graphs; `check`

@@ -15,7 +15,8 @@ read by nothing. Graphs share one memory pool: each writes only the static
 buffers, so nothing of one outlives it there, and any may replay after any
 other. They are captured at warm-up (`prepare`), never in a query's pass,
 and replayed by one thread at a time (the device's owner loop: the buffers
-are the graphs' own).
+are the graphs' own). Models with fp8 layers run every pass directly
+(`serves`): their captured passes have not been checked against direct ones.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from quail.engine.kernels.fp8 import Fp8Linear
 from quail.engine.model.decoder import Decoder
 
 SIZES = (128, 256, 512, 1024, 2048)  # the token counts a captured pass is padded to
@@ -41,6 +43,11 @@ def bucket(n: int) -> int | None:
 class PassGraphs:
     """Captured token-wise parts of one model's layers, per size bucket (CUDA): `parts` gives what a pass
     of n tokens runs them with (Decoder.forward's `parts`)."""
+
+    @staticmethod
+    def serves(model: Decoder) -> bool:
+        """Whether the model's small passes replay from graphs: on CUDA, without fp8 layers."""
+        return model.embed_tokens.weight.is_cuda and not any(isinstance(m, Fp8Linear) for m in model.modules())
 
     def __init__(self, model: Decoder) -> None:
         self.model = model
