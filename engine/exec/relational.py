@@ -6,6 +6,7 @@ import functools
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
+from operator import itemgetter
 from typing import Iterator, Mapping
 
 import duckdb
@@ -113,7 +114,7 @@ class StatementSchemas:
 
     def output(self, db: DuckDB, sql: str, relations: Mapping[str, pa.Table]) -> pa.Schema:
         """The schema of the statement's output over the relations: remembered, or found by running it in `db`."""
-        key = (sql, tuple(sorted(((name.lower(), table.schema) for name, table in relations.items()), key=_first)))
+        key = (sql, tuple(sorted(((name.lower(), table.schema) for name, table in relations.items()), key=itemgetter(0))))
         with self._lock:
             known = self._known.get(key)
             if known is not None:
@@ -125,7 +126,3 @@ class StatementSchemas:
             while len(self._known) > self._size:
                 self._known.popitem(last=False)
         return schema
-
-
-def _first(pair: tuple) -> object:
-    return pair[0]

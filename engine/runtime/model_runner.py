@@ -18,9 +18,9 @@ from quail.engine.kv.runs import KV, KVLedger
 from quail.engine.model.decoder import Decoder
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.fed_tokens import feed_from_device
+from quail.engine.runtime.pass_graphs import PassGraphs
 from quail.engine.runtime.requests import LabelSet
 from quail.engine.runtime.scheduler import PassScheduler, Row
-from quail.engine.runtime.pass_graphs import PassGraphs
 from quail.engine.runtime.step_graphs import MAX_BATCH, StepGraphs
 
 
