@@ -54,10 +54,14 @@ class QuailServer:
         self.config = config
         users = load_users(config.users_file) if config.users_file else None  # a bad file refused before the model loads
         self.store = TableStore(config.data_dir)  # refuses a data directory another server holds
+        engine = settled(config.engine)
+        if engine.ray is not None and engine.replicas > 1:  # before any thread of ours (ray_replicas.connect)
+            from quail.engine.runtime import ray_replicas  # Ray is an optional extra
+
+            ray_replicas.connect(engine)
         self._executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="quail-call")
         self._grpc = grpc.server(self._executor, options=_OPTIONS)
         self.port = self._listen(f"{config.host}:{config.port}")
-        engine = settled(config.engine)
         self.runtime = load_runtime(engine)
         self.runtime.warm_up()
         self.chosen = chosen(engine, self.runtime)  # what it runs on, for the startup line

@@ -31,17 +31,24 @@ START_ATTEMPTS = 5  # tries at starting a local Ray
 GCS_WAIT = "RAY_gcs_server_port_wait_time_s"  # seconds Ray waits for its GCS to come up
 
 
-def replicas(config: EngineConfig, count: int) -> list["RayReplica"]:
-    """Replicas 1..count-1 as actors (not yet started), Ray connected first: to the cluster at `config.ray`,
-    or a local one started here ("auto"), its GPUs but the server's own for the actors."""
-    if not ray.is_initialized():
-        if config.ray == "auto":
-            import torch
+def connect(config: EngineConfig) -> None:
+    """Connect to the cluster at `config.ray`, or start a local one here ("auto") with the GPUs but the
+    server's own for the actors; nothing when connected already. A server connects before it starts
+    threads of its own (gRPC's among them): Ray forks its processes and runs Python code in the child
+    before it starts the program, which can fail in a process that runs other threads."""
+    if ray.is_initialized():
+        return
+    if config.ray == "auto":
+        import torch
 
-            gpus = max(0, torch.cuda.device_count() - 1) if config.device.startswith("cuda") else 0
-            _start_local(gpus)
-        else:
-            ray.init(address=config.ray, include_dashboard=False, log_to_driver=False)
+        _start_local(max(0, torch.cuda.device_count() - 1) if config.device.startswith("cuda") else 0)
+    else:
+        ray.init(address=config.ray, include_dashboard=False, log_to_driver=False)
+
+
+def replicas(config: EngineConfig, count: int) -> list["RayReplica"]:
+    """Replicas 1..count-1 as actors (not yet started), Ray connected first (`connect`)."""
+    connect(config)
     gpu = config.device.startswith("cuda")
     actor_config = replace(config, device="cuda" if gpu else "cpu", replicas=1, ray=None)
     return [RayReplica(i, actor_config, gpu) for i in range(1, count)]
