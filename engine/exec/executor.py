@@ -90,7 +90,7 @@ def result_schema(plan: PhysicalPlan, catalog: Catalog, work: QueryWork | None =
         return ANALYZE_SCHEMA
     relations = {name: catalog.schema(name).empty_table() for name in plan.tables}
     with DuckDB(work) as db:
-        run = _OverEmpty(relations, db, None, None, schemas or StatementSchemas(0))
+        run = _Run(relations, db, None, None) if schemas is None else _OverEmpty(relations, db, None, None, schemas)
         for step in plan.steps:
             step.visit(run)
     return relations[plan.result].schema

@@ -114,7 +114,8 @@ class StatementSchemas:
 
     def output(self, db: DuckDB, sql: str, relations: Mapping[str, pa.Table]) -> pa.Schema:
         """The schema of the statement's output over the relations: remembered, or found by running it in `db`."""
-        key = (sql, tuple(sorted(((name.lower(), table.schema) for name, table in relations.items()), key=itemgetter(0))))
+        inputs = sorted(((name.lower(), table.schema) for name, table in relations.items()), key=itemgetter(0))
+        key = (sql, tuple(inputs))
         with self._lock:
             known = self._known.get(key)
             if known is not None:

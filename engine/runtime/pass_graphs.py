@@ -77,6 +77,7 @@ class PassGraphs:
         the capture), then captured."""
         model, x, cos, sin = self.model, self.x[:size], self.cos[:size], self.sin[:size]
         q, k, v, attn = self.q[:size], self.k[:size], self.v[:size], self.attn[:size]
+        layers = range(len(model.layers))
 
         def before(layer: int) -> None:
             for buffer, part in zip((q, k, v), model.qkv(layer, x, cos, sin)):
@@ -88,13 +89,13 @@ class PassGraphs:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.inference_mode():
-            for layer in range(len(model.layers)):
+            for layer in layers:
                 before(layer)
                 after(layer)
             x.zero_()
         torch.cuda.current_stream().wait_stream(side)
-        layers = range(len(model.layers))
-        return [self._captured(before, layer) for layer in layers], [self._captured(after, layer) for layer in layers[:-1]]
+        return ([self._captured(before, layer) for layer in layers],
+                [self._captured(after, layer) for layer in layers[:-1]])
 
     def _captured(self, part: Callable[[int], None], layer: int) -> torch.cuda.CUDAGraph:
         graph = torch.cuda.CUDAGraph()

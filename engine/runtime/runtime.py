@@ -214,7 +214,8 @@ class Runtime:
         lazily, layers compiled, GEMMs of a full pass); returns what they did. full (default: on a GPU):
         rows of more than a full pass after a shared prefix as long as each (copied before each row on a
         GPU), then short rows after two long prefixes (attended apart and merged), then every decode step
-        graph and small pass graph captured (CUDA); always one short request alone (compiled layers specialize a size of one).
+        graph and small pass graph captured (CUDA); always one short request alone (compiled layers
+        specialize a size of one).
         With a host KV tier, then a pass of new rows is timed against its copy back from the tier
         (`_time_host_tier`). Last, every object alive (the model's modules, the tokenizer's vocabulary,
         the libraries') leaves the cyclic garbage collector's view (`gc.freeze`): decoding makes objects
