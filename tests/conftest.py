@@ -89,7 +89,7 @@ def hf_p_yes(hf_model):
         key = (ids.tobytes(), tuple(labels.token_ids), tuple(labels.groups))
         if key not in known:
             with torch.inference_mode():
-                logits = hf_model(torch.from_numpy(ids)[None]).logits[0, -1]
+                logits = hf_model(torch.from_numpy(ids)[None], logits_to_keep=1).logits[0, -1]
             logp = torch.log_softmax(logits[list(labels.token_ids)].double(), dim=-1)
             known[key] = float(torch.logsumexp(logp[torch.tensor(labels.groups) == 1], dim=-1).exp())
         return known[key]

@@ -89,11 +89,12 @@ def test_ai_agg_over_groups_in_sql(session, runtime):
 
 
 def test_summarize_agg_after_a_limit(session, runtime):
-    sql = "SELECT product, AI_SUMMARIZE_AGG(body) AS s FROM reviews GROUP BY product ORDER BY product LIMIT 1"
+    sql = ("SELECT product, AI_SUMMARIZE_AGG(body, {'max_tokens': 40}) AS s FROM reviews GROUP BY product "
+           "ORDER BY product LIMIT 1")
     result = session.sql(sql).run()
     assert result.table.to_pylist() == [
         {"product": "kettle", "s": directly(runtime, SUMMARIZE, sorted(["Leaks from the lid.", "Boils fast, but loud.",
-                                                                         "Handle got hot."]), 256, 64)}]
+                                                                         "Handle got hot."]), 40, 64)}]
     assert result.report.requests == 1, "only the group returned is summarized"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench.fuzz import Fuzzer
 
-SECONDS = 20
+SECONDS = 8
 
 
 def test_a_fuzzing_run_finds_nothing(tmp_path):

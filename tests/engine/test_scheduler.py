@@ -161,13 +161,13 @@ def test_passes_bound_padding_per_bucket():
 def test_passes_mix_continuations_with_new_roots(runtime):
     """Anchors with many short partners: partner rows fill the passes beside the next anchors."""
     rng = np.random.default_rng(3)
-    anchors = [rng.integers(1000, 2000, 100) for _ in range(24)]
+    anchors = [rng.integers(1000, 2000, 100) for _ in range(12)]
     requests = [request(anchor, [7, 8, p, 9]) for anchor in anchors for p in range(10, 22)]
     work = QueryWork()
-    runtime.variant("quail", token_budget=512).score(requests, work)
+    runtime.variant("quail", token_budget=256).score(requests, work)
     fresh = work.stats.fresh_tokens
     assert fresh == ideal_stats(requests).fresh_tokens
-    assert work.stats.forward_passes <= -(-fresh // 512) + 2, "passes are filled across levels"
+    assert work.stats.forward_passes <= -(-fresh // 256) + 2, "passes are filled across levels"
 
 
 class BrokenFill:
@@ -289,7 +289,7 @@ def test_long_prompts_run_in_passes_no_longer_than_the_budget(runtime, monkeypat
     """Prompts several budgets long (one shared, one alone) run in chunks: no pass exceeds the budget, the
     answers equal one unbounded pass's, and each token is computed once."""
     rng = np.random.default_rng(5)
-    shared, alone = rng.integers(1000, 2000, 700), rng.integers(1000, 2000, 900)
+    shared, alone = rng.integers(1000, 2000, 350), rng.integers(1000, 2000, 450)
     requests = [request(shared, [7, p, 9]) for p in range(10, 13)] + [request(alone, [7, 9])]
     sizes = []
     forward = type(runtime.runner).forward_shared
@@ -302,8 +302,8 @@ def test_long_prompts_run_in_passes_no_longer_than_the_budget(runtime, monkeypat
     runtime.runner.tree.clear()
     monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
     work = QueryWork()
-    chunked = np.array(runtime.variant("quail", token_budget=256).score(requests, work))
-    assert max(sizes) <= 256 and len(sizes) >= -(-(700 + 900) // 256)
+    chunked = np.array(runtime.variant("quail", token_budget=128).score(requests, work))
+    assert max(sizes) <= 128 and len(sizes) >= -(-(350 + 450) // 128)
     assert work.stats.fresh_tokens == ideal_stats(requests).fresh_tokens
     np.testing.assert_allclose(chunked, whole, atol=1e-4)
 

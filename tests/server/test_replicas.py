@@ -46,24 +46,31 @@ def one(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def joined(one) -> pa.Table:
-    """The join's rows from the server of one runtime (asked once for both backends)."""
-    return _run(one, JOIN)
+def alone(one):
+    """A query's rows from the server of one runtime, asked once for both backends."""
+    known: dict[str, pa.Table] = {}
+
+    def rows(query: str) -> pa.Table:
+        if query not in known:
+            known[query] = _run(one, query)
+        return known[query]
+
+    return rows
 
 
 BACKENDS = {"processes": (), "ray": ("--ray", "auto")}
 
 
 @pytest.fixture(scope="module", params=list(BACKENDS))
-def servers(request, one, tmp_path_factory):
-    """(one replica, two replicas, the latter's metrics URL, its replica's process id finder), over the
-    same tables."""
+def servers(request, alone, tmp_path_factory):
+    """(one replica's rows of a query, two replicas, the latter's metrics URL, its replica's process id
+    finder), over the same tables."""
     port = free_port()
     with ServerProcess(tmp_path_factory.mktemp("two"), *SHORT_PASSES, "--replicas", "2", "--metrics-port",
                        str(port), *BACKENDS[request.param], startup_timeout=600) as two:
         _load(two.uri)
         pids = _child_replicas(two.process.pid) if request.param == "processes" else _ray_actors
-        yield one, two.uri, f"http://127.0.0.1:{port}/metrics", pids
+        yield alone, two.uri, f"http://127.0.0.1:{port}/metrics", pids
 
 
 def _load(uri: str) -> None:
@@ -96,13 +103,13 @@ def _cmdline(pid: str) -> bytes:
 def test_two_replicas_give_the_rows_and_scores_of_one(servers):
     one, two, metrics, _ = servers
     for query in QUERIES:
-        alone, replicated = _run(one, query), _run(two, query)
-        assert alone.column_names == replicated.column_names
-        if "s" in alone.column_names:
-            assert alone["id"].equals(replicated["id"])
-            assert max(abs(a - b) for a, b in zip(alone["s"].to_pylist(), replicated["s"].to_pylist())) < 1e-4
+        single, replicated = one(query), _run(two, query)
+        assert single.column_names == replicated.column_names
+        if "s" in single.column_names:
+            assert single["id"].equals(replicated["id"])
+            assert max(abs(a - b) for a, b in zip(single["s"].to_pylist(), replicated["s"].to_pylist())) < 1e-4
         else:
-            assert alone.equals(replicated), query
+            assert single.equals(replicated), query
     samples = metric_samples(metrics)
     assert samples["quail_replicas"] == 2 and samples["quail_replicas_up"] == 2
     for replica in ("0", "1"):  # the documents spread over both
@@ -157,14 +164,14 @@ def test_completions_are_decoded_where_their_documents_go_and_give_one_runtimes_
 
     before = logical()
     replicated = _run(two, query)
-    assert replicated.equals(_run(one, query))
+    assert replicated.equals(one(query))
     assert all(text.startswith('{"food":') for text in replicated["a"].to_pylist())
     assert all(after > then for after, then in zip(logical(), before)), "both replicas decoded some rows"
 
 
-def test_a_replica_killed_mid_query_is_replaced_and_the_query_gets_its_rows(servers, joined):
+def test_a_replica_killed_mid_query_is_replaced_and_the_query_gets_its_rows(servers):
     one, two, metrics, replica_pids = servers
-    expected = joined
+    expected = one(JOIN)
     [pid] = replica_pids()
     outcome: list = []
     thread = threading.Thread(target=lambda: outcome.append(_run(two, JOIN)))
@@ -185,4 +192,4 @@ def test_a_replica_killed_mid_query_is_replaced_and_the_query_gets_its_rows(serv
     assert samples["quail_replica_restarts_total"] == 1
     assert samples["quail_replica_rerun_requests_total"] > 0, "it was killed with requests of the join"
     assert replica_pids() not in ([pid], [])
-    assert _run(two, QUERIES[1]).equals(_run(one, QUERIES[1])), "the restarted replica serves"
+    assert _run(two, QUERIES[1]).equals(one(QUERIES[1])), "the restarted replica serves"
