@@ -1,0 +1,66 @@
+"""Statements take turns to plan (server/query_service.py): one after another, but none waits past its patience."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+
+from quail.engine.exec.catalog import MemoryCatalog
+from quail.server import query_service
+from quail.server.query_service import QueryService
+
+
+def _planning(monkeypatch, patience: float):
+    """A service whose planner records each statement going in and out, the first held inside until released."""
+    inside, release, order = threading.Event(), threading.Event(), []
+    planned = query_service.plan_statement
+
+    def recorded(text, *args):
+        order.append(("in", text.split()[-3]))
+        if "first" in text:
+            inside.set()
+            release.wait(30)
+        out = planned(text, *args)
+        order.append(("out", text.split()[-3]))
+        return out
+
+    monkeypatch.setattr(query_service, "plan_statement", recorded)
+    monkeypatch.setattr(query_service, "PLAN_PATIENCE_S", patience)
+    return inside, release, order
+
+
+def _plan(service: QueryService, name: str) -> threading.Thread:
+    catalog = MemoryCatalog()
+    catalog.register("t", pa.table({"a": [1, 2]}))
+    thread = threading.Thread(target=service.plan, args=(f"SELECT a AS {name} FROM t", catalog, "duckdb"))
+    thread.start()
+    return thread
+
+
+def test_a_statement_plans_after_the_one_planning(runtime, monkeypatch):
+    inside, release, order = _planning(monkeypatch, patience=60)
+    service = QueryService(runtime)
+    first = _plan(service, "first")
+    assert inside.wait(30)
+    second = _plan(service, "second")
+    second.join(0.5)
+    assert second.is_alive() and order == [("in", "first")], "the second waits for its turn"
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert order == [("in", "first"), ("out", "first"), ("in", "second"), ("out", "second")]
+
+
+def test_a_statement_waits_for_a_slow_plan_no_longer_than_its_patience(runtime, monkeypatch):
+    inside, release, order = _planning(monkeypatch, patience=0.05)
+    service = QueryService(runtime)
+    first = _plan(service, "first")
+    assert inside.wait(30)
+    second = _plan(service, "second")
+    second.join(30)
+    assert not second.is_alive() and first.is_alive(), "planned beside the slow one"
+    assert order == [("in", "first"), ("in", "second"), ("out", "second")]
+    release.set()
+    first.join(30)
+    assert order[-1] == ("out", "first")
