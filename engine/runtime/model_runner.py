@@ -131,8 +131,8 @@ class ModelRunner:
     passes), KV `ledger` (what running queries hold), KV `pool` (kv/pool.py; default: one of no slots,
     every pass's kept KV in a pool of its own), resident `tree` (kv/resident.py; None: nothing is
     kept between steps and queries) and, on CUDA, the captured decode `steps` (step_graphs.py) and small
-    passes' layer parts (`passes`, pass_graphs.py). `check` raises to stop a query before its next pass
-    (see `for_query`).
+    and full passes' layer parts (`passes`, pass_graphs.py). `check` raises to stop a query before its next
+    pass (see `for_query`).
     """
 
     def __init__(self, model: Decoder, token_budget: int = 4096, scheduler: PassScheduler | None = None,
@@ -148,7 +148,8 @@ class ModelRunner:
         self.pool = pool if pool is not None else kv_pool(model, 0)
         self.tree = tree
         self.steps = steps if steps is not None or self.device.type != "cuda" else StepGraphs(model, self.pool)
-        self.passes = passes if passes is not None or not PassGraphs.serves(model) else PassGraphs(model)
+        self.passes = (passes if passes is not None or not PassGraphs.serves(model)
+                       else PassGraphs(model, token_budget))
 
     def for_query(self, check: Callable[[], None]) -> "ModelRunner":
         """This runner for one query: same model, budget, scheduler, ledger, pool, tree and graphs; `check`

@@ -1,16 +1,21 @@
-"""Small prefill passes on CUDA with their layers' token-wise parts replayed from captured graphs.
+"""Small and full prefill passes on CUDA with their layers' token-wise parts replayed from captured graphs.
 
 A pass of ~1,700 tokens (a 5-row statement's) costs the device ~22 ms and
 the host ~50 ms to queue: two compiled-region calls a layer, each a few GEMM
-and Triton launches behind dynamo's and AOT autograd's wrappers. Here every layer's
+and Triton launches behind dynamo's and AOT autograd's wrappers. A full pass
+costs the device more than the host, but only while the host has the
+interpreter to itself: with statements planning and tokenizing on other
+threads, its queuing slowed to ~250 ms and the device waited within it
+(16 clients: 67K tokens/s on the device against 75K alone). Here every layer's
 part before attention (norm, q/k/v projection, q/k norms, rotary) and after
 it (output projection, residual, norm, MLP) is a graph captured per size
-bucket: a pass of n tokens is padded to the next of SIZES, its tokens' rows
-first in static buffers, and each part is one replay. Attention and the KV
-writes stay as they are, between the replays, over the first n rows; so do
-the last layer's part after attention, at the rows' last positions only. A
-pass longer than the largest size runs the compiled regions directly: its
-device time covers their host calls. Padding rows start from zeros and are
+bucket: a pass of n tokens is padded to the next of SIZES, or to the token
+budget when it fills at least FULL of it, its tokens' rows first in static
+buffers, and each part is one replay. Attention and the KV writes stay as
+they are, between the replays, over the first n rows; so do the last layer's
+part after attention, at the rows' last positions only. Any other pass runs
+the compiled regions directly: padding it would cost the device more than the
+host saves. Padding rows start from zeros and are
 read by nothing. Graphs share one memory pool: each writes only the static
 buffers, so nothing of one outlives it there, and any may replay after any
 other. They are captured at warm-up (`prepare`), never in a query's pass,
@@ -28,33 +33,44 @@ import torch
 from quail.engine.kernels.fp8 import Fp8Linear
 from quail.engine.model.decoder import Decoder
 
-SIZES = (128, 256, 512, 1024, 2048)  # the token counts a captured pass is padded to
+SIZES = (128, 256, 512, 1024, 2048)  # the token counts a small captured pass is padded to
+FULL = 0.98  # the share of the token budget from which a pass is full: padded to the budget
+LARGEST_FULL = 32768  # the largest budget whose full passes are captured (their buffers and activations)
 
 
-def bucket(n: int) -> int | None:
-    """The size a pass of n tokens is padded to; None past the largest.
+def bucket(n: int, full: int | None = None) -> int | None:
+    """The size a pass of n tokens is padded to: the next of SIZES, or the token budget `full` (where its
+    passes are captured) for a pass of at least FULL of it; None for any other.
 
     >>> bucket(1), bucket(129), bucket(2048), bucket(2049)
     (128, 256, 2048, None)
+    >>> bucket(16100, 16384), bucket(16384, 16384), bucket(15000, 16384), bucket(16385, 16384)
+    (16384, 16384, None, None)
     """
-    return next((size for size in SIZES if size >= n), None)
+    small = next((size for size in SIZES if size >= n), None)
+    if small is None and full is not None and FULL * full <= n <= full:
+        return full
+    return small
 
 
 class PassGraphs:
     """Captured token-wise parts of one model's layers, per size bucket (CUDA): `parts` gives what a pass
-    of n tokens runs them with (Decoder.forward's `parts`)."""
+    of n tokens runs them with (Decoder.forward's `parts`). `token_budget`: the passes' budget, whose
+    full passes are captured too when it is past SIZES and at most LARGEST_FULL."""
 
     @staticmethod
     def serves(model: Decoder) -> bool:
-        """Whether the model's small passes replay from graphs: on CUDA, without fp8 layers."""
+        """Whether the model's passes replay from graphs: on CUDA, without fp8 layers."""
         return model.embed_tokens.weight.is_cuda and not any(isinstance(m, Fp8Linear) for m in model.modules())
 
-    def __init__(self, model: Decoder) -> None:
+    def __init__(self, model: Decoder, token_budget: int | None = None) -> None:
         self.model = model
+        self.full = token_budget if token_budget is not None and SIZES[-1] < token_budget <= LARGEST_FULL else None
+        self.sizes = SIZES + ((self.full,) if self.full is not None else ())
         self.memory = torch.cuda.graph_pool_handle()
         self.graphs: dict[int, tuple[list[torch.cuda.CUDAGraph], ...]] = {}  # size: each layer's before, after
         cfg, weight = model.config, model.embed_tokens.weight
-        rows, kinds = SIZES[-1], dict(device=weight.device, dtype=weight.dtype)
+        rows, kinds = self.sizes[-1], dict(device=weight.device, dtype=weight.dtype)
         self.x = torch.zeros(rows, cfg.hidden_size, **kinds)
         self.cos, self.sin = torch.zeros(rows, cfg.head_dim, **kinds), torch.zeros(rows, cfg.head_dim, **kinds)
         self.q, self.attn = (torch.zeros(rows, cfg.num_heads, cfg.head_dim, **kinds) for _ in range(2))
@@ -62,13 +78,14 @@ class PassGraphs:
 
     def prepare(self) -> None:
         """Capture every size's graphs (a server's warm-up)."""
-        for size in SIZES:
+        for size in self.sizes:
             if size not in self.graphs:
                 self.graphs[size] = self._capture(size)
 
     def parts(self, n: int) -> "CapturedParts | None":
-        """What runs a pass of n tokens: its size's graphs; None past the largest size, or before `prepare`."""
-        size = bucket(n)
+        """What runs a pass of n tokens: its size's graphs; None for a pass of no size (`bucket`), or before
+        `prepare`."""
+        size = bucket(n, self.full)
         return CapturedParts(self, n, size) if size in self.graphs else None
 
     def _capture(self, size: int) -> tuple[list[torch.cuda.CUDAGraph], ...]:

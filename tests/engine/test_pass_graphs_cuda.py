@@ -41,27 +41,30 @@ def _pass(model: Decoder, lengths: list[int], parts, seed: int) -> tuple[torch.T
 @pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_a_captured_pass_gives_the_direct_pass_hidden_states_and_kv(dtype, bound, compiled):
-    """Passes of 5, 137 (two rows), 2,048 (four) and then 43 tokens (after the long one: padding rows that
-    held its values) through the graphs give what the layers give directly; a pass past the largest size
-    has no graphs, nor has any before they are captured."""
+    """Passes of 5, 137 (two rows), 2,048 (four), 4,050 (a full pass of a 4,096-token budget) and then 43
+    tokens (after the long ones: padding rows that held their values) through the graphs give what the
+    layers give directly; a pass between the small sizes and a full one, or past the budget, has no
+    graphs, nor has any before they are captured."""
     torch.manual_seed(0)
     model = Decoder(CFG).to("cuda", dtype).eval()
     assert PassGraphs.serves(model)
     if compiled:
         model.compile_layers()
-    graphs = PassGraphs(model)
+    graphs = PassGraphs(model, token_budget=4096)
     assert graphs.parts(5) is None
     graphs.prepare()
-    assert set(graphs.graphs) == set(SIZES)
-    for seed, lengths in enumerate(([5], [100, 37], [700, 300, 1000, 48], [40, 3])):
+    assert set(graphs.graphs) == {*SIZES, 4096}
+    for seed, lengths in enumerate(([5], [100, 37], [700, 300, 1000, 48], [3000, 1050], [40, 3])):
         parts = graphs.parts(sum(lengths))
+        assert parts is not None
         got, got_kv = _pass(model, lengths, parts, seed)
         want, want_kv = _pass(model, lengths, None, seed)
         assert _rel(got, want) < bound
         assert len(got_kv) == len(want_kv) == 2 * CFG.num_layers
         for a, b in zip(got_kv, want_kv):
             assert _rel(a, b) < bound
-    assert graphs.parts(SIZES[-1] + 1) is None
+    assert graphs.parts(SIZES[-1] + 1) is None and graphs.parts(3000) is None and graphs.parts(4097) is None
+    assert set(PassGraphs(model, token_budget=2048).sizes) == set(SIZES), "no full size within the small ones"
 
 
 def test_a_model_with_fp8_layers_runs_its_passes_directly():
