@@ -201,7 +201,8 @@ class ModelRunner:
             self.tree.settle()  # KV the rows continue that is still owed from the host tier
         if events is not None:
             events.start.record()
-        parts = self.passes.parts(len(ids)) if self.passes is not None else None
+        shared = sum(1 for owned, _ in groups if owned) > 1
+        parts = self.passes.parts(len(ids), shared) if self.passes is not None else None
         hidden = self.model(ids, positions, layout, last, _marking(write, events), parts)
         if events is not None:
             events.end.record()

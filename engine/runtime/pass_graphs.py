@@ -9,19 +9,21 @@ threads, its queuing slowed to ~250 ms and the device waited within it
 (16 clients: 67K tokens/s on the device against 75K alone). Here every layer's
 part before attention (norm, q/k/v projection, q/k norms, rotary) and after
 it (output projection, residual, norm, MLP) is a graph captured per size
-bucket: a pass of n tokens is padded to the next of SIZES, or to the token
-budget when it fills at least FULL of it, its tokens' rows first in static
-buffers, and each part is one replay. Attention and the KV writes stay as
-they are, between the replays, over the first n rows; so do the last layer's
-part after attention, at the rows' last positions only. Any other pass runs
-the compiled regions directly: padding it would cost the device more than the
-host saves. Padding rows start from zeros and are
+bucket: a pass of n tokens is padded to the next of SIZES, or, when it holds
+several queries' rows, to the token budget when it fills at least FULL of it;
+its tokens' rows go first in static buffers, and each part is one replay.
+Attention and the KV writes stay as they are, between the replays, over the
+first n rows; so do the last layer's part after attention, at the rows' last
+positions only. Any other pass runs the compiled regions directly: padding it
+would cost the device more than the host saves, and one query's full pass
+mostly has the host to itself (replayed, a 640-row statement took 3% longer:
+the copies through the buffers and the padding). Padding rows start from zeros and are
 read by nothing. Graphs share one memory pool: each writes only the static
 buffers, so nothing of one outlives it there, and any may replay after any
 other. They are captured at warm-up (`prepare`), never in a query's pass,
 and replayed by one thread at a time (the device's owner loop: the buffers
 are the graphs' own). Models with fp8 layers run every pass directly
-(`serves`): their captured passes have not been checked against direct ones.
+(`serves`): the GPU test does not cover their captured passes yet.
 """
 
 from __future__ import annotations
@@ -82,10 +84,10 @@ class PassGraphs:
             if size not in self.graphs:
                 self.graphs[size] = self._capture(size)
 
-    def parts(self, n: int) -> "CapturedParts | None":
-        """What runs a pass of n tokens: its size's graphs; None for a pass of no size (`bucket`), or before
-        `prepare`."""
-        size = bucket(n, self.full)
+    def parts(self, n: int, shared: bool = False) -> "CapturedParts | None":
+        """What runs a pass of n tokens (`shared`: holding several queries' rows): its size's graphs, a full
+        size only for a shared pass; None for a pass of no size (`bucket`), or before `prepare`."""
+        size = bucket(n, self.full if shared else None)
         return CapturedParts(self, n, size) if size in self.graphs else None
 
     def _capture(self, size: int) -> tuple[list[torch.cuda.CUDAGraph], ...]:

@@ -41,10 +41,10 @@ def _pass(model: Decoder, lengths: list[int], parts, seed: int) -> tuple[torch.T
 @pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_a_captured_pass_gives_the_direct_pass_hidden_states_and_kv(dtype, bound, compiled):
-    """Passes of 5, 137 (two rows), 2,048 (four), 4,050 (a full pass of a 4,096-token budget) and then 43
-    tokens (after the long ones: padding rows that held their values) through the graphs give what the
-    layers give directly; a pass between the small sizes and a full one, or past the budget, has no
-    graphs, nor has any before they are captured."""
+    """Passes of 5, 137 (two rows), 2,048 (four), 4,050 (a full pass of a 4,096-token budget, of several
+    queries' rows) and then 43 tokens (after the long ones: padding rows that held their values) through the
+    graphs give what the layers give directly; a pass between the small sizes and a full one, past the
+    budget, or full of one query's rows, has no graphs, nor has any before they are captured."""
     torch.manual_seed(0)
     model = Decoder(CFG).to("cuda", dtype).eval()
     assert PassGraphs.serves(model)
@@ -54,8 +54,9 @@ def test_a_captured_pass_gives_the_direct_pass_hidden_states_and_kv(dtype, bound
     assert graphs.parts(5) is None
     graphs.prepare()
     assert set(graphs.graphs) == {*SIZES, 4096}
+    assert graphs.parts(4050) is None, "one query's full pass runs directly"
     for seed, lengths in enumerate(([5], [100, 37], [700, 300, 1000, 48], [3000, 1050], [40, 3])):
-        parts = graphs.parts(sum(lengths))
+        parts = graphs.parts(sum(lengths), shared=True)
         assert parts is not None
         got, got_kv = _pass(model, lengths, parts, seed)
         want, want_kv = _pass(model, lengths, None, seed)
@@ -63,7 +64,7 @@ def test_a_captured_pass_gives_the_direct_pass_hidden_states_and_kv(dtype, bound
         assert len(got_kv) == len(want_kv) == 2 * CFG.num_layers
         for a, b in zip(got_kv, want_kv):
             assert _rel(a, b) < bound
-    assert graphs.parts(SIZES[-1] + 1) is None and graphs.parts(3000) is None and graphs.parts(4097) is None
+    assert all(graphs.parts(n, shared=True) is None for n in (SIZES[-1] + 1, 3000, 4097))
     assert set(PassGraphs(model, token_budget=2048).sizes) == set(SIZES), "no full size within the small ones"
 
 
