@@ -69,10 +69,10 @@ class QueryService:
     @contextmanager
     def turn(self) -> Iterator[None]:
         """A statement's turn to plan. Planning is Python under the interpreter's lock: statements planned
-        side by side all finish about when the last would have (16 clients' statements sent at once reached
-        the device ~200 ms later, the GPU idle until then), while one at a time, the first runs as the others
-        plan. A statement waits at most PLAN_PATIENCE_S for its turn, then plans beside the one planning: a
-        plan that takes seconds (a condition of thousands of terms) holds the others up no longer."""
+        side by side all finish about when the last would have, the device idle until then, while one at a
+        time, the first runs as the others plan. A statement waits at most PLAN_PATIENCE_S for its turn, then
+        plans beside the one planning: a plan that takes seconds (a condition of thousands of terms) holds
+        the others up no longer."""
         mine = self.planning.acquire(timeout=PLAN_PATIENCE_S)
         try:
             yield

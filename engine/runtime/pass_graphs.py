@@ -4,9 +4,8 @@ A pass of ~1,700 tokens (a 5-row statement's) costs the device ~22 ms and
 the host ~50 ms to queue: two compiled-region calls a layer, each a few GEMM
 and Triton launches behind dynamo's and AOT autograd's wrappers. A full pass
 costs the device more than the host, but only while the host has the
-interpreter to itself: with statements planning and tokenizing on other
-threads, its queuing slowed to ~250 ms and the device waited within it
-(16 clients: 67K tokens/s on the device against 75K alone). Here every layer's
+interpreter to itself: with other statements planning and tokenizing on the
+server's threads, the device waited within it (bench/GPU_NOTES.md). Here every layer's
 part before attention (norm, q/k/v projection, q/k norms, rotary) and after
 it (output projection, residual, norm, MLP) is a graph captured per size
 bucket: a pass of n tokens is padded to the next of SIZES, or, when it holds
@@ -16,8 +15,8 @@ Attention and the KV writes stay as they are, between the replays, over the
 first n rows; so do the last layer's part after attention, at the rows' last
 positions only. Any other pass runs the compiled regions directly: padding it
 would cost the device more than the host saves, and one query's full pass
-mostly has the host to itself (replayed, a 640-row statement took 3% longer:
-the copies through the buffers and the padding). Padding rows start from zeros and are
+mostly has the host to itself (replayed, it pays for the copies through the
+buffers and for its padding). Padding rows start from zeros and are
 read by nothing. Graphs share one memory pool: each writes only the static
 buffers, so nothing of one outlives it there, and any may replay after any
 other. They are captured at warm-up (`prepare`), never in a query's pass,
