@@ -11,8 +11,9 @@ from quail.server import query_service
 from quail.server.query_service import QueryService
 
 
-def _planning(monkeypatch, patience: float):
-    """A service whose planner records each statement going in and out, the first held inside until released."""
+def _two_statements(runtime, monkeypatch, patience: float):
+    """The first statement held inside its planning until released, then a second sent: (the first's
+    thread, the second's, the release, each statement going in and out of the planner in order)."""
     inside, release, order = threading.Event(), threading.Event(), []
     planned = query_service.plan_statement
 
@@ -27,7 +28,10 @@ def _planning(monkeypatch, patience: float):
 
     monkeypatch.setattr(query_service, "plan_statement", recorded)
     monkeypatch.setattr(query_service, "PLAN_PATIENCE_S", patience)
-    return inside, release, order
+    service = QueryService(runtime)
+    first = _plan(service, "first")
+    assert inside.wait(30)
+    return first, _plan(service, "second"), release, order
 
 
 def _plan(service: QueryService, name: str) -> threading.Thread:
@@ -39,11 +43,7 @@ def _plan(service: QueryService, name: str) -> threading.Thread:
 
 
 def test_a_statement_plans_after_the_one_planning(runtime, monkeypatch):
-    inside, release, order = _planning(monkeypatch, patience=60)
-    service = QueryService(runtime)
-    first = _plan(service, "first")
-    assert inside.wait(30)
-    second = _plan(service, "second")
+    first, second, release, order = _two_statements(runtime, monkeypatch, patience=60)
     second.join(0.5)
     assert second.is_alive() and order == [("in", "first")], "the second waits for its turn"
     release.set()
@@ -53,11 +53,7 @@ def test_a_statement_plans_after_the_one_planning(runtime, monkeypatch):
 
 
 def test_a_statement_waits_for_a_slow_plan_no_longer_than_its_patience(runtime, monkeypatch):
-    inside, release, order = _planning(monkeypatch, patience=0.05)
-    service = QueryService(runtime)
-    first = _plan(service, "first")
-    assert inside.wait(30)
-    second = _plan(service, "second")
+    first, second, release, order = _two_statements(runtime, monkeypatch, patience=0.05)
     second.join(30)
     assert not second.is_alive() and first.is_alive(), "planned beside the slow one"
     assert order == [("in", "first"), ("in", "second"), ("out", "second")]
