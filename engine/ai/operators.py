@@ -14,7 +14,8 @@ from quail.engine.errors import InvalidArgument
 from quail.engine.runtime.prompt import LAYOUTS, LETTERS
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.requests import LabelSet, Request, Segment
-from quail.engine.runtime.runtime import Runtime
+from quail.engine.runtime.replicas import RoutedScoring
+from quail.engine.runtime.runtime import Runtime, Scoring
 from quail.engine.runtime.scheduler import step_parts
 
 
@@ -110,7 +111,33 @@ Job = tuple[Question, Sequence[Sequence[str | None]]]  # a question and its PROM
 
 def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
              ) -> list[tuple[list[int], list[Request], list[np.ndarray]]]:
-    """Each job's rows without a NULL argument, their requests and their answers.
+    """Each job's rows without a NULL argument, their requests and their answers (`_launch`, then read)."""
+    return _launch(runtime, jobs, work).read()
+
+
+@dataclass
+class _Launched:
+    """The parts of a step queued on the device: each part's rows (job: row indices), requests and scoring."""
+
+    jobs: int
+    parts: list[tuple[dict[int, list[int]], dict[int, list[Request]], Scoring | RoutedScoring]]
+
+    def read(self) -> list[tuple[list[int], list[Request], list[np.ndarray]]]:
+        """Each job's rows without a NULL argument, their requests and their answers, once the device has them."""
+        found: list[dict[int, tuple[Request, np.ndarray]]] = [{} for _ in range(self.jobs)]
+        for members, requests, scoring in self.parts:
+            answers = iter(scoring.read())
+            for j, indices in members.items():
+                found[j].update((i, (request, next(answers))) for i, request in zip(indices, requests[j]))
+        out = []
+        for answered in found:
+            indices = sorted(answered)
+            out.append((indices, [answered[i][0] for i in indices], [answered[i][1] for i in indices]))
+        return out
+
+
+def _launch(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None) -> _Launched:
+    """Every forward pass of the jobs' rows queued (those without a NULL argument), their answers not read.
 
     The rows of all jobs go to the runtime in parts (`step_parts`: a large step's
     head, then its rest): the rest's requests are built (tokenized, on a
@@ -151,18 +178,8 @@ def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
                     coming = builder.submit(built, parts[k + 1])
                 yield done
 
-    launched = [(members, requests, runtime.launch([r for rs in requests.values() for r in rs], work))
-                for members, requests in each_built()]
-    found: list[dict[int, tuple[Request, np.ndarray]]] = [{} for _ in jobs]
-    for members, requests, scoring in launched:
-        answers = iter(scoring.read())
-        for j, indices in members.items():
-            found[j].update((i, (request, next(answers))) for i, request in zip(indices, requests[j]))
-    out = []
-    for answered in found:
-        indices = sorted(answered)
-        out.append((indices, [answered[i][0] for i in indices], [answered[i][1] for i in indices]))
-    return out
+    return _Launched(len(jobs), [(members, asked, runtime.launch([r for rs in asked.values() for r in rs], work))
+                                 for members, asked in each_built()])
 
 
 def _refuse_too_long(runtime: Runtime, jobs: Sequence[Job], rows: list[tuple[int, int]]) -> None:
@@ -226,15 +243,27 @@ def yes_probabilities(runtime: Runtime, question: Question, args: Sequence[Seque
     rows leave the query, so their documents go first when the KV pool needs room (unless a
     row that passed shares them: a join's anchor).
     """
-    return yes_probabilities_together(runtime, [Ask(question, args, selectivity, decide, forget_rejected)], work)[0]
+    return asking_together(runtime, [Ask(question, args, selectivity, decide, forget_rejected)], work).read()[0]
 
 
-def yes_probabilities_together(runtime: Runtime, asks: Sequence[Ask], work: QueryWork | None = None
-                               ) -> list[np.ndarray]:
-    """P(yes) per row of each question (as yes_probabilities), all their requests scored in one call:
-    their forward passes are shared, and so is what their prompts have in common."""
-    answered = _answers(runtime, [(ask.question, ask.args) for ask in asks], work)
-    return [_probabilities(runtime, ask, *found) for ask, found in zip(asks, answered)]
+@dataclass
+class Asking:
+    """Questions whose forward passes are queued on the device (all of them: the host is free to prepare
+    other work while they run); `read` waits for their answers."""
+
+    runtime: Runtime
+    asks: Sequence[Ask]
+    launched: _Launched
+
+    def read(self) -> list[np.ndarray]:
+        """P(yes) per row of each question (as yes_probabilities)."""
+        return [_probabilities(self.runtime, ask, *found) for ask, found in zip(self.asks, self.launched.read())]
+
+
+def asking_together(runtime: Runtime, asks: Sequence[Ask], work: QueryWork | None = None) -> Asking:
+    """The questions' requests built and their passes queued, all in one call (their forward passes are shared,
+    and so is what their prompts have in common); their answers are read later (`Asking.read`)."""
+    return Asking(runtime, asks, _launch(runtime, [(ask.question, ask.args) for ask in asks], work))
 
 
 def _probabilities(runtime: Runtime, ask: Ask, present: list[int], requests: list[Request],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -13,7 +14,7 @@ import pyarrow.compute as pc
 from quail.engine.ai.aggregate import aggregate
 from quail.engine.ai.completion import complete
 from quail.engine.ai.kinds import KINDS
-from quail.engine.ai.operators import Ask, Question, classify, yes_probabilities_together
+from quail.engine.ai.operators import Ask, Question, asking_together, classify
 from quail.engine.exec.catalog import Catalog
 from quail.engine.exec.plan import (AIAggregate, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step,
                                    filter_rank)
@@ -64,21 +65,60 @@ def execute_stream(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None
 def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
             work: QueryWork | None) -> Iterator[pa.Table]:
     """The result of a chunked plan, chunk by chunk: the leading SQL steps once, then the rest over
-    consecutive slices of their output, each twice the last (up to CHUNK_ROWS[1])."""
+    consecutive slices of their output, each twice the last (up to CHUNK_ROWS[1]).
+
+    Where the first of the rest asks a yes/no question of each row (a filter, a score), each chunk's forward
+    passes are queued, on a thread, while the chunk before is read, finished and streamed: the device goes
+    from one chunk's passes to the next without waiting for the host. A query that stops early (an error,
+    or its reader gone) is cancelled, so the chunk being queued leaves the device at its next pass."""
     relations = {name: catalog.table(name) for name in plan.tables}
     work = work if work is not None else QueryWork()
     lead = next(i for i, step in enumerate(plan.steps) if not isinstance(step, SQLStep))
+    first, rest = plan.steps[lead], plan.steps[lead + 1:]
     with DuckDB(work) as db:
         for step in plan.steps[:lead]:
             _run_step(step, relations, db, runtime, work)
         source = plan.steps[lead - 1].output
-        rows, start, size = relations[source], 0, CHUNK_ROWS[0]
-        while start < rows.num_rows:
-            chunk = {**relations, source: rows.slice(start, size)}
-            for step in plan.steps[lead:]:
-                _run_step(step, chunk, db, runtime, work)
-            yield chunk[plan.result]
-            start, size = start + size, min(2 * size, CHUNK_ROWS[1])
+        rows = relations[source]
+        chunks = [{**relations, source: rows.slice(start, size)} for start, size in _slices(rows.num_rows)]
+        if runtime is None or not chunks or not first.visit(_ASKS_YES_NO):
+            for chunk in chunks:
+                for step in plan.steps[lead:]:
+                    _run_step(step, chunk, db, runtime, work)
+                yield chunk[plan.result]
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="quail-chunks") as launcher:
+            def launched(chunk: dict[str, pa.Table]) -> Callable[[], list[pa.Table]]:
+                work.check()
+                return _asking_together([(first, chunk[first.input])], runtime, work)
+
+            coming = launcher.submit(launched, chunks[0])
+            try:
+                for k, chunk in enumerate(chunks):
+                    answered = coming.result()
+                    if k + 1 < len(chunks):
+                        coming = launcher.submit(launched, chunks[k + 1])
+                    chunk[first.output] = answered()[0]
+                    for step in rest:
+                        _run_step(step, chunk, db, runtime, work)
+                    yield chunk[plan.result]
+            finally:
+                if not coming.done():
+                    work.cancel()
+
+
+def _slices(rows: int) -> list[tuple[int, int]]:
+    """(start, size) of a chunked plan's chunks over `rows` rows: CHUNK_ROWS[0] first, each twice the last up
+    to CHUNK_ROWS[1].
+
+    >>> _slices(1000)
+    [(0, 64), (64, 128), (192, 256), (448, 512), (960, 1024)]
+    """
+    out, start, size = [], 0, CHUNK_ROWS[0]
+    while start < rows:
+        out.append((start, size))
+        start, size = start + size, min(2 * size, CHUNK_ROWS[1])
+    return out
 
 
 def result_schema(plan: PhysicalPlan, catalog: Catalog, work: QueryWork | None = None,
@@ -192,6 +232,29 @@ def _join_choice(step: JoinChoice, relations: dict[str, pa.Table], db: DuckDB, r
         _run_step(sub, relations, db, runtime, work)
 
 
+class _AsksYesNo:
+    """Whether a step asks a yes/no question of each row (its passes may be queued before its answers are
+    read: _asking_together)."""
+
+    def sql_step(self, step: SQLStep) -> bool:
+        return False
+
+    def ai_step(self, step: AIStep) -> bool:
+        return KINDS[step.kind].answer not in _ANSWERED_ALONE
+
+    def ai_chain(self, step: AIFilterChain) -> bool:
+        return False
+
+    def join_choice(self, step: JoinChoice) -> bool:
+        return False
+
+    def ai_aggregate(self, step: AIAggregate) -> bool:
+        return False
+
+
+_ASKS_YES_NO = _AsksYesNo()
+
+
 def _question(step: AIStep) -> Question:
     schema = step.generation.schema if step.generation is not None else None
     return Question(step.template, step.layout, step.labels, step.anchor, step.answers, schema)
@@ -244,13 +307,23 @@ def _asked_together(steps: list[tuple[AIStep, pa.Table]], runtime: Runtime | Non
                     work: QueryWork | None) -> list[pa.Table]:
     """Each yes/no step's output over its rows (filters: the rows that pass), the model asked once for
     all of them (their passes shared)."""
+    return _asking_together(steps, runtime, work)()
+
+
+def _asking_together(steps: list[tuple[AIStep, pa.Table]], runtime: Runtime | None,
+                     work: QueryWork | None) -> Callable[[], list[pa.Table]]:
+    """As _asked_together, the passes queued now; what it returns reads the answers and gives the outputs."""
     asked = [_ask(step, rows, work) for step, rows in steps if rows.num_rows]
     if asked and runtime is None:
         raise RuntimeError("an AI step over rows needs a runtime")
-    probs = iter(yes_probabilities_together(runtime, asked, work) if asked else [])
+    asking = asking_together(runtime, asked, work) if asked else None
     empty = {step.kind: pa.array([], KINDS[step.kind].value or pa.bool_()) for step, _ in steps}
-    return [_answered(step, rows, _values(step, next(probs)) if rows.num_rows else empty[step.kind], work)
-            for step, rows in steps]
+
+    def outputs() -> list[pa.Table]:
+        probs = iter(asking.read() if asking is not None else [])
+        return [_answered(step, rows, _values(step, next(probs)) if rows.num_rows else empty[step.kind], work)
+                for step, rows in steps]
+    return outputs
 
 
 def _answered(step: AIStep, rows: pa.Table, answers: pa.Array, work: QueryWork | None) -> pa.Table:

@@ -23,7 +23,8 @@ class QueryWork:
     `cancel()` (from any thread) stops the query at its next step or forward pass, as
     passing `deadline` (time.monotonic() seconds) does; `max_requests` bounds its model requests,
     `max_tokens` their prompts' tokens (logical: every prompt in full) and `max_generated_tokens` the
-    tokens generation may choose (checked before every pass, as cancellation is).
+    tokens generation may choose (checked before every pass, as cancellation is). Requests and tokens
+    may be counted from several threads at once (a streamed query queues a chunk while finishing the last).
     """
 
     stats: Stats = field(default_factory=Stats)
@@ -81,12 +82,17 @@ class QueryWork:
     def announce(self, requests: int) -> None:
         """Count a step's requests before they reach the runtime in parts (progress shows the step's all at
         once); ResourceExhausted before any of them runs if they would pass the query's limit."""
-        self.count(requests)
-        self.announced += requests
+        with self._lock:
+            self._count(requests)
+            self.announced += requests
 
     def count(self, requests: int) -> None:
         """Count requests handed to the runtime, those announced already once; ResourceExhausted when the
         query would pass its limit."""
+        with self._lock:
+            self._count(requests)
+
+    def _count(self, requests: int) -> None:
         taken = min(requests, self.announced)
         self.announced -= taken
         if self.max_requests is not None and self.stats.requests + requests - taken > self.max_requests:
@@ -102,8 +108,9 @@ class QueryWork:
 
     def spend_tokens(self, tokens: int) -> None:
         """Count prompts of this many tokens (checked against the limit first)."""
-        self.check_tokens(tokens)
-        self.stats.logical_tokens += tokens
+        with self._lock:
+            self.check_tokens(tokens)
+            self.stats.logical_tokens += tokens
 
     def ideal(self) -> Stats:
         """Each distinct prefix of all the query's prompts computed once (unlimited KV, nothing resident

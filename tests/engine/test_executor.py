@@ -44,9 +44,9 @@ def test_chunked_plans_stream_the_rows_a_whole_run_gives(session, monkeypatch):
            f"WHERE stars < 5 AND AI_FILTER(PROMPT('{FILTER}', body), {OPTS})")
     query = session.sql(sql)
     assert query.plan.chunked
-    inputs, ai_step = [], executor._ai_step
-    monkeypatch.setattr(executor, "_ai_step", lambda step, rows, *args: (
-        inputs.append((step.kind, rows.num_rows)), ai_step(step, rows, *args))[1])
+    inputs, ask = [], executor._ask
+    monkeypatch.setattr(executor, "_ask", lambda step, rows, *args: (
+        inputs.append((step.kind, rows.num_rows)), ask(step, rows, *args))[1])
     work = QueryWork()
     streamed = list(executor.execute_stream(query.plan, session.catalog, session.runtime, work))
     assert [n for kind, n in inputs if kind == "filter"] == [2, 4], "the filter ran over two chunks"
@@ -55,6 +55,37 @@ def test_chunked_plans_stream_the_rows_a_whole_run_gives(session, monkeypatch):
     stages = {stage["operator"]: stage for stage in work.stages}
     assert stages["ai_filter"]["rows_in"] == sum(1 for s in REVIEWS["stars"].to_pylist() if s < 5)
     assert stages["ai_classify"]["rows_in"] == whole.num_rows
+
+
+def test_a_streamed_filter_queues_each_chunk_before_reading_the_one_before(session, monkeypatch):
+    """Chunks of 2, 4 and 2 rows through a filter: each chunk's answers are read only once the next chunk's
+    passes are queued (the device need not wait for the host between chunks), and the rows are a whole run's."""
+    import threading
+
+    from quail.engine.exec import executor
+
+    monkeypatch.setattr(executor, "CHUNK_ROWS", (2, 4))
+    query = session.sql(f"SELECT id, stars FROM reviews WHERE AI_FILTER(PROMPT('{FILTER}', body), {OPTS})")
+    assert query.plan.chunked
+    queued = [threading.Event() for _ in range(3)]
+    asking, launches = executor.asking_together, iter(range(3))
+
+    class Waiting:
+        def __init__(self, *args):
+            self.chunk, self.asking = next(launches), asking(*args)
+            queued[self.chunk].set()
+
+        def read(self):
+            if self.chunk + 1 < len(queued):
+                assert queued[self.chunk + 1].wait(60), f"chunk {self.chunk + 1} was not queued before reading"
+            return self.asking.read()
+
+    monkeypatch.setattr(executor, "asking_together", Waiting)
+    streamed = list(executor.execute_stream(query.plan, session.catalog, session.runtime))
+    assert all(event.is_set() for event in queued)
+    monkeypatch.setattr(executor, "asking_together", asking)
+    whole = executor.execute(query.plan, session.catalog, session.runtime)
+    assert pa.Table.from_batches(streamed, whole.schema).to_pylist() == whole.to_pylist()
 
 
 def test_a_chain_of_filters_reads_each_document_once(session, monkeypatch):
