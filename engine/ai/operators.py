@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -107,6 +107,7 @@ def prompts(runtime: Runtime, question: Question,
 
 
 Job = tuple[Question, Sequence[Sequence[str | None]]]  # a question and its PROMPT arguments, a column each
+_Part = tuple[dict[int, list[int]], dict[int, list[Request]]]  # a part of a step: its rows (job: row indices), requests
 
 
 def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
@@ -140,13 +141,18 @@ def _launch(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None) -> _L
     """Every forward pass of the jobs' rows queued (those without a NULL argument), their answers not read.
 
     The rows of all jobs go to the runtime in parts (`step_parts`: a large step's
-    head, then its rest): the rest's requests are built (tokenized, on a
-    thread of their own) while the head is planned and its passes queued and
-    run, and every answer is read at the end, so the device starts after a
-    head's worth of host work, not a step's. A runtime that plans its own
-    order (quail) gets the rows in the order of their anchor document's text,
-    so rows that share a prefix share a part; the baselines get them in table
-    order, in one call (the prefix baseline's block cache lives for a call).
+    head, then its rest): the head's requests are built and its passes queued
+    while, on a thread of its own, the rest's requests are built (tokenized) and
+    planned and join the head's in the scheduler (a query's later part fills
+    what the part before leaves of a pass: scheduler._share_out). The device
+    starts after a head's worth of host work, not a step's, and goes from the
+    head's passes to the rest's without waiting for the host. With a token
+    limit, every part is built first, so that the step's tokens are counted
+    before its first pass. A runtime that plans its own order (quail) gets the
+    rows in the order of their anchor document's text, so rows that share a
+    prefix share a part; the baselines get them in table order, in one call
+    (the prefix baseline's block cache lives for a call). A step that fails
+    cancels its query, so a part still being queued leaves the device.
     """
     rows = [(j, i) for j, (_, args) in enumerate(jobs) for i in _present(args)]
     _refuse_too_long(runtime, jobs, rows)
@@ -154,32 +160,30 @@ def _launch(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None) -> _L
     work = work if work is not None else QueryWork()
     work.announce(len(rows))
 
-    def built(part: range) -> tuple[dict[int, list[int]], dict[int, list[Request]]]:
+    def built(part: range) -> _Part:
         members: dict[int, list[int]] = {}
         for r in order[part.start:part.stop]:
             members.setdefault(rows[r][0], []).append(rows[r][1])
         return members, {j: build_requests(runtime, jobs[j][0], [[col[i] for col in jobs[j][1]] for i in indices])
                          for j, indices in members.items()}
 
-    def each_built() -> Iterator[tuple[dict[int, list[int]], dict[int, list[Request]]]]:
-        """Each part's rows and requests: the next tokenized on a thread while this part's passes are queued
-        (launches release the GIL); with a token limit, every part first, so that the step's tokens are
-        counted before its first pass."""
-        if work.max_tokens is not None:
-            every = [built(part) for part in parts]
-            work.check_tokens(sum(len(r) for _, requests in every for rs in requests.values() for r in rs))
-            yield from every
-            return
-        with ThreadPoolExecutor(1, thread_name_prefix="quail-prompts") as builder:
-            coming = builder.submit(built, parts[0]) if parts else None
-            for k in range(len(parts)):
-                done = coming.result()
-                if k + 1 < len(parts):
-                    coming = builder.submit(built, parts[k + 1])
-                yield done
+    def launched(part: _Part) -> tuple[dict[int, list[int]], dict[int, list[Request]], Scoring | RoutedScoring]:
+        members, asked = part
+        return members, asked, runtime.launch([r for rs in asked.values() for r in rs], work)
 
-    return _Launched(len(jobs), [(members, asked, runtime.launch([r for rs in asked.values() for r in rs], work))
-                                 for members, asked in each_built()])
+    if work.max_tokens is not None:
+        every = [built(part) for part in parts]
+        work.check_tokens(sum(len(r) for _, requests in every for rs in requests.values() for r in rs))
+        head, rest = every[:1], lambda: [launched(part) for part in every[1:]]
+    else:
+        head, rest = [built(part) for part in parts[:1]], lambda: [launched(built(part)) for part in parts[1:]]
+    with ThreadPoolExecutor(1, thread_name_prefix="quail-parts") as side:
+        later = side.submit(rest)
+        try:
+            return _Launched(len(jobs), [launched(part) for part in head] + later.result())
+        finally:
+            if not later.done():
+                work.cancel()
 
 
 def _refuse_too_long(runtime: Runtime, jobs: Sequence[Job], rows: list[tuple[int, int]]) -> None:

@@ -121,22 +121,28 @@ SHARING_QUERIES = 4  # queries whose jobs share a pass equally; later ones take 
 
 def _share_out(fill: Fill, live: list[_Waiting], others_first: bool = False) -> bool:
     """Fill a pass from the queries' jobs, in their order: the bounded jobs (short or decoding: each waits
-    for whole passes) before the others, unless `others_first` (then all alike). Within each group the jobs
-    of its first SHARING_QUERIES queries take up to an equal share of what is left each, then every job in
+    for whole passes) before the others, unless `others_first` (then all alike). Within each group its
+    first SHARING_QUERIES queries take up to an equal share of what is left each, then every job in
     order takes what it can: queries finish in about the order they came instead of all at the end of
     the burst (their clients' next statements come spread out, while the device has work), and a scan is
-    not held back by more than a few older ones. Whether the others (there being some, beside bounded
-    jobs) got nothing: then they should not wait behind bounded jobs in the next pass."""
+    not held back by more than a few older ones. A query's share is its jobs' together, taken in the
+    order they came (a step's later part takes what the part before it leaves). Whether the others
+    (there being some, beside bounded jobs) got nothing: then they should not wait behind bounded jobs in
+    the next pass."""
     taken = [0] * len(live)
+    by_query: dict[int, int] = {}  # each query's tokens in the pass
     bounded = [k for k, waiting in enumerate(live) if waiting.job.pass_tokens is not None]
     others = [k for k in range(len(live)) if k not in bounded]
     for group in [range(len(live))] if others_first else (bounded, others):
         first = _first_queries(live, group)
-        for members, limit in ((first, (fill.budget - fill.tokens) // max(1, len(first))), (group, None)):
+        queries = len({id(live[k].job.stats) for k in first})
+        for members, limit in ((first, (fill.budget - fill.tokens) // max(1, queries)), (group, None)):
             for k in members:
-                share = Share(fill, limit, taken[k])
+                query = id(live[k].job.stats)
+                share = Share(fill, limit, by_query.get(query, 0))
                 live[k].job.fill(share)
-                taken[k] = share.tokens
+                taken[k] += share.tokens - by_query.get(query, 0)
+                by_query[query] = share.tokens
     return bool(bounded and others) and not any(taken[k] for k in others)
 
 
@@ -272,7 +278,9 @@ class PassScheduler:
     Fairness: the queries with work lead a pass in turn (round robin) and each
     takes up to an equal share of its token budget (the leader's runner's)
     before any takes more; what one leaves unused goes to the others in the
-    same order. A job bounds the passes it rides (`pass_tokens`): while a query
+    same order. A query's jobs (a step's parts: the next is queued while the
+    one before runs) share its turn and its share, in the order they came, so
+    a later part fills what the part before leaves of a pass. A job bounds the passes it rides (`pass_tokens`): while a query
     decodes, passes hold at most DECODE_PASS_TOKENS tokens (each of its tokens
     waits for a pass, so a long scan beside it must not make every step a full
     pass long), while a short job waits at most SHORT_PASS_TOKENS. Bounded jobs
@@ -395,8 +403,11 @@ class PassScheduler:
             if waiting.job.done():
                 self._end(waiting, None)
         with self._cond:
-            if self._waiting and self._waiting[0] is live[0]:
-                self._waiting.rotate(-1)
+            if self._waiting and self._waiting[0] is live[0]:  # the next query leads; this one's jobs in order
+                leader = [waiting for waiting in self._waiting if waiting.job.stats is live[0].job.stats]
+                for waiting in leader:
+                    self._waiting.remove(waiting)
+                self._waiting.extend(leader)
 
     def _budget(self, live: list[_Waiting], budget: int) -> int:
         """A pass's token budget: the leader's, bounded by each job's own bound, and by SHORT_PASS_TOKENS
@@ -518,22 +529,23 @@ class TreeJob:
         self.frontier: deque[Item] = deque()
         self.hold = _Hold(runner.tree, requests)
         self.waiting = self.hold.claim(requests)
-        planned = stats.planned_tokens
-        self._start([i for i in range(len(requests)) if i not in self.waiting])
+        planned = self._start([i for i in range(len(requests)) if i not in self.waiting])
         # short, unless it waits for another query's documents: then that query's passes bound its wait
-        self.pass_tokens = None if self.waiting else pass_tokens(stats.planned_tokens - planned)
+        self.pass_tokens = None if self.waiting else pass_tokens(planned)
         self.items: list[Item] = []  # this pass's, with whether each one's children joined it, and its chain
         self.shared: list[bool] = []
         self.chain: list[int] = []
         self.restored = 0  # tokens this pass's items copied back from the host tier
 
-    def _start(self, members: list[int]) -> None:
-        """The members' roots at the frontier's front, longest first."""
+    def _start(self, members: list[int]) -> int:
+        """The members' roots at the frontier's front, longest first; the tokens they plan (counted)."""
         roots = _roots(self.runner.tree, self.requests, members, self.hold)
         roots = [(_chunked(node, self.runner.token_budget), kv, None) for node, kv in sorted(
             roots, key=lambda item: len(item[0]), reverse=True)]
-        self.stats.planned_tokens += sum(len(node) for root, *_ in roots for node in [root, *nodes(root)])
+        planned = sum(len(node) for root, *_ in roots for node in [root, *nodes(root)])
+        self.stats.planned_tokens += planned
         self.frontier.extendleft(reversed(roots))
+        return planned
 
     def done(self) -> bool:
         return not self.frontier and not self.items and not self.waiting

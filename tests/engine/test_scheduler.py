@@ -570,7 +570,8 @@ class _Rows:
 def test_the_first_queries_share_a_pass_and_later_ones_take_what_they_leave_in_order():
     """Five scans queued beside one another: the four that came first take an equal share each, the fifth
     waits. Four small ones first: what they leave goes to the fifth query before the sixth. Two jobs of one
-    query count as one query among the four."""
+    query (a step's parts) count as one query among the four and take its share together, the later one
+    what the earlier leaves."""
     def taken(counts: list[int], same_query: bool = False) -> list[int]:
         jobs = [_Rows(count, 100, bounded=False) for count in counts]
         if same_query:
@@ -580,7 +581,8 @@ def test_the_first_queries_share_a_pass_and_later_ones_take_what_they_leave_in_o
 
     assert taken([50] * 5) == [20, 20, 20, 20, 0]
     assert taken([10] * 4 + [50, 50]) == [10] * 4 + [40, 0]
-    assert taken([50] * 6, same_query=True) == [16, 16, 16, 16, 16, 0]
+    assert taken([50] * 6, same_query=True) == [20, 0, 20, 20, 20, 0]
+    assert taken([5] + [50] * 5, same_query=True) == [5, 15, 20, 20, 20, 0]
 
 
 def test_bounded_jobs_fill_a_pass_first_and_a_scan_moves_every_other_pass():
