@@ -108,6 +108,7 @@ def prompts(runtime: Runtime, question: Question,
 
 Job = tuple[Question, Sequence[Sequence[str | None]]]  # a question and its PROMPT arguments, a column each
 _Part = tuple[dict[int, list[int]], dict[int, list[Request]]]  # a part of a step: its rows (job: row indices), requests
+_Queued = tuple[dict[int, list[int]], dict[int, list[Request]], Scoring | RoutedScoring]  # a part, its passes queued
 
 
 def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
@@ -121,7 +122,7 @@ class _Launched:
     """The parts of a step queued on the device: each part's rows (job: row indices), requests and scoring."""
 
     jobs: int
-    parts: list[tuple[dict[int, list[int]], dict[int, list[Request]], Scoring | RoutedScoring]]
+    parts: list[_Queued]
 
     def read(self) -> list[tuple[list[int], list[Request], list[np.ndarray]]]:
         """Each job's rows without a NULL argument, their requests and their answers, once the device has them."""
@@ -167,7 +168,7 @@ def _launch(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None) -> _L
         return members, {j: build_requests(runtime, jobs[j][0], [[col[i] for col in jobs[j][1]] for i in indices])
                          for j, indices in members.items()}
 
-    def launched(part: _Part) -> tuple[dict[int, list[int]], dict[int, list[Request]], Scoring | RoutedScoring]:
+    def launched(part: _Part) -> _Queued:
         members, asked = part
         return members, asked, runtime.launch([r for rs in asked.values() for r in rs], work)
 
@@ -177,6 +178,8 @@ def _launch(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None) -> _L
         head, rest = every[:1], lambda: [launched(part) for part in every[1:]]
     else:
         head, rest = [built(part) for part in parts[:1]], lambda: [launched(built(part)) for part in parts[1:]]
+    if len(parts) < 2:  # nothing to queue beside the head
+        return _Launched(len(jobs), [launched(part) for part in head])
     with ThreadPoolExecutor(1, thread_name_prefix="quail-parts") as side:
         later = side.submit(rest)
         try:

@@ -280,8 +280,9 @@ class PassScheduler:
     before any takes more; what one leaves unused goes to the others in the
     same order. A query's jobs (a step's parts: the next is queued while the
     one before runs) share its turn and its share, in the order they came, so
-    a later part fills what the part before leaves of a pass. A job bounds the passes it rides (`pass_tokens`): while a query
-    decodes, passes hold at most DECODE_PASS_TOKENS tokens (each of its tokens
+    a later part fills what the part before leaves of a pass. A job bounds
+    the passes it rides (`pass_tokens`): while a query decodes, passes hold at
+    most DECODE_PASS_TOKENS tokens (each of its tokens
     waits for a pass, so a long scan beside it must not make every step a full
     pass long), while a short job waits at most SHORT_PASS_TOKENS. Bounded jobs
     fill a pass before the others, except after a pass in which the others got
