@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from quail.engine.kernels.paged_decode import gathered
 from quail.engine.kernels.padding_buckets import SMALL, padded_shape, width_class
+from quail.engine.kernels.rows import copy_rows
 from quail.engine.kv.pool import KVPool, on_device
 from quail.engine.kv.runs import KV, end_to_end
 
@@ -128,12 +129,12 @@ class Packed:
         out = []
         for own, pick in ((k, 0), (v, 1)):
             buffer = own.new_empty(self.key_total, *own.shape[1:])
-            buffer.index_copy_(0, self.own_index, own)
+            copy_rows(buffer, self.own_index, own)
             if runs:
                 copies = torch.cat([kv[pick].repeat(count, 1, 1) for kv, count in runs])
-                buffer.index_copy_(0, self.inline_index, copies)
+                copy_rows(buffer, self.inline_index, copies)
             if self.chain_from is not None:
-                buffer.index_copy_(0, self.chain_to, own.index_select(0, self.chain_from))
+                copy_rows(buffer, self.chain_to, own.index_select(0, self.chain_from))
             out.append(buffer)
         return out[0], out[1]
 
@@ -277,7 +278,7 @@ class Rows:
         """(tokens, heads, d) packed → per bucket (rows, heads, width, d), right-padded with zeros."""
         offset, rows, width = self.buckets[-1]
         out = x.new_zeros(offset + rows * width, *x.shape[1:])
-        out.index_copy_(0, self.pad_index, x)
+        copy_rows(out, self.pad_index, x)
         return [out[o : o + r * w].view(r, w, *x.shape[1:]).transpose(1, 2) for o, r, w in self.buckets]
 
     def unpad(self, blocks: list[torch.Tensor]) -> torch.Tensor:
@@ -477,4 +478,4 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
     index = rows.past_index
     lse = lse.index_select(0, index)
     past, past_lse = over_runs(q, k, v, rows, layer)
-    return out.index_copy_(0, index, merger(out.index_select(0, index), lse, past, past_lse))
+    return copy_rows(out, index, merger(out.index_select(0, index), lse, past, past_lse))

@@ -18,6 +18,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from quail.engine.kernels.rows import copy_rows
+
 
 def on_device(device: torch.device, array: np.ndarray) -> torch.Tensor:
     """A host array on the device without waiting for the work queued there (pinned, non-blocking)."""
@@ -117,8 +119,8 @@ class KVPool:
 
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store one layer's keys and values (tokens, kv_heads, head_dim) in `slots` (on the device)."""
-        self.keys[layer].index_copy_(0, slots, keys)
-        self.values[layer].index_copy_(0, slots, values)
+        copy_rows(self.keys[layer], slots, keys)
+        copy_rows(self.values[layer], slots, values)
 
 
 RESERVE = 4 << 30  # GPU memory a pool leaves to kernels' workspaces, compiled graphs and the allocator's slack

@@ -10,6 +10,7 @@ from torch import nn
 from quail.engine.kernels.attention import Rows, attention, merge
 from quail.engine.kernels.fp8 import project, silu_mul_project
 from quail.engine.kernels.paged_decode import paged_decode
+from quail.engine.kernels.rows import copy_rows
 from quail.engine.model.config import ModelConfig
 
 
@@ -226,8 +227,8 @@ class Decoder(nn.Module):
         x, cos, sin = self.embedded(ids, positions)
         for i in range(len(self.layers)):
             q, k, v = self.qkv(i, x, cos, sin)
-            keys[i].index_copy_(0, slots, k)
-            values[i].index_copy_(0, slots, v)
+            copy_rows(keys[i], slots, k)
+            copy_rows(values[i], slots, v)
             x = self.finish(i, x, paged_decode(q, keys[i], values[i], table, lengths))
         return self.norm(x)
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from quail.engine.kernels.attention import Rows, attend, attention, padded_shape
+from quail.engine.kernels.rows import copy_rows
 from quail.engine.kv.runs import KV
 
 H, HKV, D = 4, 2, 16
@@ -184,3 +185,23 @@ def test_one_token_rows_after_their_own_pooled_runs_match_dense_attention():
             in_layer = KV.of(*([t] for t in past.layer(layer)))
             want = _dense(q[row:row + 1], k[row:row + 1], v[row:row + 1], in_layer)
             torch.testing.assert_close(got[row:row + 1], want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,shape", [(torch.bfloat16, (8, 3, 64)), (torch.float32, (8, 3, 64)),
+                                         (torch.bfloat16, (8, 3)), (torch.float16, (8, 1, 5))])
+def test_rows_copied_as_words_equal_index_copy(dtype, shape):
+    """copy_rows gives index_copy_'s bits: rows of whole words (bf16 3×64, fp32 3×64) as int64, rows of 6 or 10
+    bytes element by element; into a buffer's slice too (its offset a whole number of words or not)."""
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(5, *shape[1:], generator=gen).to(dtype)
+    index = torch.tensor([6, 0, 3, 7, 1])
+    base = torch.randn(*shape, generator=gen).to(dtype)
+    assert torch.equal(copy_rows(base.clone(), index, rows), base.clone().index_copy_(0, index, rows))
+    for start in (1, 2):
+        buffer, expected = base.repeat(2, *[1] * (len(shape) - 1)), base.repeat(2, *[1] * (len(shape) - 1))
+        copy_rows(buffer[start:start + 8], index, rows)
+        expected[start:start + 8].index_copy_(0, index, rows)
+        assert torch.equal(buffer, expected)
+    transposed = base.clone().transpose(0, -1)  # not contiguous: element by element
+    assert torch.equal(copy_rows(transposed.clone(), torch.tensor([0]), transposed[1:2].clone()),
+                       transposed.clone().index_copy_(0, torch.tensor([0]), transposed[1:2].clone()))

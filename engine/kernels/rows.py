@@ -1,0 +1,26 @@
+"""Whole rows of a tensor copied by index as 8-byte words, which torch's index kernels move faster than 2-byte ones."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def copy_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """`out.index_copy_(0, index, rows)`, bit for bit, returning `out`: rows made of whole 8-byte words are
+    copied as int64 words (torch's index copy moves one element per lane; bench/GPU_NOTES.md has the
+    figures), any others element by element."""
+    words_out, words_rows = _words(out), _words(rows)
+    if words_out is None or words_rows is None:
+        return out.index_copy_(0, index, rows)
+    words_out.index_copy_(0, index, words_rows)
+    return out
+
+
+def _words(t: torch.Tensor) -> torch.Tensor | None:
+    """`t` as (rows, words) of int64 over the same memory; None when its rows are not whole aligned words."""
+    size = t.element_size()
+    if t.dim() == 0 or not t.is_contiguous() or (math.prod(t.shape[1:]) * size) % 8 or (t.storage_offset() * size) % 8:
+        return None
+    return t.view(t.shape[0], -1).view(torch.int64)
