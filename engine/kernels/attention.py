@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 from quail.engine.kernels.paged_decode import gathered
 from quail.engine.kernels.padding_buckets import SMALL, padded_shape, width_class
-from quail.engine.kernels.rows import copy_rows
 from quail.engine.kv.pool import KVPool, on_device
+from quail.engine.kv.rows import copy_rows
 from quail.engine.kv.runs import KV, end_to_end
 
 try:

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from quail.engine.kernels.rows import copy_rows
+from quail.engine.kv.rows import copy_rows
 
 
 def on_device(device: torch.device, array: np.ndarray) -> torch.Tensor:

@@ -10,7 +10,7 @@ from torch import nn
 from quail.engine.kernels.attention import Rows, attention, merge
 from quail.engine.kernels.fp8 import project, silu_mul_project
 from quail.engine.kernels.paged_decode import paged_decode
-from quail.engine.kernels.rows import copy_rows
+from quail.engine.kv.rows import copy_rows
 from quail.engine.model.config import ModelConfig
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from quail.engine.kernels.attention import Rows, attend, attention, padded_shape
-from quail.engine.kernels.rows import copy_rows
+from quail.engine.kv.rows import copy_rows
 from quail.engine.kv.runs import KV
 
 H, HKV, D = 4, 2, 16
