@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from quail.engine.kv.token_prefix import common_length
+from quail.engine.kv.token_prefix import common_length, common_start
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.requests import Request, Segment
 
@@ -39,12 +39,18 @@ class RadixNode:
 
 def common_prefix(a: Request, b: Request) -> int:
     """Length of the longest common token prefix of two prompts."""
+    return _common_prefix(a, b, *_sort_keys([a, b]))
+
+
+def _common_prefix(a: Request, b: Request, a_bytes: tuple[bytes, ...], b_bytes: tuple[bytes, ...]) -> int:
+    """`common_prefix` of two prompts whose segments' bytes (`_sort_keys`) are given: the first segments that
+    differ are compared as bytes (a token's bytes all equal or it is where they part)."""
     shared = 0
-    for sa, sb in zip(a.segments, b.segments):
+    for sa, sb, bytes_a, bytes_b in zip(a.segments, b.segments, a_bytes, b_bytes):
         if sa.key == sb.key:
             shared += len(sa)
             continue
-        step = common_length(sa.ids, sb.ids)
+        step = common_start(bytes_a, bytes_b) // sa.ids.itemsize
         shared += step
         if step == len(sa) or step == len(sb):  # one segment is a prefix of the other: compare on by token
             rest = common_length(a.tokens(shared, len(a)), b.tokens(shared, len(b)))
@@ -71,11 +77,11 @@ def build(requests: Sequence[Request]) -> RadixNode:
     keys = _sort_keys(requests)
     order = sorted(range(len(requests)), key=keys.__getitem__)
     stack = [root]
-    previous: Request | None = None
+    previous: int | None = None
     for i in order:
         request = requests[i]
         length = len(request)
-        shared = common_prefix(previous, request) if previous is not None else 0
+        shared = _common_prefix(requests[previous], request, keys[previous], keys[i]) if previous is not None else 0
         popped = None
         while stack[-1].end > shared:
             popped = stack.pop()
@@ -92,7 +98,7 @@ def build(requests: Sequence[Request]) -> RadixNode:
             stack.append(leaf)
         else:
             top.ends.append(i)
-        previous = request
+        previous = i
     return root
 
 

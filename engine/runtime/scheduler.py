@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 import numpy as np
 
 from quail.engine.kernels.padding_buckets import padded_shape, width_class
+from quail.engine.kv.token_prefix import common_start
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.radix import RadixNode, build, collapse, nodes
 from quail.engine.runtime.requests import Request, document_prefix
@@ -448,7 +449,7 @@ def step_parts(texts: Sequence[tuple[str, ...]], token_budget: int) -> tuple[lis
     runtime, and the parts of that order: sorted by text, so rows that share a prefix share a part, then
     cut by `_parts` (a pass holding about `token_budget` × CHARS_PER_TOKEN characters)."""
     order = sorted(range(len(texts)), key=texts.__getitem__)
-    shared = [0] + [_shared_chars(texts[a][0], texts[b][0]) for a, b in zip(order, order[1:])]
+    shared = [0] + [common_start(texts[a][0], texts[b][0]) for a, b in zip(order, order[1:])]
     fresh = [ROW_CHARS + sum(map(len, texts[r])) - common for r, common in zip(order, shared)]
     return order, _parts(fresh, shared, token_budget * CHARS_PER_TOKEN)
 
@@ -472,24 +473,6 @@ def _parts(fresh: Sequence[float], shared: Sequence[int], per_pass: float) -> li
         return [range(len(total))]
     end = min(cuts, key=lambda e: (shared[e], abs(e - target)))
     return [range(end), range(end, len(total))]
-
-
-def _shared_chars(a: str, b: str) -> int:
-    """The length of the longest common prefix of a and b (slices compared: C speed, few of them)."""
-    if a == b:
-        return len(a)
-    longest = min(len(a), len(b))
-    low, high = 0, 1  # a[:low] == b[:low]; high doubles until a[:high] differs
-    while high <= longest and a[:high] == b[:high]:
-        low, high = high, 2 * high
-    high = min(high - 1, longest)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 Item = tuple[RadixNode, "KV | Fetch | None", "int | None"]  # a node, the resident KV it continues, its parent's row

@@ -9,6 +9,7 @@ import pytest
 
 from quail.engine.ai.operators import Question, build_requests, yes_probabilities
 from quail.engine.errors import InvalidArgument
+from quail.engine.kv.token_prefix import common_start
 from quail.engine.runtime import scheduler
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.model_runner import ModelRunner
@@ -74,6 +75,7 @@ def test_common_prefix_across_segment_boundaries():
     assert common_prefix(request([1, 2], [3]), request([1, 2], [3])) == 3
     assert common_prefix(request([7], [1, 2, 9]), request([7], [1, 2, 8])) == 3
     assert common_prefix(request([1, 2]), request([5])) == 0
+    assert common_prefix(request([7, 256, 3]), request([7, 512, 3])) == 1, "tokens sharing their first bytes"
 
 
 def test_ideal_stats_by_hand():
@@ -465,9 +467,10 @@ def test_a_large_step_is_cut_once_where_rows_share_least():
 
 @pytest.mark.parametrize("a, b", [("", ""), ("abc", "abd"), ("x" * 5000 + "1", "x" * 5000 + "2"), ("ab", "abc"),
                                   ("same", "same"), ("a", "b")])
-def test_shared_chars(a, b):
+def test_common_start(a, b):
     common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    assert scheduler._shared_chars(a, b) == common
+    assert common_start(a, b) == common
+    assert common_start(a.encode(), b.encode()) == common
 
 
 def _beside_a_scan(runtime, monkeypatch, small, scan, works, second) -> list[tuple[list[str], int, bool]]:
