@@ -34,12 +34,22 @@ def hf_model(model: Decoder):
     else:
         config, cls = transformers.LlamaConfig(attention_bias=cfg.attention_bias, **common), transformers.LlamaForCausalLM
     weight = model.embed_tokens.weight
-    with building_on(weight.device, weight.dtype):
+    with building_on(weight.device, weight.dtype), _without_random_init():  # every weight is assigned below
         hf = cls(config)
     state = {f"model.{k}": v for k, v in model.state_dict().items() if not k.startswith("lm_head")}
     state["lm_head.weight"] = model.head_weight()
     hf.load_state_dict(state, strict=True, assign=True)
     return hf.eval().requires_grad_(False)
+
+
+def _without_random_init():
+    """transformers' own switch that skips initializing a model's weights at random (seconds of a CPU for a
+    135M model) when they are all loaded afterwards; its module moved in transformers 5."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        from transformers.modeling_utils import no_init_weights
+    return no_init_weights()
 
 
 def hf_strategy(model: Decoder) -> Strategy:
