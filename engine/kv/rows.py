@@ -20,7 +20,7 @@ def copy_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> tor
 
 def _words(t: torch.Tensor) -> torch.Tensor | None:
     """`t` as (rows, words) of int64 over the same memory; None when its rows are not whole aligned words."""
-    size = t.element_size()
-    if t.dim() == 0 or not t.is_contiguous() or (math.prod(t.shape[1:]) * size) % 8 or (t.storage_offset() * size) % 8:
+    size, width = t.element_size(), math.prod(t.shape[1:])
+    if t.dim() == 0 or not t.is_contiguous() or (width * size) % 8 or (t.storage_offset() * size) % 8:
         return None
-    return t.view(t.shape[0], -1).view(torch.int64)
+    return t.view(t.shape[0], width).view(torch.int64)  # the width given: a tensor of no rows has no -1 to infer

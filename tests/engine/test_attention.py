@@ -191,12 +191,13 @@ def test_one_token_rows_after_their_own_pooled_runs_match_dense_attention():
                                          (torch.bfloat16, (8, 3)), (torch.float16, (8, 1, 5))])
 def test_rows_copied_as_words_equal_index_copy(dtype, shape):
     """copy_rows gives index_copy_'s bits: rows of whole words (bf16 3×64, fp32 3×64) as int64, rows of 6 or 10
-    bytes element by element; into a buffer's slice too (its offset a whole number of words or not)."""
+    bytes element by element; into a buffer's slice too (its offset a whole number of words or not); no rows."""
     gen = torch.Generator().manual_seed(0)
     rows = torch.randn(5, *shape[1:], generator=gen).to(dtype)
     index = torch.tensor([6, 0, 3, 7, 1])
     base = torch.randn(*shape, generator=gen).to(dtype)
     assert torch.equal(copy_rows(base.clone(), index, rows), base.clone().index_copy_(0, index, rows))
+    assert torch.equal(copy_rows(base.clone(), index[:0], rows[:0]), base)
     for start in (1, 2):
         buffer, expected = base.repeat(2, *[1] * (len(shape) - 1)), base.repeat(2, *[1] * (len(shape) - 1))
         copy_rows(buffer[start:start + 8], index, rows)
