@@ -18,9 +18,10 @@ pool holds: a refresh after those finds what least-recently-used eviction left.)
 Each phase reports wall seconds, logical / fresh / cached model tokens (the
 server's Prometheus counters, read before and after: a query counts when it
 ends, so E's include the long statement's if it ends within E), the resident
-tree's hit rate (prompt tokens found resident over those looked up), fresh tokens
-per second and B's and C's against A's, fresh over logical, and the
-statements' latencies (E's median against E_idle's).
+tree's hit rate (prompt tokens found resident over those looked up), the share
+of the phase's wall time the device ran forward passes, fresh tokens per second
+and B's and C's against A's, fresh over logical, and the statements' latencies
+(E's median against E_idle's).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def statement(first: int, rows: int, question: str = QUESTIONS[0]) -> str:
 
 
 class Counters:
-    """The server's model-token counters, read from its /metrics."""
+    """The server's model-token counters and its device's busy seconds, read from its /metrics."""
 
     def __init__(self, port: int) -> None:
         self.url = f"http://127.0.0.1:{port}/metrics"
@@ -65,6 +66,7 @@ class Counters:
         text = urllib.request.urlopen(self.url, timeout=30).read().decode()
         found = re.findall(r'^quail_tokens_total\{kind="(\w+)"\} (\S+)$', text, re.M)
         found += re.findall(r'^quail_kv_(hit|looked_up)_tokens_total (\S+)$', text, re.M)
+        found += re.findall(r'^quail_device_(busy)_seconds_total (\S+)$', text, re.M)
         return {kind: float(value) for kind, value in found}
 
 
@@ -99,8 +101,10 @@ def phase(uri: str, counters: Counters, lanes: list[list[str]]) -> dict:
     ratio = round(tokens["fresh"] / tokens["logical"], 3) if tokens["logical"] else None
     looked_up = after.get("looked_up", 0) - before.get("looked_up", 0)
     hit_rate = round((after.get("hit", 0) - before.get("hit", 0)) / looked_up, 3) if looked_up else None
+    busy = round((after.get("busy", 0) - before.get("busy", 0)) / wall, 3)
     return {"wall_s": round(wall, 3), "statements": len(latencies), **{f"{k}_tokens": v for k, v in tokens.items()},
             "fresh_tokens_per_s": round(tokens["fresh"] / wall), "fresh_over_logical": ratio, "kv_hit_rate": hit_rate,
+            "device_busy": busy,
             "latency_p50_s": round(statistics.median(latencies), 3), "latency_max_s": round(max(latencies), 3)}
 
 

@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from quail.engine.kv.resident import ResidentTree
+from quail.engine.runtime.device_time import DeviceTime
 from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.replicas import Replicas
 
@@ -41,6 +42,17 @@ class _TreeCounts:
                                   value=counts.offloaded)
         yield CounterMetricFamily("quail_kv_host_restored_tokens", "Tokens copied back from host memory to the "
                                   "KV pool (instead of computed again)", value=counts.restored)
+
+
+class _DeviceBusy:
+    """The device's busy seconds as a Prometheus counter (its rate: the device's utilization)."""
+
+    def __init__(self, busy: DeviceTime) -> None:
+        self.busy = busy
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("quail_device_busy_seconds", "Seconds the device ran forward passes (the "
+                                  "server's own runtime; the rate is its utilization)", value=self.busy.seconds())
 
 
 class _ReplicaCounts:
@@ -95,6 +107,7 @@ class Metrics:
               registry=self.registry).set_function(lambda: host.capacity_bytes if host else 0)
         Gauge("quail_kv_host_used_bytes", "Bytes of KV the host tier holds", registry=self.registry
               ).set_function(lambda: tree.host_tokens * host.bytes_per_token if host else 0)
+        self.registry.register(_DeviceBusy(runner.scheduler.busy))
         if tree is not None:
             self.registry.register(_TreeCounts(tree))
         if replicas is not None:

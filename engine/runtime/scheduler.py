@@ -33,6 +33,7 @@ import numpy as np
 from quail.engine.kernels.padding_buckets import padded_shape, width_class
 from quail.engine.kv.token_prefix import common_start
 from quail.engine.runtime.counters import Stats
+from quail.engine.runtime.device_time import DeviceTime
 from quail.engine.runtime.radix import RadixNode, build, collapse, nodes
 from quail.engine.runtime.requests import Request, document_prefix
 
@@ -302,6 +303,7 @@ class PassScheduler:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.pacing = Pacing(runner.model.config.num_layers)
+        self.busy = DeviceTime()  # the device's seconds in the passes this loop ran
         self._cond = threading.Condition()
         self._waiting: deque[_Waiting] = deque()
         self._thread: threading.Thread | None = None
@@ -385,6 +387,7 @@ class PassScheduler:
                 self._cond.wait(0.01)
             return
         events = self.runner.pass_events(self.pacing.mark)
+        began = time.perf_counter()
         try:
             last, kept = self.runner.forward_shared(groups, events)
         except BaseException as err:  # the pass failed: every query in it gets the error
@@ -392,6 +395,7 @@ class PassScheduler:
                 self._end(waiting, err)
             self.pacing.idle = True
             return
+        self.busy.add(events, time.perf_counter() - began)
         self.pacing.queued(events)
         start = 0
         for waiting, (rows, _) in zip(live, groups):

@@ -1,5 +1,6 @@
 """The shared-server workload runs every phase against a real server through ADBC (tiny sizes, the
-embedded model): each phase's statements ran and the server's counters moved."""
+embedded model): each phase's statements ran and the server's counters moved, the device's busy share
+among them."""
 
 from __future__ import annotations
 
@@ -19,4 +20,5 @@ def test_every_phase_runs_and_reads_the_servers_counters(tmp_path):
     for name, figures in phases.items():
         assert figures["logical_tokens"] >= figures["fresh_tokens"] > 0, name
         assert figures["logical_tokens"] == figures["fresh_tokens"] + figures["cached_tokens"], name
+        assert 0 < figures["device_busy"] <= (1.2 if name == "E" else 1.0), name  # E: the long one's passes too
     assert phases["B"]["against_A"] > 0 and phases["E"]["against_idle"] > 0

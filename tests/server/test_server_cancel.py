@@ -5,6 +5,7 @@ watching them (the quail_queries system table), limits, metrics, many clients, s
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 import adbc_driver_flightsql.dbapi as flight_sql
@@ -276,9 +277,10 @@ def test_limits_per_query_and_admission(tmp_path):
 
 def test_prometheus_metrics(tmp_path):
     """--metrics-port: queries by status, model tokens by kind (generated too) and decode steps, errors by status,
-    speed-of-light fractions, the KV pool and the resident tree's counters."""
+    speed-of-light fractions, the device's busy seconds, the KV pool and the resident tree's counters."""
     port = free_port()
     with ServerProcess(tmp_path, "--metrics-port", str(port)) as served:
+        began = time.monotonic()
         with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
             cur.adbc_ingest("topics", TOPICS, mode="replace")
             cur.execute(QUICK)
@@ -294,7 +296,9 @@ def test_prometheus_metrics(tmp_path):
             with pytest.raises(adbc_driver_manager.Error):
                 cur.execute("SELECT * FROM no_such_table")
         values = metric_samples(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        wall = time.monotonic() - began
     assert values['quail_queries_total{status="OK"}'] >= 1
+    assert 0 < values["quail_device_busy_seconds_total"] < wall, "the passes' seconds, within the queries' time"
     assert values['quail_tokens_total{kind="fresh"}'] > 0 and values['quail_tokens_total{kind="logical"}'] > 0
     assert values['quail_errors_total{status="NOT_FOUND"}'] == 1
     assert values['quail_tokens_total{kind="generated"}'] >= 2 and values["quail_decode_steps_total"] >= 1
