@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -67,8 +68,12 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=20)
     p.add_argument("--tag", default="")
     p.add_argument("--kernels", action="store_true", help="profile `one` and `together` again, kernel by kernel")
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="the interpreter's thread switch interval, seconds (sys.setswitchinterval; default 0.005)")
     p.add_argument("--out", default=".")
     args = p.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     block = args.clients * args.rows
     session = quail.Session(engine_config(args))
     session.register("reviews", numbered_reviews((7 if args.kernels else 5) * block, 300))
@@ -94,7 +99,8 @@ def main() -> None:
         return latencies, totals
 
     wall, busy, (_, fresh) = measured(session, lambda: timed(session, statement(0, block)))
-    result = {"clients": args.clients, "rows": args.rows, "one": phase(wall, fresh, busy)}
+    result = {"clients": args.clients, "rows": args.rows, "switch_interval_s": sys.getswitchinterval(),
+              "one": phase(wall, fresh, busy)}
     wall, busy, (latencies, totals) = measured(session, lambda: together(block))
     result["together"] = {**phase(wall, sum(totals), busy), "latency_p50_s": round(statistics.median(latencies), 3),
                           "latency_max_s": round(max(latencies), 3)}
