@@ -14,8 +14,9 @@ class DeviceTime:
     """Seconds the device spent running forward passes. A pass queued on a CUDA stream counts from its
     start event to its end event, once both have been reached (read from any thread, without waiting for
     the device); a pass on the CPU runs on the caller's thread and counts its own wall time. Busy time over
-    wall time is the device's utilization as the server sees it; the rest is the device waiting for the
-    host or for work."""
+    wall time is the share of time the device had a pass in hand; the rest it waited between passes, for
+    the host or for work. Time inside a pass that the device spent waiting for launches the host had not
+    queued yet counts as busy (a kernel profile tells the two apart)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
