@@ -151,7 +151,8 @@ def test_dialect_is_a_session_option(server, conn):
     cookies = {"adbc.flight.sql.rpc.with_cookie_middleware": "true"}
     with flight_sql.connect(server.uri, db_kwargs=cookies, autocommit=True) as bq, connect(server.uri) as default:
         bq.adbc_connection.set_options(**{"adbc.flight.sql.session.option.dialect": "bigquery"})
-        assert '"dialect":"bigquery"' in bq.adbc_connection.get_option("adbc.flight.sql.session.options").replace(" ", "")
+        options = bq.adbc_connection.get_option("adbc.flight.sql.session.options")
+        assert '"dialect":"bigquery"' in options.replace(" ", "")
         backticks = "SELECT `id` AS x FROM reviews WHERE id = 1"  # BigQuery quoting, a syntax error in Snowflake
         assert query(bq, backticks).to_pylist() == [{"x": 1}]
         with pytest.raises(adbc_driver_manager.ProgrammingError, match="INVALID_ARGUMENT"):
