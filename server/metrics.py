@@ -56,10 +56,11 @@ class _DeviceBusy:
 
 
 class _ReplicaCounts:
-    """The replicas: how many, how many up, restarts, and each one's queued and computed tokens."""
+    """The replicas: how many, how many up, restarts, each one's queued and computed tokens and its device's
+    busy seconds (replica 0's: `busy`, this process's own)."""
 
-    def __init__(self, replicas: Replicas) -> None:
-        self.replicas = replicas
+    def __init__(self, replicas: Replicas, busy: DeviceTime) -> None:
+        self.replicas, self.busy = replicas, busy
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         replicas = self.replicas
@@ -80,8 +81,14 @@ class _ReplicaCounts:
             for kind, value in (("logical", stats.logical_tokens), ("fresh", stats.fresh_tokens),
                                 ("cached", stats.cached_tokens)):
                 tokens.add_metric([str(replica), kind], value)
+        busy = CounterMetricFamily("quail_replica_device_busy_seconds", "Seconds a replica's device ran forward "
+                                   "passes (absent for a replica that is down or slow to answer)", labels=["replica"])
+        for replica, seconds in enumerate(replicas.busy_seconds(self.busy.seconds())):
+            if seconds is not None:
+                busy.add_metric([str(replica)], seconds)
         yield queued
         yield tokens
+        yield busy
 
 
 class Metrics:
@@ -111,7 +118,7 @@ class Metrics:
         if tree is not None:
             self.registry.register(_TreeCounts(tree))
         if replicas is not None:
-            self.registry.register(_ReplicaCounts(replicas))
+            self.registry.register(_ReplicaCounts(replicas, runner.scheduler.busy))
         self.queries = Counter("quail_queries", "Queries finished, by gRPC status", ["status"],
                                registry=self.registry)
         self.tokens = Counter("quail_tokens", "Model tokens of finished queries: logical (every prompt in "

@@ -119,6 +119,11 @@ class RayReplica:
             return restarting(self.index)
         return self.actor.resident.remote(prompts).future()
 
+    def busy(self) -> Future:
+        if not self.up:
+            return restarting(self.index)
+        return self.actor.busy.remote().future()
+
     def _answered(self, job: int, done: Future) -> None:
         with self._lock:
             future = self._jobs.pop(job)

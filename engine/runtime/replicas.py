@@ -35,7 +35,7 @@ log = logging.getLogger("quail.replicas")
 SKEW = 1.25  # a replica holds at most this times the mean queued tokens while another has room
 PLACES = 1 << 20  # documents whose replica the router remembers (least recently routed forgotten first)
 POLL_S = 0.05  # how often a query waiting for a replica checks whether it was cancelled
-RESIDENT_S = 1.0  # how long planning waits for a replica to say which documents it holds
+RESIDENT_S = 1.0  # how long planning (or a metrics read) waits for a replica to say what it holds (or its busy time)
 START_S = 600.0  # a replica's process has this long to load its model and warm up
 
 
@@ -122,6 +122,8 @@ class Replica(Protocol):
 
     def resident(self, prompts: list[np.ndarray]) -> Future: ...
 
+    def busy(self) -> Future: ...
+
     def cancel(self, future: Future) -> None: ...
 
     def forget(self, rejected: Sequence[Request], accepted: Sequence[Request]) -> None: ...
@@ -203,6 +205,10 @@ class ProcessReplica:
         """A future of how long a prefix of each prompt the replica's resident tree holds (ReplicaWorker.resident),
         and no cost (Stats())."""
         return self._ask("resident", prompts)
+
+    def busy(self) -> Future:
+        """A future of the replica's device busy seconds so far (ReplicaWorker.busy), and no cost."""
+        return self._ask("busy")
 
     def _ask(self, kind: str, *payload) -> Future:
         """A job of this kind sent to the process: a future of its answer and cost (ReplicaLost while down)."""
@@ -394,6 +400,18 @@ class Replicas:
         """What the requests routed to the replica cost there, summed."""
         return self.here if replica == 0 else self.remote[replica - 1].computed
 
+    def busy_seconds(self, here: float) -> list[float | None]:
+        """Each replica's device busy seconds so far: `here` for replica 0, the others asked (None for one that
+        is down or does not answer within RESIDENT_S)."""
+        asked = [replica.busy() for replica in self.remote]
+        out: list[float | None] = [here]
+        for future in asked:
+            try:
+                out.append(future.result(RESIDENT_S)[0])
+            except Exception:  # noqa: BLE001 — down or slow: not reported this time
+                out.append(None)
+        return out
+
     def stop(self) -> None:
         for replica in self.remote:
             replica.stop()
@@ -450,6 +468,10 @@ class ReplicaWorker:
         tree = self.runtime.runner.tree
         return [tree.resident_length(p) if tree is not None else 0 for p in prompts], Stats()
 
+    def busy(self) -> tuple[float, Stats]:
+        """The device's busy seconds so far (DeviceTime), at no cost."""
+        return self.runtime.runner.scheduler.busy.seconds(), Stats()
+
 
 def serve_replica(config: EngineConfig, conn) -> None:
     """A replica process's life: a ReplicaWorker, ready, then each batch computed on a thread of its own until
@@ -481,6 +503,8 @@ def serve_replica(config: EngineConfig, conn) -> None:
                 pool.submit(answer, rest[0], worker.submit, *rest)
             elif kind == "resident":
                 pool.submit(answer, rest[0], worker.resident, *rest[1:])
+            elif kind == "busy":
+                pool.submit(answer, rest[0], worker.busy)
             elif kind == "cancel":
                 worker.cancel(*rest)
             elif kind == "forget":

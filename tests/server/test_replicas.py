@@ -112,8 +112,9 @@ def test_two_replicas_give_the_rows_and_scores_of_one(servers):
             assert single.equals(replicated), query
     samples = metric_samples(metrics)
     assert samples["quail_replicas"] == 2 and samples["quail_replicas_up"] == 2
-    for replica in ("0", "1"):  # the documents spread over both
+    for replica in ("0", "1"):  # the documents spread over both, and each one's device ran passes
         assert samples[f'quail_replica_tokens_total{{kind="logical",replica="{replica}"}}'] > 0
+        assert samples[f'quail_replica_device_busy_seconds_total{{replica="{replica}"}}'] > 0
 
 
 def test_a_repeated_query_finds_its_documents_on_the_replica_that_holds_them(servers):
