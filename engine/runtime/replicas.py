@@ -344,11 +344,7 @@ class Replicas:
                 away.setdefault(replica, []).append(i)
         asked = [(members, self.remote[r - 1].resident([prompts[i] for i in members])) for r, members in away.items()]
         for members, future in asked:
-            try:
-                lengths, _ = future.result(RESIDENT_S)
-            except Exception:  # noqa: BLE001 — down or slow: nothing counted resident there
-                continue
-            for i, length in zip(members, lengths):
+            for i, length in zip(members, _answer(future) or ()):  # down or slow: nothing counted resident there
                 out[i] = length
         return out
 
@@ -404,18 +400,21 @@ class Replicas:
         """Each replica's device busy seconds so far: `here` for replica 0, the others asked (None for one that
         is down or does not answer within RESIDENT_S)."""
         asked = [replica.busy() for replica in self.remote]
-        out: list[float | None] = [here]
-        for future in asked:
-            try:
-                out.append(future.result(RESIDENT_S)[0])
-            except Exception:  # noqa: BLE001 — down or slow: not reported this time
-                out.append(None)
-        return out
+        return [here, *map(_answer, asked)]
 
     def stop(self) -> None:
         for replica in self.remote:
             replica.stop()
         self._disconnect()
+
+
+def _answer(future: Future):
+    """The answer of a question asked of a replica (its cost left out), None when the replica is down or does not
+    answer within RESIDENT_S."""
+    try:
+        return future.result(RESIDENT_S)[0]
+    except Exception:  # noqa: BLE001 — down or slow: no answer this time
+        return None
 
 
 def _start(replica: Replica) -> None:

@@ -187,26 +187,31 @@ def test_explain_expects_the_documents_an_earlier_query_left_resident(conn):
     asked = "SELECT id FROM stays WHERE AI_FILTER(PROMPT('Is {0} a complaint?', note))"
     other = "SELECT id FROM stays WHERE AI_FILTER(PROMPT('Is {0} about staff?', note))"
 
-    def ai_line(sql: str) -> str:
-        (line,) = [line for line in query(conn, sql)["plan"].to_pylist() if line.startswith("AI filter")]
+    def plan(sql: str) -> list[str]:
+        return query(conn, sql)["plan"].to_pylist()
+
+    def ai_line(lines: list[str]) -> str:
+        (line,) = [line for line in lines if line.startswith("AI filter")]
         return line
 
+    def number(text: str) -> int:
+        return int(text.replace(",", ""))
+
     def expected(sql: str) -> tuple[int, int]:
-        found = re.search(r"expects ~([\d,]+) of ([\d,]+) document tokens resident", ai_line("EXPLAIN " + sql))
-        return int(found.group(1).replace(",", "")), int(found.group(2).replace(",", ""))
+        found = re.search(r"expects ~([\d,]+) of ([\d,]+) document tokens resident", ai_line(plan("EXPLAIN " + sql)))
+        return number(found.group(1)), number(found.group(2))
 
     resident, total = expected(asked)
     assert resident == 0 and total > 0
     query(conn, asked)
     resident, total = expected(other)
     assert total > 0 and resident >= 0.9 * total
-    lines = query(conn, "EXPLAIN ANALYZE " + other)["plan"].to_pylist()
-    (line,) = [line for line in lines if line.startswith("AI filter")]
-    analyzed = re.search(r"([\d,]+) of ([\d,]+) prompt tokens cached\]", line)
-    assert analyzed is not None and int(analyzed.group(1).replace(",", "")) > 0
+    lines = plan("EXPLAIN ANALYZE " + other)
+    analyzed = re.search(r"([\d,]+) of ([\d,]+) prompt tokens cached\]", ai_line(lines))
+    assert analyzed is not None and number(analyzed.group(1)) > 0
     spared = re.search(r"ideal plan alone, ([\d,]+) fresh tokens, of which KV that earlier queries left spared "
                        r"([\d,]+)$", lines[-1])
-    assert spared is not None and 0 < int(spared.group(2).replace(",", "")) <= int(spared.group(1).replace(",", "")), \
+    assert spared is not None and 0 < number(spared.group(2)) <= number(spared.group(1)), \
         "the speed of light is the query's own ideal plan's: the resident documents beat it"
 
 
