@@ -4,7 +4,8 @@
         -- --model dummy:qwen3-4b --tokenizer .offline/tokenizer --device cuda --precision bf16 --token-budget 16384
 
 Every phase asks `AI_FILTER(PROMPT('<question> {0}', body))` over reviews it
-alone reads, but F and G, which read A's:
+alone reads, but F and G, which read A's; a client is one ADBC connection,
+its statements one after another on it:
 - A: one statement over `--a-rows` rows: the reference fresh tokens per second;
 - B: one client, `--b-statements` statements of `--rows` (20) rows, one after another;
 - C: `--clients` (16) clients at once, 2 statements of `--rows` rows each;
@@ -70,24 +71,29 @@ class Counters:
         return {kind: float(value) for kind, value in found}
 
 
-def run(uri: str, query: str) -> float:
-    """One statement on a connection of its own: its latency (seconds)."""
-    started = time.perf_counter()
-    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
-        cur.execute(query)
-        cur.fetch_arrow_table()
-    return time.perf_counter() - started
+def run(uri: str, queries: list[str]) -> list[float]:
+    """Statements one after another on one connection (a client's: its first statement connects, each
+    prepares, runs and closes its own statement, as ADBC's cursor does): each one's latency (seconds)."""
+    latencies, started = [], time.perf_counter()
+    with flight_sql.connect(uri, autocommit=True) as conn:
+        for query in queries:
+            with conn.cursor() as cur:
+                cur.execute(query)
+                cur.fetch_arrow_table()
+            latencies.append(time.perf_counter() - started)
+            started = time.perf_counter()
+    return latencies
 
 
 def phase(uri: str, counters: Counters, lanes: list[list[str]]) -> dict:
-    """Each lane's statements one after another, the lanes at once: wall seconds, tokens, latencies."""
+    """Each lane's statements one after another (a client's), the lanes at once: wall seconds, tokens,
+    latencies."""
     before, latencies, lock = counters.read(), [], threading.Lock()
 
     def lane(queries: list[str]) -> None:
-        for query in queries:
-            seconds = run(uri, query)
-            with lock:
-                latencies.append(seconds)
+        seconds = run(uri, queries)
+        with lock:
+            latencies.extend(seconds)
 
     started = time.perf_counter()
     threads = [threading.Thread(target=lane, args=(queries,)) for queries in lanes]
@@ -118,7 +124,7 @@ def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:
     e_idle, nxt = nxt, nxt + 5 * args.e_statements
     e_long, nxt = nxt, nxt + args.e_rows
     e_short = nxt
-    run(uri, statement(nxt + 5 * args.e_statements, n))  # first runs of the statements' shapes
+    run(uri, [statement(nxt + 5 * args.e_statements, n)])  # first runs of the statements' shapes
     out = {"A": phase(uri, counters, [[statement(a, args.a_rows)]])}
     out["F"] = phase(uri, counters, [[statement(a, args.a_rows)]])
     out["G"] = phase(uri, counters, [[statement(a, args.a_rows, QUESTIONS[1])]])
@@ -128,7 +134,7 @@ def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:
     out["D"] = phase(uri, counters, [[statement(d, args.d_rows, question)] for question in QUESTIONS[:args.clients]])
     out["E_idle"] = phase(uri, counters, [[statement(e_idle + 5 * k, 5) for k in range(args.e_statements)]])
     long_done = threading.Event()
-    long = threading.Thread(target=lambda: (run(uri, statement(e_long, args.e_rows)), long_done.set()))
+    long = threading.Thread(target=lambda: (run(uri, [statement(e_long, args.e_rows)]), long_done.set()))
     long.start()
     time.sleep(args.e_delay)
     out["E"] = phase(uri, counters, [[statement(e_short + 5 * k, 5) for k in range(args.e_statements)]])
