@@ -153,13 +153,12 @@ class _Emitter:
                            for a, n in zip(call.args, names)]
         current = self._name(f"rows_{alias}")
         query = exp.select(*projection).from_(relation.table.copy())
+        if relation.before:
+            query = query.where(_and([c.node for c in relation.before]))
         filters = [call for call, kind, _ in asks if kind == "filter"]
         if relation.limit is not None and not filters:  # only these rows are asked (limit_into_model)
             query = query.limit(relation.limit)
-        shape = query.sql("duckdb")  # its output schema whatever the conditions: statements over other rows share it
-        if relation.before:
-            query = query.where(_and([c.node for c in relation.before]))
-        self.steps.append(SQLStep(query.sql("duckdb"), current, shape if relation.before else None))
+        self.steps.append(SQLStep(query.sql("duckdb"), current))
         steps, rows = [], self.core.rows_asked(relation)
         for (call, kind, column), names in zip(asks, args):
             output = self._name("ai")

@@ -286,7 +286,7 @@ class _OverEmpty(_Run):
     schemas: StatementSchemas
 
     def sql_step(self, step: SQLStep) -> None:
-        self.relations[step.output] = self.schemas.output(self.db, step.sql, self.relations, step.shape).empty_table()
+        self.relations[step.output] = self.schemas.output(self.db, step.sql, self.relations).empty_table()
 
 
 def _ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:

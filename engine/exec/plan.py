@@ -51,13 +51,10 @@ class _OneStep:
 
 @dataclass(frozen=True)
 class SQLStep(_OneStep):
-    """Run one DuckDB statement over named relations (tables and earlier outputs). `shape`: a statement
-    whose output schema is this one's whatever the rows (this one without its WHERE clause), under which
-    result schemas remember it (relational.StatementSchemas); None: the statement itself."""
+    """Run one DuckDB statement over named relations (tables and earlier outputs)."""
 
     sql: str
     output: str
-    shape: str | None = field(default=None, compare=False)
 
     def describe(self) -> list[str]:
         return [f"DuckDB -> {self.output}: {self.sql}"]

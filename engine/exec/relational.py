@@ -112,12 +112,10 @@ class StatementSchemas:
         self._size = size
         self._lock = threading.Lock()
 
-    def output(self, db: DuckDB, sql: str, relations: Mapping[str, pa.Table], shape: str | None = None
-               ) -> pa.Schema:
-        """The schema of the statement's output over the relations: remembered under its `shape` (a statement
-        of the same output schema: plan.SQLStep) or its text, or found by running it in `db`."""
+    def output(self, db: DuckDB, sql: str, relations: Mapping[str, pa.Table]) -> pa.Schema:
+        """The schema of the statement's output over the relations: remembered, or found by running it in `db`."""
         inputs = sorted(((name.lower(), table.schema) for name, table in relations.items()), key=itemgetter(0))
-        key = (shape or sql, tuple(inputs))
+        key = (sql, tuple(inputs))
         with self._lock:
             known = self._known.get(key)
             if known is not None:
