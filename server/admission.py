@@ -51,6 +51,12 @@ class Admission:
         self._lock = threading.Lock()
         self._active = 0
 
+    def spare(self) -> bool:
+        """Whether at most half the limit is taken: room to run a prepared query ahead of its DoGet
+        (statements.HeadStart) without refusing queries that come meanwhile."""
+        with self._lock:
+            return 2 * self._active < self.limit
+
     @contextmanager
     def admit(self) -> Iterator[None]:
         with self._lock:

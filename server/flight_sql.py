@@ -7,6 +7,7 @@ import json
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -32,7 +33,7 @@ from quail.server.ipc import plain_schema, schema_bytes
 from quail.server.metrics import Metrics
 from quail.server.query_service import QueryService
 from quail.server.session_options import LAST_QUERY, Sessions
-from quail.server.statements import Planned, PreparedStatement, Statements
+from quail.server.statements import HeadStart, Planned, PreparedStatement, Statements
 from quail.server.status import status_of
 from quail.server.system_tables import QUERIES, QUERIES_SCHEMA, WithSystemTables, queries_table
 
@@ -60,6 +61,7 @@ class FlightSQLHandler:
         self.sessions = Sessions({"dialect": dialect, "catalog": CATALOG_NAME, "schema": SCHEMA_NAME},
                                  {"dialect": tuple(DIALECTS), "catalog": (CATALOG_NAME,), "schema": (SCHEMA_NAME,)})
         self.statements = Statements(limits.work)
+        self.heads = ThreadPoolExecutor(limits.max_active, "quail-head")  # head starts' first batches
         self.access = access
         self.catalog = self._system_tables("-", everyone=True)  # for planning: the tables and their schemas
 
@@ -133,7 +135,7 @@ class FlightSQLHandler:
             self.metrics.query_failed(status_of(err))
             raise
         finally:
-            self.statements.finish(handle)
+            self.statements.finish(handle, work)
         report = self.service.report(work, time.perf_counter() - start)
         self.sessions.record(context, LAST_QUERY, json.dumps(report))
         self.metrics.query_done(report)
@@ -185,11 +187,12 @@ class FlightSQLHandler:
                                     endpoint=[endpoint], total_records=-1, total_bytes=-1)
 
     def _statement_info(self, descriptor, query: str, params: pa.Table | None, context,
-                        planned: tuple[PhysicalPlan | UpdatePlan, pa.Schema] | None = None) -> Message:
+                        planned: tuple[PhysicalPlan | UpdatePlan, pa.Schema] | None = None,
+                        head: bytes | None = None) -> Message:
         """FlightInfo of a statement. A query is planned here (unless `planned` gives its plan and schema)
-        and runs when its ticket is redeemed; a statement that changes tables runs here, so it has taken
-        effect when the client's execute() returns, whether or not the client fetches its result (the
-        ticket then reads that result)."""
+        and runs when its ticket is redeemed (`head`: the handle of its head start, its ticket's); a
+        statement that changes tables runs here, so it has taken effect when the client's execute() returns,
+        whether or not the client fetches its result (the ticket then reads that result)."""
         plan, schema = planned or self._plan(query, _first_row(params), context)
         _check_bound(plan, params)
         if isinstance(plan, UpdatePlan):
@@ -197,7 +200,7 @@ class FlightSQLHandler:
         else:
             if params is not None and params.num_rows != 1:
                 raise InvalidArgument(f"bind exactly one row of parameters to a query, not {params.num_rows}")
-            handle = self.statements.add_pending(plan, schema, query)
+            handle = self.statements.add_pending(plan, schema, query, head)
         return self._info(descriptor, schema, sql.pack(sql.new("TicketStatementQuery", statement_handle=handle)))
 
     def _route(self, data: bytes, rpc: str) -> tuple[Callable, Message]:
@@ -235,9 +238,15 @@ class FlightSQLHandler:
         return self._substrait(cmd)[1]
 
     def _prepared_info(self, cmd: Message, descriptor, context) -> Message:
+        """A prepared statement's FlightInfo; its first names its head start, where the plan it ran still
+        holds (else the head start stops)."""
         statement = self.statements.prepared(cmd.prepared_statement_handle)
-        return self._statement_info(descriptor, statement.query, statement.params, context,
-                                    self._prepared_plan(statement, context))
+        head = self.statements.take_head(statement)
+        planned = self._prepared_plan(statement, context)
+        if head is not None and planned[0] is not statement.planned.plan:
+            self.statements.stop_head(head)
+            head = None
+        return self._statement_info(descriptor, statement.query, statement.params, context, planned, head)
 
     def _prepared_schema(self, cmd: Message, context) -> pa.Schema:
         return self._prepared_plan(self.statements.prepared(cmd.prepared_statement_handle), context)[1]
@@ -247,10 +256,13 @@ class FlightSQLHandler:
         done = self.statements.take_result(cmd.statement_handle)
         if done is not None:  # a statement that changed tables when it was planned: its result
             return done.schema, done.to_batches()
-        plan, schema, work = self.statements.start(cmd.statement_handle, user_of(context))
+        plan, schema, work, head = self.statements.start(cmd.statement_handle, user_of(context), self.store.version)
         context.add_callback(work.cancel)  # the client ended the call (or it finished): stop the model work
-        batches = self._stream(plan, None, schema, work, context, cmd.statement_handle)
-        first = next(batches, None)  # the model work: its errors leave before any data, as a plain status
+        if head is not None:
+            batches, first = head.batches, head.first.result()
+        else:
+            batches = self._stream(plan, None, schema, work, context, cmd.statement_handle)
+            first = next(batches, None)  # the model work: its errors leave before any data, as a plain status
         return schema, [] if first is None else itertools.chain([first], batches)
 
     def _tables(self, cmd: Message) -> pa.Table:
@@ -322,15 +334,26 @@ class FlightSQLHandler:
         version = self.store.version  # before planning: a commit while it plans makes the plan not hold
         plan, schema = self._plan(request.query, None, context)
         parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(plan.parameters)])
-        kept = None
+        kept = head = None
         if isinstance(plan, PhysicalPlan) and not plan.parameters:
             kept = Planned(plan, schema, version, self.sessions.options(context)["dialect"])
+            head = self._head_start(request.query, plan, schema, version, context)
         if isinstance(plan, UpdatePlan):
             schema = pa.schema([])  # an update: JDBC then runs it by DoPut(CommandPreparedStatementUpdate)
         result = sql.new("ActionCreatePreparedStatementResult",
-                         prepared_statement_handle=self.statements.prepare(request.query, kept),
+                         prepared_statement_handle=self.statements.prepare(request.query, kept, head),
                          dataset_schema=schema_bytes(schema), parameter_schema=schema_bytes(parameters))
         return [sql.pack(result)]
+
+    def _head_start(self, query: str, plan: PhysicalPlan, schema: pa.Schema, version: int,
+                    context) -> HeadStart | None:
+        """Run a query just prepared from now (statements.HeadStart), while at most half the admission limit
+        is taken; None otherwise."""
+        if not self.admission.spare():
+            return None
+        handle, work = self.statements.begin(query, user_of(context))
+        batches = self._stream(plan, None, schema, work, context, handle)
+        return HeadStart(handle, work, batches, self.heads.submit(next, batches, None), version)
 
     def _close_prepared(self, body: bytes, context) -> list[bytes]:
         _, request = self._command(body, "ClosePreparedStatement")

@@ -1,4 +1,5 @@
-"""Server-side statement state: prepared statements, planned queries awaiting their DoGet, running queries."""
+"""Server-side statement state: prepared statements, planned queries awaiting their DoGet, running queries, and
+prepared queries already running (head starts)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Generic, TypeVar
+from typing import Callable, Generic, Iterator, TypeVar
 
 import pyarrow as pa
 
@@ -51,14 +53,36 @@ class Planned:
 
 
 @dataclass
+class HeadStart:
+    """A prepared query of no parameters, run from the moment it was prepared: ADBC and JDBC run a statement
+    right after preparing it, so its first batch (`first`, a future of the next batch of `batches`) is
+    computed while the client asks for its FlightInfo and its ticket, and its DoGet goes on from there.
+    `handle`: its running entry, then the ticket of its first FlightInfo; `version`: the catalog's when it
+    began (a query that would read another runs afresh)."""
+
+    handle: bytes
+    work: QueryWork
+    batches: Iterator[pa.RecordBatch]
+    first: Future
+    version: int
+    at: float = field(default_factory=time.monotonic)
+
+    def stop(self) -> None:
+        """Cancel its work and end its stream (its running entry and admission go) once `first` is done."""
+        self.work.cancel()
+        self.first.add_done_callback(lambda _: self.batches.close())
+
+
+@dataclass
 class PreparedStatement:
     """A query text and the rows of parameter values last bound to it (None: none bound); `planned`: the
     plan a query of no parameters got when it was prepared (a client runs it at once: it is not made
-    twice)."""
+    twice); `head`: the handle of its head start, until its first FlightInfo."""
 
     query: str
     params: pa.Table | None = None
     planned: Planned | None = None
+    head: bytes | None = None
 
 
 class Held(Generic[T]):
@@ -108,7 +132,8 @@ def _unknown_prepared() -> NotFound:
 class Statements:
     """Handles are random 16-byte strings. Prepared statements, planned queries awaiting their ticket, and
     results awaiting theirs are each bounded by count and estimated bytes: the least recently used go
-    first (a later use of a handle that went gets NOT_FOUND)."""
+    first (a later use of a handle that went gets NOT_FOUND). A head start not taken up by a DoGet within
+    PLAN_HOLDS_S (the client closed its statement, or never ran it) is stopped."""
 
     def __init__(self, new_work: Callable[[], QueryWork] = QueryWork, max_count: int = 4096,
                  max_bytes: int = 256 << 20) -> None:
@@ -120,12 +145,34 @@ class Statements:
         self._running: dict[bytes, Running] = {}
         self._cancelled: OrderedDict[bytes, None] = OrderedDict()  # tickets cancelled before they were redeemed
         self._max_cancelled = max_count
+        self._heads: OrderedDict[bytes, HeadStart] = OrderedDict()  # not taken up yet, oldest first
 
-    def prepare(self, query: str, planned: Planned | None = None) -> bytes:
+    def prepare(self, query: str, planned: Planned | None = None, head: HeadStart | None = None) -> bytes:
         handle = os.urandom(16)
         with self._lock:
-            self._prepared.put(handle, PreparedStatement(query, planned=planned), _plan_bytes(query))
+            self._prepared.put(handle, PreparedStatement(query, planned=planned,
+                                                         head=head.handle if head is not None else None),
+                               _plan_bytes(query))
+            if head is not None:
+                self._heads[head.handle] = head
+            expired = self._expired()
+        for old in expired:
+            old.stop()
         return handle
+
+    def _expired(self) -> list[HeadStart]:
+        """The head starts older than PLAN_HOLDS_S, taken out (stopped by the caller, outside the lock)."""
+        expired = []
+        while self._heads and time.monotonic() - next(iter(self._heads.values())).at >= PLAN_HOLDS_S:
+            expired.append(self._heads.popitem(last=False)[1])
+        return expired
+
+    def stop_head(self, handle: bytes | None) -> None:
+        """Stop a head start not taken up (nothing if it was, or is gone)."""
+        with self._lock:
+            head = self._heads.pop(handle, None) if handle is not None else None
+        if head is not None:
+            head.stop()
 
     def prepared(self, handle: bytes) -> PreparedStatement:
         with self._lock:
@@ -145,12 +192,20 @@ class Statements:
 
     def close(self, handle: bytes) -> None:
         with self._lock:
-            if self._prepared.pop(handle) is None:
-                raise NotFound("unknown prepared statement handle")
+            statement = self._prepared.pop(handle)
+        if statement is None:
+            raise NotFound("unknown prepared statement handle")
+        self.stop_head(statement.head)
 
-    def add_pending(self, plan: PhysicalPlan, schema: pa.Schema, query: str) -> bytes:
-        """Keep a planned query until its ticket is redeemed."""
-        handle = os.urandom(16)
+    def take_head(self, statement: PreparedStatement) -> bytes | None:
+        """The handle of a prepared statement's head start, for its first FlightInfo's ticket (None after)."""
+        with self._lock:
+            handle, statement.head = statement.head, None
+        return handle
+
+    def add_pending(self, plan: PhysicalPlan, schema: pa.Schema, query: str, handle: bytes | None = None) -> bytes:
+        """Keep a planned query until its ticket is redeemed; `handle`: the ticket's (a head start's)."""
+        handle = handle or os.urandom(16)
         with self._lock:
             self._pending.put(handle, (plan, schema, query), _plan_bytes(query))
         return handle
@@ -168,19 +223,26 @@ class Statements:
         with self._lock:
             return self._results.pop(handle)
 
-    def start(self, handle: bytes, user: str) -> tuple[PhysicalPlan, pa.Schema, QueryWork]:
-        """Redeem a ticket: its plan and schema, and the work record that cancelling it stops."""
+    def start(self, handle: bytes, user: str, version: int
+              ) -> tuple[PhysicalPlan, pa.Schema, QueryWork, HeadStart | None]:
+        """Redeem a ticket: its plan and schema, the work record that cancelling it stops, and its head start
+        where one runs over the catalog's `version` (one over another is stopped: the query runs afresh)."""
         work = self._new_work()
         with self._lock:
             entry = self._pending.pop(handle)
-            if entry is not None:
+            head = self._heads.pop(handle, None)
+            stale, head = (head, None) if head is not None and (entry is None or head.version != version) \
+                else (None, head)
+            if entry is not None and head is None:
                 self._running[handle] = Running(work, entry[2], user)
             cancelled = self._cancelled.pop(handle, False) is None
+        if stale is not None:
+            stale.stop()
         if cancelled:
             raise Cancelled("the query was cancelled before it ran")
         if entry is None:
             raise NotFound("unknown or already redeemed ticket")
-        return entry[0], entry[1], work
+        return entry[0], entry[1], head.work if head is not None else work, head
 
     def begin(self, query: str, user: str) -> tuple[bytes, QueryWork]:
         """Register a statement run without a ticket (a DoPut update): its handle and work record."""
@@ -194,19 +256,24 @@ class Statements:
         with self._lock:
             return dict(self._running)
 
-    def finish(self, handle: bytes) -> None:
+    def finish(self, handle: bytes, work: QueryWork) -> None:
+        """A statement's run ended: its running entry goes (unless the handle now names another run's)."""
         with self._lock:
-            self._running.pop(handle, None)
+            if handle in self._running and self._running[handle].work is work:
+                del self._running[handle]
 
     def cancel(self, handle: bytes) -> int:
         """Cancel a query by its ticket's handle: a Flight CancelStatus."""
         with self._lock:
-            if self._pending.pop(handle) is not None:
+            pending = self._pending.pop(handle) is not None
+            if pending:
                 self._cancelled[handle] = None
                 while len(self._cancelled) > self._max_cancelled:
                     self._cancelled.popitem(last=False)
-                return CANCEL_STATUS_CANCELLED
             running = self._running.get(handle)
+        if pending:
+            self.stop_head(handle)
+            return CANCEL_STATUS_CANCELLED
         if running is None:
             return CANCEL_STATUS_NOT_CANCELLABLE
         running.work.cancel()

@@ -138,6 +138,22 @@ def _once_under_way(cur, query: str, column: str) -> dict | None:
     return None
 
 
+def test_a_prepared_query_runs_from_its_prepare_and_stops_when_closed_unrun(uri):
+    """ADBC runs a statement right after preparing it, so a query of no parameters runs from its prepare:
+    quail_queries lists the long join under way before anything executes it; closing the statement unrun
+    stops its model work and its entry goes."""
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as watcher:
+        with conn.cursor() as cur:
+            cur.adbc_prepare(LONG)
+            assert _once_under_way(watcher, LONG, "tokens_done") is not None, "under way before its DoGet"
+        for _ in range(240):
+            if _progress(watcher, LONG) is None:
+                break
+            threading.Event().wait(0.25)
+        assert _progress(watcher, LONG) is None, "closed unrun: stopped"
+    _answers_quickly(uri)
+
+
 def test_queries_share_passes_and_show_their_progress(uri):
     """While a long AI query runs, quail_queries shows its progress, and a short AI query sent after it
     is answered while the long one still runs: it joins the long one's passes."""

@@ -3,13 +3,15 @@ pile up (the least recently used go, and a later use of their handle is NOT_FOUN
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 import pyarrow as pa
 import pytest
 
 from quail.engine.errors import NotFound
 from quail.engine.exec.plan import PhysicalPlan
 from quail.server import statements as statements_module
-from quail.server.statements import PLAN_HOLDS_S, Planned, Statements
+from quail.server.statements import PLAN_HOLDS_S, HeadStart, Planned, Statements
 
 
 def test_prepared_statements_are_bounded_by_count_and_bytes_least_recently_used_first():
@@ -43,13 +45,42 @@ def test_a_prepared_plan_holds_for_its_catalog_version_and_dialect_a_short_while
     assert not planned.holds(3, "snowflake"), "the KV pool its costs read has changed since"
 
 
+def test_a_head_start_is_stopped_unless_its_ticket_is_redeemed_in_time_over_its_catalog_version(monkeypatch):
+    """(The ADBC tests beside it: a statement prepared and closed unrun; a table replaced between prepare
+    and run.) A stopped head start's work is cancelled and its stream closed."""
+    statements, plan = Statements(), PhysicalPlan((), (), "r")
+
+    def head_start() -> HeadStart:
+        handle, work = statements.begin("SELECT 1", "-")
+        first: Future = Future()
+        first.set_result(None)
+        return HeadStart(handle, work, (batch for batch in [pa.record_batch({"a": [1]})]), first, 1)
+
+    def stopped(head: HeadStart) -> bool:
+        return head.work.cancelled.is_set() and next(head.batches, None) is None
+
+    late, stale, taken, closed = (head_start() for _ in range(4))
+    prepared = {head.handle: statements.prepare("SELECT 1", head=head) for head in (late, stale, taken, closed)}
+    statements.close(prepared[closed.handle])
+    assert stopped(closed)
+    for head in (stale, taken):
+        assert statements.take_head(statements.prepared(prepared[head.handle])) == head.handle
+        statements.add_pending(plan, pa.schema([]), "SELECT 1", head.handle)
+    assert statements.start(stale.handle, "-", 2)[3] is None and stopped(stale), "the tables changed"
+    assert statements.start(taken.handle, "-", 1)[2:] == (taken.work, taken) and not stopped(taken)
+    monkeypatch.setattr(statements_module.time, "monotonic", lambda: late.at + PLAN_HOLDS_S)
+    assert not stopped(late)
+    statements.prepare("SELECT 2")
+    assert stopped(late), "not taken up in time: stopped at the next prepare"
+
+
 def test_unredeemed_tickets_and_results_are_bounded():
     statements = Statements(max_count=2, max_bytes=1 << 30)
     plan = PhysicalPlan((), (), "r")
     tickets = [statements.add_pending(plan, pa.schema([]), f"SELECT {i}") for i in range(3)]
     with pytest.raises(NotFound):
-        statements.start(tickets[0], "-")
-    assert statements.start(tickets[2], "-")[0] is plan
+        statements.start(tickets[0], "-", 0)
+    assert statements.start(tickets[2], "-", 0)[0] is plan
     results = [statements.add_result(pa.table({"rows_affected": [i]})) for i in range(3)]
     assert statements.take_result(results[0]) is None
     assert statements.take_result(results[2]).to_pylist() == [{"rows_affected": 2}]
