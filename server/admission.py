@@ -52,10 +52,11 @@ class Admission:
         self._active = 0
 
     def spare(self) -> bool:
-        """Whether at most half the limit is taken: room to run a prepared query ahead of its DoGet
-        (statements.HeadStart) without refusing queries that come meanwhile."""
+        """Whether one more query leaves at least half the limit free: room to run a prepared query ahead
+        of its DoGet (statements.HeadStart) without refusing the queries that come meanwhile (never
+        under a limit of one)."""
         with self._lock:
-            return 2 * self._active < self.limit
+            return 2 * (self._active + 1) <= self.limit
 
     @contextmanager
     def admit(self) -> Iterator[None]:

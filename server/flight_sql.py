@@ -347,8 +347,8 @@ class FlightSQLHandler:
 
     def _head_start(self, query: str, plan: PhysicalPlan, schema: pa.Schema, version: int,
                     context) -> HeadStart | None:
-        """Run a query just prepared from now (statements.HeadStart), while at most half the admission limit
-        is taken; None otherwise."""
+        """Run a query just prepared from now (statements.HeadStart), where the admission limit has room to
+        spare (Admission.spare); None otherwise."""
         if not self.admission.spare():
             return None
         handle, work = self.statements.begin(query, user_of(context))

@@ -11,6 +11,7 @@ import pytest
 from quail.engine.errors import NotFound
 from quail.engine.exec.plan import PhysicalPlan
 from quail.server import statements as statements_module
+from quail.server.admission import Admission
 from quail.server.statements import PLAN_HOLDS_S, HeadStart, Planned, Statements
 
 
@@ -72,6 +73,15 @@ def test_a_head_start_is_stopped_unless_its_ticket_is_redeemed_in_time_over_its_
     assert not stopped(late)
     statements.prepare("SELECT 2")
     assert stopped(late), "not taken up in time: stopped at the next prepare"
+
+
+def test_a_head_start_leaves_at_least_half_the_admission_limit_free():
+    assert not Admission(1).spare(), "never under a limit of one"
+    four = Admission(4)
+    with four.admit():
+        assert four.spare()
+        with four.admit():
+            assert not four.spare()
 
 
 def test_unredeemed_tickets_and_results_are_bounded():
