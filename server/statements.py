@@ -133,7 +133,8 @@ class Statements:
     """Handles are random 16-byte strings. Prepared statements, planned queries awaiting their ticket, and
     results awaiting theirs are each bounded by count and estimated bytes: the least recently used go
     first (a later use of a handle that went gets NOT_FOUND). A head start not taken up by a DoGet within
-    PLAN_HOLDS_S (the client closed its statement, or never ran it) is stopped."""
+    PLAN_HOLDS_S (the client closed its statement, or never ran it) is stopped at the next prepare or
+    FlightInfo."""
 
     def __init__(self, new_work: Callable[[], QueryWork] = QueryWork, max_count: int = 4096,
                  max_bytes: int = 256 << 20) -> None:
@@ -155,17 +156,17 @@ class Statements:
                                _plan_bytes(query))
             if head is not None:
                 self._heads[head.handle] = head
-            expired = self._expired()
-        for old in expired:
-            old.stop()
+        self._stop_expired()
         return handle
 
-    def _expired(self) -> list[HeadStart]:
-        """The head starts older than PLAN_HOLDS_S, taken out (stopped by the caller, outside the lock)."""
+    def _stop_expired(self) -> None:
+        """Stop the head starts older than PLAN_HOLDS_S (outside the lock: a stopped stream ends its run)."""
         expired = []
-        while self._heads and time.monotonic() - next(iter(self._heads.values())).at >= PLAN_HOLDS_S:
-            expired.append(self._heads.popitem(last=False)[1])
-        return expired
+        with self._lock:
+            while self._heads and time.monotonic() - next(iter(self._heads.values())).at >= PLAN_HOLDS_S:
+                expired.append(self._heads.popitem(last=False)[1])
+        for head in expired:
+            head.stop()
 
     def stop_head(self, handle: bytes | None) -> None:
         """Stop a head start not taken up (nothing if it was, or is gone)."""
@@ -208,6 +209,7 @@ class Statements:
         handle = handle or os.urandom(16)
         with self._lock:
             self._pending.put(handle, (plan, schema, query), _plan_bytes(query))
+        self._stop_expired()
         return handle
 
     def add_result(self, table: pa.Table) -> bytes:
