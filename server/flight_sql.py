@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -87,13 +87,15 @@ class FlightSQLHandler:
             raise Unimplemented(f"{where}: unsupported command {name or '(not a Flight SQL command)'}")
         return name, message
 
-    def _plan(self, query: str, params: list[pa.Scalar] | None, context) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema]:
+    def _plan(self, query: str, params: list[pa.Scalar] | None, context,
+              started: Callable[[PhysicalPlan], None] | None = None) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema]:
         """A query's plan and result schema; a CREATE / INSERT / DROP's plan, whose result is its row count.
-        `params`: one row of bound parameter values."""
+        `params`: one row of bound parameter values; `started`: given a query's plan before its result schema
+        is found (QueryService.plan)."""
         planning = self.limits.work()  # planning counts toward the query's time limit, and stops with its call
         context.add_callback(planning.cancel)
         plan, schema = self.service.plan(query, self.catalog, self.sessions.options(context)["dialect"], params,
-                                         planning)
+                                         planning, started)
         return plan, UPDATE_SCHEMA if schema is None else plain_schema(schema)
 
     def _prepared_plan(self, statement: PreparedStatement,
@@ -111,10 +113,11 @@ class FlightSQLHandler:
         plan, schema = self.service.plan_substrait(cmd.plan.plan, self.catalog)
         return plan, plain_schema(schema)
 
-    def _stream(self, plan: PhysicalPlan | list[UpdatePlan], params: pa.Table | None, schema: pa.Schema,
-                work: QueryWork, context, handle: bytes) -> Iterator[pa.RecordBatch]:
+    def _stream(self, plan: PhysicalPlan | list[UpdatePlan], params: pa.Table | None,
+                schema: Callable[[], pa.Schema], work: QueryWork, context, handle: bytes) -> Iterator[pa.RecordBatch]:
         """Run a query (its rows, batch by batch as produced) or an update (one row: the rows it wrote),
-        admitted first; then its report (session option, metrics, log line). `handle`: its running entry."""
+        admitted first; then its report (session option, metrics, log line). `schema` gives the result schema
+        the batches are cast to (a head start's is found while it runs); `handle`: its running entry."""
         start, rows = time.perf_counter(), 0
         try:
             with self.admission.admit(), self.metrics.running.track_inprogress():
@@ -127,7 +130,7 @@ class FlightSQLHandler:
                 for batch in batches:
                     work.check()  # the client ended the call: stop reading
                     rows += batch.num_rows
-                    yield batch.cast(schema)
+                    yield batch.cast(schema())
         except QuailError as err:
             if isinstance(err, Cancelled):
                 log.info("query cancelled after %.3fs, %d forward passes", time.perf_counter() - start,
@@ -178,7 +181,7 @@ class FlightSQLHandler:
                 updates += [self._plan(query, row, context)[0] for row in _rows(params)[1:]]
         handle, work = self.statements.begin(query, user_of(context))
         context.add_callback(work.cancel)
-        return pa.Table.from_batches(list(self._stream(updates, params, UPDATE_SCHEMA, work, context, handle)))
+        return pa.Table.from_batches(list(self._stream(updates, params, lambda: UPDATE_SCHEMA, work, context, handle)))
 
     @staticmethod
     def _info(descriptor, schema: pa.Schema, ticket: bytes) -> Message:
@@ -261,7 +264,7 @@ class FlightSQLHandler:
         if head is not None:
             batches, first = head.batches, head.first.result()
         else:
-            batches = self._stream(plan, None, schema, work, context, cmd.statement_handle)
+            batches = self._stream(plan, None, lambda: schema, work, context, cmd.statement_handle)
             first = next(batches, None)  # the model work: its errors leave before any data, as a plain status
         return schema, [] if first is None else itertools.chain([first], batches)
 
@@ -332,12 +335,26 @@ class FlightSQLHandler:
     def _prepare(self, body: bytes, context) -> list[bytes]:
         _, request = self._command(body, "CreatePreparedStatement")
         version = self.store.version  # before planning: a commit while it plans makes the plan not hold
-        plan, schema = self._plan(request.query, None, context)
+        found: Future = Future()  # the result schema, as a head start's first batch leaves
+        heads: list[HeadStart] = []
+
+        def started(plan: PhysicalPlan) -> None:
+            head = self._head_start(request.query, plan, found.result, version, context) if not plan.parameters \
+                else None
+            if head is not None:
+                heads.append(head)
+        try:
+            plan, schema = self._plan(request.query, None, context, started)
+        except BaseException as err:
+            found.set_exception(err)
+            for head in heads:
+                head.stop()
+            raise
+        found.set_result(schema)
         parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(plan.parameters)])
-        kept = head = None
+        kept, head = None, heads[0] if heads else None
         if isinstance(plan, PhysicalPlan) and not plan.parameters:
             kept = Planned(plan, schema, version, self.sessions.options(context)["dialect"])
-            head = self._head_start(request.query, plan, schema, version, context)
         if isinstance(plan, UpdatePlan):
             schema = pa.schema([])  # an update: JDBC then runs it by DoPut(CommandPreparedStatementUpdate)
         result = sql.new("ActionCreatePreparedStatementResult",
@@ -345,10 +362,10 @@ class FlightSQLHandler:
                          dataset_schema=schema_bytes(schema), parameter_schema=schema_bytes(parameters))
         return [sql.pack(result)]
 
-    def _head_start(self, query: str, plan: PhysicalPlan, schema: pa.Schema, version: int,
+    def _head_start(self, query: str, plan: PhysicalPlan, schema: Callable[[], pa.Schema], version: int,
                     context) -> HeadStart | None:
-        """Run a query just prepared from now (statements.HeadStart), where the admission limit has room to
-        spare (Admission.spare); None otherwise."""
+        """Run a query just planned from now, its result schema still being found (statements.HeadStart),
+        where the admission limit has room to spare (Admission.spare); None otherwise."""
         if not self.admission.spare():
             return None
         handle, work = self.statements.begin(query, user_of(context))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -81,15 +81,19 @@ class QueryService:
                 self.planning.release()
 
     def plan(self, text: str, catalog: Catalog, dialect: str, params: Sequence[Any] | None = None,
-             work: QueryWork | None = None) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema | None]:
+             work: QueryWork | None = None, started: Callable[[PhysicalPlan], None] | None = None
+             ) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema | None]:
         """A statement's plan and result schema (None for a CREATE / INSERT / DROP, whose result is the rows
-        it wrote); finding the schema stops when `work` is cancelled or passes its deadline."""
+        it wrote); finding the schema stops when `work` is cancelled or passes its deadline. `started` is
+        given a query's plan before its result schema is found (the server starts it from there)."""
         with self.turn():
             plan = plan_statement(text, catalog, dialect, params, rank_by_sol(self.sol), self.runtime.resident_share)
             if work is not None:
                 work.check()
             if isinstance(plan, UpdatePlan):
                 return plan, None
+            if started is not None:
+                started(plan)
             return plan, result_schema(plan, catalog, work, self.schemas)
 
     def plan_query(self, text: str, catalog: Catalog, dialect: str,
