@@ -339,8 +339,7 @@ class FlightSQLHandler:
         heads: list[HeadStart] = []
 
         def started(plan: PhysicalPlan) -> None:
-            head = self._head_start(request.query, plan, found.result, version, context) if not plan.parameters \
-                else None
+            head = self._head_start(request.query, plan, found.result, version, context)
             if head is not None:
                 heads.append(head)
         try:
@@ -364,9 +363,10 @@ class FlightSQLHandler:
 
     def _head_start(self, query: str, plan: PhysicalPlan, schema: Callable[[], pa.Schema], version: int,
                     context) -> HeadStart | None:
-        """Run a query just planned from now, its result schema still being found (statements.HeadStart),
-        where the admission limit has room to spare (Admission.spare); None otherwise."""
-        if not self.admission.spare():
+        """Run a query of no parameters just planned from now, its result schema still being found
+        (statements.HeadStart), where the admission limit has room to spare (Admission.spare); None
+        otherwise."""
+        if plan.parameters or not self.admission.spare():
             return None
         handle, work = self.statements.begin(query, user_of(context))
         batches = self._stream(plan, None, schema, work, context, handle)

@@ -229,12 +229,13 @@ class Statements:
               ) -> tuple[PhysicalPlan, pa.Schema, QueryWork, HeadStart | None]:
         """Redeem a ticket: its plan and schema, the work record that cancelling it stops, and its head start
         where one runs over the catalog's `version` (one over another is stopped: the query runs afresh)."""
-        work = self._new_work()
+        stale = None
         with self._lock:
             entry = self._pending.pop(handle)
             head = self._heads.pop(handle, None)
-            stale, head = (head, None) if head is not None and (entry is None or head.version != version) \
-                else (None, head)
+            if head is not None and (entry is None or head.version != version):
+                stale, head = head, None
+            work = head.work if head is not None else self._new_work()
             if entry is not None and head is None:
                 self._running[handle] = Running(work, entry[2], user)
             cancelled = self._cancelled.pop(handle, False) is None
@@ -244,7 +245,7 @@ class Statements:
             raise Cancelled("the query was cancelled before it ran")
         if entry is None:
             raise NotFound("unknown or already redeemed ticket")
-        return entry[0], entry[1], head.work if head is not None else work, head
+        return entry[0], entry[1], work, head
 
     def begin(self, query: str, user: str) -> tuple[bytes, QueryWork]:
         """Register a statement run without a ticket (a DoPut update): its handle and work record."""
