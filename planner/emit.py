@@ -21,6 +21,7 @@ from quail.engine.exec.plan import AIFilterChain, AIStep, JoinChoice, SQLStep, S
 from quail.planner.ai_calls import AICall, ai_calls, ai_name, ancestors
 from quail.planner.core import AICore, Condition, Relation, late_where
 from quail.planner.dialects import position
+from quail.planner.picks import column_picks
 from quail.planner.subqueries import Names
 
 ROW_ID = "__quail_rid"
@@ -127,7 +128,7 @@ class _Emitter:
         final.set("joins", joins or None)
         final.set("where", exp.Where(this=_and([c.node for c in core.final])) if core.final else None)
         self._hide_internal_columns(final, relations)
-        self.steps.append(SQLStep(final.sql("duckdb"), self.result))
+        self.steps.append(SQLStep(final.sql("duckdb"), self.result, column_picks(final)))
         return self.steps
 
     def _core(self, relation: Relation) -> None:

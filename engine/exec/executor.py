@@ -153,7 +153,8 @@ class _Run:
     work: QueryWork | None
 
     def sql_step(self, step: SQLStep) -> None:
-        self.relations[step.output] = self.db.run(step.sql, self.relations)
+        picked = step.picked(self.relations)
+        self.relations[step.output] = picked if picked is not None else self.db.run(step.sql, self.relations)
 
     def ai_step(self, step: AIStep) -> None:
         self.relations[step.output] = _ai_step(step, self.relations[step.input], self.runtime, self.work)
@@ -286,7 +287,9 @@ class _OverEmpty(_Run):
     schemas: StatementSchemas
 
     def sql_step(self, step: SQLStep) -> None:
-        self.relations[step.output] = self.schemas.output(self.db, step.sql, self.relations).empty_table()
+        picked = step.picked(self.relations)
+        self.relations[step.output] = (picked if picked is not None
+                                       else self.schemas.output(self.db, step.sql, self.relations).empty_table())
 
 
 def _ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:

@@ -9,7 +9,7 @@ import pytest
 
 from quail.engine.errors import InvalidArgument, NotFound
 from quail.engine.exec.executor import execute, result_schema
-from quail.engine.exec.plan import AIFilterChain, AIStep, SQLStep
+from quail.engine.exec.plan import AIFilterChain, AIStep, Picks, SQLStep
 from quail.engine.exec.relational import DuckDB, StatementSchemas
 from quail.engine.exec.storage import TableStore
 from quail.planner.planner import plan_sql
@@ -40,6 +40,13 @@ def test_relational_conjuncts_run_before_the_model(store):
     assert result_schema(plan, store).names == ["id"]
 
 
+def test_a_final_statement_that_only_picks_columns_says_what_it_picks(store):
+    """Taken in Arrow as it runs (tests/planner/test_picks.py): no DuckDB statement for it."""
+    plan = plan_sql("SELECT r.id, body AS text FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} kind?', r.body))", store)
+    assert plan.steps[-1].picks == Picks(plan.steps[-2].output, (("id", None), ("body", "text")))
+    assert result_schema(plan, store).names == ["id", "text"]
+
+
 def test_result_schemas_run_only_the_statements_not_seen_over_inputs_of_those_schemas(store, monkeypatch):
     """A statement's output schema is remembered with its inputs' schemas: the same projection over another
     range of rows runs only its first statement, the same statement none; a table whose columns changed type
@@ -53,12 +60,12 @@ def test_result_schemas_run_only_the_statements_not_seen_over_inputs_of_those_sc
         runs.clear()
         return result_schema(plan_sql(text, store), store, schemas=schemas)
 
-    query = "SELECT id FROM reviews WHERE stars < {} AND AI_FILTER(PROMPT('Is {{0}} kind?', body))"
+    query = "SELECT id, stars + 1 AS more FROM reviews WHERE stars < {} AND AI_FILTER(PROMPT('Is {{0}} kind?', body))"
     assert found(query.format(10)).field("id").type == pa.int64() and len(runs) == 2
     assert found(query.format(20)).field("id").type == pa.int64() and len(runs) == 1 and "20" in runs[0]
-    assert found(query.format(20)).names == ["id"] and runs == []
+    assert found(query.format(20)).names == ["id", "more"] and runs == []
     store.write("reviews", pa.table({"id": ["a"], "body": ["good"], "stars": [5]}), if_exists="replace")
-    assert found(query.format(20)) == pa.schema([("id", pa.string())]) and len(runs) == 2
+    assert found(query.format(20)) == pa.schema([("id", pa.string()), ("more", pa.int64())]) and len(runs) == 2
     small = StatementSchemas(size=1)
     for text in (query.format(1), query.format(2)):
         result_schema(plan_sql(text, store), store, schemas=small)
