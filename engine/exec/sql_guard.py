@@ -43,12 +43,33 @@ def _parser() -> duckdb.DuckDBPyConnection:
     return duckdb.connect(config={"enable_external_access": False})
 
 
-@functools.lru_cache(maxsize=4096)
 def check(sql: str, relations: frozenset[str]) -> None:
     """InvalidArgument unless the statement reads only `relations` (lower-case names), at most MAX_TABLES
     table references, and calls only allowed functions. Statements DuckDB cannot serialize (anything but
-    SELECT) are refused too. A statement that passed passes again at once (a plan's steps are checked as
-    its schema is found, then as it runs, each time it runs)."""
+    SELECT) are refused too. A statement that passed passes again at once, and so does one that differs
+    from it only in its numbers (a plan's steps are checked as its schema is found, then as it runs, each
+    time it runs; a dashboard's statements differ in the numbers they filter on)."""
+    _check_shape(shape(sql), relations)
+
+
+def shape(sql: str) -> str:
+    """The statement with each number written 1: the tables and functions it names are its own (a number
+    decides none of them, and 1 is a valid width, scale or index wherever a number is).
+
+    >>> shape("SELECT * FROM t WHERE id BETWEEN 100 AND 119.5 AND x < -2e3 AND s = '7'")
+    "SELECT * FROM t WHERE id BETWEEN 1 AND 1 AND x < -1 AND s = '7'"
+    """
+    tokens = duckdb.tokenize(sql)
+    parts, done = [], 0
+    for (start, kind), (following, _) in zip(tokens, tokens[1:] + [(len(sql), None)]):
+        if kind == duckdb.token_type.numeric_const:
+            parts += [sql[done:start], "1"]
+            done = start + len(sql[start:following].rstrip())
+    return "".join(parts) + sql[done:]
+
+
+@functools.lru_cache(maxsize=4096)
+def _check_shape(sql: str, relations: frozenset[str]) -> None:
     with _parser().cursor() as con:
         tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchall()[0][0])
     if tree.get("error"):
