@@ -65,10 +65,12 @@ class QuailServer:
         self.runtime = load_runtime(engine)
         self.runtime.warm_up()
         self.chosen = chosen(engine, self.runtime)  # what it runs on, for the startup line
-        self.metrics = Metrics(self.runtime.runner, self.runtime.replicas)
+        self.metrics = Metrics(self.runtime.runner, self.runtime.replicas, self.runtime.texts)
         self.auth = Authenticator(users, config.token_ttl_s) if users is not None else None
         self.handler = FlightSQLHandler(self.store, QueryService.serving(self.runtime, engine), config.dialect,
                                         config.limits, self.metrics, Access(users))
+        for name in self.store.names():  # the tables kept from before: their texts tokenized meanwhile
+            self.handler.warm(self.store.table(name))
         service = FlightService(self.handler, self.auth, self.metrics.error)
         self.health = Health()  # grpc.health.v1 on the same port, for load balancers and probes
         self._grpc.add_generic_rpc_handlers((service.generic_handler(), self.health.generic_handler()))

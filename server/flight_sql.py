@@ -39,6 +39,7 @@ from quail.server.system_tables import QUERIES, QUERIES_SCHEMA, WithSystemTables
 
 log = logging.getLogger("quail.server")
 BATCH_ROWS = 65536
+WARM_ROWS = 1024  # rows of a text column the warming thread tokenizes at a time
 
 _IF_EXISTS = {sql.TABLE_EXISTS_UNSPECIFIED: "fail", sql.TABLE_EXISTS_FAIL: "fail",
               sql.TABLE_EXISTS_APPEND: "append", sql.TABLE_EXISTS_REPLACE: "replace"}
@@ -57,18 +58,36 @@ class FlightSQLHandler:
         self.service = service
         self.admission = Admission(limits.max_active)
         self.limits = limits
-        self.metrics = metrics or Metrics(service.runtime.runner, service.runtime.replicas)
+        self.metrics = metrics or Metrics(service.runtime.runner, service.runtime.replicas,
+                                          service.runtime.texts)
         self.sessions = Sessions({"dialect": dialect, "catalog": CATALOG_NAME, "schema": SCHEMA_NAME},
                                  {"dialect": tuple(DIALECTS), "catalog": (CATALOG_NAME,), "schema": (SCHEMA_NAME,)})
         self.statements = Statements(limits.work)
         self.heads = ThreadPoolExecutor(limits.max_active, "quail-head")  # head starts' first batches
+        self.warming = ThreadPoolExecutor(1, "quail-warm")  # tokenizing the texts of tables as they are written
         self.access = access
         self.catalog = self._system_tables("-", everyone=True)  # for planning: the tables and their schemas
 
     def cancel_all(self) -> None:
-        """Cancel every running query (the server is stopping)."""
+        """Cancel every running query and the warming not yet begun (the server is stopping)."""
+        self.warming.shutdown(wait=False, cancel_futures=True)
         for running in self.statements.running().values():
             running.work.cancel()
+
+    def warm(self, rows: pa.Table) -> None:
+        """Tokenize the text columns of rows just stored, as documents, on the warming thread, WARM_ROWS at a
+        time (Runtime.warm): the queries over them skip their tokenizing. Best effort: a failure is logged."""
+        for column in rows.columns:
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) \
+                    or pa.types.is_string_view(column.type):
+                for start in range(0, len(column), WARM_ROWS):
+                    self.warming.submit(self._warm, column.slice(start, WARM_ROWS))
+
+    def _warm(self, texts: pa.ChunkedArray) -> None:
+        try:
+            self.service.runtime.warm(texts)
+        except Exception:
+            log.exception("tokenizing a table's texts as it was written failed (its queries will tokenize them)")
 
     def _system_tables(self, viewer: str, everyone: bool) -> WithSystemTables:
         """The stored tables, and the system tables as a viewer sees them (`everyone`: every user's query
@@ -166,6 +185,7 @@ class FlightSQLHandler:
             rows = _as_columns_of(rows, self.store.schema(table).names, update.columns, table)
         written = self.store.write(table, rows, "fail" if update.if_exists == "keep" else update.if_exists,
                                    update.if_missing)
+        self.warm(rows)
         log.info("%d rows written to %s", written, table)
         return written
 
@@ -324,6 +344,7 @@ class FlightSQLHandler:
         rows = self.store.write(self.catalog.writable(cmd.table), table,
                                 if_exists=_IF_EXISTS.get(options.if_exists, "fail"),
                                 if_missing=_IF_MISSING.get(options.if_not_exist, "fail"))
+        self.warm(table)
         log.info("ingest: %d rows into %s", rows, cmd.table)
         return rows
 

@@ -20,6 +20,7 @@ from quail.engine.kv.resident import ResidentTree
 from quail.engine.runtime.device_time import DeviceTime
 from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.replicas import Replicas
+from quail.engine.runtime.text_segments import SegmentCache
 
 
 class _TreeCounts:
@@ -94,7 +95,8 @@ class _ReplicaCounts:
 class Metrics:
     """The server's counters, gauges and histograms, in a registry of its own."""
 
-    def __init__(self, runner: ModelRunner, replicas: Replicas | None = None) -> None:
+    def __init__(self, runner: ModelRunner, replicas: Replicas | None = None,
+                 texts: SegmentCache | None = None) -> None:
         self.registry = CollectorRegistry()
         self.running = Gauge("quail_queries_running", "Queries executing or waiting for the model",
                              registry=self.registry)
@@ -114,6 +116,10 @@ class Metrics:
               registry=self.registry).set_function(lambda: host.capacity_bytes if host else 0)
         Gauge("quail_kv_host_used_bytes", "Bytes of KV the host tier holds", registry=self.registry
               ).set_function(lambda: tree.host_tokens * host.bytes_per_token if host else 0)
+        if texts is not None:
+            Gauge("quail_texts_tokens", "Token ids of the texts kept tokenized: documents (as their tables are "
+                  "written, and as queries ask) and prompt parts", registry=self.registry).set_function(
+                lambda: texts.tokens)
         self.registry.register(_DeviceBusy(runner.scheduler.busy))
         if tree is not None:
             self.registry.register(_TreeCounts(tree))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from quail.engine.ai.operators import Question, build_requests
 from quail.engine.runtime.requests import Segment
@@ -53,3 +54,29 @@ def test_later_steps_over_the_same_documents_do_not_tokenize_them_again(runtime,
     again = build_requests(runtime, Question("Does {0} mention the staff?"), documents)
     assert all(doc[0] not in batch for batch in encoded for doc in documents), "documents came from the cache"
     assert [r.segments[1] for r in again] == [r.segments[1] for r in first]
+
+
+def test_a_warmed_column_is_tokenized_once_as_its_queries_tokenize_its_documents(runtime, monkeypatch):
+    """Runtime.warm tokenizes texts as the documents of placeholder {0} into the texts cache: a query's requests
+    over them take those segments, the same token ids as tokenizing each document laid out; nothing is
+    warmed while the cache is half full."""
+    monkeypatch.setattr(runtime, "texts", SegmentCache())
+    column = pa.chunked_array([[f"Review {i}: the pie was {'warm' if i % 3 else 'stale'}." for i in range(6)],
+                               [None, "Review 6: fine."]])
+    added = runtime.warm(column)
+    assert added == runtime.texts.tokens > 0 and len(runtime.texts) == 7
+    encoded: list[list[str]] = []
+    encode = type(runtime.tokenizer).encode_batch
+
+    def counting(self, texts):
+        encoded.append(list(texts))
+        return encode(self, texts)
+
+    monkeypatch.setattr(type(runtime.tokenizer), "encode_batch", counting)
+    texts = [t for t in column.to_pylist() if t is not None]
+    requests = build_requests(runtime, Question("Is {0} about pie?"), [[t] for t in texts])
+    assert all(runtime.layout.document(0, t) not in batch for batch in encoded for t in texts)
+    for request, text in zip(requests, texts):
+        assert request.segments[1].ids.tolist() == list(runtime.tokenizer.encode(runtime.layout.document(0, text)))
+    monkeypatch.setattr(runtime, "texts", SegmentCache(max_tokens=2 * added))
+    assert runtime.warm(column) == added and runtime.warm(pa.array(["Review 7: more pie."])) == 0

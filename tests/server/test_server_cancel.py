@@ -326,6 +326,36 @@ def test_prometheus_metrics(tmp_path):
     assert values["quail_kv_inserted_tokens_total"] > 0 and values["quail_kv_evicted_tokens_total"] == 0
 
 
+def test_a_table_s_texts_are_tokenized_as_it_is_written_and_again_when_the_server_restarts(tmp_path):
+    """An ingest's texts are tokenized as documents on the warming thread (quail_texts_tokens, 0 at start, grows
+    by them); a query over those rows then tokenizes only its prompt's own parts. A server restarted over the
+    data directory tokenizes the tables it kept."""
+    port = free_port()
+
+    def tokens() -> float:
+        return metric_samples(f"http://127.0.0.1:{port}/metrics", timeout=10)["quail_texts_tokens"]
+
+    def settled() -> float:
+        last, deadline = -1.0, time.monotonic() + 60
+        while (now := tokens()) <= 0 or now != last:
+            assert time.monotonic() < deadline, "the texts were not tokenized"
+            last = now
+            time.sleep(0.2)
+        return now
+
+    for restarted in (False, True):
+        with ServerProcess(tmp_path, "--metrics-port", str(port)) as served:
+            with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
+                if not restarted:
+                    assert tokens() == 0
+                    cur.adbc_ingest("reviews", REVIEWS.slice(0, 60), mode="create")
+                documents = settled()
+                cur.execute("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Was the soup cold in {0}?', body))")
+                cur.fetch_arrow_table()
+            asked = tokens() - documents
+        assert documents > 60 * 10 and asked < documents / 10, (restarted, documents, asked)
+
+
 def test_sixteen_clients_at_once(uri):
     """Mixed AI and plain queries from 16 connections at the same time: all answered, right rows."""
     import concurrent.futures
