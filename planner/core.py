@@ -137,8 +137,9 @@ class AICore:
 
     def expected_documents(self, call: AICall, rows: float) -> tuple[float, float] | None:
         """Estimated tokens of the anchor documents that `rows` rows ask a call about, and how many of them
-        are resident in the KV pool now (None: the planner does not see the pool)."""
-        if self.scope.resident is None:
+        are resident in the KV pool now (None: the planner does not see the pool, or the plan does not carry
+        them: Scope.documents)."""
+        if self.scope.resident is None or not self.scope.documents:
             return None
         tokens = rows * self._tokens(call.args[call.anchor])
         return tokens, tokens * self.resident_share(call, call.anchor)

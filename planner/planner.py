@@ -86,14 +86,17 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
 
 def plan_query(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | None = None,
                join_order: Sequence[str] | None = None, rank: Rank = by_tokens,
-               rules: tuple[Rule, ...] = RULES, resident: ResidentShare | None = None) -> PhysicalPlan:
-    """plan_sql over a parsed statement (which it rewrites in place): a query, else INVALID_ARGUMENT."""
+               rules: tuple[Rule, ...] = RULES, resident: ResidentShare | None = None,
+               documents: bool = True) -> PhysicalPlan:
+    """plan_sql over a parsed statement (which it rewrites in place): a query, else INVALID_ARGUMENT.
+    `documents`: each AI step carries the document tokens it expects resident (which EXPLAIN shows; False
+    spares a plan that runs at once the look into the pool, join orders still priced with it)."""
     if not isinstance(tree, exp.Query):
         raise InvalidArgument(f"only queries are supported here, not {tree.key.upper()} statements")
     tables = bind_tables(tree, catalog)
     parameters = bind_parameters(tree, params)
     normalize(tree)
-    names, scope, steps, notes = Names(), Scope(catalog, resident=resident), [], []
+    names, scope, steps, notes = Names(), Scope(catalog, resident=resident, documents=documents), [], []
     while (inner := innermost_ai_select(tree)) is not None:
         name = names.fresh("sub")
         correlated = decorrelate(inner, scope.has)

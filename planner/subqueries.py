@@ -40,13 +40,15 @@ class Names:
 @dataclass
 class Scope:
     """The catalog seen by one SELECT: stored tables plus the relations materialized before it; `resident`
-    answers what share of a column's documents the KV pool holds (None: the planner does not see the pool)."""
+    answers what share of a column's documents the KV pool holds (None: the planner does not see the pool);
+    `documents`: whether AI steps carry the document tokens they expect resident (EXPLAIN's figure)."""
 
     catalog: Catalog
     columns: dict[str, list[str]] = field(default_factory=dict)
     _chars: dict[tuple[str, str], float | None] = field(default_factory=dict)  # mean_chars, each column read once
     resident: ResidentShare | None = None
     _resident: dict[tuple[str, str, int], float] = field(default_factory=dict)  # resident_share, asked once each
+    documents: bool = True
 
     def has(self, name: str) -> bool:
         return name.lower() in self.columns or self.catalog.has(name)

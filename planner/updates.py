@@ -46,12 +46,13 @@ class UpdatePlan:
 
 def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[Any] | None = None,
                    rank: Rank = by_tokens, resident: ResidentShare | None = None) -> PhysicalPlan | UpdatePlan:
-    """One statement, parsed once: a query's plan (plan_sql), or a CREATE / INSERT / DROP's."""
+    """One statement, parsed once: a query's plan (plan_sql), or a CREATE / INSERT / DROP's. Planned to run,
+    its AI steps do not carry the document tokens they expect resident; an EXPLAIN's do (it shows them)."""
     if split_explain(sql) is not None:
         return plan_sql(sql, catalog, dialect, params, rank=rank, resident=resident)
     tree = name_ai_columns(parse_statement(sql, dialect), dialect)
     if not isinstance(tree, UPDATES):
-        return plan_query(tree, catalog, params, rank=rank, resident=resident)
+        return plan_query(tree, catalog, params, rank=rank, resident=resident, documents=False)
     holders = _only_parameters(tree)
     parameters = bind_parameters(tree, params)
     return replace(_plan_update(tree, catalog, rank, resident), parameters=parameters,
@@ -86,7 +87,8 @@ def _plan_update(tree: exp.Expression, catalog: Catalog, rank: Rank, resident: R
         if not isinstance(body, exp.Query):
             raise InvalidArgument(f"CREATE TABLE needs columns or AS a query{position(tree)}")
         if_exists = "replace" if tree.args.get("replace") else "keep" if tree.args.get("exists") else "fail"
-        return UpdatePlan(_name(target), plan_query(body, catalog, rank=rank, resident=resident), if_exists)
+        return UpdatePlan(_name(target), plan_query(body, catalog, rank=rank, resident=resident, documents=False),
+                          if_exists)
     if isinstance(tree, exp.Insert):
         target, body = tree.this, tree.expression
         columns: tuple[str, ...] = ()
@@ -97,8 +99,8 @@ def _plan_update(tree: exp.Expression, catalog: Catalog, rank: Rank, resident: R
             body = exp.select(exp.Star()).from_(exp.Subquery(this=body))
         if not isinstance(body, exp.Query):
             raise InvalidArgument(f"INSERT INTO takes a query or VALUES{position(tree)}")
-        return UpdatePlan(_name(target), plan_query(body, catalog, rank=rank, resident=resident), "append", "fail",
-                          columns)
+        return UpdatePlan(_name(target), plan_query(body, catalog, rank=rank, resident=resident, documents=False),
+                          "append", "fail", columns)
     raise InvalidArgument(f"not a statement that changes tables: {tree.key.upper()}")
 
 

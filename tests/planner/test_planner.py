@@ -13,6 +13,7 @@ from quail.engine.exec.plan import AIFilterChain, AIStep, Picks, SQLStep
 from quail.engine.exec.relational import DuckDB, StatementSchemas
 from quail.engine.exec.storage import TableStore
 from quail.planner.planner import plan_sql
+from quail.planner.updates import plan_statement
 
 
 @pytest.fixture()
@@ -220,6 +221,16 @@ def test_plans_count_the_documents_the_kv_pool_holds_and_explain_shows_them():
     assert [line.split("; ")[-1] for line in lines if line.startswith("  AI filter")] == [
         "expects ~0 of 10 document tokens resident", "expects ~0 of 2 document tokens resident"], \
         "4 rows pass id < 20 as estimated (0.1 of 40), each of 2.5 tokens; then the 0.2 the first filter passes"
+    asked.clear()
+    statement = "SELECT id FROM claims WHERE AI_FILTER(PROMPT('Is {0} true?', claim))"
+    (step,) = [s for s in plan_statement(statement, catalog, "duckdb", resident=resident).steps
+               if isinstance(s, AIStep)]
+    assert step.documents is None and asked == [], "a statement planned to run does not look into the pool for it"
+    assert plan_statement(join, catalog, "duckdb", resident=resident).notes == warm.notes and len(asked) == 2, \
+        "its join order is still priced with the resident documents"
+    assert "expects ~0 of" in "".join(
+        execute(plan_statement("EXPLAIN " + statement, catalog, "duckdb", resident=resident), catalog, None)
+        .column("plan").to_pylist())
 
 
 @pytest.mark.parametrize("sql, chunked", [
