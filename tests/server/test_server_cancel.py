@@ -335,9 +335,10 @@ def test_a_table_s_texts_are_tokenized_as_it_is_written_and_again_when_the_serve
     def tokens() -> float:
         return metric_samples(f"http://127.0.0.1:{port}/metrics", timeout=10)["quail_texts_tokens"]
 
-    def settled() -> float:
+    def settled(since: float = 0.0) -> float:
+        """quail_texts_tokens once above `since` and unchanged for 0.2 s."""
         last, deadline = -1.0, time.monotonic() + 60
-        while (now := tokens()) <= 0 or now != last:
+        while (now := tokens()) <= since or now != last:
             assert time.monotonic() < deadline, "the texts were not tokenized"
             last = now
             time.sleep(0.2)
@@ -352,7 +353,10 @@ def test_a_table_s_texts_are_tokenized_as_it_is_written_and_again_when_the_serve
                 documents = settled()
                 cur.execute("SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Was the soup cold in {0}?', body))")
                 cur.fetch_arrow_table()
-            asked = tokens() - documents
+                asked = tokens() - documents
+                if not restarted:  # a table made by a statement is tokenized as it is written too
+                    cur.execute("CREATE TABLE later AS SELECT id, body || ' Later.' AS body FROM reviews")
+                    assert settled(documents + asked) - documents - asked > documents / 2
         assert documents > 60 * 10 and asked < documents / 10, (restarted, documents, asked)
 
 
