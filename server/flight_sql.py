@@ -76,12 +76,16 @@ class FlightSQLHandler:
 
     def warm(self, rows: pa.Table) -> None:
         """Tokenize the text columns of rows just stored, as documents, on the warming thread, WARM_ROWS at a
-        time (Runtime.warm): the queries over them skip their tokenizing. Best effort: a failure is logged."""
-        for column in rows.columns:
-            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) \
-                    or pa.types.is_string_view(column.type):
+        time (Runtime.warm): the queries over them skip their tokenizing. Best effort, never the write's
+        error: a failure is logged, and a server stopping warms nothing more."""
+        texts = [c for c in rows.columns if pa.types.is_string(c.type) or pa.types.is_large_string(c.type)
+                 or pa.types.is_string_view(c.type)]
+        try:
+            for column in texts:
                 for start in range(0, len(column), WARM_ROWS):
                     self.warming.submit(self._warm, column.slice(start, WARM_ROWS))
+        except RuntimeError:  # the warming thread was shut down: the server is stopping
+            return
 
     def _warm(self, texts: pa.ChunkedArray) -> None:
         try:

@@ -1,4 +1,5 @@
-"""Statements take turns to plan (server/query_service.py): one after another, but none waits past its patience."""
+"""Statements take turns to plan (server/query_service.py): one after another, but none waits past its patience;
+a write as the server stops."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import threading
 import pyarrow as pa
 
 from quail.engine.exec.catalog import MemoryCatalog
+from quail.engine.exec.storage import TableStore
+from quail.engine.runtime.text_segments import SegmentCache
 from quail.server import query_service
+from quail.server.flight_sql import FlightSQLHandler
 from quail.server.query_service import QueryService
 
 
@@ -60,3 +64,17 @@ def test_a_statement_waits_for_a_slow_plan_no_longer_than_its_patience(runtime, 
     release.set()
     first.join(30)
     assert order[-1] == ("out", "first")
+
+
+def test_a_write_as_the_server_stops_warms_nothing_and_does_not_fail(runtime, tmp_path, monkeypatch):
+    """FlightSQLHandler.warm after cancel_all (a stopping server): the write's rows are not tokenized, and
+    the write itself is not made to fail."""
+    monkeypatch.setattr(runtime, "texts", SegmentCache())
+    store = TableStore(tmp_path)
+    try:
+        handler = FlightSQLHandler(store, QueryService(runtime), "duckdb")
+        handler.cancel_all()
+        handler.warm(pa.table({"body": ["Review 1: late and cold."]}))
+        assert runtime.texts.tokens == 0
+    finally:
+        store.close()
