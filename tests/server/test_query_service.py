@@ -1,5 +1,4 @@
-"""Statements take turns to plan (server/query_service.py): one after another, but none waits past its patience;
-a write as the server stops."""
+"""Statements take turns to plan (server/query_service.py), none past its patience; a stopping server warms nothing."""
 
 from __future__ import annotations
 
