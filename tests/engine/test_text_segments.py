@@ -40,9 +40,8 @@ def test_the_least_recently_used_go_first_and_oversized_texts_are_not_kept():
     assert len(cache) == 2 and cache.tokens == 8, "a text over the bound is not kept"
 
 
-def test_later_steps_over_the_same_documents_do_not_tokenize_them_again(runtime, monkeypatch):
-    documents = [[f"Review {i}: the soup was {'hot' if i % 2 else 'cold'} and the staff kind."] for i in range(5)]
-    first = build_requests(runtime, Question("Is {0} positive?"), documents)
+def _counting_encodes(runtime, monkeypatch) -> list[list[str]]:
+    """The batches the runtime's tokenizer encodes from now on."""
     encoded: list[list[str]] = []
     encode = type(runtime.tokenizer).encode_batch
 
@@ -51,6 +50,13 @@ def test_later_steps_over_the_same_documents_do_not_tokenize_them_again(runtime,
         return encode(self, texts)
 
     monkeypatch.setattr(type(runtime.tokenizer), "encode_batch", counting)
+    return encoded
+
+
+def test_later_steps_over_the_same_documents_do_not_tokenize_them_again(runtime, monkeypatch):
+    documents = [[f"Review {i}: the soup was {'hot' if i % 2 else 'cold'} and the staff kind."] for i in range(5)]
+    first = build_requests(runtime, Question("Is {0} positive?"), documents)
+    encoded = _counting_encodes(runtime, monkeypatch)
     again = build_requests(runtime, Question("Does {0} mention the staff?"), documents)
     assert all(doc[0] not in batch for batch in encoded for doc in documents), "documents came from the cache"
     assert [r.segments[1] for r in again] == [r.segments[1] for r in first]
@@ -65,14 +71,7 @@ def test_a_warmed_column_is_tokenized_once_as_its_queries_tokenize_its_documents
                                [None, "Review 6: fine."]])
     added = runtime.warm(column)
     assert added == runtime.texts.tokens > 0 and len(runtime.texts) == 7
-    encoded: list[list[str]] = []
-    encode = type(runtime.tokenizer).encode_batch
-
-    def counting(self, texts):
-        encoded.append(list(texts))
-        return encode(self, texts)
-
-    monkeypatch.setattr(type(runtime.tokenizer), "encode_batch", counting)
+    encoded = _counting_encodes(runtime, monkeypatch)
     texts = [t for t in column.to_pylist() if t is not None]
     requests = build_requests(runtime, Question("Is {0} about pie?"), [[t] for t in texts])
     assert all(runtime.layout.document(0, t) not in batch for batch in encoded for t in texts)
