@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any, Iterator
 
 import duckdb
@@ -20,6 +21,7 @@ import duckdb
 from quail.engine.errors import InvalidArgument, NotFound
 
 TABLE_FUNCTIONS = frozenset({"unnest"})
+_NUMBER = re.compile(r"(?=\.?[0-9])[0-9]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?")  # a plain decimal number
 MAX_TABLES = 64  # table references in one statement (DuckDB plans a 64-way join in 0.1 s, 200 in 11 s)
 _WITHHELD = frozenset({
     "current_setting", "current_query", "current_query_id", "current_connection_id", "current_transaction_id",
@@ -54,18 +56,32 @@ def check(sql: str, relations: frozenset[str]) -> None:
 
 def shape(sql: str) -> str:
     """The statement with each number written 1: the tables and functions it names are its own (a number
-    decides none of them, and 1 is a valid width, scale or index wherever a number is).
+    decides none of them, and 1 is a valid width, scale or index wherever a number is). Only plain
+    numbers standing alone are rewritten: a statement with any other (a hex literal, a number run into a
+    name) is its own shape.
 
     >>> shape("SELECT * FROM t WHERE id BETWEEN 100 AND 119.5 AND x < -2e3 AND s = '7'")
     "SELECT * FROM t WHERE id BETWEEN 1 AND 1 AND x < -1 AND s = '7'"
+    >>> shape("SELECT 0x1F, 5 FROM t"), shape("SELECT t.1, 5 FROM t")
+    ('SELECT 0x1F, 5 FROM t', 'SELECT t.1, 5 FROM t')
     """
     tokens = duckdb.tokenize(sql)
     parts, done = [], 0
     for (start, kind), (following, _) in zip(tokens, tokens[1:] + [(len(sql), None)]):
         if kind == duckdb.token_type.numeric_const:
+            number = sql[start:following].rstrip()
+            end = start + len(number)
+            if not _NUMBER.fullmatch(number) or _runs_into(sql, start - 1) or _runs_into(sql, end):
+                return sql
             parts += [sql[done:start], "1"]
-            done = start + len(sql[start:following].rstrip())
+            done = end
     return "".join(parts) + sql[done:]
+
+
+def _runs_into(sql: str, at: int) -> bool:
+    """Whether the character at `at` would join a number beside it into a longer token (a name, a dotted
+    name, a parameter, a quoted name)."""
+    return 0 <= at < len(sql) and (sql[at].isalnum() or sql[at] in "_.$\"'")
 
 
 @functools.lru_cache(maxsize=4096)

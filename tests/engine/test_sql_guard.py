@@ -40,3 +40,10 @@ def test_the_table_limit_counts_references_whatever_the_numbers():
     union = " UNION ALL ".join(f"SELECT {k} AS n FROM reviews" for k in range(sql_guard.MAX_TABLES + 1))
     with pytest.raises(InvalidArgument, match="at most"):
         sql_guard.check(union, ROWS)
+
+
+@pytest.mark.parametrize("sql", ["SELECT 0x1F FROM reviews", "SELECT reviews.1 FROM reviews",
+                                 "SELECT 3abc FROM reviews", 'SELECT "a"1 FROM reviews', "SELECT $1 FROM reviews",
+                                 "SELECT 1e FROM reviews"])
+def test_a_number_that_is_not_plain_or_stands_against_a_name_keeps_the_statement_its_own_shape(sql):
+    assert sql_guard.shape(sql) == sql
