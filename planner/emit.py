@@ -21,7 +21,7 @@ from quail.engine.exec.plan import AIFilterChain, AIStep, JoinChoice, SQLStep, S
 from quail.planner.ai_calls import AICall, ai_calls, ai_name, ancestors
 from quail.planner.core import AICore, Condition, Relation, late_where
 from quail.planner.dialects import position
-from quail.planner.picks import column_picks
+from quail.planner.picks import picks_of
 from quail.planner.subqueries import Names
 
 ROW_ID = "__quail_rid"
@@ -128,7 +128,7 @@ class _Emitter:
         final.set("joins", joins or None)
         final.set("where", exp.Where(this=_and([c.node for c in core.final])) if core.final else None)
         self._hide_internal_columns(final, relations)
-        self.steps.append(SQLStep(final.sql("duckdb"), self.result, column_picks(final)))
+        self.steps.append(SQLStep(final.sql("duckdb"), self.result, picks_of(final)))
         return self.steps
 
     def _core(self, relation: Relation) -> None:
@@ -153,13 +153,13 @@ class _Emitter:
             projection += [exp.alias_(exp.cast(a.copy(), exp.DataType.build("VARCHAR")), n, quoted=True)
                            for a, n in zip(call.args, names)]
         current = self._name(f"rows_{alias}")
-        query = exp.select(*projection).from_(relation.table.copy())
+        query = exp.select(*projection).from_(relation.table.copy(), copy=False)
         if relation.before:
-            query = query.where(_and([c.node for c in relation.before]))
+            query = query.where(_and([c.node for c in relation.before]), copy=False)
         filters = [call for call, kind, _ in asks if kind == "filter"]
         if relation.limit is not None and not filters:  # only these rows are asked (limit_into_model)
-            query = query.limit(relation.limit)
-        self.steps.append(SQLStep(query.sql("duckdb"), current))
+            query = query.limit(relation.limit, copy=False)
+        self.steps.append(SQLStep(query.sql("duckdb"), current, picks_of(query)))
         steps, rows = [], self.core.rows_asked(relation)
         for (call, kind, column), names in zip(asks, args):
             output = self._name("ai")
@@ -176,9 +176,9 @@ class _Emitter:
         self.steps.extend(steps)
         if relation.after:
             output = self._name(f"core_{alias}")
-            query = exp.select(exp.Star()).from_(aliased_table(current, alias)) \
-                .where(_and([c.node for c in relation.after]))
-            self.steps.append(SQLStep(query.sql("duckdb"), output))
+            query = exp.select(exp.Star()).from_(aliased_table(current, alias), copy=False) \
+                .where(_and([c.node for c in relation.after]), copy=False)
+            self.steps.append(SQLStep(query.sql("duckdb"), output, picks_of(query)))
             current = output
         relation.core = current
 

@@ -33,7 +33,9 @@ def stream_in_chunks(plan: PhysicalPlan) -> PhysicalPlan:
         if not step.row_by_row() or step.input != source:
             return plan
         source = step.output
-    return dataclasses.replace(plan, chunked=True) if _row_wise(tail.sql, source) else plan
+    row_wise = tail.picks.source == source and tail.picks.row_by_row() if tail.picks is not None \
+        else _row_wise(tail.sql, source)
+    return dataclasses.replace(plan, chunked=True) if row_wise else plan
 
 
 def _row_wise(sql: str, source: str) -> bool:

@@ -13,6 +13,7 @@ from typing import Callable, ClassVar, Generic, Mapping, Protocol, TypeVar, Unio
 import pyarrow as pa
 
 from quail.engine.ai.options import Aggregation, Generation
+from quail.engine.exec.picks import Picks
 from quail.engine.runtime.scheduler import PROBE_ROWS
 
 T = TypeVar("T", covariant=True)
@@ -51,55 +52,18 @@ class _OneStep:
         return (self,)
 
 
-def _kept_by_duckdb(t: pa.DataType) -> bool:
-    """Whether DuckDB returns a column of this type as it is (a large string, a string view or a dictionary
-    comes back a string, a list's item is renamed, a time zone is spelled another way)."""
-    return (pa.types.is_boolean(t) or pa.types.is_integer(t) or t in (pa.float32(), pa.float64(), pa.string(),
-            pa.binary(), pa.date32(), pa.null()) or pa.types.is_decimal128(t)
-            or pa.types.is_timestamp(t) and t.tz is None)
-
-
-@dataclass(frozen=True)
-class Picks:
-    """What a statement that only picks columns of one relation picks (`SELECT a, b AS c FROM r AS x`):
-    `source` the relation, `columns` each column's name as written and its alias (None: none)."""
-
-    source: str
-    columns: tuple[tuple[str, str | None], ...]
-
-    def take(self, relations: Mapping[str, pa.Table]) -> pa.Table | None:
-        """The picked columns as DuckDB returns them: a column's stored name unless aliased, nullable fields,
-        no metadata; None where DuckDB might answer otherwise (the name is no one column's, whatever the
-        case, or DuckDB changes the column's type): DuckDB runs the statement then."""
-        rows = relations.get(self.source)
-        if rows is None:
-            return None
-        by_name: dict[str, list[int]] = {}
-        for i, name in enumerate(rows.schema.names):
-            by_name.setdefault(name.lower(), []).append(i)
-        fields, columns = [], []
-        for name, alias in self.columns:
-            found = by_name.get(name.lower(), [])
-            if len(found) != 1 or not _kept_by_duckdb(rows.schema.field(found[0]).type):
-                return None
-            stored = rows.schema.field(found[0])
-            fields.append(pa.field(alias if alias is not None else stored.name, stored.type))
-            columns.append(rows.column(found[0]))
-        return pa.Table.from_arrays(columns, schema=pa.schema(fields))
-
-
 @dataclass(frozen=True)
 class SQLStep(_OneStep):
     """Run one DuckDB statement over named relations (tables and earlier outputs); `picks`: the statement
-    only picks columns of one relation (the executor takes them in Arrow where DuckDB would return them
-    as they are: Picks.take)."""
+    only picks rows and columns of one relation (the executor takes them in Arrow where DuckDB would
+    answer as Arrow does: picks.py)."""
 
     sql: str
     output: str
     picks: Picks | None = None
 
     def picked(self, relations: Mapping[str, pa.Table]) -> pa.Table | None:
-        """The output taken in Arrow (Picks.take), where the statement only picks columns; else None."""
+        """The output taken in Arrow (Picks.take), where the statement only picks rows and columns; else None."""
         return self.picks.take(relations) if self.picks is not None else None
 
     def describe(self) -> list[str]:

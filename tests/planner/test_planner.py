@@ -9,7 +9,8 @@ import pytest
 
 from quail.engine.errors import InvalidArgument, NotFound
 from quail.engine.exec.executor import execute, result_schema
-from quail.engine.exec.plan import AIFilterChain, AIStep, Picks, SQLStep
+from quail.engine.exec.picks import AllColumns, AllOf, AsText, Column, Compare, Picks, RowNumber
+from quail.engine.exec.plan import AIFilterChain, AIStep, SQLStep
 from quail.engine.exec.relational import DuckDB, StatementSchemas
 from quail.engine.exec.storage import TableStore
 from quail.planner.planner import plan_sql
@@ -44,8 +45,23 @@ def test_relational_conjuncts_run_before_the_model(store):
 def test_a_final_statement_that_only_picks_columns_says_what_it_picks(store):
     """Taken in Arrow as it runs (tests/planner/test_picks.py): no DuckDB statement for it."""
     plan = plan_sql("SELECT r.id, body AS text FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} kind?', r.body))", store)
-    assert plan.steps[-1].picks == Picks(plan.steps[-2].output, (("id", None), ("body", "text")))
+    assert plan.steps[-1].picks == Picks(plan.steps[-2].output, (Column("id"), Column("body", "text")))
     assert result_schema(plan, store).names == ["id", "text"]
+
+
+def test_the_rows_an_ai_step_asks_about_are_picked_in_arrow(store, monkeypatch):
+    """A table's rows for its AI step (all columns, row numbers, the arguments as text, where a plain
+    condition holds) are taken in Arrow, the result schema too: no DuckDB statement (tests/planner/test_picks.py
+    checks them against DuckDB's)."""
+    runs: list[str] = []
+    monkeypatch.setattr(DuckDB, "run", lambda self, sql, relations: runs.append(sql))
+    plan = plan_sql("SELECT id FROM reviews WHERE id BETWEEN 2 AND 9 AND AI_FILTER(PROMPT('Is {0} kind?', body))",
+                    store)
+    first = plan.steps[0]
+    argument = first.picks.items[2].alias
+    assert first.picks == Picks("reviews", (AllColumns(), RowNumber("__quail_rid"), AsText("body", argument)),
+                                AllOf((Compare("id", ">=", 2), Compare("id", "<=", 9))))
+    assert result_schema(plan, store, schemas=StatementSchemas()).names == ["id"] and runs == []
 
 
 def test_result_schemas_run_only_the_statements_not_seen_over_inputs_of_those_schemas(store, monkeypatch):
@@ -61,7 +77,8 @@ def test_result_schemas_run_only_the_statements_not_seen_over_inputs_of_those_sc
         runs.clear()
         return result_schema(plan_sql(text, store), store, schemas=schemas)
 
-    query = "SELECT id, stars + 1 AS more FROM reviews WHERE stars < {} AND AI_FILTER(PROMPT('Is {{0}} kind?', body))"
+    query = ("SELECT id, stars + 1 AS more FROM reviews WHERE stars + 0 < {} "
+             "AND AI_FILTER(PROMPT('Is {{0}} kind?', body))")
     assert found(query.format(10)).field("id").type == pa.int64() and len(runs) == 2
     assert found(query.format(20)).field("id").type == pa.int64() and len(runs) == 1 and "20" in runs[0]
     assert found(query.format(20)).names == ["id", "more"] and runs == []
