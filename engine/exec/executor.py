@@ -67,9 +67,9 @@ def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
     """The result of a chunked plan, chunk by chunk: the leading SQL steps once, then the rest over
     consecutive slices of their output, each twice the last (up to CHUNK_ROWS[1]).
 
-    Where the first of the rest asks a yes/no question of each row (a filter, a score), each chunk's forward
-    passes are queued, on a thread, while the chunk before is read, finished and streamed: the device goes
-    from one chunk's passes to the next without waiting for the host. A query that stops early (an error,
+    Where the first of the rest asks a yes/no question of each row (a filter, a score) and there are several
+    chunks, each chunk's forward passes are queued, on a thread, while the chunk before is read, finished and
+    streamed: the device goes from one chunk's passes to the next without waiting for the host. A query that stops early (an error,
     or its reader gone) is cancelled, so the chunk being queued leaves the device at its next pass."""
     relations = {name: catalog.table(name) for name in plan.tables}
     work = work if work is not None else QueryWork()
@@ -81,7 +81,7 @@ def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
         source = plan.steps[lead - 1].output
         rows = relations[source]
         chunks = [{**relations, source: rows.slice(start, size)} for start, size in _slices(rows.num_rows)]
-        if runtime is None or not chunks or not first.visit(_ASKS_YES_NO):
+        if runtime is None or len(chunks) < 2 or not first.visit(_ASKS_YES_NO):  # nothing to queue beside
             for chunk in chunks:
                 for step in plan.steps[lead:]:
                     _run_step(step, chunk, db, runtime, work)
