@@ -16,6 +16,8 @@ its statements one after another on it:
 - G: a new question over A's rows, right after F.
 (F and G come first because the phases after them compute more KV than a GPU's
 pool holds: a refresh after those finds what least-recently-used eviction left.)
+The phases start once the server has tokenized the ingested texts
+(`quail_texts_warming` 0), so that none runs beside that tokenizing.
 Each phase reports wall seconds, logical / fresh / cached model tokens (the
 server's Prometheus counters, read before and after: a query counts when it
 ends, so E's include the long statement's if it ends within E), the resident
@@ -68,7 +70,16 @@ class Counters:
         found = re.findall(r'^quail_tokens_total\{kind="(\w+)"\} (\S+)$', text, re.M)
         found += re.findall(r'^quail_kv_(hit|looked_up)_tokens_total (\S+)$', text, re.M)
         found += re.findall(r'^quail_device_(busy)_seconds_total (\S+)$', text, re.M)
+        found += re.findall(r'^quail_texts_(warming) (\S+)$', text, re.M)
         return {kind: float(value) for kind, value in found}
+
+    def warmed(self, timeout: float = 600.0) -> None:
+        """Return once the server has tokenized the texts written to it (quail_texts_warming 0)."""
+        deadline = time.monotonic() + timeout
+        while self.read()["warming"] > 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the server did not tokenize the table's texts in time")
+            time.sleep(0.05)
 
 
 def run(uri: str, queries: list[str]) -> list[float]:
@@ -115,7 +126,9 @@ def phase(uri: str, counters: Counters, lanes: list[list[str]]) -> dict:
 
 
 def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:
-    """The phases, each over rows of its own (F and G over A's, right after it)."""
+    """The phases, each over rows of its own (F and G over A's, right after it), once the server has tokenized
+    the table's texts."""
+    counters.warmed()
     a, nxt = 0, args.a_rows
     n = args.rows
     b, nxt = nxt, nxt + n * args.b_statements

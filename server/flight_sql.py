@@ -80,18 +80,23 @@ class FlightSQLHandler:
         error: a failure is logged, and a server stopping warms nothing more."""
         texts = [c for c in rows.columns if pa.types.is_string(c.type) or pa.types.is_large_string(c.type)
                  or pa.types.is_string_view(c.type)]
-        try:
-            for column in texts:
-                for start in range(0, len(column), WARM_ROWS):
-                    self.warming.submit(self._warm, column.slice(start, WARM_ROWS))
-        except RuntimeError:  # the warming thread was shut down: the server is stopping
-            return
+        for column in texts:
+            for start in range(0, len(column), WARM_ROWS):
+                part = column.slice(start, WARM_ROWS)
+                self.metrics.warming.inc(len(part))
+                try:
+                    self.warming.submit(self._warm, part)
+                except RuntimeError:  # the warming thread was shut down: the server is stopping
+                    self.metrics.warming.dec(len(part))
+                    return
 
     def _warm(self, texts: pa.ChunkedArray) -> None:
         try:
             self.service.runtime.warm(texts)
         except Exception:
             log.exception("tokenizing a table's texts as it was written failed (its queries will tokenize them)")
+        finally:
+            self.metrics.warming.dec(len(texts))
 
     def _system_tables(self, viewer: str, everyone: bool) -> WithSystemTables:
         """The stored tables, and the system tables as a viewer sees them (`everyone`: every user's query

@@ -120,6 +120,9 @@ class Metrics:
             Gauge("quail_texts_tokens", "Token ids of the texts kept tokenized: documents (as their tables are "
                   "written, and as queries ask) and prompt parts", registry=self.registry).set_function(
                 lambda: texts.tokens)
+        self.warming = Gauge("quail_texts_warming", "Texts of tables just written that the warming thread has "
+                             "not tokenized yet (0: every table's texts are as tokenized as they will be)",
+                             registry=self.registry)
         self.registry.register(_DeviceBusy(runner.scheduler.busy))
         if tree is not None:
             self.registry.register(_TreeCounts(tree))

@@ -328,21 +328,25 @@ def test_prometheus_metrics(tmp_path):
 
 def test_a_table_s_texts_are_tokenized_as_it_is_written_and_again_when_the_server_restarts(tmp_path):
     """An ingest's texts are tokenized as documents on the warming thread (quail_texts_tokens, 0 at start, grows
-    by them); a query over those rows then tokenizes only its prompt's own parts. A server restarted over the
-    data directory tokenizes the tables it kept."""
+    by them; quail_texts_warming, the texts it has not reached, back to 0 when it is done); a query over those
+    rows then tokenizes only its prompt's own parts. A server restarted over the data directory tokenizes the
+    tables it kept."""
     port = free_port()
 
+    def metric(name: str) -> float:
+        return metric_samples(f"http://127.0.0.1:{port}/metrics", timeout=10)[name]
+
     def tokens() -> float:
-        return metric_samples(f"http://127.0.0.1:{port}/metrics", timeout=10)["quail_texts_tokens"]
+        return metric("quail_texts_tokens")
 
     def settled(since: float = 0.0) -> float:
-        """quail_texts_tokens once above `since` and unchanged for 0.2 s."""
-        last, deadline = -1.0, time.monotonic() + 60
-        while (now := tokens()) <= since or now != last:
+        """quail_texts_tokens once the warming thread is done, which it is only once they are above `since`."""
+        deadline = time.monotonic() + 60
+        while metric("quail_texts_warming") > 0:
             assert time.monotonic() < deadline, "the texts were not tokenized"
-            last = now
-            time.sleep(0.2)
-        return now
+            time.sleep(0.05)
+        assert tokens() > since
+        return tokens()
 
     for restarted in (False, True):
         with ServerProcess(tmp_path, "--metrics-port", str(port)) as served:
