@@ -69,8 +69,9 @@ def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
 
     Where the first of the rest asks a yes/no question of each row (a filter, a score) and there are several
     chunks, each chunk's forward passes are queued, on a thread, while the chunk before is read, finished and
-    streamed: the device goes from one chunk's passes to the next without waiting for the host. A query that stops early (an error,
-    or its reader gone) is cancelled, so the chunk being queued leaves the device at its next pass."""
+    streamed: the device goes from one chunk's passes to the next without waiting for the host. A query that
+    stops early (an error, or its reader gone) is cancelled, so the chunk being queued leaves the device at
+    its next pass."""
     relations = {name: catalog.table(name) for name in plan.tables}
     work = work if work is not None else QueryWork()
     lead = next(i for i, step in enumerate(plan.steps) if not isinstance(step, SQLStep))

@@ -71,13 +71,15 @@ class Column:
 
 @dataclass(frozen=True)
 class AllColumns:
-    """Every column under its stored name (`SELECT r.*`)."""
+    """Every column under its stored name (`SELECT r.*`); not where two names differ only in case (DuckDB
+    renames the second)."""
 
     ROW_BY_ROW: ClassVar[bool] = True
 
     def take(self, named: _Named) -> Columns | None:
         schema = named.rows.schema
-        if not all(_kept_by_duckdb(field.type) for field in schema):
+        if not all(_kept_by_duckdb(field.type) for field in schema) or \
+                len({name.lower() for name in schema.names}) < len(schema.names):
             return None
         return [(pa.field(field.name, field.type), named.rows.column(i)) for i, field in enumerate(schema)]
 

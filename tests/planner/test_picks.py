@@ -93,6 +93,7 @@ def test_a_type_duckdb_changes_is_left_to_duckdb(column):
 def test_a_name_of_no_one_column_is_left_to_duckdb():
     twice = pa.table({"a": [1], "A": [2]})
     assert picks_of(parse_one("SELECT a FROM t", read="duckdb")).take({"t": twice}) is None
+    assert picks_of(parse_one("SELECT * FROM t", read="duckdb")).take({"t": twice}) is None
     assert picks_of(parse_one("SELECT b FROM t", read="duckdb")).take({"t": twice}) is None
     assert picks_of(parse_one("SELECT a FROM u", read="duckdb")).take({"t": twice}) is None
 
