@@ -39,8 +39,10 @@ def picks_of(select: exp.Expression) -> Picks | None:
     if not isinstance(select, exp.Select) or any(v for k, v in select.args.items() if k not in _PICKS_ONLY):
         return None
     table = select.args["from_"].this if select.args.get("from_") else None
-    if not isinstance(table, exp.Table) or table.db or table.catalog or not isinstance(table.this, exp.Identifier):
-        return None
+    if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier) \
+            or any(v for k, v in table.args.items() if k not in ("this", "alias")) \
+            or table.args.get("alias") is not None and table.args["alias"].columns:
+        return None  # a table in a schema, sampled, or with its columns renamed (`AS r(a, b)`)
     source = table.alias_or_name.lower()  # DuckDB knows an aliased table by its alias alone
     items = [_item(node, source) for node in select.expressions]
     where = select.args.get("where")

@@ -40,6 +40,10 @@ TAKEN = [
 ]
 NOT_PICKS = [
     'SELECT id FROM "rows" WHERE id + 1 > 1',
+    'SELECT a FROM "rows" AS r(a, b)',
+    'SELECT r.* FROM "rows" AS r(a, b)',
+    'SELECT id FROM "rows" TABLESAMPLE (1 ROWS)',
+    'SELECT id FROM main."rows"',
     'SELECT id FROM "rows" WHERE id > 1.5',
     'SELECT id FROM "rows" WHERE id > 1e3',
     'SELECT id FROM "rows" WHERE id = NULL',
