@@ -103,13 +103,14 @@ class ResidentTree:
         return self.tokens * self.pool.bytes_per_token
 
     def match(self, ids: np.ndarray, limit: int | None = None, counted: bool = True, fetch: bool = True,
-              pin: bool = False) -> Match:
+              pin: bool = False, with_kv: bool = True) -> Match:
         """The longest resident prefix of `ids`, at most `limit` tokens (a request still computes its last
         token: its answer is read there); marks the path used. `counted`: in the hit rate. `fetch`: the
         part in the host tier is copied back into the pool (before the next pass; or not counted when
         recomputing is cheaper); else it counts in the length, and is copied back by the match that
         fetches it later (the caller pins the node meanwhile). `pin`: the node it ends in is pinned before
-        anyone else may change the tree (`unpin` it)."""
+        anyone else may change the tree (`unpin` it). `with_kv`: the match holds the prefix's KV (else its
+        kv is None: a caller that only plans, from its length and node, holds no slots for it)."""
         limit = len(ids) if limit is None else min(limit, len(ids))
         with self._lock:
             node, length, now = self.root, 0, next(self._clock)
@@ -130,7 +131,7 @@ class ResidentTree:
                         continue
                     child, fetched = self._fetch(path, child, shared)
                     parts.append(fetched)
-                else:
+                elif with_kv:
                     parts.append(child.kv if shared == len(child.ids) else child.kv.slice(0, shared))
                 length += shared
                 node = child

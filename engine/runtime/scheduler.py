@@ -735,11 +735,12 @@ def _match(tree: ResidentTree, request: Request, prefix: tuple[int, bytes] | Non
     if prefix is not None:
         length, key = prefix
         if key not in documents:
-            documents[key] = tree.match(request.tokens(0, length), counted=False, fetch=False, pin=True)
+            documents[key] = tree.match(request.tokens(0, length), counted=False, fetch=False, pin=True,
+                                        with_kv=False)
         if documents[key].length < length:
             tree.count(len(request) - 1, documents[key].length)
             return documents[key]
-    return tree.match(request.tokens(0, len(request)), len(request) - 1, fetch=False, pin=True)
+    return tree.match(request.tokens(0, len(request)), len(request) - 1, fetch=False, pin=True, with_kv=False)
 
 
 @dataclass(eq=False)

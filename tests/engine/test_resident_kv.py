@@ -81,6 +81,9 @@ def test_the_tree_finds_the_longest_prefix_whoever_computed_it_and_copies_nothin
     assert whole.length == 5 and _tokens(whole.kv) == [1, 2, 3, 4, 5], "a request computes its last token"
     assert tree.match(np.array([9, 1])).length == 0 and tree.match(np.array([9, 1])).kv is None
     assert tree.counts.hit == 9 and tree.counts.looked_up == 5 + 5 + 2 + 2
+    planned = tree.match(np.array([1, 2, 3, 7, 9]), counted=False, pin=True, with_kv=False)
+    assert (planned.length, planned.node, planned.kv) == (4, found.node, None), "a plan's match holds no KV"
+    tree.unpin(planned.node)
 
 
 def test_leaves_go_demoted_first_then_least_recently_used_never_pinned_ones():
