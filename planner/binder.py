@@ -76,6 +76,11 @@ _INTEGERS = {8: "TINYINT", 16: "SMALLINT", 32: "INTEGER", 64: "BIGINT"}
 _NANOS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
 
 
+def is_text(kind: pa.DataType) -> bool:
+    """Whether a column of this type holds text: a string, a large string or a string view."""
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+
+
 def typed_literal(value: Any) -> exp.Expression:
     """A SQL expression DuckDB evaluates to exactly the value, typed as its Arrow type."""
     scalar = value if isinstance(value, pa.Scalar) else _scalar(value)
@@ -84,7 +89,7 @@ def typed_literal(value: Any) -> exp.Expression:
     kind = scalar.type
     if not scalar.is_valid:
         return exp.null() if pa.types.is_null(kind) else exp.cast(exp.null(), _sql_type(kind))
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+    if is_text(kind):
         return exp.Literal.string(scalar.as_py())
     if pa.types.is_boolean(kind):
         return exp.Boolean(this=scalar.as_py())
@@ -130,7 +135,7 @@ def _sql_type(kind: pa.DataType) -> exp.DataType:
         text = "DATE"
     elif pa.types.is_time(kind):
         text = "TIME"
-    elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+    elif is_text(kind):
         text = "VARCHAR"
     elif pa.types.is_boolean(kind):
         text = "BOOLEAN"

@@ -18,7 +18,7 @@ from quail.engine.errors import Cancelled, InvalidArgument, NotFound, QuailError
 from quail.engine.exec.plan import PhysicalPlan
 from quail.engine.exec.storage import TableStore
 from quail.engine.runtime.query_work import QueryWork
-from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
+from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME, is_text
 from quail.planner.dialects import DIALECTS
 from quail.planner.substrait.consumer import QUERY_TEXT
 from quail.planner.updates import UpdatePlan
@@ -78,8 +78,7 @@ class FlightSQLHandler:
         """Tokenize the text columns of rows just stored, as documents, on the warming thread, WARM_ROWS at a
         time (Runtime.warm): the queries over them skip their tokenizing. Best effort, never the write's
         error: a failure is logged, and a server stopping warms nothing more."""
-        texts = [c for c in rows.columns if pa.types.is_string(c.type) or pa.types.is_large_string(c.type)
-                 or pa.types.is_string_view(c.type)]
+        texts = [c for c in rows.columns if is_text(c.type)]
         for column in texts:
             for start in range(0, len(column), WARM_ROWS):
                 part = column.slice(start, WARM_ROWS)

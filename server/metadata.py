@@ -10,7 +10,7 @@ import quail
 from quail.engine.ai.kinds import SQL_NAMES
 from quail.engine.exec.relational import keywords, result_columns
 from quail.engine.exec.storage import TableStore
-from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
+from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME, is_text
 from quail.planner.substrait.producer import SUBSTRAIT_VERSION
 
 from quail.server.ipc import schema_bytes
@@ -212,7 +212,7 @@ def listed_schema(table: str, stored: pa.Schema, read_only: bool) -> pa.Schema:
     and under the older `SCHEMA_NAME` that drivers built on earlier Flight SQL libraries read."""
     fields = []
     for field, type_name in result_columns(stored):
-        text = pa.types.is_string(field.type) or pa.types.is_large_string(field.type)
+        text = is_text(field.type)
         meta = {"ARROW:FLIGHT:SQL:CATALOG_NAME": CATALOG_NAME, "ARROW:FLIGHT:SQL:DB_SCHEMA_NAME": SCHEMA_NAME,
                 "ARROW:FLIGHT:SQL:SCHEMA_NAME": SCHEMA_NAME, "ARROW:FLIGHT:SQL:TABLE_NAME": table,
                 "ARROW:FLIGHT:SQL:TYPE_NAME": type_name, "ARROW:FLIGHT:SQL:IS_AUTO_INCREMENT": "0",
