@@ -115,10 +115,11 @@ class FlightSQLHandler:
         return name, message
 
     def _plan(self, query: str, params: list[pa.Scalar] | None, context,
-              started: Callable[[PhysicalPlan], None] | None = None) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema]:
+              started: Callable[[PhysicalPlan], threading.Event | None] | None = None
+              ) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema]:
         """A query's plan and result schema; a CREATE / INSERT / DROP's plan, whose result is its row count.
         `params`: one row of bound parameter values; `started`: given a query's plan before its result schema
-        is found (QueryService.plan)."""
+        is found, and may give back what finding it waits for (QueryService.plan)."""
         planning = self.limits.work()  # planning counts toward the query's time limit, and stops with its call
         context.add_callback(planning.cancel)
         plan, schema = self.service.plan(query, self.catalog, self.sessions.options(context)["dialect"], params,
@@ -367,10 +368,12 @@ class FlightSQLHandler:
         found: Future = Future()  # the result schema, as a head start's first batch leaves
         heads: list[HeadStart] = []
 
-        def started(plan: PhysicalPlan) -> None:
+        def started(plan: PhysicalPlan) -> threading.Event | None:
             head = self._head_start(request.query, plan, found.result, version, context)
-            if head is not None:
-                heads.append(head)
+            if head is None:
+                return None
+            heads.append(head)
+            return head.work.under_way
         try:
             plan, schema = self._plan(request.query, None, context, started)
         except BaseException as err:
@@ -394,12 +397,19 @@ class FlightSQLHandler:
                     context) -> HeadStart | None:
         """Run a query of no parameters just planned from now, its result schema still being found
         (statements.HeadStart), where the admission limit has room to spare (Admission.spare); None
-        otherwise."""
+        otherwise. Its work is under way (QueryWork.under_way) from its first pass, or from its first batch
+        or its end where it needs none."""
         if plan.parameters or not self.admission.spare():
             return None
         handle, work = self.statements.begin(query, user_of(context))
-        batches = self._stream(plan, None, schema, work, context, handle)
-        return HeadStart(handle, work, batches, self.heads.submit(next, batches, None), version)
+
+        def first_schema() -> pa.Schema:
+            work.under_way.set()
+            return schema()
+        batches = self._stream(plan, None, first_schema, work, context, handle)
+        first = self.heads.submit(next, batches, None)
+        first.add_done_callback(lambda _: work.under_way.set())
+        return HeadStart(handle, work, batches, first, version)
 
     def _close_prepared(self, body: bytes, context) -> list[bytes]:
         _, request = self._command(body, "ClosePreparedStatement")

@@ -33,6 +33,7 @@ from quail.planner.updates import UpdatePlan, plan_statement
 
 
 PLAN_PATIENCE_S = 0.2  # the longest a statement waits for its turn to plan
+SCHEMA_WAIT_S = 0.05  # the longest a started query's result schema waits for its first pass to be under way
 
 
 @dataclass
@@ -81,19 +82,25 @@ class QueryService:
                 self.planning.release()
 
     def plan(self, text: str, catalog: Catalog, dialect: str, params: Sequence[Any] | None = None,
-             work: QueryWork | None = None, started: Callable[[PhysicalPlan], None] | None = None
+             work: QueryWork | None = None, started: Callable[[PhysicalPlan], threading.Event | None] | None = None
              ) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema | None]:
         """A statement's plan and result schema (None for a CREATE / INSERT / DROP, whose result is the rows
         it wrote); finding the schema stops when `work` is cancelled or passes its deadline. `started` is
-        given a query's plan before its result schema is found (the server starts it from there)."""
+        given a query's plan before its result schema is found (the server starts it from there), and may
+        give back an event that finding the schema waits for first, at most SCHEMA_WAIT_S and out of the
+        planning turn: the started query's first pass is under way (QueryWork.under_way) before the schema's
+        work takes the interpreter from it."""
         with self.turn():
             plan = plan_statement(text, catalog, dialect, params, rank_by_sol(self.sol), self.runtime.resident_share)
             if work is not None:
                 work.check()
             if isinstance(plan, UpdatePlan):
                 return plan, None
-            if started is not None:
-                started(plan)
+            under_way = started(plan) if started is not None else None
+            if under_way is None:
+                return plan, result_schema(plan, catalog, work, self.schemas)
+        under_way.wait(SCHEMA_WAIT_S)
+        with self.turn():
             return plan, result_schema(plan, catalog, work, self.schemas)
 
     def plan_query(self, text: str, catalog: Catalog, dialect: str,

@@ -71,15 +71,19 @@ class PassEvents:
     end: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(enable_timing=True))
 
 
-def _marking(write: Callable[[int, torch.Tensor, torch.Tensor], None] | None, events: PassEvents | None
-             ) -> Callable[[int, torch.Tensor, torch.Tensor], None] | None:
-    """The model's per-layer hook: `write` the layer's kept KV, and record `events.marked` at layer `events.mark`."""
-    if events is None:
-        return write
+OPENING_LAYERS = 4  # layers of a pass the host queues before the pass's queries count as under way
+
+
+def _per_layer(write: Callable[[int, torch.Tensor, torch.Tensor], None] | None, events: PassEvents | None,
+               opened: Callable[[], None]) -> Callable[[int, torch.Tensor, torch.Tensor], None]:
+    """The model's per-layer hook: `write` the layer's kept KV, record `events.marked` at layer `events.mark`,
+    and call `opened` once the host has queued the pass's first OPENING_LAYERS layers."""
 
     def hook(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        if layer == events.mark:
+        if events is not None and layer == events.mark:
             events.marked.record()
+        if layer == OPENING_LAYERS:
+            opened()
         if write is not None:
             write(layer, k, v)
 
@@ -132,18 +136,19 @@ class ModelRunner:
     every pass's kept KV in a pool of its own), resident `tree` (kv/resident.py; None: nothing is
     kept between steps and queries) and, on CUDA, the captured decode `steps` (step_graphs.py) and small
     and full passes' layer parts (`passes`, pass_graphs.py). `check` raises to stop a query before its next
-    pass (see `for_query`).
+    pass, and `opened` is called once a pass holding its rows is under way (see `for_query`).
     """
 
     def __init__(self, model: Decoder, token_budget: int = 4096, scheduler: PassScheduler | None = None,
                  check: Callable[[], None] = go_on, ledger: KVLedger | None = None, pool: KVPool | None = None,
                  tree: ResidentTree | None = None, steps: StepGraphs | None = None,
-                 passes: PassGraphs | None = None) -> None:
+                 passes: PassGraphs | None = None, opened: Callable[[], None] = go_on) -> None:
         self.model = model
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
         self.scheduler = scheduler or PassScheduler(self)
         self.check = check
+        self.opened = opened
         self.ledger = ledger or KVLedger()
         self.pool = pool if pool is not None else kv_pool(model, 0)
         self.tree = tree
@@ -151,11 +156,12 @@ class ModelRunner:
         self.passes = (passes if passes is not None or not PassGraphs.serves(model)
                        else PassGraphs(model, token_budget))
 
-    def for_query(self, check: Callable[[], None]) -> "ModelRunner":
+    def for_query(self, check: Callable[[], None], opened: Callable[[], None] = go_on) -> "ModelRunner":
         """This runner for one query: same model, budget, scheduler, ledger, pool, tree and graphs; `check`
-        before each pass."""
+        before each pass; `opened` once the host has queued the opening layers of a pass holding the query's
+        rows (all of it, for a pass of fewer layers or of decode steps)."""
         return ModelRunner(self.model, self.token_budget, self.scheduler, check, self.ledger, self.pool, self.tree,
-                           self.steps, self.passes)
+                           self.steps, self.passes, opened)
 
     def _inputs(self, rows: list[Row], layout: Rows) -> tuple[torch.Tensor, ...]:
         """Packed token ids, their positions (after what each row continues), each row's last index."""
@@ -172,7 +178,7 @@ class ModelRunner:
     def forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:
         """Last hidden state of each row, and the KV of rows that asked to keep it: one pass, now, on the
         caller's thread (the scheduler runs the queries' passes; this is for probes and tests)."""
-        return self.forward_shared([(rows, stats)])
+        return self.forward_shared([(rows, stats)], opened=self.opened)
 
     def pass_events(self, mark: int) -> PassEvents | None:
         """Events for a pass that marks layer `mark`, where the device runs passes behind the host (CUDA);
@@ -180,15 +186,17 @@ class ModelRunner:
         return PassEvents(mark) if self.device.type == "cuda" else None
 
     @torch.inference_mode()
-    def forward_shared(self, groups: Sequence[tuple[list[Row], Stats]], events: PassEvents | None = None
-                       ) -> tuple[torch.Tensor, list[KV | None]]:
+    def forward_shared(self, groups: Sequence[tuple[list[Row], Stats]], events: PassEvents | None = None,
+                       opened: Callable[[], None] = go_on) -> tuple[torch.Tensor, list[KV | None]]:
         """One pass over the rows of several owners, in order (a row's parent is its index in the pass):
         each row's last hidden state and kept KV, each owner's work counted in its stats; `events` recorded
-        on the way (queued, not waited for)."""
+        on the way (queued, not waited for); `opened` called once the host has queued the pass's opening
+        layers (at its end, for a pass of fewer layers or of decode steps)."""
         rows = [row for owned, _ in groups for row in owned]
         if all(len(r.ids) == 1 and r.slots is not None and r.keep == 1 for r in rows):
             stepped = self._step(groups, rows, events)
             if stepped is not None:
+                opened()
                 return stepped
         rows = [replace(r, past=KV(((self.pool, r.slots),))) if r.slots is not None and len(r.slots) else r
                 for r in rows]
@@ -203,9 +211,11 @@ class ModelRunner:
             events.start.record()
         shared = sum(1 for owned, _ in groups if owned) > 1
         parts = self.passes.parts(len(ids), shared) if self.passes is not None else None
-        hidden = self.model(ids, positions, layout, last, _marking(write, events), parts)
+        hidden = self.model(ids, positions, layout, last, _per_layer(write, events, opened), parts)
         if events is not None:
             events.end.record()
+        if len(self.model.layers) <= OPENING_LAYERS:
+            opened()
         start = 0
         for owned, stats in groups:
             end = start + len(owned)

@@ -25,6 +25,8 @@ class QueryWork:
     `max_tokens` their prompts' tokens (logical: every prompt in full) and `max_generated_tokens` the
     tokens generation may choose (checked before every pass, as cancellation is). Requests and tokens
     may be counted from several threads at once (a streamed query queues a chunk while finishing the last).
+    `under_way` is set once the host has queued the opening layers of a forward pass holding the query's
+    rows (ModelRunner.for_query): from then the device has the query's work in hand.
     """
 
     stats: Stats = field(default_factory=Stats)
@@ -32,6 +34,7 @@ class QueryWork:
     stages: list[dict[str, Any]] = field(default_factory=list)
     decoded: Stats = field(default_factory=Stats)
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    under_way: threading.Event = field(default_factory=threading.Event, repr=False)
     deadline: float | None = None
     max_requests: int | None = None
     max_tokens: int | None = None

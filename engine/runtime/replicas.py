@@ -366,6 +366,8 @@ class Replicas:
             tokens = sum(len(requests[i]) for i in members)
             future.add_done_callback(lambda _, r=r, tokens=tokens: self.router.done(r, tokens))
             away.append((self.remote[r - 1], members, future))
+        if not mine:
+            work.under_way.set()  # nothing for this host's device: its passes are the replicas'
         fresh = work.stats.fresh_tokens
         try:
             here = scoring([requests[i] for i in mine], work) if mine else None

@@ -155,7 +155,7 @@ class Runtime:
     def _scoring(self, requests: Sequence[Request], work: QueryWork) -> "Scoring":
         """The requests' passes queued on this runtime's device (counted already)."""
         strategy = STRATEGIES[self.strategy] if isinstance(self.strategy, str) else self.strategy
-        hidden = strategy(self.runner.for_query(work.check), requests, work.stats)
+        hidden = strategy(self.runner.for_query(work.check, work.under_way.set), requests, work.stats)
         by_labels: dict[LabelSet, list[int]] = {}
         for i, request in enumerate(requests):
             by_labels.setdefault(request.labels, []).append(i)
@@ -190,8 +190,8 @@ class Runtime:
 
     def _generating(self, decoding: decode.Decoding, requests: Sequence[Request], work: QueryWork) -> "Generated":
         """The requests continued on this runtime's device (counted already)."""
-        return Generated(decode.generate(self.runner.for_query(work.check), requests, decoding, self.tokenizer.decode,
-                                         work.stats))
+        runner = self.runner.for_query(work.check, work.under_way.set)
+        return Generated(decode.generate(runner, requests, decoding, self.tokenizer.decode, work.stats))
 
     def schema(self, schema: str) -> Schema:
         """A JSON schema's grammar over this model's vocabulary (decode.Decoding.schema); InvalidArgument when

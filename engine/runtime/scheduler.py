@@ -387,9 +387,14 @@ class PassScheduler:
                 self._cond.wait(0.01)
             return
         events = self.runner.pass_events(self.pacing.mark)
+        present = [waiting.job.runner for waiting, (rows, _) in zip(live, groups) if rows]
+
+        def opened() -> None:
+            for runner in present:
+                runner.opened()
         began = time.perf_counter()
         try:
-            last, kept = self.runner.forward_shared(groups, events)
+            last, kept = self.runner.forward_shared(groups, events, opened)
         except BaseException as err:  # the pass failed: every query in it gets the error
             for waiting in live:
                 self._end(waiting, err)

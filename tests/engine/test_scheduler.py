@@ -10,7 +10,7 @@ import pytest
 from quail.engine.ai.operators import Question, build_requests, yes_probabilities
 from quail.engine.errors import InvalidArgument
 from quail.engine.kv.token_prefix import common_start
-from quail.engine.runtime import scheduler
+from quail.engine.runtime import model_runner, scheduler
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.query_work import QueryWork
@@ -201,9 +201,9 @@ def test_the_kv_ledger_counts_kept_kv_until_the_plan_is_done_with_it(runtime, mo
     requests = [request(anchor, [7, 8, p, 9]) for anchor in anchors for p in range(10, 22)]
     seen, forward = [], ModelRunner.forward_shared
 
-    def counting(self, groups, events=None):
+    def counting(self, groups, *rest):
         seen.append(self.ledger.resident_bytes)
-        return forward(self, groups, events)
+        return forward(self, groups, *rest)
 
     monkeypatch.setattr(ModelRunner, "forward_shared", counting)
     quail = runtime.variant("quail", token_budget=256)
@@ -223,10 +223,10 @@ def test_documents_below_a_shared_preamble_run_depth_first(runtime, monkeypatch)
     passes = []
     forward = type(runtime.runner).forward_shared
 
-    def recording(self, groups, events=None):
+    def recording(self, groups, *rest):
         rows = [row for owned, _ in groups for row in owned]
         passes.append((sum(len(r.ids) >= 100 for r in rows), sum(len(r.ids) <= 4 for r in rows)))
-        return forward(self, groups, events)
+        return forward(self, groups, *rest)
 
     monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
     work = QueryWork()
@@ -296,9 +296,9 @@ def test_long_prompts_run_in_passes_no_longer_than_the_budget(runtime, monkeypat
     sizes = []
     forward = type(runtime.runner).forward_shared
 
-    def recording(self, groups, events=None):
+    def recording(self, groups, *rest):
         sizes.append(sum(len(row.ids) for owned, _ in groups for row in owned))
-        return forward(self, groups, events)
+        return forward(self, groups, *rest)
 
     whole = np.array(runtime.variant("quail", token_budget=4096).score(requests))
     runtime.runner.tree.clear()
@@ -351,12 +351,12 @@ def test_concurrent_queries_share_passes_and_a_short_one_waits_about_one_pass(ru
     first_in, release = threading.Event(), threading.Event()
     forward = type(runtime.runner).forward_shared
 
-    def recording(self, groups, events=None):
+    def recording(self, groups, *rest):
         passes.append([owners.get(id(stats), "?") for owned, stats in groups if owned])
         if len(passes) == 1:
             first_in.set()
             release.wait(30)
-        return forward(self, groups, events)
+        return forward(self, groups, *rest)
 
     monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
     got = {}
@@ -380,6 +380,25 @@ def test_concurrent_queries_share_passes_and_a_short_one_waits_about_one_pass(ru
     for name in works:
         np.testing.assert_allclose(got[name], alone[name], atol=1e-4)
         assert works[name].stats.forward_passes == sum(name in names for names in passes)
+
+
+def test_a_query_is_under_way_once_the_host_queued_the_opening_layers_of_its_first_pass(runtime, monkeypatch):
+    """QueryWork.under_way (what a prepared query's result schema waits for, server/query_service.py) is set
+    by the first pass holding the query's rows once the host has queued that pass's first OPENING_LAYERS
+    layers: not before the pass, and not only at its end."""
+    work, layers = QueryWork(), []
+    model = runtime.runner.model
+    finish = type(model).finish
+
+    def recording(self, layer, *args):
+        layers.append((layer, work.under_way.is_set()))
+        return finish(self, layer, *args)
+
+    monkeypatch.setattr(type(model), "finish", recording)
+    runtime.score([request(np.arange(1000, 1040), [7, 9])], work)
+    assert work.under_way.is_set() and len(model.layers) > model_runner.OPENING_LAYERS
+    assert layers[0] == (0, False)
+    assert [layer for layer, under_way in layers if under_way][0] == model_runner.OPENING_LAYERS
 
 
 def test_queries_at_once_over_the_same_documents_compute_each_document_once(runtime):
@@ -482,14 +501,14 @@ def _beside_a_scan(runtime, monkeypatch, small, scan, works, second) -> list[tup
     first_in, release = threading.Event(), threading.Event()
     forward = type(runtime.runner).forward_shared
 
-    def recording(self, groups, events=None):
+    def recording(self, groups, *rest):
         bounded = any(waiting.job.pass_tokens is not None for waiting in list(self.scheduler._waiting))
         passes.append(([owners.get(id(stats), "?") for owned, stats in groups if owned],
                        sum(len(row.ids) for owned, _ in groups for row in owned), bounded))
         if len(passes) == 1:
             first_in.set()
             release.wait(30)
-        return forward(self, groups, events)
+        return forward(self, groups, *rest)
 
     monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
     threads = [threading.Thread(target=small.score, args=(scan, works["scan"])), threading.Thread(target=second)]

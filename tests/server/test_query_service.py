@@ -1,4 +1,5 @@
-"""Statements take turns to plan (server/query_service.py), none past its patience; a stopping server warms nothing."""
+"""Statements take turns to plan (server/query_service.py), none past its patience; a started query's result schema
+waits for its first pass out of the turn; a stopping server warms nothing."""
 
 from __future__ import annotations
 
@@ -63,6 +64,27 @@ def test_a_statement_waits_for_a_slow_plan_no_longer_than_its_patience(runtime, 
     release.set()
     first.join(30)
     assert order[-1] == ("out", "first")
+
+
+def test_a_started_query_s_schema_waits_for_it_to_be_under_way_out_of_the_planning_turn(runtime, monkeypatch):
+    """The event `started` gives back (the head start's QueryWork.under_way) holds the result schema, at most
+    SCHEMA_WAIT_S, but not the planning turn: another statement plans meanwhile."""
+    monkeypatch.setattr(query_service, "SCHEMA_WAIT_S", 60)
+    service, under_way, got = QueryService(runtime), threading.Event(), {}
+    catalog = MemoryCatalog()
+    catalog.register("t", pa.table({"a": [1, 2]}))
+    first = threading.Thread(target=lambda: got.update(first=service.plan(
+        "SELECT a AS first FROM t", catalog, "duckdb", started=lambda plan: under_way)))
+    first.start()
+    second = _plan(service, "second")
+    second.join(30)
+    assert not second.is_alive() and first.is_alive(), "the second planned while the first's schema waits"
+    under_way.set()
+    first.join(30)
+    assert got["first"][1].names == ["first"]
+    monkeypatch.setattr(query_service, "SCHEMA_WAIT_S", 0.01)
+    plan, schema = service.plan("SELECT a AS never FROM t", catalog, "duckdb", started=lambda plan: threading.Event())
+    assert schema.names == ["never"], "an event never set holds the schema SCHEMA_WAIT_S only"
 
 
 def test_a_write_as_the_server_stops_warms_nothing_and_does_not_fail(runtime, tmp_path, monkeypatch):
