@@ -71,18 +71,25 @@ class PassEvents:
     end: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(enable_timing=True))
 
 
-OPENING_LAYERS = 4  # layers of a pass the host queues before the pass's queries count as under way
+OPENING_LAYERS = 4  # layers of a pass the host queues on CUDA before the pass's queries count as under way
+
+
+def opening_layers(device: torch.device) -> int:
+    """Layers of a pass the host queues before the pass's queries count as under way: OPENING_LAYERS on
+    CUDA, where the device runs the pass behind the host; none on the CPU, where the pass computes on the
+    host itself (what waits for it may run beside it from its start)."""
+    return OPENING_LAYERS if device.type == "cuda" else 0
 
 
 def _per_layer(write: Callable[[int, torch.Tensor, torch.Tensor], None] | None, events: PassEvents | None,
-               opened: Callable[[], None]) -> Callable[[int, torch.Tensor, torch.Tensor], None]:
+               opened: Callable[[], None], opening: int) -> Callable[[int, torch.Tensor, torch.Tensor], None]:
     """The model's per-layer hook: `write` the layer's kept KV, record `events.marked` at layer `events.mark`,
-    and call `opened` once the host has queued the pass's first OPENING_LAYERS layers."""
+    and call `opened` once the host has queued the pass's first `opening` layers."""
 
     def hook(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if events is not None and layer == events.mark:
             events.marked.record()
-        if layer == OPENING_LAYERS:
+        if layer == opening:
             opened()
         if write is not None:
             write(layer, k, v)
@@ -159,7 +166,7 @@ class ModelRunner:
     def for_query(self, check: Callable[[], None], opened: Callable[[], None] = go_on) -> "ModelRunner":
         """This runner for one query: same model, budget, scheduler, ledger, pool, tree and graphs; `check`
         before each pass; `opened` once the host has queued the opening layers of a pass holding the query's
-        rows (all of it, for a pass of fewer layers or of decode steps)."""
+        rows (opening_layers; all of it, for a pass of fewer layers or of decode steps)."""
         return ModelRunner(self.model, self.token_budget, self.scheduler, check, self.ledger, self.pool, self.tree,
                            self.steps, self.passes, opened)
 
@@ -191,7 +198,7 @@ class ModelRunner:
         """One pass over the rows of several owners, in order (a row's parent is its index in the pass):
         each row's last hidden state and kept KV, each owner's work counted in its stats; `events` recorded
         on the way (queued, not waited for); `opened` called once the host has queued the pass's opening
-        layers (at its end, for a pass of fewer layers or of decode steps)."""
+        layers (opening_layers; at its end, for a pass of fewer layers or of decode steps)."""
         rows = [row for owned, _ in groups for row in owned]
         if all(len(r.ids) == 1 and r.slots is not None and r.keep == 1 for r in rows):
             stepped = self._step(groups, rows, events)
@@ -211,10 +218,11 @@ class ModelRunner:
             events.start.record()
         shared = sum(1 for owned, _ in groups if owned) > 1
         parts = self.passes.parts(len(ids), shared) if self.passes is not None else None
-        hidden = self.model(ids, positions, layout, last, _per_layer(write, events, opened), parts)
+        opening = opening_layers(self.device)
+        hidden = self.model(ids, positions, layout, last, _per_layer(write, events, opened, opening), parts)
         if events is not None:
             events.end.record()
-        if len(self.model.layers) <= OPENING_LAYERS:
+        if len(self.model.layers) <= opening:
             opened()
         start = 0
         for owned, stats in groups:

@@ -382,23 +382,33 @@ def test_concurrent_queries_share_passes_and_a_short_one_waits_about_one_pass(ru
         assert works[name].stats.forward_passes == sum(name in names for names in passes)
 
 
-def test_a_query_is_under_way_once_the_host_queued_the_opening_layers_of_its_first_pass(runtime, monkeypatch):
+@pytest.mark.parametrize("opening", [None, 4], ids=["cpu", "four-layers"])
+def test_a_query_is_under_way_once_the_host_queued_the_opening_layers_of_its_first_pass(runtime, monkeypatch,
+                                                                                        opening):
     """QueryWork.under_way (what a prepared query's result schema waits for, server/query_service.py) is set
-    by the first pass holding the query's rows once the host has queued that pass's first OPENING_LAYERS
-    layers: not before the pass, and not only at its end."""
-    work, layers = QueryWork(), []
+    by the first pass holding the query's rows once the host has queued that pass's opening layers: not
+    before the pass, and not only at its end. On the CPU, from the pass's start; on CUDA (its count of
+    layers here on the CPU), from that layer on."""
+    if opening is not None:
+        monkeypatch.setattr(model_runner, "opening_layers", lambda device: opening)
+    work, layers, entered = QueryWork(), [], []
     model = runtime.runner.model
-    finish = type(model).finish
+    finish, forward = type(model).finish, type(runtime.runner).forward_shared
 
     def recording(self, layer, *args):
         layers.append((layer, work.under_way.is_set()))
         return finish(self, layer, *args)
 
+    def entering(self, groups, *rest):
+        entered.append(work.under_way.is_set())
+        return forward(self, groups, *rest)
+
     monkeypatch.setattr(type(model), "finish", recording)
+    monkeypatch.setattr(type(runtime.runner), "forward_shared", entering)
     runtime.score([request(np.arange(1000, 1040), [7, 9])], work)
     assert work.under_way.is_set() and len(model.layers) > model_runner.OPENING_LAYERS
-    assert layers[0] == (0, False)
-    assert [layer for layer, under_way in layers if under_way][0] == model_runner.OPENING_LAYERS
+    assert entered == [False] and len(layers) == len(model.layers), "one pass, not under way before it"
+    assert [layer for layer, under_way in layers if under_way][0] == (opening or 0)
 
 
 def test_queries_at_once_over_the_same_documents_compute_each_document_once(runtime):
