@@ -60,7 +60,7 @@ class Relation:
 
     alias: str
     table: exp.Table
-    columns: set[str]
+    columns: dict[str, str]  # each column by the name the query reads it by (lower case) -> its stored name
     side: str = ""  # the join that adds it: "" (inner, cross, the first table), LEFT, RIGHT or FULL
     outer: bool = False  # its slot may be NULL in the joined tuples (planner.py's docstring)
     rows: float = 0.0  # the core's estimated rows
@@ -161,7 +161,7 @@ class AICore:
             return None
         (alias,) = self.refs(arg)
         relation = next(r for r in self.relations if r.alias == alias)
-        return relation.table.name, arg.name
+        return relation.table.name, relation.columns.get(arg.name.lower(), arg.name)
 
 
 def bind_core(select: exp.Select, scope: Scope, rank: Rank = by_tokens,
@@ -209,9 +209,8 @@ def _relations(select: exp.Select, scope: Scope) -> list[Relation]:
     for source, join in zip(sources(select), [None, *joins]):
         if not isinstance(source, exp.Table) or not scope.has(source.name):
             raise _unsupported(source, "this kind of FROM source in a query with AI functions")
-        alias = source.alias_or_name
-        columns = {n.lower() for n in scope.schema(source.name).names}
-        relations.append(Relation(alias, source, columns, side=join.side if join is not None else ""))
+        columns = _named_columns(source, scope.schema(source.name).names)
+        relations.append(Relation(source.alias_or_name, source, columns, side=join.side if join is not None else ""))
     if len(relations) > MAX_TABLES:
         raise InvalidArgument(f"a SELECT with AI functions joins at most {MAX_TABLES} tables, not "
                               f"{len(relations)}: join the others in a subquery{position(select)}")
@@ -221,6 +220,14 @@ def _relations(select: exp.Select, scope: Scope) -> list[Relation]:
         relation.outer = relation.side in ("LEFT", "FULL") or any(r.side in ("RIGHT", "FULL")
                                                                     for r in relations[i + 1:])
     return relations
+
+
+def _named_columns(source: exp.Table, stored: list[str]) -> dict[str, str]:
+    """Each column of a FROM table by the name the query reads it by (lower case; `AS r(x, y)` renames the
+    first ones), to its name in the stored table."""
+    alias = source.args.get("alias")
+    renamed = [column.name for column in alias.columns] if alias is not None else []
+    return {(renamed[i] if i < len(renamed) else name).lower(): name for i, name in enumerate(stored)}
 
 
 def _refs(node: exp.Expression, relations: list[Relation]) -> frozenset[str]:

@@ -165,6 +165,20 @@ def test_unknown_column_is_invalid_argument(store):
         result_schema(plan, store)
 
 
+def test_a_table_read_with_its_columns_renamed_is_asked_by_its_new_names(session):
+    """FROM reviews AS r(i, text): AI calls and conditions read the renamed columns, qualified or not, and
+    give the rows the stored names give; naming more columns than the table has is INVALID_ARGUMENT."""
+    plain = session.sql("SELECT id, stars FROM reviews WHERE id > 0 AND AI_FILTER(PROMPT('Is {0} about the food?', "
+                        "body)) ORDER BY id").collect()
+    for text in ("SELECT i AS id, stars FROM reviews AS r(i, text) WHERE i > 0 AND "
+                 "AI_FILTER(PROMPT('Is {0} about the food?', text)) ORDER BY i",
+                 "SELECT r.i AS id, r.stars FROM reviews AS r(i, text) WHERE r.i > 0 AND "
+                 "AI_FILTER(PROMPT('Is {0} about the food?', r.text)) ORDER BY r.i"):
+        assert session.sql(text).collect().equals(plain), text
+    with pytest.raises(InvalidArgument, match="4 columns specified"):
+        session.sql("SELECT i FROM reviews AS r(i, text, s, x) WHERE AI_FILTER(PROMPT('{0}', text))").collect()
+
+
 def test_filters_run_in_rank_order(store):
     """The filter removing the most rows per unit of cost runs first, whatever the order in the query."""
     sql = ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('Is {0} long?', body), {'selectivity': 0.9}) "
