@@ -30,11 +30,13 @@ def metric_samples(url: str, timeout: float = 30.0) -> dict[str, float]:
 
 
 class ServerProcess:
-    """A server on a free loopback port over a data directory; a context manager."""
+    """A server on a free loopback port over a data directory; a context manager. `module`: what runs
+    `serve` (`python -m module serve ...`; a probe that wraps the CLI)."""
 
-    def __init__(self, data_dir: str | Path, *extra_args: str, startup_timeout: float = 180.0) -> None:
+    def __init__(self, data_dir: str | Path, *extra_args: str, startup_timeout: float = 180.0,
+                 module: str = "quail.cli") -> None:
         self.data_dir = Path(data_dir)
-        self.args = [sys.executable, "-m", "quail.cli", "serve", "--port", "0", "--data-dir", str(self.data_dir),
+        self.args = [sys.executable, "-m", module, "serve", "--port", "0", "--data-dir", str(self.data_dir),
                      *extra_args]
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen | None = None

@@ -1,0 +1,186 @@
+"""Where a short statement's time goes inside `quail serve`: each span of its server-side work, in order.
+
+    python -m bench.probes.statement_timeline --out bench/results/<date>-<device>-statement-timeline-<sha>.txt \\
+        -- --model dummy:qwen3-4b --tokenizer .offline/tokenizer --device cuda --precision bf16 --token-budget 16384
+
+Runs `quail serve` (through this module, which first wraps the functions of
+SPANS with timers: each call's start and end and its thread; a generator's
+each item; the interpreter's garbage collections), ingests `--reviews`
+reviews over ADBC and waits for their tokenizing, runs a `--warm-rows`-row
+statement and ten short ones to warm up, then `--statements` statements of `--rows`
+rows one after another on one ADBC connection, as bench/server_load.py's
+phase B. Writes a text file: the spans of `--show` statements (start ms, end
+ms, duration ms, thread, span; times from the statement's
+CreatePreparedStatement, spans under 0.01 ms left out), then each span's
+median total per statement over the second half of the statements, and the
+client's median latency. The timers cost microseconds a call: compare such
+timelines with each other, not with the benchmark's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import collections
+import functools
+import gc
+import importlib
+import inspect
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import adbc_driver_flightsql.dbapi as flight_sql
+
+from bench.datagen import numbered_reviews
+from bench.server_load import Counters, run, statement
+from quail.clients.server_process import ServerProcess, free_port
+
+EVENTS_ENV = "QUAIL_TIMELINE_EVENTS"  # where the traced server writes its spans as it exits
+PREPARE, PLAN = "FlightSQLHandler.do_action", "QueryService.plan"  # a statement starts at the prepare that plans
+
+SPANS: list[tuple[str, str | None, list[str]]] = [  # module, class (None: the module's functions), functions
+    ("quail.server.flight_sql", "FlightSQLHandler", ["do_action", "get_flight_info", "do_get", "_stream"]),
+    ("quail.server.query_service", "QueryService", ["plan", "report"]),
+    ("quail.server.query_service", None, ["plan_statement", "result_schema", "execute_stream"]),
+    ("quail.server.metrics", "Metrics", ["query_done"]),
+    ("quail.planner.planner", None, ["bind_core", "optimize", "emit"]),
+    ("quail.engine.exec.executor", None, ["_chunks", "_run_step", "_asking_together", "_answered", "_values"]),
+    ("quail.engine.exec.relational", "DuckDB", ["run"]),
+    ("quail.engine.ai.operators", None, ["build_requests", "_probabilities"]),
+    ("quail.engine.ai.operators", "Asking", ["read"]),
+    ("quail.engine.runtime.runtime", "Runtime", ["segments", "launch", "forget"]),
+    ("quail.engine.runtime.runtime", "Scoring", ["read"]),
+    ("quail.engine.runtime.scheduler", "PassScheduler", ["run", "_pass"]),
+    ("quail.engine.runtime.scheduler", "TreeJob", ["__init__", "fill", "rows", "take"]),
+    ("quail.engine.runtime.scheduler", "_Hold", ["claim", "release"]),
+    ("quail.engine.runtime.scheduler", None, ["_roots"]),
+    ("quail.engine.runtime.model_runner", "ModelRunner", ["forward_shared", "_inputs", "answer_logprobs"]),
+    ("quail.engine.runtime.model_runner", None, ["_keeping"]),
+    ("quail.engine.kernels.attention", "Rows", ["build"]),
+    ("quail.engine.model.decoder", "Decoder", ["forward"]),
+]
+
+
+def _timed(fn: Callable, name: str, events: list) -> Callable:
+    """`fn` recording (name, thread, start, end) per call, or per item of the generator it returns."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def items(*args: Any, **kwargs: Any):
+            inner = fn(*args, **kwargs)
+            while True:
+                start = time.perf_counter()
+                try:
+                    item = next(inner)
+                except StopIteration:
+                    events.append((f"{name}.end", threading.current_thread().name, start, time.perf_counter()))
+                    return
+                events.append((f"{name}.next", threading.current_thread().name, start, time.perf_counter()))
+                yield item
+        return items
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            events.append((name, threading.current_thread().name, start, time.perf_counter()))
+    return call
+
+
+def _traced_serve(argv: list[str]) -> int:
+    """`quail serve` with SPANS timed and collections recorded; the spans written to $QUAIL_TIMELINE_EVENTS
+    as it exits."""
+    events: list = []
+    for module, owner_name, names in SPANS:
+        owner = importlib.import_module(module)
+        owner = getattr(owner, owner_name) if owner_name else owner
+        for name in names:
+            setattr(owner, name, _timed(getattr(owner, name), f"{owner_name or module.rsplit('.', 1)[1]}.{name}",
+                                        events))
+    started: dict[str, float] = {}
+
+    def collected(phase: str, info: dict) -> None:
+        if phase == "start":
+            started["at"] = time.perf_counter()
+        else:
+            events.append((f"gc{info['generation']}", threading.current_thread().name, started["at"],
+                           time.perf_counter()))
+
+    gc.callbacks.append(collected)
+    atexit.register(lambda: Path(os.environ[EVENTS_ENV]).write_text(json.dumps(events)))
+    from quail.cli import main
+    return main(argv)
+
+
+def timeline(events: list, count: int, show: int) -> str:
+    """Of the last `count` statements (a statement: from its planning prepare to the next's), the spans of
+    `show` from the middle, then each span's median total per statement over the second half."""
+    events = sorted(events, key=lambda e: e[2])
+    plans = [e[2] for e in events if e[0] == PLAN]
+    starts = [e[2] for e in events if e[0] == PREPARE and any(e[2] <= p <= e[3] for p in plans)][-count:]
+    half = range(len(starts) // 2, len(starts) - 1)
+    totals: dict[str, list[float]] = collections.defaultdict(list)
+    lines = []
+    for k in half:
+        begin, end = starts[k], starts[k + 1]
+        sums: dict[str, float] = collections.defaultdict(float)
+        for name, thread, t0, t1 in events:
+            if begin <= t0 < end:
+                sums[name] += (t1 - t0) * 1000
+                if k < half.start + show and t1 - t0 >= 1e-5:
+                    lines.append(f"{(t0 - begin) * 1000:8.2f} {(t1 - begin) * 1000:8.2f} {(t1 - t0) * 1000:7.2f}  "
+                                 f"{thread[:18]:18s} {name}")
+        sums["cycle"] = (end - begin) * 1000
+        if k < half.start + show:
+            lines += [f"cycle {sums['cycle']:.2f}", ""]
+        for name, ms in sums.items():
+            totals[name].append(ms)
+    lines.append(f"median ms per statement over {len(half)}")
+    lines += [f"{statistics.median(ms):8.2f}  {name}"
+              for name, ms in sorted(totals.items(), key=lambda item: -statistics.median(item[1]))]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        sys.exit(_traced_serve(argv))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="the text file to write")
+    ap.add_argument("--reviews", type=int, default=5000)
+    ap.add_argument("--row-tokens", type=float, default=300.0, help="mean tokens of a review")
+    ap.add_argument("--rows", type=int, default=20, help="rows of each statement")
+    ap.add_argument("--statements", type=int, default=60)
+    ap.add_argument("--warm-rows", type=int, default=640, help="rows of the statement that warms the server up")
+    ap.add_argument("--show", type=int, default=1, help="statements whose spans are listed")
+    ap.add_argument("serve_args", nargs="*", help="after --: arguments for quail serve")
+    args = ap.parse_args(argv)
+    metrics = free_port()
+    with tempfile.TemporaryDirectory() as data:
+        events_path = Path(data) / "events.json"
+        os.environ[EVENTS_ENV] = str(events_path)
+        with ServerProcess(Path(data) / "tables", "--metrics-port", str(metrics), *args.serve_args,
+                           module="bench.probes.statement_timeline") as server:
+            with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
+                cur.adbc_ingest("reviews", numbered_reviews(args.reviews, args.row_tokens), mode="create")
+            Counters(metrics).warmed()
+            run(server.uri, [statement(args.reviews - args.warm_rows, args.warm_rows)] +
+                [statement(args.rows * k, args.rows) for k in range(10)])
+            first = 10 * args.rows
+            latencies = run(server.uri, [statement(first + args.rows * k, args.rows) for k in range(args.statements)])
+        text = timeline(json.loads(events_path.read_text()), args.statements, args.show)
+    Path(args.out).write_text(f"{text}\nclient p50 {statistics.median(latencies) * 1000:.1f} ms over "
+                              f"{len(latencies)} statements of {args.rows} rows\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""The statement-timeline probe times a real `quail serve` through ADBC (tiny sizes, the embedded model): every
+statement's spans from its prepare to the next, the device's among them, and each span's median."""
+
+from __future__ import annotations
+
+from bench.probes import statement_timeline
+
+
+def test_the_probe_lists_a_statements_spans_and_their_medians(tmp_path):
+    out = tmp_path / "timeline.txt"
+    statement_timeline.main(["--out", str(out), "--reviews", "120", "--row-tokens", "16", "--rows", "3",
+                             "--statements", "6", "--warm-rows", "6"])
+    text = out.read_text()
+    listed, medians = text.split("median ms per statement over ")
+    spans = [line.split()[-1] for line in listed.splitlines() if line and not line.startswith("cycle")]
+    assert spans[:2] == ["FlightSQLHandler.do_action", "QueryService.plan"], "a statement starts at its prepare"
+    for span in ("TreeJob.__init__", "Rows.build", "Decoder.forward", "FlightSQLHandler.do_get", "QueryService.report"):
+        assert span in spans, span
+    assert medians.startswith("2\n"), "the second half of the timed statements, the last one open-ended"
+    assert "cycle" in medians.splitlines()[1], "slowest first"
+    assert "client p50" in text
