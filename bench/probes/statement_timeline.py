@@ -177,7 +177,10 @@ def main(argv: list[str] | None = None) -> None:
             first = 10 * args.rows
             latencies = run(server.uri, [statement(first + args.rows * k, args.rows) for k in range(args.statements)])
         text = timeline(json.loads(events_path.read_text()), args.statements, args.show)
-    Path(args.out).write_text(f"{text}\nclient p50 {statistics.median(latencies) * 1000:.1f} ms over "
+    head = (f"quail serve {' '.join(args.serve_args)}: {args.statements} statements of {args.rows} rows one after "
+            f"another on one ADBC connection;\nstart ms, end ms, duration ms, thread, span, from each statement's "
+            f"CreatePreparedStatement\n\n")
+    Path(args.out).write_text(f"{head}{text}\nclient p50 {statistics.median(latencies) * 1000:.1f} ms over "
                               f"{len(latencies)} statements of {args.rows} rows\n")
     print(text)
 

@@ -10,7 +10,8 @@ def test_the_probe_lists_a_statements_spans_and_their_medians(tmp_path):
     out = tmp_path / "timeline.txt"
     statement_timeline.main(["--out", str(out), "--reviews", "120", "--row-tokens", "16", "--rows", "3",
                              "--statements", "6", "--warm-rows", "6"])
-    text = out.read_text()
+    head, text = out.read_text().split("\n\n", 1)
+    assert head.startswith("quail serve : 6 statements of 3 rows")
     listed, medians = text.split("median ms per statement over ")
     spans = [line.split()[-1] for line in listed.splitlines() if line and not line.startswith("cycle")]
     assert spans[:2] == ["FlightSQLHandler.do_action", "QueryService.plan"], "a statement starts at its prepare"
