@@ -84,10 +84,17 @@ class FlightSQLHandler:
                 part = column.slice(start, WARM_ROWS)
                 self.metrics.warming.inc(len(part))
                 try:
-                    self.warming.submit(self._warm, part)
+                    self.warming.submit(self._warm, part).add_done_callback(self._unwarmed(len(part)))
                 except RuntimeError:  # the warming thread was shut down: the server is stopping
                     self.metrics.warming.dec(len(part))
                     return
+
+    def _unwarmed(self, texts: int) -> Callable[[Future], None]:
+        """What takes a warming task's texts off quail_texts_warming when it is cancelled before it runs."""
+        def done(task: Future) -> None:
+            if task.cancelled():
+                self.metrics.warming.dec(texts)
+        return done
 
     def _warm(self, texts: pa.ChunkedArray) -> None:
         try:

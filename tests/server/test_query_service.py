@@ -10,7 +10,7 @@ import pyarrow as pa
 from quail.engine.exec.catalog import MemoryCatalog
 from quail.engine.exec.storage import TableStore
 from quail.engine.runtime.text_segments import SegmentCache
-from quail.server import query_service
+from quail.server import flight_sql, query_service
 from quail.server.flight_sql import FlightSQLHandler
 from quail.server.query_service import QueryService
 
@@ -85,6 +85,32 @@ def test_a_started_query_s_schema_waits_for_it_to_be_under_way_out_of_the_planni
     monkeypatch.setattr(query_service, "SCHEMA_WAIT_S", 0.01)
     plan, schema = service.plan("SELECT a AS never FROM t", catalog, "duckdb", started=lambda plan: threading.Event())
     assert schema.names == ["never"], "an event never set holds the schema SCHEMA_WAIT_S only"
+
+
+def test_warming_cancelled_as_the_server_stops_leaves_no_texts_counted_as_warming(runtime, tmp_path, monkeypatch):
+    """quail_texts_warming counts the texts the warming thread has not reached: those of tasks cancel_all
+    cancels before they run leave it too, so the gauge is back to 0."""
+    monkeypatch.setattr(runtime, "texts", SegmentCache())
+    inside, release = threading.Event(), threading.Event()
+
+    def blocked(texts):
+        inside.set()
+        release.wait(30)
+
+    monkeypatch.setattr(runtime, "warm", blocked)
+    monkeypatch.setattr(flight_sql, "WARM_ROWS", 2)
+    store = TableStore(tmp_path)
+    try:
+        handler = FlightSQLHandler(store, QueryService(runtime), "duckdb")
+        handler.warm(pa.table({"body": [f"Review {i}." for i in range(6)]}))  # three tasks of two texts
+        assert inside.wait(30) and handler.metrics.warming._value.get() == 6
+        handler.cancel_all()
+        assert handler.metrics.warming._value.get() == 2, "the two tasks not begun are no longer counted"
+        release.set()
+        handler.warming.shutdown(wait=True)
+        assert handler.metrics.warming._value.get() == 0
+    finally:
+        store.close()
 
 
 def test_a_write_as_the_server_stops_warms_nothing_and_does_not_fail(runtime, tmp_path, monkeypatch):
