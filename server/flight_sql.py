@@ -15,7 +15,7 @@ import pyarrow as pa
 from google.protobuf.message import Message
 
 from quail.engine.errors import Cancelled, InvalidArgument, NotFound, QuailError, Unimplemented
-from quail.engine.exec.plan import PhysicalPlan
+from quail.engine.exec.plan import PhysicalPlan, ai_steps
 from quail.engine.exec.storage import TableStore
 from quail.engine.runtime.query_work import QueryWork
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME, is_text
@@ -376,11 +376,12 @@ class FlightSQLHandler:
         heads: list[HeadStart] = []
 
         def started(plan: PhysicalPlan) -> threading.Event | None:
+            """Start the query; a query that asks the model: what its result schema waits for."""
             head = self._head_start(request.query, plan, found.result, version, context)
             if head is None:
                 return None
             heads.append(head)
-            return head.work.under_way
+            return head.work.under_way if ai_steps(plan.steps) else None
         try:
             plan, schema = self._plan(request.query, None, context, started)
         except BaseException as err:
