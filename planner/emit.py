@@ -83,6 +83,25 @@ def _and(terms: list[exp.Expression]) -> exp.Expression | None:
     return exp.and_(*(t.copy() for t in terms)) if terms else None
 
 
+def _as_text(arg: exp.Expression, name: str) -> exp.Expression:
+    """A copy of an AI call's argument cast to text, named `name` (the cast's type built, not parsed)."""
+    return exp.alias_(exp.cast(arg, exp.DataType.build(exp.DataType.Type.VARCHAR)), name, quoted=True, copy=False)
+
+
+def _copy_except(node: exp.Expression, skipped: tuple[str, ...]) -> exp.Expression:
+    """A copy of `node` without the args in `skipped` (the caller sets them anew: nothing copied for them)."""
+    return type(node)(**{key: [v.copy() if isinstance(v, exp.Expression) else v for v in value]
+                         if isinstance(value, list) else value.copy() if isinstance(value, exp.Expression) else value
+                         for key, value in node.args.items() if key not in skipped})
+
+
+def _picked(query: exp.Expression, output: str) -> SQLStep:
+    """A DuckDB step running `query`, a tree of its own: its picks (planner/picks.py) read first, then its SQL
+    generated from the tree itself, not from a copy."""
+    picks = picks_of(query)
+    return SQLStep(query.sql("duckdb", copy=False), output, picks)
+
+
 class _Emitter:
     """Builds one core's steps in order, naming each relation it creates."""
 
@@ -123,12 +142,12 @@ class _Emitter:
             joins = [exp.Join(this=aliased_table(r.core, r.alias), side="LEFT" if r.outer else None,
                               on=exp.EQ(this=_col(r.alias, ROW_ID), expression=_col(TUPLES, self._slot(i))))
                      for i, r in enumerate(relations)]
-        final = self.select.copy()
+        final = _copy_except(self.select, ("from_", "joins", "where"))
         final.set("from_", source)
         final.set("joins", joins or None)
         final.set("where", exp.Where(this=_and([c.node for c in core.final])) if core.final else None)
         self._hide_internal_columns(final, relations)
-        self.steps.append(SQLStep(final.sql("duckdb"), self.result, picks_of(final)))
+        self.steps.append(_picked(final, self.result))
         return self.steps
 
     def _core(self, relation: Relation) -> None:
@@ -150,8 +169,7 @@ class _Emitter:
         for k, (call, _, _) in enumerate(asks):
             names = tuple(f"__quail_arg_{self.names.count}_{k}_{j}" for j in range(len(call.args)))
             args.append(names)
-            projection += [exp.alias_(exp.cast(a.copy(), exp.DataType.build("VARCHAR")), n, quoted=True)
-                           for a, n in zip(call.args, names)]
+            projection += [_as_text(a, n) for a, n in zip(call.args, names)]
         current = self._name(f"rows_{alias}")
         query = exp.select(*projection).from_(relation.table.copy(), copy=False)
         if relation.before:
@@ -159,7 +177,7 @@ class _Emitter:
         filters = [call for call, kind, _ in asks if kind == "filter"]
         if relation.limit is not None and not filters:  # only these rows are asked (limit_into_model)
             query = query.limit(relation.limit, copy=False)
-        self.steps.append(SQLStep(query.sql("duckdb"), current, picks_of(query)))
+        self.steps.append(_picked(query, current))
         steps, rows = [], self.core.rows_asked(relation)
         for (call, kind, column), names in zip(asks, args):
             output = self._name("ai")
@@ -178,7 +196,7 @@ class _Emitter:
             output = self._name(f"core_{alias}")
             query = exp.select(exp.Star()).from_(aliased_table(current, alias), copy=False) \
                 .where(_and([c.node for c in relation.after]), copy=False)
-            self.steps.append(SQLStep(query.sql("duckdb"), output, picks_of(query)))
+            self.steps.append(_picked(query, output))
             current = output
         relation.core = current
 
@@ -342,8 +360,8 @@ class _Emitter:
         slots = [self._slot(index[a]) for a in sorted(refs, key=index.get)]
         names = tuple(f"__quail_arg_{self.names.count}_{j}" for j in range(len(call.args)))
         query = exp.select(*(_col(TUPLES, s) for s in slots),
-                           *(exp.alias_(exp.cast(a.copy(), exp.DataType.build("VARCHAR")), n, quoted=True)
-                             for a, n in zip(call.args, names))).distinct().from_(aliased_table(tuples, TUPLES))
+                           *(_as_text(a, n) for a, n in zip(call.args, names))).distinct().from_(
+            aliased_table(tuples, TUPLES))
         query = self._joined_to(query, relations, refs)
         combos = self._name("combos")
         self.steps.append(SQLStep(query.sql("duckdb"), combos))
