@@ -89,10 +89,14 @@ def _as_text(arg: exp.Expression, name: str) -> exp.Expression:
 
 
 def _copy_except(node: exp.Expression, skipped: tuple[str, ...]) -> exp.Expression:
-    """A copy of `node` without the args in `skipped` (the caller sets them anew: nothing copied for them)."""
-    return type(node)(**{key: [v.copy() if isinstance(v, exp.Expression) else v for v in value]
+    """A copy of `node` (its comments and position too) without the args in `skipped` (the caller sets them
+    anew: nothing copied for them)."""
+    copy = type(node)(**{key: [v.copy() if isinstance(v, exp.Expression) else v for v in value]
                          if isinstance(value, list) else value.copy() if isinstance(value, exp.Expression) else value
                          for key, value in node.args.items() if key not in skipped})
+    copy.comments = list(node.comments) if node.comments else None
+    copy.meta.update(node.meta)
+    return copy
 
 
 def _picked(query: exp.Expression, output: str) -> SQLStep:

@@ -42,6 +42,13 @@ def test_relational_conjuncts_run_before_the_model(store):
     assert result_schema(plan, store).names == ["id"]
 
 
+def test_the_final_statement_keeps_the_select_s_comments_and_modifiers(store):
+    plan = plan_sql("/* tile 1 */ SELECT DISTINCT id /* the id */ FROM reviews WHERE stars > 1 AND "
+                    "AI_FILTER(PROMPT('Is {0} kind?', body)) ORDER BY id LIMIT 2", store)
+    assert plan.steps[-1].sql == f'/* tile 1 */ SELECT DISTINCT id /* the id */ FROM "{plan.steps[-2].output}" ' \
+                                 f'AS "reviews" ORDER BY id LIMIT 2'
+
+
 def test_a_final_statement_that_only_picks_columns_says_what_it_picks(store):
     """Taken in Arrow as it runs (tests/planner/test_picks.py): no DuckDB statement for it."""
     plan = plan_sql("SELECT r.id, body AS text FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} kind?', r.body))", store)
