@@ -34,10 +34,11 @@ Problem = tuple[Token, str] | None
 
 
 def check(tokens: list[Token]) -> None:
-    """InvalidArgument, at the first offending token, unless the statement's tokens pass every rule."""
+    """InvalidArgument, at the first offending token, unless the statement's tokens pass every rule (each
+    token tried against the rules that start at its kind, in RULES' order)."""
     _check_nesting(tokens)
-    for i in range(len(tokens)):
-        for rule in RULES:
+    for i, token in enumerate(tokens):
+        for rule in _STARTING.get(token.token_type, ()):
             problem = rule(tokens, i)
             if problem is not None:
                 refuse(*problem)
@@ -195,7 +196,10 @@ def _follows(tokens: list[Token], start: int, wanted: set[TokenType]) -> bool:
     return False
 
 
-RULES: list[Callable[[list[Token], int], Problem]] = [
-    _empty_item, _nothing_after, _when_then, _two_comparisons, _two_strings, _table_star, _lateral,
-    _join_condition, _cte,
+RULES: list[tuple[set[TokenType], Callable[[list[Token], int], Problem]]] = [  # the kinds of token each starts at
+    (_LIST_STARTS | {T.COMMA}, _empty_item), ({T.ON, T.ALIAS, T.IS, T.IN, T.NOT}, _nothing_after),
+    ({T.WHEN}, _when_then), (_COMPARISONS, _two_comparisons), ({T.STRING}, _two_strings), ({T.STAR}, _table_star),
+    ({T.LATERAL}, _lateral), ({T.JOIN}, _join_condition), ({T.WITH}, _cte),
 ]
+_STARTING: dict[TokenType, list[Callable[[list[Token], int], Problem]]] = {
+    kind: [rule for kinds, rule in RULES if kind in kinds] for kind in set().union(*(kinds for kinds, _ in RULES))}
