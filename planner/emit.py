@@ -11,7 +11,7 @@ tuples joined back to the cores.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from sqlglot import exp
 
@@ -88,12 +88,17 @@ def _as_text(arg: exp.Expression, name: str) -> exp.Expression:
     return exp.alias_(exp.cast(arg, exp.DataType.build(exp.DataType.Type.VARCHAR)), name, quoted=True, copy=False)
 
 
+def _copied(value: Any) -> Any:
+    """An arg of a node copied: an expression, or a list of them (other values as they are)."""
+    if isinstance(value, exp.Expression):
+        return value.copy()
+    return [_copied(item) for item in value] if isinstance(value, list) else value
+
+
 def _copy_except(node: exp.Expression, skipped: tuple[str, ...]) -> exp.Expression:
     """A copy of `node` (its comments and position too) without the args in `skipped` (the caller sets them
     anew: nothing copied for them)."""
-    copy = type(node)(**{key: [v.copy() if isinstance(v, exp.Expression) else v for v in value]
-                         if isinstance(value, list) else value.copy() if isinstance(value, exp.Expression) else value
-                         for key, value in node.args.items() if key not in skipped})
+    copy = type(node)(**{key: _copied(value) for key, value in node.args.items() if key not in skipped})
     copy.comments = list(node.comments) if node.comments else None
     copy.meta.update(node.meta)
     return copy

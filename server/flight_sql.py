@@ -83,26 +83,18 @@ class FlightSQLHandler:
             for start in range(0, len(column), WARM_ROWS):
                 part = column.slice(start, WARM_ROWS)
                 self.metrics.warming.inc(len(part))
-                try:
-                    self.warming.submit(self._warm, part).add_done_callback(self._unwarmed(len(part)))
+                try:  # off the gauge once its task is done, whether it ran or was cancelled as the server stops
+                    self.warming.submit(self._warm, part).add_done_callback(
+                        lambda _, texts=len(part): self.metrics.warming.dec(texts))
                 except RuntimeError:  # the warming thread was shut down: the server is stopping
                     self.metrics.warming.dec(len(part))
                     return
-
-    def _unwarmed(self, texts: int) -> Callable[[Future], None]:
-        """What takes a warming task's texts off quail_texts_warming when it is cancelled before it runs."""
-        def done(task: Future) -> None:
-            if task.cancelled():
-                self.metrics.warming.dec(texts)
-        return done
 
     def _warm(self, texts: pa.ChunkedArray) -> None:
         try:
             self.service.runtime.warm(texts)
         except Exception:
             log.exception("tokenizing a table's texts as it was written failed (its queries will tokenize them)")
-        finally:
-            self.metrics.warming.dec(len(texts))
 
     def _system_tables(self, viewer: str, everyone: bool) -> WithSystemTables:
         """The stored tables, and the system tables as a viewer sees them (`everyone`: every user's query
