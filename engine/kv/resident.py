@@ -4,7 +4,8 @@ Every request continues from the longest prefix of its prompt found here,
 whichever query computed it (`match`); every prompt a query computes goes in
 (`insert`), its KV by reference (the pool's slots, no copy). When the pool needs
 slots, leaves go: first those the plan has marked as not needed again (a
-filter's rejected documents: `demote`), then the least recently used; never a
+filter's rejected documents: `demote`, or `demote_later` once the query has its
+answers), then the least recently used; never a
 node a running query has pinned (its matched prefixes: they stay findable by
 others while it runs). A node's parent becomes a leaf when its last child goes,
 so a document outlives the questions asked of it. Queries running at once
@@ -24,6 +25,7 @@ import heapq
 import itertools
 import threading
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -34,6 +36,7 @@ from quail.engine.kv.token_prefix import common_length
 
 
 MOVE_TOKENS = 2048  # the fewest tokens of leaves moved to the host tier at once
+NOTED_MAX = 16  # demotions noted (demote_later) and not yet done, at most: past that they are done at once
 
 
 @dataclass(eq=False)
@@ -95,6 +98,7 @@ class ResidentTree:
         self._tie = itertools.count()
         self._moving: set[int] = set()  # the nodes (by id) a copy back is for, which stay where they are
         self._claims: dict[bytes, object] = {}
+        self._noted: list[Callable[[], Iterable[tuple[np.ndarray, int]]]] = []  # demote_later's, not yet done
         self._lock = threading.RLock()
         pool.evict = self.evict
 
@@ -170,6 +174,7 @@ class ResidentTree:
         tokens first: the node holding them, and their KV. Into the pool, where the node moves; into a pool
         of the caller's own when all the pool's slots are held (the node stays in the host tier). The room
         made for it is not made from the path or the child."""
+        self.demote_noted()
         if shared < len(child.ids):
             child = self._split(child, shared)
         self._moving = {id(node) for node in (*path, child)}
@@ -214,6 +219,7 @@ class ResidentTree:
             return before.slice(begin, min(end, start)).then(kv.slice(0, max(end - start, 0)))
 
         with self._lock:
+            self.demote_noted()
             node, length, now = self.root, 0, next(self._clock)
             while length < len(ids):
                 child = node.children.get(int(ids[length]))
@@ -327,6 +333,23 @@ class ResidentTree:
                 self._touch(below)
                 todo.extend(below.children.values())
 
+    def demote_later(self, demotions: Callable[[], Iterable[tuple[np.ndarray, int]]]) -> None:
+        """`demote` each (ids, after) that `demotions` gives, when the tree next changes (an insert, an
+        eviction, a copy back from the host tier: `demote_noted`), or at once past NOTED_MAX noted: the
+        plan's word on what goes first is only read when leaves go, and the same nodes get it then."""
+        with self._lock:
+            self._noted.append(demotions)
+            if len(self._noted) > NOTED_MAX:
+                self.demote_noted()
+
+    def demote_noted(self) -> None:
+        """Do the demotions `demote_later` noted."""
+        with self._lock:
+            noted, self._noted = self._noted, []
+            for demotions in noted:
+                for ids, after in demotions():
+                    self.demote(ids, after)
+
     def _touch(self, node: Node) -> None:
         """Offer a leaf for eviction at its current priority (stale offers are skipped when popped)."""
         if node is self.root:
@@ -359,6 +382,7 @@ class ResidentTree:
         whatever its size (more at once would push out documents a scan still needs: each copied back then
         moves as many out)."""
         with self._lock:
+            self.demote_noted()
             if self.host is not None:
                 tokens = max(tokens, min(MOVE_TOKENS, self.pool.slots // 16))
             target = self.pool.free + tokens

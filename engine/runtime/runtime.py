@@ -272,18 +272,12 @@ class Runtime:
     def forget(self, rejected: Sequence[Request], accepted: Sequence[Request]) -> None:
         """The rejected requests' documents (what follows the preamble), with all that continues them, go
         first when the pool needs room, but those an accepted request shares: the plan will not ask about
-        them again (a join's anchor stays while a partner of it passed)."""
+        them again (a join's anchor stays while a partner of it passed). Noted here, and done when the tree
+        next changes (ResidentTree.demote_later): the query's answers do not wait for it."""
         if self.replicas is not None:
             self.replicas.forget(rejected, accepted)
-        tree = self.runner.tree
-        if tree is None:
-            return
-        kept = {prefix[1] for prefix in map(document_prefix, accepted) if prefix is not None}
-        for request in rejected:
-            prefix = document_prefix(request)
-            if prefix is not None and prefix[1] not in kept:
-                kept.add(prefix[1])  # once per document
-                tree.demote(request.tokens(0, prefix[0]), request.offsets[1])
+        if self.runner.tree is not None:
+            self.runner.tree.demote_later(partial(_demotions, rejected, accepted))
 
     def rows_cached(self, tokens_per_document: float) -> int | None:
         """How many rows' document prefixes (the preamble and a document of this many tokens) the KV pool
@@ -337,3 +331,16 @@ class Runtime:
         if not false_ids or not true_ids:
             raise ValueError("the tokenizer spells neither Yes nor No as a single token")
         return LabelSet(("false", "true"), tuple(false_ids + true_ids), (0,) * len(false_ids) + (1,) * len(true_ids))
+
+
+def _demotions(rejected: Sequence[Request], accepted: Sequence[Request]) -> list[tuple[np.ndarray, int]]:
+    """What Runtime.forget demotes: (the prompt's first tokens through its document, the preamble's length)
+    of each rejected request's document that no accepted request shares, once per document."""
+    kept = {prefix[1] for prefix in map(document_prefix, accepted) if prefix is not None}
+    out = []
+    for request in rejected:
+        prefix = document_prefix(request)
+        if prefix is not None and prefix[1] not in kept:
+            kept.add(prefix[1])
+            out.append((request.tokens(0, prefix[0]), request.offsets[1]))
+    return out
