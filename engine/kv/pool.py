@@ -49,6 +49,7 @@ class KVPool:
         self._free = np.arange(slots - 1, -1, -1, dtype=np.int64)  # a stack: the top at the end
         self._top = slots
         self._released: list[np.ndarray] = []  # slot lists runs let go of, not yet counted
+        self._where = np.empty(slots, dtype=np.int64)  # scratch for `_settle`
         self._lock = threading.Lock()
         self.evict: Callable[[int], None] | None = None
 
@@ -107,13 +108,19 @@ class KVPool:
         self._released.append(slots)
 
     def _settle(self) -> None:
-        """Count the released slots (the lock held), all at once; those no run holds are free."""
+        """Count the released slots (the lock held); those no run holds are free. Each list is counted down
+        as `hold` counted it up (its slots distinct); a slot that two runs released is freed once: of its
+        places among the freed, the one `_where` ends up holding."""
         if not self._released:
             return
         released, self._released = self._released, []
-        slots, times = np.unique(np.concatenate(released), return_counts=True)  # a slot two runs released: twice
-        self.refs[slots] -= times.astype(self.refs.dtype)
-        freed = slots[self.refs[slots] == 0]
+        for slots in released:
+            self.refs[slots] -= 1
+        gone = np.concatenate(released)
+        freed = gone[self.refs[gone] == 0]
+        places = np.arange(len(freed))
+        self._where[freed] = places
+        freed = freed[self._where[freed] == places]
         self._free[self._top:self._top + len(freed)] = freed
         self._top += len(freed)
 

@@ -19,19 +19,27 @@ class KVLedger:
 
     def keep(self, kv: "KV") -> None:
         """Count the run's bytes until the run is freed."""
-        self.keep_each([kv], len(kv))
+        self.keep_each([kv])
 
-    def keep_each(self, runs: list["KV"], tokens: int) -> None:
-        """`keep` for runs of `tokens` tokens each in one pool, counted at once."""
+    def keep_each(self, runs: list["KV"]) -> None:
+        """`keep` for runs in one pool, counted at once."""
         if runs:
-            counted = (self, tokens * runs[0].parts[0][0].bytes_per_token)
+            per_token, total = runs[0].parts[0][0].bytes_per_token, 0
             for kv in runs:
-                kv.counted = counted
-            self._add(counted[1] * len(runs))
+                kv.counted = (self, len(kv) * per_token)
+                total += kv.counted[1]
+            self._add(total)
 
     def _add(self, size: int) -> None:
         with self._lock:
             self.resident_bytes += size
+
+
+def runs_of(pool: KVPool, slots: np.ndarray, counts: list[int]) -> list["KV"]:
+    """Runs of the consecutive `counts` of these (distinct) slots, each held from now, counted at once."""
+    pool.hold(slots)
+    ends = np.cumsum(counts).tolist()
+    return [KV(((pool, slots[end - count:end]),), held=True) for count, end in zip(counts, ends)]
 
 
 def end_to_end(runs: list["KV"]) -> tuple[KVPool, np.ndarray] | None:
@@ -105,8 +113,7 @@ class KV:
         if len(self.parts) != 1:
             return [self.slice(start, start + size) for start in range(0, len(self), size)]
         pool, slots = self.parts[0]
-        pool.hold(slots)
-        return [KV(((pool, slots[start:start + size]),), held=True) for start in range(0, len(slots), size)]
+        return runs_of(pool, slots, [min(size, len(slots) - start) for start in range(0, len(slots), size)])
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(keys, values) of the whole run in one layer: (tokens, kv_heads, head_dim) each, gathered from

@@ -14,7 +14,7 @@ from quail.engine.kernels.attention import Rows
 from quail.engine.kv.host_tier import HostTier
 from quail.engine.kv.pool import KVPool, on_device, token_bytes
 from quail.engine.kv.resident import ResidentTree
-from quail.engine.kv.runs import KV, KVLedger
+from quail.engine.kv.runs import KV, KVLedger, runs_of
 from quail.engine.model.decoder import Decoder
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.fed_tokens import feed_from_device
@@ -40,14 +40,10 @@ def _keeping(rows: list[Row], starts: list[int], pool: KVPool, ledger: KVLedger
     if slots is None:
         pool = KVPool.like(pool, total)
         slots = pool.take(total)
-    kept: list[KV | None] = []
-    offset = 0
-    for count in counts:
-        kept.append(KV(((pool, slots[offset:offset + count]),)) if count else None)
-        offset += count
-    for kv in kept:
-        if kv is not None:
-            ledger.keep(kv)
+    runs = runs_of(pool, slots, [count for count in counts if count])
+    ledger.keep_each(runs)
+    taken = iter(runs)
+    kept: list[KV | None] = [next(taken) if count else None for count in counts]
     every = total == starts[-1]  # every token of the pass, in order
     source = None if every else on_device(pool.device, np.concatenate(
         [np.arange(start, start + count) for start, count in zip(starts, counts) if count]))
@@ -243,7 +239,7 @@ class ModelRunner:
         if new is None:
             return None
         kept: list[KV | None] = list(KV(((self.pool, new),)).blocks(1))  # held from now: freed if the step fails
-        self.ledger.keep_each(kept, 1)
+        self.ledger.keep_each(kept)
         if self.tree is not None:
             self.tree.settle()
         lengths = np.array([len(r.slots) + 1 for r in rows], dtype=np.int64)
