@@ -521,8 +521,9 @@ class TreeJob:
         self.hidden: list[torch.Tensor | None] = [None] * len(requests)
         self.frontier: deque[Item] = deque()
         self.hold = _Hold(runner.tree, requests)
-        self.waiting = self.hold.claim(requests)
-        planned = self._start([i for i in range(len(requests)) if i not in self.waiting])
+        documents: dict[bytes, Match] = {}
+        self.waiting = self.hold.claim(requests, documents)
+        planned = self._start([i for i in range(len(requests)) if i not in self.waiting], documents)
         # short, unless it waits for another query's documents: then that query's passes bound its wait
         self.pass_tokens = None if self.waiting else pass_tokens(planned)
         self.items: list[Item] = []  # this pass's, with whether each one's children joined it, and its chain
@@ -530,9 +531,10 @@ class TreeJob:
         self.chain: list[int] = []
         self.restored = 0  # tokens this pass's items copied back from the host tier
 
-    def _start(self, members: list[int]) -> int:
-        """The members' roots at the frontier's front, longest first; the tokens they plan (counted)."""
-        roots = _roots(self.runner.tree, self.requests, members, self.hold)
+    def _start(self, members: list[int], documents: dict[bytes, Match] | None = None) -> int:
+        """The members' roots at the frontier's front, longest first; the tokens they plan (counted).
+        `documents`: matches of document prefixes made for them already (`_roots`)."""
+        roots = _roots(self.runner.tree, self.requests, members, self.hold, {} if documents is None else documents)
         roots = [(_chunked(node, self.runner.token_budget), kv, None) for node, kv in sorted(
             roots, key=lambda item: len(item[0]), reverse=True)]
         planned = sum(len(node) for root, *_ in roots for node in [root, *nodes(root)])
@@ -612,21 +614,21 @@ class _Hold:
         self.claims: dict[bytes, int] = {}  # each claimed document's prefix length
         self.prefixes = [document_prefix(r) for r in requests] if tree is not None else []
 
-    def claim(self, requests: Sequence[Request]) -> dict[int, bytes]:
+    def claim(self, requests: Sequence[Request], documents: dict[bytes, Match]) -> dict[int, bytes]:
         """Claim the documents of the requests that the tree lacks; the requests whose document another
-        job claimed, and that document's key (they wait for it)."""
+        job claimed, and that document's key (they wait for it). Each document prefix's match goes into
+        `documents`, its node pinned (as `_roots` takes them)."""
         waiting: dict[int, bytes] = {}
         if self.tree is None:
             return waiting
         others: set[bytes] = set()  # documents another job claimed
-        seen: set[bytes] = set()
         for i, (request, prefix) in enumerate(zip(requests, self.prefixes)):
             if prefix is None:
                 continue
             length, key = prefix
-            if key not in seen:
-                seen.add(key)
-                if self.tree.resident_length(request.tokens(0, length)) < length:
+            if key not in documents:
+                documents[key] = _document_match(self.tree, request, length)
+                if documents[key].length < length:
                     if self.tree.claim(key, self):
                         self.claims[key] = length
                     else:
@@ -688,15 +690,16 @@ def _shares(chain: int, children: list[RadixNode]) -> bool:
     return chain * len(children) <= sum(child.tokens_below() for child in children)
 
 
-def _roots(tree: ResidentTree | None, requests: Sequence[Request], members: list[int],
-           hold: _Hold) -> list[tuple[RadixNode, "KV | Fetch | None"]]:
+def _roots(tree: ResidentTree | None, requests: Sequence[Request], members: list[int], hold: _Hold,
+           documents: dict[bytes, Match]) -> list[tuple[RadixNode, "KV | Fetch | None"]]:
     """The first nodes to compute for these members of `requests`, with the KV they continue: one radix
     tree over those that continue the same resident prefix (or none), cut to what follows it. The tree
     nodes those prefixes end in are pinned (held by `hold`). A request continues at most all but its
-    last token (its answer is read there), and as far as `_continued` says."""
+    last token (its answer is read there), and as far as `_continued` says. `documents` holds the
+    matches of document prefixes made already (`_Hold.claim`), pinned; the others are made here (all
+    unpinned at the end)."""
     groups: dict[tuple, list[int]] = {}
     found: dict[tuple, tuple[int, Match | None]] = {}
-    documents: dict[bytes, Match] = {}  # the match of each document prefix the tree lacks part of
     matched: dict[int, Match] = {}  # each match once, its node pinned until the groups' own pins hold it
     for i in members:
         request = requests[i]
@@ -740,12 +743,17 @@ def _match(tree: ResidentTree, request: Request, prefix: tuple[int, bytes] | Non
     if prefix is not None:
         length, key = prefix
         if key not in documents:
-            documents[key] = tree.match(request.tokens(0, length), counted=False, fetch=False, pin=True,
-                                        with_kv=False)
+            documents[key] = _document_match(tree, request, length)
         if documents[key].length < length:
             tree.count(len(request) - 1, documents[key].length)
             return documents[key]
     return tree.match(request.tokens(0, len(request)), len(request) - 1, fetch=False, pin=True, with_kv=False)
+
+
+def _document_match(tree: ResidentTree, request: Request, length: int) -> Match:
+    """The resident part of the request's first `length` tokens (its document prefix), pinned, not counted
+    in the hit rate, nothing copied back or held."""
+    return tree.match(request.tokens(0, length), counted=False, fetch=False, pin=True, with_kv=False)
 
 
 @dataclass(eq=False)
