@@ -36,7 +36,7 @@ from quail.engine.kv.token_prefix import common_length
 
 
 MOVE_TOKENS = 2048  # the fewest tokens of leaves moved to the host tier at once
-NOTED_MAX = 16  # demotions noted (demote_later) and not yet done, at most: past that they are done at once
+NOTED_MAX = 256  # prompts whose demotions are noted (demote_later) and not yet done, at most: past that, at once
 
 
 @dataclass(eq=False)
@@ -99,6 +99,7 @@ class ResidentTree:
         self._moving: set[int] = set()  # the nodes (by id) a copy back is for, which stay where they are
         self._claims: dict[bytes, object] = {}
         self._noted: list[Callable[[], Iterable[tuple[np.ndarray, int]]]] = []  # demote_later's, not yet done
+        self._noted_prompts = 0
         self._lock = threading.RLock()
         pool.evict = self.evict
 
@@ -333,19 +334,22 @@ class ResidentTree:
                 self._touch(below)
                 todo.extend(below.children.values())
 
-    def demote_later(self, demotions: Callable[[], Iterable[tuple[np.ndarray, int]]]) -> None:
-        """`demote` each (ids, after) that `demotions` gives, when the tree next changes (an insert, an
-        eviction, a copy back from the host tier: `demote_noted`), or at once past NOTED_MAX noted: the
-        plan's word on what goes first is only read when leaves go, and the same nodes get it then."""
+    def demote_later(self, demotions: Callable[[], Iterable[tuple[np.ndarray, int]]], prompts: int) -> None:
+        """`demote` each (ids, after) that `demotions` gives (of at most `prompts` prompts), when the tree
+        next changes (an insert, an eviction, a copy back from the host tier: `demote_noted`): the plan's
+        word on what goes first is only read when leaves go, and the same nodes get it then. At once, on
+        the caller's thread, past NOTED_MAX prompts noted: whoever changes the tree next does a bounded
+        share of them (the device's owner loop, between two passes)."""
         with self._lock:
             self._noted.append(demotions)
-            if len(self._noted) > NOTED_MAX:
+            self._noted_prompts += prompts
+            if self._noted_prompts > NOTED_MAX:
                 self.demote_noted()
 
     def demote_noted(self) -> None:
         """Do the demotions `demote_later` noted."""
         with self._lock:
-            noted, self._noted = self._noted, []
+            noted, self._noted, self._noted_prompts = self._noted, [], 0
             for demotions in noted:
                 for ids, after in demotions():
                     self.demote(ids, after)

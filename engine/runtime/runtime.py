@@ -277,7 +277,7 @@ class Runtime:
         if self.replicas is not None:
             self.replicas.forget(rejected, accepted)
         if self.runner.tree is not None:
-            self.runner.tree.demote_later(partial(_demotions, rejected, accepted))
+            self.runner.tree.demote_later(partial(_demotions, rejected, accepted), len(rejected))
 
     def rows_cached(self, tokens_per_document: float) -> int | None:
         """How many rows' document prefixes (the preamble and a document of this many tokens) the KV pool

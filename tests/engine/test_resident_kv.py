@@ -169,8 +169,8 @@ def test_leaves_the_pool_has_no_room_for_go_to_the_host_tier_and_come_back_exact
 
 def test_a_demotion_noted_for_later_is_done_before_the_tree_changes_or_leaves_go():
     """demote_later changes nothing until the next insert or eviction, which do it first (on the nodes as they
-    were: a prompt inserted below a demoted document afterwards is not demoted); past NOTED_MAX it is done
-    at once."""
+    were: a prompt inserted below a demoted document afterwards is not demoted); past NOTED_MAX prompts
+    noted, at once."""
     from quail.engine.kv import resident
 
     pool = _pool(12)
@@ -179,20 +179,22 @@ def test_a_demotion_noted_for_later_is_done_before_the_tree_changes_or_leaves_go
     for ids in prompts:
         tree.insert(ids, _run(pool, ids))
     asked = []
-    tree.demote_later(lambda: asked.append(1) or [(prompts[2][:3], 2)])
+    tree.demote_later(lambda: asked.append(1) or [(prompts[2][:3], 2)], 1)
     assert not asked and not tree.match(prompts[2]).node.demoted, "nothing done yet"
     later = np.array([1, 2, 30, 31])
     tree.insert(later, _run(pool, later))  # demotes prompts[2]'s document first, then goes below it
     assert asked == [1] and tree.match(prompts[2]).node.demoted and not tree.match(later).node.demoted
-    tree.demote_later(lambda: [(prompts[0], 2)])
+    tree.demote_later(lambda: [(prompts[0], 2)], 1)
     gc.collect()
     assert pool.take(4) is not None, "1 slot short: one leaf goes"
     assert tree.match(prompts[0]).length == 2, "prompts[0]'s, demoted by then (else prompts[2]'s would go)"
     assert tree.match(prompts[1]).length == 4 and tree.match(prompts[2]).length == 4
     noted = []
-    for n in range(resident.NOTED_MAX + 1):
-        tree.demote_later(lambda n=n: noted.append(n) or [])
-    assert noted == list(range(resident.NOTED_MAX + 1)), "past NOTED_MAX, every noted one done at once"
+    tree.demote_later(lambda: noted.append(1) or [], resident.NOTED_MAX - 1)
+    tree.demote_later(lambda: noted.append(2) or [], 1)
+    assert noted == [], "NOTED_MAX prompts may wait"
+    tree.demote_later(lambda: noted.append(3) or [], 1)
+    assert noted == [1, 2, 3], "past NOTED_MAX prompts, every noted one done at once"
 
 
 def test_the_host_tier_drops_its_least_recently_used_leaves_and_the_plans_demoted_ones_skip_it():
