@@ -62,8 +62,9 @@ SPANS: list[tuple[str, str | None, list[str]]] = [  # module, class (None: the m
     ("quail.engine.runtime.scheduler", "_Hold", ["claim", "release"]),
     ("quail.engine.runtime.scheduler", None, ["_roots"]),
     ("quail.engine.runtime.model_runner", "ModelRunner", ["forward_shared", "_inputs", "answer_logprobs"]),
-    ("quail.engine.runtime.model_runner", None, ["_keeping"]),
+    ("quail.engine.runtime.model_runner", None, ["_keeping", "on_device"]),
     ("quail.engine.kernels.attention", "Rows", ["build"]),
+    ("quail.engine.kernels.attention", None, ["_buckets", "_packed", "query_blocks", "on_device"]),
     ("quail.engine.model.decoder", "Decoder", ["forward"]),
 ]
 
