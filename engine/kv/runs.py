@@ -17,12 +17,8 @@ class KVLedger:
         self._lock = threading.Lock()
         self.resident_bytes = 0
 
-    def keep(self, kv: "KV") -> None:
-        """Count the run's bytes until the run is freed."""
-        self.keep_each([kv])
-
     def keep_each(self, runs: list["KV"]) -> None:
-        """`keep` for runs in one pool, counted at once."""
+        """Count the bytes of these runs (in one pool), each until it is freed, at once."""
         if runs:
             per_token, total = runs[0].parts[0][0].bytes_per_token, 0
             for kv in runs:

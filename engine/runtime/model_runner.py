@@ -238,7 +238,7 @@ class ModelRunner:
         new = self.pool.take(len(rows))
         if new is None:
             return None
-        kept: list[KV | None] = list(KV(((self.pool, new),)).blocks(1))  # held from now: freed if the step fails
+        kept: list[KV | None] = runs_of(self.pool, new, [1] * len(new))  # held from now: freed if the step fails
         self.ledger.keep_each(kept)
         if self.tree is not None:
             self.tree.settle()

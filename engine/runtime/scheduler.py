@@ -531,10 +531,10 @@ class TreeJob:
         self.chain: list[int] = []
         self.restored = 0  # tokens this pass's items copied back from the host tier
 
-    def _start(self, members: list[int], documents: dict[bytes, Match] | None = None) -> int:
+    def _start(self, members: list[int], documents: dict[bytes, Match]) -> int:
         """The members' roots at the frontier's front, longest first; the tokens they plan (counted).
-        `documents`: matches of document prefixes made for them already (`_roots`)."""
-        roots = _roots(self.runner.tree, self.requests, members, self.hold, {} if documents is None else documents)
+        `documents`: the matches of document prefixes made for them already (`_Hold.claim`; see `_roots`)."""
+        roots = _roots(self.runner.tree, self.requests, members, self.hold, documents)
         roots = [(_chunked(node, self.runner.token_budget), kv, None) for node, kv in sorted(
             roots, key=lambda item: len(item[0]), reverse=True)]
         planned = sum(len(node) for root, *_ in roots for node in [root, *nodes(root)])
@@ -554,7 +554,7 @@ class TreeJob:
             for i in ready:
                 del self.waiting[i]
             if ready:
-                self._start(ready)
+                self._start(ready, {})
         while self.frontier and fill.admits(len(self.frontier[0][0])):
             if self.restored > self.runner.pool.slots // 2 and isinstance(self.frontier[0][1], Fetch) and \
                     self.frontier[0][1].kv is None:
