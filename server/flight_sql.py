@@ -32,6 +32,7 @@ from quail.server.flight_messages import (CANCEL_STATUS_CANCELLED, CANCEL_STATUS
 from quail.server.ipc import plain_schema, schema_bytes
 from quail.server.metrics import Metrics
 from quail.server.query_service import QueryService
+from quail.server.read_ahead import ReadAhead
 from quail.server.session_options import LAST_QUERY, Sessions
 from quail.server.statements import HeadStart, Planned, PreparedStatement, Statements
 from quail.server.status import status_of
@@ -63,7 +64,7 @@ class FlightSQLHandler:
         self.sessions = Sessions({"dialect": dialect, "catalog": CATALOG_NAME, "schema": SCHEMA_NAME},
                                  {"dialect": tuple(DIALECTS), "catalog": (CATALOG_NAME,), "schema": (SCHEMA_NAME,)})
         self.statements = Statements(limits.work)
-        self.heads = ThreadPoolExecutor(limits.max_active, "quail-head")  # head starts' first batches
+        self.heads = ThreadPoolExecutor(limits.max_active, "quail-head")  # head starts' batches, made ahead
         self.warming = ThreadPoolExecutor(1, "quail-warm")  # tokenizing the texts of tables as they are written
         self.access = access
         self.catalog = self._system_tables("-", everyone=True)  # for planning: the tables and their schemas
@@ -289,11 +290,9 @@ class FlightSQLHandler:
             return done.schema, done.to_batches()
         plan, schema, work, head = self.statements.start(cmd.statement_handle, user_of(context), self.store.version)
         context.add_callback(work.cancel)  # the client ended the call (or it finished): stop the model work
-        if head is not None:
-            batches, first = head.batches, head.first.result()
-        else:
-            batches = self._stream(plan, None, lambda: schema, work, context, cmd.statement_handle)
-            first = next(batches, None)  # the model work: its errors leave before any data, as a plain status
+        batches = iter(head.batches) if head is not None else \
+            self._stream(plan, None, lambda: schema, work, context, cmd.statement_handle)
+        first = next(batches, None)  # the model work: its errors leave before any data, as a plain status
         return schema, [] if first is None else itertools.chain([first], batches)
 
     def _tables(self, cmd: Message) -> pa.Table:
@@ -406,10 +405,9 @@ class FlightSQLHandler:
         def first_schema() -> pa.Schema:
             work.under_way.set()
             return schema()
-        batches = self._stream(plan, None, first_schema, work, context, handle)
-        first = self.heads.submit(next, batches, None)
-        first.add_done_callback(lambda _: work.under_way.set())
-        return HeadStart(handle, work, batches, first, version)
+        batches = ReadAhead(self._stream(plan, None, first_schema, work, context, handle), self.heads)
+        batches.first.add_done_callback(lambda _: work.under_way.set())
+        return HeadStart(handle, work, batches, version)
 
     def _close_prepared(self, body: bytes, context) -> list[bytes]:
         _, request = self._command(body, "ClosePreparedStatement")

@@ -7,9 +7,8 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Callable, Generic, TypeVar
 
 import pyarrow as pa
 
@@ -18,6 +17,7 @@ from quail.engine.exec.plan import PhysicalPlan
 from quail.engine.runtime.query_work import QueryWork
 
 from quail.server.flight_messages import CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING, CANCEL_STATUS_NOT_CANCELLABLE
+from quail.server.read_ahead import ReadAhead
 
 
 T = TypeVar("T")
@@ -55,22 +55,22 @@ class Planned:
 @dataclass
 class HeadStart:
     """A prepared query of no parameters, run from the moment it was prepared: ADBC and JDBC run a statement
-    right after preparing it, so its first batch (`first`, a future of the next batch of `batches`) is
-    computed while the client asks for its FlightInfo and its ticket, and its DoGet goes on from there.
-    `handle`: its running entry, then the ticket of its first FlightInfo; `version`: the catalog's when it
-    began (a query that would read another runs afresh)."""
+    right after preparing it, so its first batch is computed while the client asks for its FlightInfo and
+    its ticket, and its DoGet reads on from there (`batches`: made ahead of the DoGet, the stream's end
+    while the DoGet sends the last batch). `handle`: its running entry, then the ticket of its first
+    FlightInfo; `version`: the catalog's when it began (a query that would read another runs afresh)."""
 
     handle: bytes
     work: QueryWork
-    batches: Iterator[pa.RecordBatch]
-    first: Future
+    batches: ReadAhead[pa.RecordBatch]
     version: int
     at: float = field(default_factory=time.monotonic)
 
     def stop(self) -> None:
-        """Cancel its work and end its stream (its running entry and admission go) once `first` is done."""
+        """Cancel its work and end its stream (its running entry and admission go) once the batch being made
+        is done."""
         self.work.cancel()
-        self.first.add_done_callback(lambda _: self.batches.close())
+        self.batches.close()
 
 
 @dataclass

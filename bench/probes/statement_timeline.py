@@ -12,7 +12,8 @@ rows one after another on one ADBC connection, as bench/server_load.py's
 phase B. Writes a text file: the spans of `--show` statements (start ms, end
 ms, duration ms, thread, span; times from the statement's
 CreatePreparedStatement, spans under 0.01 ms left out), then each span's
-median total per statement over the second half of the statements, and the
+median total per statement over the second half of the statements (with the
+time from a statement's answers to the client's next prepare), and the
 client's median latency. The timers cost microseconds a call: compare such
 timelines with each other, not with the benchmark's figures.
 """
@@ -44,6 +45,7 @@ from quail.clients.server_process import ServerProcess, free_port
 
 EVENTS_ENV = "QUAIL_TIMELINE_EVENTS"  # where the traced server writes its spans as it exits
 PREPARE, PLAN = "FlightSQLHandler.do_action", "QueryService.plan"  # a statement starts at the prepare that plans
+ANSWERS, AFTER = "Scoring.read", "from its answers to the next prepare"  # the tail after the device's work
 
 SPANS: list[tuple[str, str | None, list[str]]] = [  # module, class (None: the module's functions), functions
     ("quail.server.flight_sql", "FlightSQLHandler", ["do_action", "get_flight_info", "do_get", "_stream"]),
@@ -123,7 +125,8 @@ def _traced_serve(argv: list[str]) -> int:
 
 def timeline(events: list, count: int, show: int) -> str:
     """Of the last `count` statements (a statement: from its planning prepare to the next's), the spans of
-    `show` from the middle, then each span's median total per statement over the second half."""
+    `show` from the middle, then each span's median total per statement over the second half, and the
+    median time from a statement's answers on the host (its last `Scoring.read`) to the next prepare."""
     events = sorted(events, key=lambda e: e[2])
     plans = [e[2] for e in events if e[0] == PLAN]
     starts = [e[2] for e in events if e[0] == PREPARE and any(e[2] <= p <= e[3] for p in plans)][-count:]
@@ -140,6 +143,9 @@ def timeline(events: list, count: int, show: int) -> str:
                     lines.append(f"{(t0 - begin) * 1000:8.2f} {(t1 - begin) * 1000:8.2f} {(t1 - t0) * 1000:7.2f}  "
                                  f"{thread[:18]:18s} {name}")
         sums["cycle"] = (end - begin) * 1000
+        answered = [t1 for name, _, t0, t1 in events if name == ANSWERS and begin <= t0 < end]
+        if answered:
+            sums[AFTER] = (end - max(answered)) * 1000
         if k < half.start + show:
             lines += [f"cycle {sums['cycle']:.2f}", ""]
         for name, ms in sums.items():

@@ -3,7 +3,7 @@ pile up (the least recently used go, and a later use of their handle is NOT_FOUN
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pytest
@@ -12,6 +12,7 @@ from quail.engine.errors import NotFound
 from quail.engine.exec.plan import PhysicalPlan
 from quail.server import statements as statements_module
 from quail.server.admission import Admission
+from quail.server.read_ahead import ReadAhead
 from quail.server.statements import PLAN_HOLDS_S, HeadStart, Planned, Statements
 
 
@@ -51,14 +52,14 @@ def test_a_head_start_is_stopped_unless_its_ticket_is_redeemed_in_time_over_its_
     and run.) A stopped head start's work is cancelled and its stream closed."""
     statements, plan = Statements(), PhysicalPlan((), (), "r")
 
+    pool = ThreadPoolExecutor(4)
+
     def head_start() -> HeadStart:
         handle, work = statements.begin("SELECT 1", "-")
-        first: Future = Future()
-        first.set_result(None)
-        return HeadStart(handle, work, (batch for batch in [pa.record_batch({"a": [1]})]), first, 1)
+        return HeadStart(handle, work, ReadAhead((batch for batch in [pa.record_batch({"a": [1]})]), pool), 1)
 
     def stopped(head: HeadStart) -> bool:
-        return head.work.cancelled.is_set() and next(head.batches, None) is None
+        return head.work.cancelled.is_set() and next(iter(head.batches), None) is None
 
     late, stale, taken, closed = (head_start() for _ in range(4))
     prepared = {head.handle: statements.prepare("SELECT 1", head=head) for head in (late, stale, taken, closed)}

@@ -1,0 +1,78 @@
+"""A generator's items made on a thread ahead of their reader, so that sending one overlaps making the next."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from concurrent.futures import Executor, Future
+from typing import Generator, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class ReadAhead(Generic[T]):
+    """The items of `items`, made on a thread of `pool` from now on, at most `depth` of them made and not yet
+    read. While the reader sends one item the next is made; after the last, the generator's own end (a
+    query's report) runs while the reader sends that last item.
+
+    The reader gets the items in order, then the generator's error if it raised one. `first` is done once
+    the first item, the end or the error is there to read (or the making stopped). `close()` (any thread,
+    any time, more than once) stops the making: the generator is closed on its own thread once its current
+    item is made, and a read after it finds no more items. The reader's loop ending, however it ends,
+    closes it.
+    """
+
+    def __init__(self, items: Generator[T, None, None], pool: Executor, depth: int = 1) -> None:
+        self._items, self._depth = items, depth
+        self._made: deque[tuple[T | None, BaseException | None, bool]] = deque()  # item, error, end
+        self._changed = threading.Condition()
+        self._closed = False
+        self.first: Future = Future()
+        pool.submit(self._make)
+
+    def __iter__(self) -> Iterator[T]:
+        try:
+            while True:
+                with self._changed:
+                    self._changed.wait_for(lambda: self._made or self._closed)
+                    if self._closed:
+                        return
+                    item, error, end = self._made.popleft()
+                    self._changed.notify_all()
+                if error is not None:
+                    raise error
+                if end:
+                    return
+                yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def _make(self) -> None:
+        try:
+            for item in self._items:
+                if not self._put(item, None, False):
+                    return
+            self._put(None, None, True)
+        except BaseException as err:  # the reader raises it, as if it had made the item itself
+            self._put(None, err, True)
+        finally:
+            self._items.close()
+            if not self.first.done():
+                self.first.set_result(None)
+
+    def _put(self, item: T | None, error: BaseException | None, end: bool) -> bool:
+        """Hand one over (an end at once, an item once fewer than `depth` wait); False once closed."""
+        with self._changed:
+            self._changed.wait_for(lambda: end or len(self._made) < self._depth or self._closed)
+            if self._closed:
+                return False
+            self._made.append((item, error, end))
+            self._changed.notify_all()
+        if not self.first.done():
+            self.first.set_result(None)
+        return True
