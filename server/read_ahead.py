@@ -12,8 +12,10 @@ T = TypeVar("T")
 
 class ReadAhead(Generic[T]):
     """The items of `items`, made on a thread of `pool` from now on, at most `depth` of them made and not yet
-    read. While the reader sends one item the next is made; after the last, the generator's own end (a
-    query's report) runs while the reader sends that last item.
+    taken by the reader, the one being made counted: the first (or the end, where there is none) is made
+    before anyone reads, each next one while the reader sends the last it took, and nothing past the first
+    without a reader. After the last item, the generator's own end (a query's report) runs while the reader
+    sends that item.
 
     The reader gets the items in order, then the generator's error if it raised one. `first` is done once
     the first item, the end or the error is there to read (or the making stopped). `close()` (any thread,
@@ -54,25 +56,31 @@ class ReadAhead(Generic[T]):
 
     def _make(self) -> None:
         try:
-            for item in self._items:
-                if not self._put(item, None, False):
+            while self._room():
+                try:
+                    item = next(self._items)
+                except StopIteration:
+                    self._hand(None, None, True)
                     return
-            self._put(None, None, True)
+                self._hand(item, None, False)
         except BaseException as err:  # the reader raises it, as if it had made the item itself
-            self._put(None, err, True)
+            self._hand(None, err, True)
         finally:
             self._items.close()
             if not self.first.done():
                 self.first.set_result(None)
 
-    def _put(self, item: T | None, error: BaseException | None, end: bool) -> bool:
-        """Hand one over (an end at once, an item once fewer than `depth` wait); False once closed."""
+    def _room(self) -> bool:
+        """Wait until fewer than `depth` items wait for the reader; False once closed."""
         with self._changed:
-            self._changed.wait_for(lambda: end or len(self._made) < self._depth or self._closed)
+            self._changed.wait_for(lambda: len(self._made) < self._depth or self._closed)
+            return not self._closed
+
+    def _hand(self, item: T | None, error: BaseException | None, end: bool) -> None:
+        with self._changed:
             if self._closed:
-                return False
+                return
             self._made.append((item, error, end))
             self._changed.notify_all()
         if not self.first.done():
             self.first.set_result(None)
-        return True

@@ -48,21 +48,36 @@ def test_an_error_reaches_the_reader_after_the_items_made_before_it(pool):
     assert read == [1]
 
 
-def test_at_most_depth_items_wait_and_one_more_is_in_hand(pool):
-    made, went_on = [], threading.Event()
+def test_the_next_item_is_made_only_once_the_reader_took_the_last(pool):
+    made = []
 
     def items() -> Iterator[int]:
         for i in range(10):
             made.append(i)
-            if i == 2:
-                went_on.set()
             yield i
 
-    reader = iter(ReadAhead(items(), pool, depth=1))
+    ahead = ReadAhead(items(), pool, depth=1)
+    assert ahead.first.result(WAIT_S) is None
+    assert not _waits_for(lambda: len(made) > 1), "no reader: only the first is made"
+    reader = iter(ahead)
     assert next(reader) == 0
-    assert went_on.wait(WAIT_S)
-    assert not _waits_for(lambda: len(made) > 3), "item 1 waits, item 2 is in hand, item 3 is not begun"
+    assert _waits_for(lambda: len(made) == 2, WAIT_S), "the second is made while the reader sends the first"
+    assert not _waits_for(lambda: len(made) > 2)
     assert list(reader) == list(range(1, 10))
+
+
+def test_without_a_reader_the_end_is_not_made(pool):
+    ended = threading.Event()
+
+    def items() -> Iterator[int]:
+        yield 1
+        ended.set()  # a query's report: only for a query whose rows someone reads
+
+    ahead = ReadAhead(items(), pool)
+    assert ahead.first.result(WAIT_S) is None
+    assert not ended.wait(0.2)
+    ahead.close()
+    assert not ended.wait(0.2)
 
 
 def test_close_stops_the_making_and_closes_the_generator_on_its_thread(pool):
