@@ -136,16 +136,18 @@ def timeline(events: list, count: int, show: int) -> str:
     for k in half:
         begin, end = starts[k], starts[k + 1]
         sums: dict[str, float] = collections.defaultdict(float)
+        answered = None  # the end of the statement's last ANSWERS span
         for name, thread, t0, t1 in events:
             if begin <= t0 < end:
                 sums[name] += (t1 - t0) * 1000
+                if name == ANSWERS:
+                    answered = t1 if answered is None else max(answered, t1)
                 if k < half.start + show and t1 - t0 >= 1e-5:
                     lines.append(f"{(t0 - begin) * 1000:8.2f} {(t1 - begin) * 1000:8.2f} {(t1 - t0) * 1000:7.2f}  "
                                  f"{thread[:18]:18s} {name}")
         sums["cycle"] = (end - begin) * 1000
-        answered = [t1 for name, _, t0, t1 in events if name == ANSWERS and begin <= t0 < end]
-        if answered:
-            sums[AFTER] = (end - max(answered)) * 1000
+        if answered is not None:
+            sums[AFTER] = (end - answered) * 1000
         if k < half.start + show:
             lines += [f"cycle {sums['cycle']:.2f}", ""]
         for name, ms in sums.items():
