@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from quail.engine.kernels.paged_decode import gathered
 from quail.engine.kernels.padding_buckets import SMALL, padded_shape, width_class
-from quail.engine.kv.pool import KVPool, on_device
+from quail.engine.kv.pool import KVPool, on_device_all
 from quail.engine.kv.rows import copy_rows
 from quail.engine.kv.runs import KV, end_to_end
 
@@ -53,8 +53,7 @@ def query_blocks(spans: list[tuple[int, int, int]], block: int) -> np.ndarray:
     return np.stack([firsts, np.minimum(block, table[span, 1] - firsts), table[span, 2]], axis=1).astype(np.int32)
 
 
-def _buckets(lengths: list[int], starts: np.ndarray, device: torch.device
-             ) -> tuple[list[tuple[int, int, int]], torch.Tensor]:
+def _buckets(lengths: list[int], starts: np.ndarray) -> tuple[list[tuple[int, int, int]], np.ndarray]:
     """Each padding bucket's (offset, rows, width) in one flat buffer, and each packed token's place there."""
     members: dict[int, list[int]] = {}
     for b, n in enumerate(lengths):
@@ -66,7 +65,7 @@ def _buckets(lengths: list[int], starts: np.ndarray, device: torch.device
         buckets.append((offset, count, width))
         offset += count * width
     within = np.arange(starts[-1]) - np.repeat(starts[:-1], lengths)
-    return buckets, on_device(device, np.repeat(base, lengths) + within)
+    return buckets, np.repeat(base, lengths) + within
 
 
 @dataclass(eq=False)
@@ -152,9 +151,13 @@ def _chains(starts: np.ndarray, parents: list[int | None]) -> list[np.ndarray]:
     return chains
 
 
-def _packed(lengths: list[int], starts: np.ndarray, row_runs: list[tuple[int, int, KV]], chains: list[np.ndarray],
-            device: torch.device) -> tuple[Packed, list[tuple[int, int, KV]]]:
-    """The varlen layout of the rows, and the runs (first row, end row, KV) left to attend separately."""
+PACKED_ARRAYS = ("offsets", "key_offsets", "rows", "blocks", "own_index", "inline_index", "chain_from", "chain_to")
+
+
+def _packed(lengths: list[int], starts: np.ndarray, row_runs: list[tuple[int, int, KV]], chains: list[np.ndarray]
+            ) -> tuple[dict[str, np.ndarray | None], dict, list[tuple[int, int, KV]]]:
+    """The varlen layout of the rows: Packed's index arrays (PACKED_ARRAYS, on the host) and its other
+    fields; and the runs (first row, end row, KV) left to attend separately."""
     lengths_a = np.asarray(lengths, dtype=np.int64)
     copied = np.zeros(len(lengths), dtype=np.int64)
     chained = np.array([len(c) for c in chains], dtype=np.int64)
@@ -172,24 +175,23 @@ def _packed(lengths: list[int], starts: np.ndarray, row_runs: list[tuple[int, in
         apart[first:end] = True
     spans = [(starts[b], starts[b + 1], -1) for b in np.flatnonzero(~apart)]
     spans += [(starts[first], starts[end], i) for i, (first, end, _) in enumerate(kept)]
-    packed = Packed(on_device(device, starts.astype(np.int32)), on_device(device, key_offsets.astype(np.int32)),
-                    int(lengths_a.max()), int((before + lengths_a).max()), int(key_offsets[-1]),
-                    on_device(device, np.repeat(np.arange(len(lengths), dtype=np.int32), lengths_a)),
-                    on_device(device, query_blocks(spans, QUERY_BLOCK)))
+    arrays: dict[str, np.ndarray | None] = dict.fromkeys(PACKED_ARRAYS)
+    arrays.update(offsets=starts.astype(np.int32), key_offsets=key_offsets.astype(np.int32),
+                  rows=np.repeat(np.arange(len(lengths), dtype=np.int32), lengths_a),
+                  blocks=query_blocks(spans, QUERY_BLOCK))
+    other = {"longest": int(lengths_a.max()), "longest_keys": int((before + lengths_a).max()),
+             "key_total": int(key_offsets[-1])}
     if not before.any():
-        return packed, kept
-    own = np.repeat(key_offsets[:-1] + before - starts[:-1], lengths_a) + np.arange(starts[-1])
-    packed.own_index = on_device(device, own)
+        return arrays, other, kept
+    arrays["own_index"] = np.repeat(key_offsets[:-1] + before - starts[:-1], lengths_a) + np.arange(starts[-1])
     if inlined:
-        copies = np.concatenate([key_offsets[b] + np.arange(len(run)) for first, end, run in inlined
-                                 for b in range(first, end)])
-        packed.inline_index = on_device(device, copies)
-        packed.inlined = [(run, end - first) for first, end, run in inlined]
+        arrays["inline_index"] = np.concatenate([key_offsets[b] + np.arange(len(run)) for first, end, run in inlined
+                                                 for b in range(first, end)])
+        other["inlined"] = [(run, end - first) for first, end, run in inlined]
     if chained.any():
-        packed.chain_from = on_device(device, np.concatenate(chains))
-        packed.chain_to = on_device(device, np.concatenate([key_offsets[b] + copied[b] + np.arange(n)
-                                                      for b, n in enumerate(chained)]))
-    return packed, kept
+        arrays["chain_from"] = np.concatenate(chains)
+        arrays["chain_to"] = np.concatenate([key_offsets[b] + copied[b] + np.arange(n) for b, n in enumerate(chained)])
+    return arrays, other, kept
 
 
 def _stretches(keys: list[tuple[int, ...]]) -> list[tuple[int, int]]:
@@ -201,6 +203,22 @@ def _stretches(keys: list[tuple[int, ...]]) -> list[tuple[int, int]]:
         else:
             out.append((b, b + 1))
     return out
+
+
+def _run_arrays(starts: np.ndarray, runs: list[tuple[int, int, KV | None, np.ndarray | None]]
+                ) -> tuple[KVPool | None, list[np.ndarray | None]]:
+    """For the runs attended apart, each (first row, end row, past, chain): the pool holding their pasts end
+    to end (None: not in one pool, or a run follows a chain), and on the host Rows' past_index, run_offsets
+    (query and key counts), run_blocks and the slots of run_slots (None where there is none)."""
+    if not runs:
+        return None, [None] * 5
+    past_index = np.concatenate([np.arange(starts[first], starts[end]) for first, end, _, _ in runs])
+    sizes = np.array([[0, 0]] + [[starts[end] - starts[first], len(Before(past)) + (0 if chain is None else len(chain))]
+                                 for first, end, past, chain in runs], dtype=np.int32).cumsum(0, dtype=np.int32)
+    blocks = query_blocks([(sizes[i, 0], sizes[i + 1, 0], i) for i in range(len(runs))], QUERY_BLOCK)
+    slots = None if any(chain is not None for *_, chain in runs) else end_to_end([past for _, _, past, _ in runs])
+    arrays = [past_index, sizes[:, 0].copy(), sizes[:, 1].copy(), blocks]
+    return (None, [*arrays, None]) if slots is None else (slots[0], [*arrays, slots[1].astype(np.int64)])
 
 
 @dataclass
@@ -249,29 +267,28 @@ class Rows:
             raise ValueError("a row continuing an earlier row of its pass continues that row's past too")
         chains = _chains(starts, parents)
         context = [(len(past) if past is not None else 0) + len(chain) for past, chain in zip(pasts, chains)]
-        buckets, pad_index, packed = [], None, None
+        buckets, pad_index, packed, other = [], None, dict.fromkeys(PACKED_ARRAYS), None
         if padded:
-            buckets, pad_index = _buckets(lengths, starts, device)
+            buckets, pad_index = _buckets(lengths, starts)
             stretches = _stretches([(id(past), parent) for past, parent in zip(pasts, parents)])
-            runs = [(first, end, Before(pasts[first], on_device(device, chains[first]) if len(chains[first]) else None))
+            runs = [(first, end, pasts[first], chains[first] if len(chains[first]) else None)
                     for first, end in stretches if context[first]]
         else:
             stretches = _stretches([(id(past),) for past in pasts])
             row_runs = [(first, end, pasts[first]) for first, end in stretches if pasts[first] is not None]
-            packed, kept = _packed(lengths, starts, row_runs, chains, device)
-            runs = [(first, end, Before(run)) for first, end, run in kept]
-        runs = [(int(starts[first]), int(starts[end]), before) for first, end, before in runs]
-        layout = cls(lengths, starts.tolist(), context, buckets, pad_index, runs, packed=packed)
+            packed, other, kept = _packed(lengths, starts, row_runs, chains)
+            runs = [(first, end, run, None) for first, end, run in kept]
+        pool, run_arrays = _run_arrays(starts, runs)
+        moved = iter(on_device_all(device, [pad_index, *packed.values(), *run_arrays, *(c for *_, c in runs)]))
+        pad_index = next(moved)
+        packed = {name: next(moved) for name in packed}
+        past_index, queries, keys, blocks, slots = (next(moved) for _ in run_arrays)
+        runs = [(int(starts[first]), int(starts[end]), Before(past, next(moved))) for first, end, past, _ in runs]
+        layout = cls(lengths, starts.tolist(), context, buckets, pad_index, runs,
+                     packed=None if other is None else Packed(**packed, **other))
         if runs:
-            layout.past_index = on_device(device, np.concatenate([np.arange(a, e) for a, e, _ in runs]))
-            sizes = np.array([[0, 0]] + [[e - a, len(run)] for a, e, run in runs], dtype=np.int32)
-            sizes = sizes.cumsum(0, dtype=np.int32)
-            layout.run_offsets = (on_device(device, sizes[:, 0].copy()), on_device(device, sizes[:, 1].copy()))
-            layout.run_blocks = on_device(device, query_blocks(
-                [(sizes[i, 0], sizes[i + 1, 0], i) for i in range(len(runs))], QUERY_BLOCK))
-            slots = None if any(run.chain is not None for *_, run in runs) else end_to_end([r.past for *_, r in runs])
-            if slots is not None:
-                layout.run_slots = (slots[0], on_device(device, slots[1].astype(np.int64)))
+            layout.past_index, layout.run_offsets, layout.run_blocks = past_index, (queries, keys), blocks
+            layout.run_slots = None if pool is None else (pool, slots)
         return layout
 
     def pad(self, x: torch.Tensor) -> list[torch.Tensor]:

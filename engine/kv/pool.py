@@ -13,7 +13,7 @@ of least-needed runs first.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +25,30 @@ def on_device(device: torch.device, array: np.ndarray) -> torch.Tensor:
     """A host array on the device without waiting for the work queued there (pinned, non-blocking)."""
     host = torch.from_numpy(np.ascontiguousarray(array))
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+
+ALIGN = 16  # bytes: where each array of a joint copy starts (any element type's alignment)
+
+
+def on_device_all(device: torch.device, arrays: Sequence[np.ndarray | None]) -> list[torch.Tensor | None]:
+    """Host arrays on the device in one copy (pinned, non-blocking; None stays None): each array at an
+    aligned offset of one staged buffer, and each tensor a view of the buffer on the device, of the array's
+    dtype and shape. A pass's index arrays go up together: each copy of its own costs the host ~50 µs."""
+    arrays = [None if a is None else np.ascontiguousarray(a) for a in arrays]
+    if device.type != "cuda":
+        return [None if a is None else torch.from_numpy(a) for a in arrays]
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += 0 if a is None else -(-a.nbytes // ALIGN) * ALIGN
+    staged = torch.empty(max(total, ALIGN), dtype=torch.uint8, pin_memory=True)
+    host = staged.numpy()
+    for a, at in zip(arrays, offsets):
+        if a is not None:
+            host[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
+    moved = staged.to(device, non_blocking=True)
+    return [None if a is None else moved[at:at + a.nbytes].view(torch.from_numpy(a[:0]).dtype).view(a.shape)
+            for a, at in zip(arrays, offsets)]
 
 
 def token_bytes(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

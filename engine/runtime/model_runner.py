@@ -12,7 +12,7 @@ import torch
 from quail.engine.errors import InvalidArgument
 from quail.engine.kernels.attention import Rows
 from quail.engine.kv.host_tier import HostTier
-from quail.engine.kv.pool import KVPool, on_device, token_bytes
+from quail.engine.kv.pool import KVPool, on_device_all, token_bytes
 from quail.engine.kv.resident import ResidentTree
 from quail.engine.kv.runs import KV, KVLedger, runs_of
 from quail.engine.model.decoder import Decoder
@@ -45,9 +45,8 @@ def _keeping(rows: list[Row], starts: list[int], pool: KVPool, ledger: KVLedger
     taken = iter(runs)
     kept: list[KV | None] = [next(taken) if count else None for count in counts]
     every = total == starts[-1]  # every token of the pass, in order
-    source = None if every else on_device(pool.device, np.concatenate(
-        [np.arange(start, start + count) for start, count in zip(starts, counts) if count]))
-    target = on_device(pool.device, slots)
+    source, target = on_device_all(pool.device, [None if every else np.concatenate(
+        [np.arange(start, start + count) for start, count in zip(starts, counts) if count]), slots])
 
     def write(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if source is not None:
@@ -171,12 +170,9 @@ class ModelRunner:
         starts = np.array(layout.starts)
         ids = np.concatenate([r.ids for r in rows]).astype(np.int64)
         positions = np.arange(starts[-1]) - np.repeat(starts[:-1] - np.array(layout.context), layout.lengths)
-        host = torch.from_numpy(np.stack([ids, positions]))
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-        ids_t, positions_t = host.to(self.device, non_blocking=True)
+        ids_t, positions_t, last = on_device_all(self.device, [ids, positions, starts[1:] - 1])
         feed_from_device(ids_t, rows, layout.starts)
-        return ids_t, positions_t, on_device(self.device, starts[1:] - 1)
+        return ids_t, positions_t, last
 
     def forward(self, rows: list[Row], stats: Stats) -> tuple[torch.Tensor, list[KV | None]]:
         """Last hidden state of each row, and the KV of rows that asked to keep it: one pass, now, on the
