@@ -11,6 +11,7 @@ tuples joined back to the cores.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 from sqlglot import exp
@@ -105,10 +106,13 @@ def _copy_except(node: exp.Expression, skipped: tuple[str, ...]) -> exp.Expressi
 
 
 def _picked(query: exp.Expression, output: str) -> SQLStep:
-    """A DuckDB step running `query`, a tree of its own: its picks (planner/picks.py) read first, then its SQL
-    generated from the tree itself, not from a copy."""
+    """A DuckDB step running `query`, a tree of its own that nothing changes after: its picks
+    (planner/picks.py), and its SQL written only if needed (the executor takes the rows of a statement that
+    picks in Arrow; then none is), from a copy of the tree (DuckDB's generator changes what it writes
+    from, and threads may write it at once)."""
     picks = picks_of(query)
-    return SQLStep(query.sql("duckdb", copy=False), output, picks)
+    return SQLStep(partial(query.sql, "duckdb") if picks is not None else query.sql("duckdb", copy=False),
+                   output, picks)
 
 
 class _Emitter:

@@ -8,6 +8,7 @@ runs steps that way, Substrait export translates them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, ClassVar, Generic, Mapping, Protocol, TypeVar, Union
 
 import pyarrow as pa
@@ -56,11 +57,17 @@ class _OneStep:
 class SQLStep(_OneStep):
     """Run one DuckDB statement over named relations (tables and earlier outputs); `picks`: the statement
     only picks rows and columns of one relation (the executor takes them in Arrow where DuckDB would
-    answer as Arrow does: picks.py)."""
+    answer as Arrow does: picks.py). `text`: the statement, or what writes it when it is first needed
+    (`sql`; it may be called more than once, from several threads): the text of a statement that picks
+    is often never needed."""
 
-    sql: str
+    text: str | Callable[[], str]
     output: str
     picks: Picks | None = None
+
+    @cached_property
+    def sql(self) -> str:
+        return self.text if isinstance(self.text, str) else self.text()
 
     def picked(self, relations: Mapping[str, pa.Table]) -> pa.Table | None:
         """The output taken in Arrow (Picks.take), where the statement only picks rows and columns; else None."""
