@@ -9,12 +9,14 @@ each item; the interpreter's garbage collections), ingests `--reviews`
 reviews over ADBC and waits for their tokenizing, runs a `--warm-rows`-row
 statement and ten short ones to warm up, then `--statements` statements of `--rows`
 rows one after another on one ADBC connection, as bench/server_load.py's
-phase B. Writes a text file: the spans of `--show` statements (start ms, end
+phase B (with `--beside-rows`, beside a long statement started before them,
+as its phase E). Writes a text file: the spans of `--show` statements (start ms, end
 ms, duration ms, thread, span; times from the statement's
 CreatePreparedStatement, spans under 0.01 ms left out), then each span's
 median total per statement over the second half of the statements (with the
-time from a statement's answers to the client's next prepare), and the
-client's median latency. The timers cost microseconds a call: compare such
+time from a statement's answers to the client's next prepare, from its job
+handed to the scheduler to the start of the next pass's filling, and from
+there to its answers), and the client's median latency. The timers cost microseconds a call: compare such
 timelines with each other, not with the benchmark's figures.
 """
 
@@ -46,6 +48,9 @@ from quail.clients.server_process import ServerProcess, free_port
 EVENTS_ENV = "QUAIL_TIMELINE_EVENTS"  # where the traced server writes its spans as it exits
 PREPARE, PLAN = "FlightSQLHandler.do_action", "QueryService.plan"  # a statement starts at the prepare that plans
 ANSWERS, AFTER = "Scoring.read", "from its answers to the next prepare"  # the tail after the device's work
+BESIDE_DELAY_S = 2.0  # from the statement beside to the first measured one (its first passes under way)
+QUEUED, PASS = "PassScheduler.run", "PassScheduler._pass"  # a job handed to the scheduler; a pass being filled
+WAITED, COMPUTED = "from its job queued to its pass filled", "from its pass filled to its answers"
 
 SPANS: list[tuple[str, str | None, list[str]]] = [  # module, class (None: the module's functions), functions
     ("quail.server.flight_sql", "FlightSQLHandler", ["do_action", "get_flight_info", "do_get", "_stream"]),
@@ -138,18 +143,24 @@ def timeline(events: list, count: int, show: int) -> str:
     for k in half:
         begin, end = starts[k], starts[k + 1]
         sums: dict[str, float] = collections.defaultdict(float)
-        answered = None  # the end of the statement's last ANSWERS span
+        answered, own = None, None  # the end of the statement's last ANSWERS span, and its thread
         for name, thread, t0, t1 in events:
             if begin <= t0 < end:
                 sums[name] += (t1 - t0) * 1000
-                if name == ANSWERS:
-                    answered = t1 if answered is None else max(answered, t1)
+                if name == ANSWERS and (answered is None or t1 > answered):
+                    answered, own = t1, thread
                 if k < half.start + show and t1 - t0 >= 1e-5:
                     lines.append(f"{(t0 - begin) * 1000:8.2f} {(t1 - begin) * 1000:8.2f} {(t1 - t0) * 1000:7.2f}  "
                                  f"{thread[:18]:18s} {name}")
         sums["cycle"] = (end - begin) * 1000
         if answered is not None:
             sums[AFTER] = (end - answered) * 1000
+        queued = next((t0 for name, thread, t0, _ in events if name == QUEUED and thread == own and begin <= t0 < end),
+                      None) if answered is not None else None  # its job (a statement beside runs on other threads)
+        filled = next((t0 for name, _, t0, _ in events if name == PASS and queued is not None and queued <= t0 < end),
+                      None)
+        if filled is not None:
+            sums[WAITED], sums[COMPUTED] = (filled - queued) * 1000, (answered - filled) * 1000
         if k < half.start + show:
             lines += [f"cycle {sums['cycle']:.2f}", ""]
         for name, ms in sums.items():
@@ -172,6 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--statements", type=int, default=60)
     ap.add_argument("--warm-rows", type=int, default=640, help="rows of the statement that warms the server up")
     ap.add_argument("--show", type=int, default=1, help="statements whose spans are listed")
+    ap.add_argument("--beside-rows", type=int, default=0,
+                    help="rows of a statement started, on a connection of its own, before the statements (a long "
+                         "scan beside them, as bench/server_load.py's phase E; its spans count in theirs)")
     ap.add_argument("serve_args", nargs="*", help="after --: arguments for quail serve")
     args = ap.parse_args(argv)
     metrics = free_port()
@@ -186,11 +200,19 @@ def main(argv: list[str] | None = None) -> None:
             run(server.uri, [statement(args.reviews - args.warm_rows, args.warm_rows)] +
                 [statement(args.rows * k, args.rows) for k in range(10)])
             first = 10 * args.rows
+            long = statement(first + args.rows * args.statements, args.beside_rows)
+            beside = threading.Thread(target=run, args=(server.uri, [long]))
+            if args.beside_rows:
+                beside.start()
+                time.sleep(BESIDE_DELAY_S)
             latencies = run(server.uri, [statement(first + args.rows * k, args.rows) for k in range(args.statements)])
+            if args.beside_rows:
+                beside.join()
         text = timeline(json.loads(events_path.read_text()), args.statements, args.show)
+    beside = f", beside a statement of {args.beside_rows} rows" if args.beside_rows else ""
     head = (f"quail serve {' '.join(args.serve_args)}: {args.statements} statements of {args.rows} rows one after "
-            f"another on one ADBC connection;\nstart ms, end ms, duration ms, thread, span, from each statement's "
-            f"CreatePreparedStatement\n\n")
+            f"another on one ADBC connection{beside};\nstart ms, end ms, duration ms, thread, span, from each "
+            f"statement's CreatePreparedStatement\n\n")
     Path(args.out).write_text(f"{head}{text}\nclient p50 {statistics.median(latencies) * 1000:.1f} ms over "
                               f"{len(latencies)} statements of {args.rows} rows\n")
     print(text)

@@ -20,3 +20,14 @@ def test_the_probe_lists_a_statements_spans_and_their_medians(tmp_path):
     assert medians.startswith("2\n"), "the second half of the timed statements, the last one open-ended"
     assert "cycle" in medians.splitlines()[1], "slowest first"
     assert "client p50" in text
+    assert statement_timeline.WAITED in medians and statement_timeline.COMPUTED in medians
+
+
+def test_the_probe_times_statements_beside_a_long_one(tmp_path):
+    out = tmp_path / "timeline.txt"
+    statement_timeline.main(["--out", str(out), "--reviews", "200", "--row-tokens", "16", "--rows", "2",
+                             "--statements", "6", "--warm-rows", "6", "--beside-rows", "120"])
+    head, text = out.read_text().split("\n\n", 1)
+    assert "beside a statement of 120 rows" in head
+    medians = text.split("median ms per statement over ")[1]
+    assert statement_timeline.WAITED in medians and statement_timeline.COMPUTED in medians
