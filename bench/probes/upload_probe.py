@@ -1,7 +1,8 @@
 """GPU probe: the host's microseconds to put a small index array on the device, pinned first or not.
 
 A pass's layout puts about ten small int32/int64 arrays (a few to a few
-thousand entries) on the device (engine/kv/pool.on_device). For each size, the
+thousand entries) on the device, in one copy (engine/kv/pool.on_device_all;
+up to ~1 MB for a pass of 16,384 tokens). For each size, the
 host time per call of: pinning a copy then a non-blocking copy (on_device as
 it is), a non-blocking copy straight from the array's pageable memory, and a
 blocking copy; each timed with the device idle and again behind ~50 ms of
@@ -20,7 +21,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-SIZES = (16, 256, 6_656, 65_536)
+SIZES = (16, 256, 6_656, 65_536, 262_144, 1_048_576)
 REPEATS = 200
 WAYS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "pinned, non-blocking": lambda host: host.pin_memory().to("cuda", non_blocking=True),
