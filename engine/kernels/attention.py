@@ -213,8 +213,9 @@ def _run_arrays(starts: np.ndarray, runs: list[tuple[int, int, KV | None, np.nda
     if not runs:
         return None, [None] * 5
     past_index = np.concatenate([np.arange(starts[first], starts[end]) for first, end, _, _ in runs])
-    sizes = np.array([[0, 0]] + [[starts[end] - starts[first], len(Before(past)) + (0 if chain is None else len(chain))]
-                                 for first, end, past, chain in runs], dtype=np.int32).cumsum(0, dtype=np.int32)
+    keys = [(0 if past is None else len(past)) + (0 if chain is None else len(chain)) for _, _, past, chain in runs]
+    sizes = np.array([[0, 0]] + [[starts[end] - starts[first], n] for (first, end, *_), n in zip(runs, keys)],
+                     dtype=np.int32).cumsum(0, dtype=np.int32)
     blocks = query_blocks([(sizes[i, 0], sizes[i + 1, 0], i) for i in range(len(runs))], QUERY_BLOCK)
     slots = None if any(chain is not None for *_, chain in runs) else end_to_end([past for _, _, past, _ in runs])
     arrays = [past_index, sizes[:, 0].copy(), sizes[:, 1].copy(), blocks]
