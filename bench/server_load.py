@@ -24,7 +24,7 @@ ends, so E's include the long statement's if it ends within E), the resident
 tree's hit rate (prompt tokens found resident over those looked up), the share
 of the phase's wall time the device ran forward passes, fresh tokens per second
 and B's and C's against A's, fresh over logical, and the statements' latencies
-(E's median against E_idle's).
+(each, sorted, their median and largest; E's median against E_idle's).
 """
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ def phase(uri: str, counters: Counters, lanes: list[list[str]]) -> dict:
     return {"wall_s": round(wall, 3), "statements": len(latencies), **{f"{k}_tokens": v for k, v in tokens.items()},
             "fresh_tokens_per_s": round(tokens["fresh"] / wall), "fresh_over_logical": ratio, "kv_hit_rate": hit_rate,
             "device_busy": busy,
-            "latency_p50_s": round(statistics.median(latencies), 3), "latency_max_s": round(max(latencies), 3)}
+            "latency_p50_s": round(statistics.median(latencies), 3), "latency_max_s": round(max(latencies), 3),
+            "latencies_s": sorted(round(seconds, 4) for seconds in latencies)}
 
 
 def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:

@@ -22,3 +22,6 @@ def test_every_phase_runs_and_reads_the_servers_counters(tmp_path):
         assert figures["logical_tokens"] == figures["fresh_tokens"] + figures["cached_tokens"], name
         assert 0 < figures["device_busy"] <= (1.2 if name == "E" else 1.0), name  # E: the long one's passes too
     assert phases["B"]["against_A"] > 0 and phases["E"]["against_idle"] > 0
+    latencies = phases["C"]["latencies_s"]
+    assert len(latencies) == 4 and latencies == sorted(latencies)
+    assert abs(latencies[-1] - phases["C"]["latency_max_s"]) <= 0.001
