@@ -144,23 +144,27 @@ def timeline(events: list, count: int, show: int) -> str:
         begin, end = starts[k], starts[k + 1]
         sums: dict[str, float] = collections.defaultdict(float)
         answered, own = None, None  # the end of the statement's last ANSWERS span, and its thread
+        queued: dict[str, float] = {}  # each thread's first QUEUED start (a statement beside runs on others)
+        passes: list[float] = []  # the PASS starts
         for name, thread, t0, t1 in events:
             if begin <= t0 < end:
                 sums[name] += (t1 - t0) * 1000
                 if name == ANSWERS and (answered is None or t1 > answered):
                     answered, own = t1, thread
+                if name == QUEUED:
+                    queued.setdefault(thread, t0)
+                if name == PASS:
+                    passes.append(t0)
                 if k < half.start + show and t1 - t0 >= 1e-5:
                     lines.append(f"{(t0 - begin) * 1000:8.2f} {(t1 - begin) * 1000:8.2f} {(t1 - t0) * 1000:7.2f}  "
                                  f"{thread[:18]:18s} {name}")
         sums["cycle"] = (end - begin) * 1000
         if answered is not None:
             sums[AFTER] = (end - answered) * 1000
-        queued = next((t0 for name, thread, t0, _ in events if name == QUEUED and thread == own and begin <= t0 < end),
-                      None) if answered is not None else None  # its job (a statement beside runs on other threads)
-        filled = next((t0 for name, _, t0, _ in events if name == PASS and queued is not None and queued <= t0 < end),
-                      None)
-        if filled is not None:
-            sums[WAITED], sums[COMPUTED] = (filled - queued) * 1000, (answered - filled) * 1000
+        if own in queued:  # its job, and the first pass filled after it came
+            filled = next((t0 for t0 in passes if t0 >= queued[own]), None)
+            if filled is not None:
+                sums[WAITED], sums[COMPUTED] = (filled - queued[own]) * 1000, (answered - filled) * 1000
         if k < half.start + show:
             lines += [f"cycle {sums['cycle']:.2f}", ""]
         for name, ms in sums.items():
@@ -200,18 +204,19 @@ def main(argv: list[str] | None = None) -> None:
             run(server.uri, [statement(args.reviews - args.warm_rows, args.warm_rows)] +
                 [statement(args.rows * k, args.rows) for k in range(10)])
             first = 10 * args.rows
-            long = statement(first + args.rows * args.statements, args.beside_rows)
-            beside = threading.Thread(target=run, args=(server.uri, [long]))
+            beside = None
             if args.beside_rows:
+                long = statement(first + args.rows * args.statements, args.beside_rows)
+                beside = threading.Thread(target=run, args=(server.uri, [long]))
                 beside.start()
                 time.sleep(BESIDE_DELAY_S)
             latencies = run(server.uri, [statement(first + args.rows * k, args.rows) for k in range(args.statements)])
-            if args.beside_rows:
+            if beside is not None:
                 beside.join()
         text = timeline(json.loads(events_path.read_text()), args.statements, args.show)
-    beside = f", beside a statement of {args.beside_rows} rows" if args.beside_rows else ""
+    besides = f", beside a statement of {args.beside_rows} rows" if args.beside_rows else ""
     head = (f"quail serve {' '.join(args.serve_args)}: {args.statements} statements of {args.rows} rows one after "
-            f"another on one ADBC connection{beside};\nstart ms, end ms, duration ms, thread, span, from each "
+            f"another on one ADBC connection{besides};\nstart ms, end ms, duration ms, thread, span, from each "
             f"statement's CreatePreparedStatement\n\n")
     Path(args.out).write_text(f"{head}{text}\nclient p50 {statistics.median(latencies) * 1000:.1f} ms over "
                               f"{len(latencies)} statements of {args.rows} rows\n")
