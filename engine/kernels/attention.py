@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from quail.engine.kernels.paged_decode import gathered
 from quail.engine.kernels.padding_buckets import SMALL, padded_shape, width_class
 from quail.engine.kv.pool import KVPool, on_device_all
-from quail.engine.kv.rows import copy_rows
+from quail.engine.kv.rows import copy_rows, gather_rows
 from quail.engine.kv.runs import KV, end_to_end
 
 try:
@@ -104,7 +104,11 @@ class Packed:
     tokens' keys go in the key buffer (None: the buffer is the packed keys
     themselves); inlined: each copied run and how many rows it precedes;
     inline_index: where those copies go, in that order; chain_from and
-    chain_to: which packed tokens' keys are copied where as chains.
+    chain_to: which packed tokens' keys are copied where as chains. Where the
+    pass writes its tokens' keys into the pool holding the copied runs before
+    each layer's attention (`Rows.build`'s `written`), key_slots names every
+    key of the buffer by its slot in that pool (`key_pool`): one gather a
+    layer, however many runs are copied, and no other copy.
     """
 
     offsets: torch.Tensor
@@ -119,9 +123,14 @@ class Packed:
     inline_index: torch.Tensor | None = None
     chain_from: torch.Tensor | None = None
     chain_to: torch.Tensor | None = None
+    key_slots: torch.Tensor | None = None
+    key_pool: KVPool | None = None
 
     def keys(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The key and value buffers of the varlen call: each row's copied run and chain (if any), then its own."""
+        if self.key_slots is not None:
+            return (gather_rows(self.key_pool.keys[layer], self.key_slots),
+                    gather_rows(self.key_pool.values[layer], self.key_slots))
         if self.own_index is None:
             return k, v
         runs = [(run.layer(layer), count) for run, count in self.inlined]  # a chained run's pieces joined once
@@ -151,13 +160,15 @@ def _chains(starts: np.ndarray, parents: list[int | None]) -> list[np.ndarray]:
     return chains
 
 
-PACKED_ARRAYS = ("offsets", "key_offsets", "rows", "blocks", "own_index", "inline_index", "chain_from", "chain_to")
+PACKED_ARRAYS = ("offsets", "key_offsets", "rows", "blocks", "own_index", "inline_index", "chain_from", "chain_to",
+                 "key_slots")
 
 
-def _packed(lengths: list[int], starts: np.ndarray, row_runs: list[tuple[int, int, KV]], chains: list[np.ndarray]
+def _packed(lengths: list[int], starts: np.ndarray, row_runs: list[tuple[int, int, KV]], chains: list[np.ndarray],
+            written: tuple[KVPool, np.ndarray] | None = None
             ) -> tuple[dict[str, np.ndarray | None], dict, list[tuple[int, int, KV]]]:
     """The varlen layout of the rows: Packed's index arrays (PACKED_ARRAYS, on the host) and its other
-    fields; and the runs (first row, end row, KV) left to attend separately."""
+    fields; and the runs (first row, end row, KV) left to attend separately. `written`: as `Rows.build`'s."""
     lengths_a = np.asarray(lengths, dtype=np.int64)
     copied = np.zeros(len(lengths), dtype=np.int64)
     chained = np.array([len(c) for c in chains], dtype=np.int64)
@@ -183,6 +194,10 @@ def _packed(lengths: list[int], starts: np.ndarray, row_runs: list[tuple[int, in
              "key_total": int(key_offsets[-1])}
     if not before.any():
         return arrays, other, kept
+    if written is not None and all(pool is written[0] for *_, run in inlined for pool, _ in run.parts):
+        arrays["key_slots"] = _key_slots(written[1], starts, inlined, chains)
+        other["key_pool"] = written[0]
+        return arrays, other, kept
     arrays["own_index"] = np.repeat(key_offsets[:-1] + before - starts[:-1], lengths_a) + np.arange(starts[-1])
     if inlined:
         arrays["inline_index"] = np.concatenate([key_offsets[b] + np.arange(len(run)) for first, end, run in inlined
@@ -192,6 +207,20 @@ def _packed(lengths: list[int], starts: np.ndarray, row_runs: list[tuple[int, in
         arrays["chain_from"] = np.concatenate(chains)
         arrays["chain_to"] = np.concatenate([key_offsets[b] + copied[b] + np.arange(n) for b, n in enumerate(chained)])
     return arrays, other, kept
+
+
+def _key_slots(slots: np.ndarray, starts: np.ndarray, inlined: list[tuple[int, int, KV]], chains: list[np.ndarray]
+               ) -> np.ndarray:
+    """Every row's keys, [copied run, chain, own], as slots of one pool: the copied run's own slots, and for
+    the pass's tokens (chains and own) the slots `slots` they are written to (one per packed token)."""
+    copied: dict[int, np.ndarray] = {}
+    for first, end, run in inlined:
+        run_slots = np.concatenate([part for _, part in run.parts])
+        copied.update(dict.fromkeys(range(first, end), run_slots))
+    none = np.zeros(0, dtype=slots.dtype)
+    return np.concatenate([piece for b, chain in enumerate(chains)
+                           for piece in (copied.get(b, none), slots[chain], slots[starts[b]:starts[b + 1]])]
+                          ).astype(np.int64)
 
 
 def _stretches(keys: list[tuple[int, ...]]) -> list[tuple[int, int]]:
@@ -258,10 +287,12 @@ class Rows:
 
     @classmethod
     def build(cls, lengths: list[int], pasts: list[KV | None], device: torch.device, padded: bool = True,
-              parents: list[int | None] | None = None) -> "Rows":
+              parents: list[int | None] | None = None, written: tuple[KVPool, np.ndarray] | None = None) -> "Rows":
         """The layout of rows of `lengths` new tokens after `pasts` and, where `parents` names one, after
         that earlier row of the pass (and what it continues: its past is theirs); padded: per bucket, else
-        for one varlen call."""
+        for one varlen call. `written`: the pool and slots (one per packed token) where the pass writes
+        its tokens' keys and values in each layer before that layer's attention, if it does: the varlen
+        layout then reads the rows' keys from that pool where it holds every copied run (Packed)."""
         starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         parents = parents or [None] * len(lengths)
         if any(p is not None and pasts[b] is not pasts[p] for b, p in enumerate(parents)):
@@ -277,7 +308,7 @@ class Rows:
         else:
             stretches = _stretches([(id(past),) for past in pasts])
             row_runs = [(first, end, pasts[first]) for first, end in stretches if pasts[first] is not None]
-            packed, other, kept = _packed(lengths, starts, row_runs, chains)
+            packed, other, kept = _packed(lengths, starts, row_runs, chains, written)
             runs = [(first, end, run, None) for first, end, run in kept]
         pool, run_arrays = _run_arrays(starts, runs)
         moved = iter(on_device_all(device, [pad_index, *packed.values(), *run_arrays, *(c for *_, c in runs)]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
@@ -29,13 +30,15 @@ def go_on() -> None:
 
 
 def _keeping(rows: list[Row], starts: list[int], pool: KVPool, ledger: KVLedger
-             ) -> tuple[list[KV | None], Callable[[int, torch.Tensor, torch.Tensor], None] | None]:
+             ) -> tuple[list[KV | None], Callable[[int, torch.Tensor, torch.Tensor], None] | None,
+                        tuple[KVPool, np.ndarray] | None]:
     """The KV of each row that keeps tokens (its first `keep`), in slots of the pool (of a pool of the
-    pass's own when the pool has too few), and the hook that writes each layer's keys and values there."""
+    pass's own when the pool has too few), the hook that writes each layer's keys and values there, and,
+    when every token of the pass is kept, that pool and each packed token's slot (Rows.build's `written`)."""
     counts = [row.keep for row in rows]
     total = sum(counts)
     if not total:
-        return [None] * len(rows), None
+        return [None] * len(rows), None, None
     slots = pool.take(total)
     if slots is None:
         pool = KVPool.like(pool, total)
@@ -53,7 +56,7 @@ def _keeping(rows: list[Row], starts: list[int], pool: KVPool, ledger: KVLedger
             k, v = k.index_select(0, source), v.index_select(0, source)
         pool.write(layer, target, k, v)
 
-    return kept, write
+    return kept, write, (pool, slots) if every else None
 
 
 @dataclass(eq=False)
@@ -200,10 +203,10 @@ class ModelRunner:
         rows = [replace(r, past=KV(((self.pool, r.slots),))) if r.slots is not None and len(r.slots) else r
                 for r in rows]
         lengths = [len(r.ids) for r in rows]
+        kept, write, written = _keeping(rows, [0, *itertools.accumulate(lengths)], self.pool, self.ledger)
         layout = Rows.build(lengths, [r.past for r in rows], self.device, self.model.padded_attention,
-                            [r.parent for r in rows])
+                            [r.parent for r in rows], written)  # the model writes each layer's KV before attention
         ids, positions, last = self._inputs(rows, layout)
-        kept, write = _keeping(rows, layout.starts, self.pool, self.ledger)
         if self.tree is not None:
             self.tree.settle()  # KV the rows continue that is still owed from the host tier
         if events is not None:

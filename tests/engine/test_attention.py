@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from quail.engine.kernels.attention import Rows, attend, attention, padded_shape
-from quail.engine.kv.rows import copy_rows
+from quail.engine.kv.rows import copy_rows, gather_rows
 from quail.engine.kv.runs import KV
 
 H, HKV, D = 4, 2, 16
@@ -162,6 +162,39 @@ def test_unpadded_rows_copy_their_chain_after_their_copied_run():
         Rows.build([3, 3], [None, None], torch.device("cpu"), parents=[1, None])
 
 
+def test_unpadded_rows_written_to_the_pool_read_their_keys_in_one_gather():
+    """Where the pass writes its tokens' KV into the pool holding the copied runs before attention, each
+    row's keys [copied run, chain, own] are gathered from that pool by slot, in every layer equal to the
+    copies made from the runs and the pass's own keys; a copied run in another pool keeps the copies."""
+    from quail.engine.kv.pool import KVPool
+
+    torch.manual_seed(6)
+    pool = KVPool(2, HKV, D, torch.float32, torch.device("cpu"), 256)
+    preamble_slots, anchor_slots = pool.take(5), pool.take(30)
+    for layer in range(2):
+        for slots in (preamble_slots, anchor_slots):
+            pool.write(layer, torch.from_numpy(slots), torch.randn(len(slots), HKV, D), torch.randn(len(slots), HKV, D))
+    preamble, anchor = KV(((pool, preamble_slots),)), KV(((pool, anchor_slots),))
+    lengths = [6, 9, 12, 10, 4, 11, 7, 8]
+    parents = [None, 0, 0, 1, None, 4, None, None]
+    written = pool.take(sum(lengths))
+    own = [(torch.randn(sum(lengths), HKV, D), torch.randn(sum(lengths), HKV, D)) for _ in range(2)]
+    for layer, (k, v) in enumerate(own):
+        pool.write(layer, torch.from_numpy(written), k, v)
+    elsewhere = KV.of([torch.randn(5, HKV, D) for _ in range(2)], [torch.randn(5, HKV, D) for _ in range(2)])
+    for pasts, gathered in (([preamble] * 4 + [anchor] * 2 + [None, preamble], True),
+                            ([preamble] * 4 + [anchor] * 2 + [None, elsewhere], False)):
+        copies = Rows.build(lengths, pasts, torch.device("cpu"), padded=False, parents=parents).packed
+        rows = Rows.build(lengths, pasts, torch.device("cpu"), padded=False, parents=parents,
+                          written=(pool, written))
+        assert [(a, e, len(run)) for a, e, run in rows.runs] == [(37, 52, 30)], "the anchor is attended apart"
+        assert (rows.packed.key_slots is not None) == gathered and (rows.packed.own_index is None) == gathered
+        assert rows.packed.key_offsets.tolist() == copies.key_offsets.tolist()
+        for layer, (k, v) in enumerate(own):
+            for got, want in zip(rows.packed.keys(k, v, layer), copies.keys(k, v, layer)):
+                assert torch.equal(got, want)
+
+
 def test_one_token_rows_after_their_own_pooled_runs_match_dense_attention():
     """Decode steps: one-token rows, each after its own run in the pool (runs of different lengths, slots
     scattered), attended together as padded matmuls; against dense attention row by row, in each layer."""
@@ -189,9 +222,10 @@ def test_one_token_rows_after_their_own_pooled_runs_match_dense_attention():
 
 @pytest.mark.parametrize("dtype,shape", [(torch.bfloat16, (8, 3, 64)), (torch.float32, (8, 3, 64)),
                                          (torch.bfloat16, (8, 3)), (torch.float16, (8, 1, 5))])
-def test_rows_copied_as_words_equal_index_copy(dtype, shape):
-    """copy_rows gives index_copy_'s bits: rows of whole words (bf16 3×64, fp32 3×64) as int64, rows of 6 or 10
-    bytes element by element; into a buffer's slice too (its offset a whole number of words or not); no rows."""
+def test_rows_copied_and_gathered_as_words_equal_index_copy_and_select(dtype, shape):
+    """copy_rows gives index_copy_'s bits and gather_rows index_select's: rows of whole words (bf16 3×64, fp32
+    3×64) as int64, rows of 6 or 10 bytes element by element; into (from) a buffer's slice too (its offset a
+    whole number of words or not); no rows."""
     gen = torch.Generator().manual_seed(0)
     rows = torch.randn(5, *shape[1:], generator=gen).to(dtype)
     index = torch.tensor([6, 0, 3, 7, 1])
@@ -206,3 +240,8 @@ def test_rows_copied_as_words_equal_index_copy(dtype, shape):
     transposed = base.clone().transpose(0, -1)  # not contiguous: element by element
     assert torch.equal(copy_rows(transposed.clone(), torch.tensor([0]), transposed[1:2].clone()),
                        transposed.clone().index_copy_(0, torch.tensor([0]), transposed[1:2].clone()))
+    for source in (base, base.repeat(2, *[1] * (len(shape) - 1))[1:9], base.transpose(0, -1)):
+        for picked in (index, index[:0]):
+            picked = picked[picked < source.shape[0]]
+            assert torch.equal(gather_rows(source, picked), source.index_select(0, picked)), "gathered alike"
+

@@ -135,3 +135,31 @@ def test_runs_in_one_pool_are_read_in_place_and_match_fp32(padded):
         reference = Rows.build(lengths, [as_fp32[id(p)] for p in pasts], torch.device("cuda"))
         want = attention(q.float(), k.float(), v.float(), reference, 0)
         assert _rel(attention(q, k, v, layout, layer), want) < BF16_REL
+
+
+def test_rows_whose_keys_are_gathered_from_the_pool_attend_as_with_copies():
+    """A pass that writes its tokens' KV into the pool holding its copied runs gathers each row's keys
+    (copied run, chain, own) from there: the kernel's output is bit for bit the one from copies."""
+    from quail.engine.kv.pool import KVPool
+
+    torch.manual_seed(9)
+    pool = KVPool(2, HKV, D, torch.bfloat16, torch.device("cuda"), 8192)
+    preamble = KV(((pool, pool.take(24)),))
+    anchor = KV(((pool, pool.take(3000)),))
+    lengths = [37, 300, 5, 120, 64, 90, 400]
+    pasts = [preamble, preamble, preamble, anchor, anchor, None, preamble]
+    parents = [None, 0, 0, None, 3, None, None]
+    written = pool.take(sum(lengths))
+    for layer in range(2):
+        for slots in (preamble.parts[0][1], anchor.parts[0][1]):
+            pool.write(layer, torch.from_numpy(slots).cuda(),
+                       *(torch.randn(len(slots), HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2)))
+    copies = Rows.build(lengths, pasts, torch.device("cuda"), padded=False, parents=parents)
+    gathered = Rows.build(lengths, pasts, torch.device("cuda"), padded=False, parents=parents,
+                          written=(pool, written))
+    assert gathered.packed.key_slots is not None and copies.packed.key_slots is None
+    for layer in range(2):
+        q = torch.randn(sum(lengths), H, D, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(sum(lengths), HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        pool.write(layer, torch.from_numpy(written).cuda(), k, v)
+        assert torch.equal(attention(q, k, v, gathered, layer), attention(q, k, v, copies, layer))
