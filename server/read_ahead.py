@@ -20,8 +20,9 @@ class ReadAhead(Generic[T]):
     The reader gets the items in order, then the generator's error if it raised one. `first` is done once
     the first item, the end or the error is there to read (or the making stopped). `close()` (any thread,
     any time, more than once) stops the making: the generator is closed on its own thread once its current
-    item is made, and a read after it finds no more items. The reader's loop ending, however it ends,
-    closes it.
+    item is made, what was made and not read is dropped, and a read after it finds no more items. The
+    reader's loop ending, however it ends, closes it. No reference cycle runs through an error: what its
+    frames hold (a query's KV) goes as soon as no one holds the error.
     """
 
     def __init__(self, items: Generator[T, None, None], pool: Executor, depth: int = 1) -> None:
@@ -42,7 +43,10 @@ class ReadAhead(Generic[T]):
                     item, error, end = self._made.popleft()
                     self._changed.notify_all()
                 if error is not None:
-                    raise error
+                    try:
+                        raise error
+                    finally:  # the error's traceback holds this frame: no cycle through it
+                        error = None
                 if end:
                     return
                 yield item
@@ -52,6 +56,7 @@ class ReadAhead(Generic[T]):
     def close(self) -> None:
         with self._changed:
             self._closed = True
+            self._made.clear()  # unread items, or an error whose traceback holds this object (a cycle)
             self._changed.notify_all()
 
     def _make(self) -> None:

@@ -187,6 +187,7 @@ def _launch(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None) -> _L
         finally:
             if not later.done():
                 work.cancel()
+            later = None  # its error's traceback holds this frame: no cycle through it
 
 
 def _refuse_too_long(runtime: Runtime, jobs: Sequence[Job], rows: list[tuple[int, int]]) -> None:

@@ -106,6 +106,7 @@ def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
             finally:
                 if not coming.done():
                     work.cancel()
+                coming = None  # its error's traceback holds this frame: no cycle through it
 
 
 def _slices(rows: int) -> list[tuple[int, int]]:

@@ -336,8 +336,14 @@ class PassScheduler:
                 self._thread.start()
             self._cond.notify()
         waiting.ended.wait()
-        if waiting.error is not None:
-            raise waiting.error
+        # The error's traceback holds the scheduler's frames and this one: kept by the waiting or by this
+        # frame, it would make a cycle that keeps the job (its KV in the pool) until a garbage collection.
+        error, waiting.error = waiting.error, None
+        if error is not None:
+            try:
+                raise error
+            finally:
+                error = None
 
     def _loop(self) -> None:
         while True:

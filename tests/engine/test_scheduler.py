@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import numpy as np
@@ -473,6 +474,36 @@ def test_a_cancelled_query_leaves_before_the_next_pass(runtime):
     thread.join(60)
     assert errors and cancelled.stats.forward_passes == 2, "it ran no pass after it was cancelled"
     np.testing.assert_allclose(got["other"], alone, atol=1e-4)
+
+
+def test_a_cancelled_query_s_kv_goes_with_its_error(runtime):
+    """The error a query cancelled between passes gets carries its frames (its job, its runs of KV); once
+    the caller drops it, none of the query's KV is held: no reference cycle through the scheduler keeps it
+    until a garbage collection."""
+    from quail.engine.errors import Cancelled
+
+    rng = np.random.default_rng(9)
+    small = runtime.variant("quail", token_budget=256)
+    documents = [rng.integers(1000, 2000, 120) for _ in range(12)]  # the questions continue their KV
+    prompts = [request(document, rng.integers(100, 200, 4), [7, 9]) for document in documents for _ in range(3)]
+    cancelled = QueryWork()
+    original = cancelled.check
+
+    def check() -> None:
+        if cancelled.stats.forward_passes >= 2:
+            cancelled.cancel()
+        original()
+
+    cancelled.check = check
+    gc.disable()
+    try:
+        try:
+            small.score(prompts, cancelled)
+        except Cancelled:
+            pass
+        assert cancelled.stats.forward_passes == 2 and small.runner.ledger.resident_bytes == 0
+    finally:
+        gc.enable()
 
 
 def test_a_job_that_breaks_its_pass_gets_the_error_and_the_loop_goes_on(runtime):

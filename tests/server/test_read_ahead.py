@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
@@ -114,6 +116,41 @@ def test_a_reader_that_stops_reading_stops_the_making(pool):
     assert next(reader) == 0
     reader.close()  # the client went: its stream is dropped
     assert closed.wait(WAIT_S)
+
+
+class _Held:
+    """What a query's frames hold (its KV in the pool, say)."""
+
+
+@pytest.mark.parametrize("read", [True, False], ids=["read", "left unread"])
+def test_an_error_read_or_left_unread_leaves_nothing_to_the_garbage_collector(read):
+    """A query's error carries its frames and what they hold: neither raising it to the reader nor closing
+    before it is read makes a reference cycle, which would keep them until a garbage collection."""
+    held: list[weakref.ref] = []
+
+    def items() -> Iterator[int]:
+        work = _Held()
+        held.append(weakref.ref(work))
+        raise ValueError("the query was cancelled")
+        yield work
+
+    gc.disable()
+    try:
+        with ThreadPoolExecutor(1) as one:
+            ahead = ReadAhead(items(), one)
+            assert ahead.first.result(WAIT_S) is None
+            one.submit(lambda: None).result(WAIT_S)  # the making is over
+            if read:
+                try:
+                    list(ahead)
+                except ValueError:
+                    pass
+            else:
+                ahead.close()
+            del ahead
+            assert held[0]() is None
+    finally:
+        gc.enable()
 
 
 def test_first_is_done_when_nothing_comes(pool):

@@ -326,6 +326,74 @@ def test_prometheus_metrics(tmp_path):
     assert values["quail_kv_inserted_tokens_total"] > 0 and values["quail_kv_evicted_tokens_total"] == 0
 
 
+def _scoring(first: int) -> str:
+    return f"SELECT id, AI_SCORE(PROMPT('Is {{0}} kind?', body)) AS p FROM reviews WHERE id >= {first}"
+
+
+def _kv_given_back(port: int) -> None:
+    """Once no query runs: no KV held for a running query, and the pool holds only what the resident tree
+    keeps for later ones. (A query's thread may still be unwinding its error as its call ends.)"""
+    values: dict[str, float] = {}
+    for _ in range(100):
+        values = metric_samples(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        if values["quail_queries_running"] == values["quail_kv_resident_bytes"] == 0:
+            break
+        threading.Event().wait(0.1)
+    assert values["quail_queries_running"] == 0 and values["quail_kv_resident_bytes"] == 0, values
+    assert 0 < values["quail_kv_cached_bytes"] == values["quail_kv_pool_used_bytes"], values
+
+
+def test_a_cancelled_query_gives_its_kv_back_at_once(tmp_path):
+    """Queries cancelled while their passes run (scoring, by the ADBC client; generating, by
+    CancelFlightInfo) hold no KV once they have ended: the error a query ends with keeps nothing of its work
+    alive until a garbage collection."""
+    port = free_port()
+    generating = ("SELECT id, AI_COMPLETE(PROMPT('Reply to {0} at length.', body), {'max_tokens': 256}) AS reply "
+                  "FROM reviews WHERE id < 48")
+    with ServerProcess(tmp_path, "--metrics-port", str(port), *SHORT_PASSES) as served:
+        with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur, \
+                conn.cursor() as watcher:
+            cur.adbc_ingest("reviews", REVIEWS, mode="replace")
+            failure: list = []
+
+            def run() -> None:
+                try:
+                    cur.execute(_scoring(0))
+                    cur.fetch_arrow_table()
+                except adbc_driver_manager.Error as err:
+                    failure.append(err)
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            assert _once_under_way(watcher, _scoring(0), "tokens_done") is not None
+            cur.adbc_cancel()
+            thread.join(60)
+            assert failure and "CANCELLED" in str(failure[0])
+        _kv_given_back(port)
+        client = flight.FlightClient(served.uri)
+        info = _info(client, generating)
+        thread, outcome = _reading(client, info)
+        with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
+            assert _once_under_way(cur, generating, "tokens_generated") is not None
+        assert _cancel_flight_info(client, info) == CANCEL_STATUS_CANCELLING
+        thread.join(60)
+        assert isinstance(outcome[0], flight.FlightCancelledError)
+        _kv_given_back(port)
+
+
+def test_a_query_past_its_time_limit_gives_its_kv_back_at_once(tmp_path):
+    """--query-timeout stops a scoring query mid-way (DEADLINE_EXCEEDED); once it has ended, none of its KV
+    is held."""
+    port = free_port()
+    with ServerProcess(tmp_path, "--metrics-port", str(port), "--query-timeout", "2", *SHORT_PASSES) as served:
+        with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.adbc_ingest("reviews", REVIEWS, mode="replace")
+            with pytest.raises(adbc_driver_manager.Error, match="time limit"):
+                cur.execute(_scoring(0))
+                cur.fetch_arrow_table()
+        _kv_given_back(port)
+
+
 def test_a_table_s_texts_are_tokenized_as_it_is_written_and_again_when_the_server_restarts(tmp_path):
     """An ingest's texts are tokenized as documents on the warming thread (quail_texts_tokens, 0 at start, grows
     by them; quail_texts_warming, the texts it has not reached, back to 0 when it is done); a query over those
