@@ -4,7 +4,7 @@
 
 Writes RESULT.md and RESULT.png beside the (first) file and prints the table. Without a file it takes
 the run result file (BENCHMARK.md, "Result file") with the latest `date` in bench/results, passing over
-the other JSON files kept there (GPU checks, probes, fuzz, soak, server load). Several files are parts
+the other JSON files kept there (GPU checks, probes, fuzz, soak, stress, server load). Several files are parts
 of one run split over processes or GPUs (same model, precision, scale, seed and commit): their
 queries are shown together.
 """

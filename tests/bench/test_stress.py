@@ -1,0 +1,13 @@
+"""A short stress run (bench/stress.py): clients at once on a server short of KV, some cancelling their
+statements, a table rewritten beside them; every statement's rows as alone, and no KV held once all end."""
+
+from __future__ import annotations
+
+from bench.stress import run
+
+
+def test_a_short_stress_run_finds_nothing():
+    outcome = run(clients=4, statements=5, seed=1)
+    assert outcome.clean(), outcome.findings
+    assert outcome.answered >= 12 and outcome.cancelled >= 1, outcome
+    assert outcome.kv["quail_kv_evicted_tokens_total"] > 0, "the pool was too small for the statements"
