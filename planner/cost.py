@@ -58,7 +58,7 @@ def sol_seconds(work: Stats, model: ModelConfig, device: Device, precision: str,
     """Roofline seconds of the given work (use the ideal plan's counts for the speed of light), spread evenly
     over `replicas` devices of this kind (each computes its share in its own passes)."""
     tokens = work.fresh_tokens
-    prefill = tokens - work.generated_tokens
+    prefill = tokens - work.decoded_tokens
     passes = (math.ceil(prefill / tokens_per_pass) if prefill > 0 else 0) + work.decode_steps
     rate = device.dense[precision]
     weight_bytes = BYTES[precision]

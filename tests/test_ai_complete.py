@@ -71,7 +71,7 @@ def test_the_speed_of_light_of_decoding_reads_the_weights_a_step(runtime):
 
     config, h200 = runtime.config, DEVICES["h200"]
     prefill = Stats(fresh_tokens=4096)
-    decoding = prefill.plus(Stats(fresh_tokens=64, generated_tokens=64, decode_steps=64))
+    decoding = prefill.plus(Stats(fresh_tokens=64, generated_tokens=64, decoded_tokens=64, decode_steps=64))
     weights = sum(parameter_counts(config)) * 2 / h200.bandwidth
     assert sol_seconds(decoding, config, h200, "bf16", 4096) >= (1 + 64) * weights * 0.999, \
         "the prefill's pass and each decode step read the weights once"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -192,10 +192,11 @@ def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], db: DuckDB, runt
     lines = [f"note: {note}" for note in plan.notes]
     started = time.perf_counter()
     for step in plan.steps:
-        begun, logical, fresh = time.perf_counter(), work.stats.logical_tokens, work.stats.fresh_tokens
+        begun, before = time.perf_counter(), replace(work.stats)
         _run_step(step, relations, db, runtime, work)
-        logical, fresh = work.stats.logical_tokens - logical, work.stats.fresh_tokens - fresh
-        cached = f", {logical - fresh:,} of {logical:,} prompt tokens cached" if logical else ""
+        done = work.stats.minus(before)
+        prompts = done.prompt_tokens
+        cached = f", {done.cached_tokens:,} of {prompts:,} prompt tokens cached" if prompts else ""
         first, *rest = step.describe()
         lines += [f"{first}  [{relations[step.output].num_rows} rows, {time.perf_counter() - begun:.3f}s{cached}]",
                   *rest]

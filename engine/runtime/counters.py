@@ -16,7 +16,10 @@ class Stats:
     requests; kv_read: resident KV rows read by later computation; planned_tokens:
     the fresh tokens the strategies have laid out for the requests handed to them
     so far (progress: fresh_tokens of planned_tokens); generated_tokens: tokens
-    decoding chose (their own KV is computed in later passes, counted as fresh); decode_steps: forward
+    decoding chose (counted in logical_tokens too: their own KV is computed in later passes);
+    decoded_tokens: the tokens decoding computed, counted in fresh_tokens too (each sequence's chosen
+    tokens fed back, the rest of a prompt the resident tree let go of between its prefill and its
+    decoding, a token that ended its sequence computed before it was read); decode_steps: forward
     passes that carried sequences being decoded.
     """
 
@@ -30,6 +33,7 @@ class Stats:
     forward_passes: int = 0
     planned_tokens: int = 0
     generated_tokens: int = 0
+    decoded_tokens: int = 0
     decode_steps: int = 0
 
     @property
@@ -38,13 +42,23 @@ class Stats:
         return self.fresh_tokens + self.padded_tokens
 
     @property
+    def prompt_tokens(self) -> int:
+        """Logical tokens of the prompts: what was asked, without what decoding generated."""
+        return self.logical_tokens - self.generated_tokens
+
+    @property
     def cached_tokens(self) -> int:
-        """Logical tokens not computed: served from resident KV or identical requests."""
-        return self.logical_tokens - self.fresh_tokens
+        """Prompt tokens not computed (served from resident KV, or shared with an identical request's): the
+        prompts' tokens less those their prefill computed, what decoding computed apart."""
+        return self.prompt_tokens - (self.fresh_tokens - self.decoded_tokens)
 
     def plus(self, other: "Stats") -> "Stats":
         """Both counts added, field by field."""
         return Stats(**{name: value + getattr(other, name) for name, value in asdict(self).items()})
+
+    def minus(self, other: "Stats") -> "Stats":
+        """The counts added since `other` (an earlier copy of these), field by field."""
+        return Stats(**{name: value - getattr(other, name) for name, value in asdict(self).items()})
 
     def as_dict(self) -> dict[str, int]:
         return {**asdict(self), "physical_tokens": self.physical_tokens, "cached_tokens": self.cached_tokens}

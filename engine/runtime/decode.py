@@ -225,11 +225,13 @@ def ideal(prompts: Sequence[int], generated: Sequence[int], max_tokens: int) -> 
     """The least work of decoding answers of these lengths after prompts of these lengths (the prompts'
     prefill apart): each token fed back once (but an answer's last at `max_tokens`, which nothing follows),
     attending to its context, whose KV it reads; all answers together, a step per token of the longest. Its
-    generated_tokens are the tokens fed back (what a speed of light counts apart from prefill)."""
+    decoded_tokens are the tokens fed back (what a speed of light counts apart from prefill); its logical and
+    generated tokens, what the answers hold (as Runtime.generate counts them)."""
     fed = [n - (n == max_tokens) for n in generated]
-    return Stats(fresh_tokens=sum(fed), attention_pairs=sum(causal_pairs(f, p) for p, f in zip(prompts, fed)),
+    return Stats(logical_tokens=sum(generated), fresh_tokens=sum(fed),
+                 attention_pairs=sum(causal_pairs(f, p) for p, f in zip(prompts, fed)),
                  kv_written=sum(fed), kv_read=sum(f * p + f * (f - 1) // 2 for p, f in zip(prompts, fed)),
-                 generated_tokens=sum(fed), decode_steps=max(fed, default=0))
+                 generated_tokens=sum(generated), decoded_tokens=sum(fed), decode_steps=max(fed, default=0))
 
 
 def _seed(ids: np.ndarray) -> int:
@@ -311,6 +313,7 @@ class DecodeJob:
         finished = [j for j, ((sequence, n), new) in enumerate(zip(self.members, kept)) if sequence.computed(n, new)]
         members, self.members = self.members, []
         self.stats.decode_steps += 1
+        self.stats.decoded_tokens += sum(n for _, n in members)
         chosen = [members[j][0] for j in finished]
         if chosen:
             if len(finished) < len(members):

@@ -40,6 +40,9 @@ def test_greedy_tokens_equal_hf_generate_batched_and_alone(runtime, chats, hf_ge
     assert work.stats.planned_tokens < sum(len(r) for r in chats) - 30 * len(chats[0].segments[0]), \
         "the preamble computed once"
     assert work.stats.generated_tokens == sum(map(len, batched))
+    assert work.stats.fresh_tokens == work.stats.planned_tokens + work.stats.decoded_tokens
+    assert work.stats.cached_tokens == sum(len(r) for r in chats) - work.stats.planned_tokens > 0, \
+        "the prompts' tokens their prefill did not compute"
     runtime.runner.tree.clear()
     # Alone: the shortest and the longest prompt, and the first a stop token ends and the first that runs every
     # step (a decode step of one row costs nearly what one of 32 does on a CPU).
@@ -94,7 +97,9 @@ def test_sampling_is_a_function_of_the_prompt(runtime, chats):
 def test_sequences_whose_kv_the_pool_cannot_hold_decode_the_same_tokens(runtime, chats, hf_generate):
     """A pool of 40 slots, fewer than one prompt: the prompts' KV is kept outside it, so each sequence
     goes on as one run after another (rows after their runs, not decode steps through slot tables), and
-    gives HF's tokens."""
+    gives HF's tokens. The tree cannot keep a prompt from its prefill to its decoding, so decoding computes
+    it again: counted as decoding's, so no prompt token counts as computed twice (nor cached less than
+    none)."""
     from quail.engine.kv.pool import token_bytes
     from quail.engine.runtime.runtime import Runtime
 
@@ -104,7 +109,11 @@ def test_sequences_whose_kv_the_pool_cannot_hold_decode_the_same_tokens(runtime,
                     kv_bytes=40 * slot)
     assert small.runner.pool.slots == 40 and all(len(request) > 40 for request in chats[:3])
     stop = runtime.end_of_turn
-    assert small.generate(chats[:3], Decoding(6, stop)) == hf_generate(chats[:3], 6, stop)
+    work = QueryWork()
+    assert small.generate(chats[:3], Decoding(6, stop), work) == hf_generate(chats[:3], 6, stop)
+    prompts = sum(len(r) for r in chats[:3])
+    assert work.stats.decoded_tokens > prompts - 40, "the prompts computed again to decode"
+    assert work.stats.cached_tokens == prompts - work.stats.planned_tokens >= 0
 
 
 def test_prompts_more_than_half_the_pool_holds_decode_in_waves_and_give_hf_tokens(runtime, chats, hf_generate):

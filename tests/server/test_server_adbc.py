@@ -269,6 +269,25 @@ def test_create_insert_drop_through_adbc(conn, runtime):
     query(conn, "DROP TABLE IF EXISTS liked")
 
 
+def test_ai_complete_on_a_server_whose_pool_holds_less_than_a_prompt(tmp_path, runtime, hf_generate):
+    """--kv-cache-bytes of 40 tokens, fewer than one prompt: the resident tree cannot keep a prompt from its
+    prefill to its decoding, so decoding computes it again; the answers are HF's, and the query ends with
+    them (its report counts what decoding computed apart from the prompts: no negative count of cached
+    tokens to fail it)."""
+    from quail.engine.kv.pool import token_bytes
+
+    cfg = runtime.config
+    slot = token_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, runtime.runner.model.embed_tokens.weight.dtype)
+    subjects = SUBJECTS[:3]
+    requests = build_requests(runtime, Question(TELL, answers="text"), [[s] for s in subjects])
+    expected = [runtime.tokenizer.decode(t) for t in hf_generate(requests, 6, runtime.end_of_turn)]
+    with ServerProcess(tmp_path, "--kv-cache-bytes", str(40 * slot)) as served, connect(served.uri) as c:
+        with c.cursor() as cur:
+            cur.adbc_ingest("subjects", pa.table({"id": list(range(len(subjects))), "subject": subjects}))
+        sql = f"SELECT id, AI_COMPLETE(PROMPT('{TELL}', subject), {{'max_tokens': 6}}) AS answer FROM subjects"
+        assert query(c, sql + " ORDER BY id")["answer"].to_pylist() == expected
+
+
 def test_ai_complete_gives_the_tokens_hf_generate_gives_batched_and_alone(conn, runtime, hf_generate):
     """32 prompts through ADBC, greedy: each answer is the text of the tokens HF transformers' `generate` gives
     on the same token ids (the prompt laid out as docs/prompt-layout.md says), all 32 in one query and, for
