@@ -15,6 +15,9 @@ with room to spare, runs each statement alone. Judged:
   (`quail_kv_resident_bytes`) or pool pages beyond what the resident tree keeps;
 - hung: a client not done within `HANG_S`.
 
+With `--pool-tokens` below a pass's tokens, passes keep their KV in pools of their own and the resident
+tree lets go of prompts between their prefill and their decoding.
+
     python -m bench.stress --clients 8 --statements 10 --seed 1 --out bench/results/<date>-cpu-stress-<sha>.json
 """
 
@@ -40,7 +43,7 @@ WORDS = ["soup", "staff", "price", "noise", "view", "bread", "wine", "music", "c
 QUESTIONS = ["Is {0} about food?", "Does {0} mention the staff?", "Is {0} positive?", "Is {0} short?"]
 VERSIONS = 3  # of the table the writer rewrites
 KV_BYTES_PER_TOKEN = 46_080  # the embedded model in fp32: 2 × 30 layers × 3 KV heads × 64 × 4 bytes
-POOL_TOKENS, HOST_TOKENS = 700, 3000  # the stressed server's KV pool and host tier
+POOL_TOKENS, HOST_TOKENS = 700, 3000  # the stressed server's KV pool and host tier, by default
 CANCELLED_SHARE = 0.15  # of the statements over the table nobody rewrites
 HANG_S = 1200.0
 
@@ -161,12 +164,13 @@ def _load(uri: str, tables: dict[str, pa.Table]) -> None:
 
 
 def stressed(data: Path, plans: list[list[Statement]], fixed: dict[str, pa.Table], notes: list[pa.Table],
-             outcome: Outcome) -> dict[tuple[int, int], list[tuple] | str]:
-    """Every client's statements at once, and the writer beside them; what each statement got."""
+             outcome: Outcome, pool_tokens: int, host_tokens: int) -> dict[tuple[int, int], list[tuple] | str]:
+    """Every client's statements at once, and the writer beside them, on a server of a KV pool and host
+    tier of these many tokens; what each statement got."""
     got: dict[tuple[int, int], list[tuple] | str] = {}
     port = free_port()
     args = ("--token-budget", "256", "--metrics-port", str(port), "--kv-cache-bytes",
-            str(POOL_TOKENS * KV_BYTES_PER_TOKEN), "--kv-host-bytes", str(HOST_TOKENS * KV_BYTES_PER_TOKEN))
+            str(pool_tokens * KV_BYTES_PER_TOKEN), "--kv-host-bytes", str(host_tokens * KV_BYTES_PER_TOKEN))
     with ServerProcess(data, *args) as server:
         _load(server.uri, {**fixed, "notes": notes[0]})
         stop = threading.Event()
@@ -227,13 +231,14 @@ def alone(data: Path, plans: list[list[Statement]], fixed: dict[str, pa.Table],
     return want
 
 
-def run(clients: int, statements: int, seed: int) -> Outcome:
+def run(clients: int, statements: int, seed: int, pool_tokens: int = POOL_TOKENS,
+        host_tokens: int = HOST_TOKENS) -> Outcome:
     rng = random.Random(seed)
     fixed, notes = tables(seed)
     plans = [[statement(rng) for _ in range(statements)] for _ in range(clients)]
     outcome = Outcome(statements=clients * statements)
     with tempfile.TemporaryDirectory() as stressed_data, tempfile.TemporaryDirectory() as alone_data:
-        got = stressed(Path(stressed_data), plans, fixed, notes, outcome)
+        got = stressed(Path(stressed_data), plans, fixed, notes, outcome, pool_tokens, host_tokens)
         want = alone(Path(alone_data), plans, fixed, notes)
     for (k, j), result in sorted(got.items()):
         s = plans[k][j]
@@ -255,13 +260,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--statements", type=int, default=10, help="each client's, one after another")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pool-tokens", type=int, default=POOL_TOKENS, help="the stressed server's KV pool")
+    parser.add_argument("--host-tokens", type=int, default=HOST_TOKENS, help="and its host tier")
     parser.add_argument("--out", default=None, help="JSON file of the figures and findings")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    outcome = run(args.clients, args.statements, args.seed)
+    outcome = run(args.clients, args.statements, args.seed, args.pool_tokens, args.host_tokens)
     result = {"seconds": round(time.monotonic() - started, 1), "date": dt.datetime.now(dt.timezone.utc).isoformat(),
               "command": f"python -m bench.stress --clients {args.clients} --statements {args.statements} "
-                         f"--seed {args.seed}", "seed": args.seed, **vars(outcome)}
+                         f"--seed {args.seed} --pool-tokens {args.pool_tokens} --host-tokens {args.host_tokens}",
+              "seed": args.seed, **vars(outcome)}
     text = json.dumps(result, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")
