@@ -3,10 +3,11 @@
 Several ADBC clients send random AI statements at one `quail serve` whose KV
 pool holds a fraction of what they compute (so the resident tree evicts
 mid-query and the host tier moves and restores KV): filters, scores, chains of
-filters, a score beside a filter, joins, classifications, generation, prepared
-statements with parameters; some are cancelled by their client while they
-run, and a writer rewrites a table that others read. Then a second server,
-with room to spare, runs each statement alone. Judged:
+filters, a score beside a filter, joins, classifications, generation, AI_AGG
+over groups, the top rows by score, prepared statements with parameters; some
+are cancelled by their client while they run, and a writer rewrites a table
+that others read. Then a second server, with room to spare, runs each
+statement alone. Judged:
 
 - wrong: a statement's rows differ from its rows alone (scores to 1e-4; a
   statement over the rewritten table may match any version of it);
@@ -81,7 +82,8 @@ def statement(rng: random.Random) -> Statement:
     b = a + rng.randint(0, 12)
     q, q2 = rng.sample(QUESTIONS, 2)
     where = f"r.id BETWEEN {a} AND {b}"
-    kind = rng.choice(["filter", "score", "chain", "two", "join", "classify", "complete", "parameters", "notes"])
+    kind = rng.choice(["filter", "score", "chain", "two", "join", "classify", "complete", "aggregate", "top",
+                       "parameters", "notes"])
     if kind == "notes":
         a = rng.randint(0, 25)
         return Statement(rng.choice([
@@ -103,6 +105,10 @@ def statement(rng: random.Random) -> Statement:
         "complete": f"SELECT t.id, AI_COMPLETE(PROMPT('Name one word that goes with {{0}}:', t.topic), "
                     f"{{'max_tokens': {rng.randint(1, 6)}}}) AS a FROM topics t WHERE t.id BETWEEN {a % 5} AND "
                     f"{a % 5 + rng.randint(0, 2)} ORDER BY 1",
+        "aggregate": f"SELECT r.id % 3 AS g, count(*) AS n, AI_AGG(r.body, 'List the words.', "
+                     f"{{'max_tokens': {rng.randint(2, 8)}}}) AS a FROM reviews r WHERE {where} GROUP BY 1 ORDER BY 1",
+        "top": f"SELECT r.id, AI_SCORE(PROMPT('{q}', r.body)) AS p FROM reviews r WHERE {where} "
+               "ORDER BY p DESC, r.id LIMIT 3",
         "parameters": f"SELECT r.id, AI_SCORE(PROMPT('{q}', r.body)) AS p FROM reviews r WHERE r.id BETWEEN ? AND ? "
                       "ORDER BY 1",
     }[kind]
