@@ -444,6 +444,20 @@ def test_queries_at_once_over_the_same_documents_compute_each_document_once(runt
         "each document once, then only the other questions"
 
 
+def _cancelled_after(passes: int) -> QueryWork:
+    """A query's work that is cancelled at its first check after `passes` forward passes."""
+    work = QueryWork()
+    original = work.check
+
+    def check() -> None:
+        if work.stats.forward_passes >= passes:
+            work.cancel()
+        original()
+
+    work.check = check
+    return work
+
+
 def test_a_cancelled_query_leaves_before_the_next_pass(runtime):
     """A query whose check raises between passes gets that error and has no rows in any later pass;
     the query beside it finishes with its own answers."""
@@ -454,7 +468,7 @@ def test_a_cancelled_query_leaves_before_the_next_pass(runtime):
     long = [request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(24)]
     other = [request(rng.integers(2000, 3000, 100), [7, 9]) for _ in range(12)]
     alone = _scores(small, other)
-    cancelled, errors, got = QueryWork(), [], {}
+    cancelled, errors, got = _cancelled_after(2), [], {}
 
     def cancelling() -> None:
         try:
@@ -462,12 +476,6 @@ def test_a_cancelled_query_leaves_before_the_next_pass(runtime):
         except Cancelled as err:
             errors.append(err)
 
-    def stopping_soon() -> None:
-        if cancelled.stats.forward_passes >= 2:
-            cancelled.cancel()
-
-    original = cancelled.check
-    cancelled.check = lambda: (stopping_soon(), original())[1]
     thread = threading.Thread(target=cancelling)
     thread.start()
     got["other"] = np.exp(np.array(small.score(other)))
@@ -486,15 +494,7 @@ def test_a_cancelled_query_s_kv_goes_with_its_error(runtime):
     small = runtime.variant("quail", token_budget=256)
     documents = [rng.integers(1000, 2000, 120) for _ in range(12)]  # the questions continue their KV
     prompts = [request(document, rng.integers(100, 200, 4), [7, 9]) for document in documents for _ in range(3)]
-    cancelled = QueryWork()
-    original = cancelled.check
-
-    def check() -> None:
-        if cancelled.stats.forward_passes >= 2:
-            cancelled.cancel()
-        original()
-
-    cancelled.check = check
+    cancelled = _cancelled_after(2)
     gc.disable()
     try:
         try:
