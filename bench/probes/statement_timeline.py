@@ -49,7 +49,8 @@ EVENTS_ENV = "QUAIL_TIMELINE_EVENTS"  # where the traced server writes its spans
 PREPARE, PLAN = "FlightSQLHandler.do_action", "QueryService.plan"  # a statement starts at the prepare that plans
 ANSWERS, AFTER = "Scoring.read", "from its answers to the next prepare"  # the tail after the device's work
 BESIDE_DELAY_S = 2.0  # from the statement beside to the first measured one (its first passes under way)
-QUEUED, PASS = "PassScheduler.run", "PassScheduler._pass"  # a job handed to the scheduler; a pass being filled
+QUEUED = "PassScheduler.run"  # a job handed to the scheduler
+PASSES = ("PassScheduler._pass", "PassScheduler._inner_pass")  # a pass being filled (or one cut into it)
 WAITED, COMPUTED = "from its job queued to its pass filled", "from its pass filled to its answers"
 
 SPANS: list[tuple[str, str | None, list[str]]] = [  # module, class (None: the module's functions), functions
@@ -64,7 +65,7 @@ SPANS: list[tuple[str, str | None, list[str]]] = [  # module, class (None: the m
     ("quail.engine.ai.operators", "Asking", ["read"]),
     ("quail.engine.runtime.runtime", "Runtime", ["segments", "launch", "forget"]),
     ("quail.engine.runtime.runtime", "Scoring", ["read"]),
-    ("quail.engine.runtime.scheduler", "PassScheduler", ["run", "_pass"]),
+    ("quail.engine.runtime.scheduler", "PassScheduler", ["run", "_pass", "_inner_pass"]),
     ("quail.engine.runtime.scheduler", "TreeJob", ["__init__", "fill", "rows", "take"]),
     ("quail.engine.runtime.scheduler", "_Hold", ["claim", "release"]),
     ("quail.engine.runtime.scheduler", None, ["_roots"]),
@@ -145,7 +146,7 @@ def timeline(events: list, count: int, show: int) -> str:
         sums: dict[str, float] = collections.defaultdict(float)
         answered, own = None, None  # the end of the statement's last ANSWERS span, and its thread
         queued: dict[str, float] = {}  # each thread's first QUEUED start (a statement beside runs on others)
-        passes: list[float] = []  # the PASS starts
+        passes: list[float] = []  # the starts of PASSES' spans (in the order they ended)
         for name, thread, t0, t1 in events:
             if begin <= t0 < end:
                 sums[name] += (t1 - t0) * 1000
@@ -153,7 +154,7 @@ def timeline(events: list, count: int, show: int) -> str:
                     answered, own = t1, thread
                 if name == QUEUED:
                     queued.setdefault(thread, t0)
-                if name == PASS:
+                if name in PASSES:
                     passes.append(t0)
                 if k < half.start + show and t1 - t0 >= 1e-5:
                     lines.append(f"{(t0 - begin) * 1000:8.2f} {(t1 - begin) * 1000:8.2f} {(t1 - t0) * 1000:7.2f}  "
@@ -162,7 +163,7 @@ def timeline(events: list, count: int, show: int) -> str:
         if answered is not None:
             sums[AFTER] = (end - answered) * 1000
         if own in queued:  # its job, and the first pass filled after it came
-            filled = next((t0 for t0 in passes if t0 >= queued[own]), None)
+            filled = min((t0 for t0 in passes if t0 >= queued[own]), default=None)
             if filled is not None:
                 sums[WAITED], sums[COMPUTED] = (filled - queued[own]) * 1000, (answered - filled) * 1000
         if k < half.start + show:

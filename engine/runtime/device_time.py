@@ -16,7 +16,9 @@ class DeviceTime:
     the device); a pass on the CPU runs on the caller's thread and counts its own wall time. Busy time over
     wall time is the share of time the device had a pass in hand; the rest it waited between passes, for
     the host or for work. Time inside a pass that the device spent waiting for launches the host had not
-    queued yet counts as busy (a kernel profile tells the two apart)."""
+    queued yet counts as busy (a kernel profile tells the two apart). A pass cut into another counts as it
+    ends, and out of the other's time (`PassEvents.inside`; on the CPU, out of the seconds the caller
+    gives for the other)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -41,4 +43,5 @@ class DeviceTime:
     def _count_ended(self) -> None:
         while self._running and self._running[0].end.query():
             events = self._running.popleft()
-            self._seconds += events.start.elapsed_time(events.end) / 1000
+            inside = sum(cut.start.elapsed_time(cut.end) for cut in events.inside)
+            self._seconds += (events.start.elapsed_time(events.end) - inside) / 1000

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -61,12 +61,14 @@ def _keeping(rows: list[Row], starts: list[int], pool: KVPool, ledger: KVLedger
 
 @dataclass(eq=False)
 class PassEvents:
-    """Points a pass records on the device's stream (CUDA only): its start, the start of layer `mark`, its end."""
+    """Points a pass records on the device's stream (CUDA only): its start, the start of layer `mark`, its end;
+    and those of the passes cut into it."""
 
     mark: int
     start: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(enable_timing=True))
     marked: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(blocking=True))
     end: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(enable_timing=True))
+    inside: list["PassEvents"] = field(default_factory=list)  # passes cut into this one, between its layers
 
 
 OPENING_LAYERS = 4  # layers of a pass the host queues on CUDA before the pass's queries count as under way
@@ -79,16 +81,27 @@ def opening_layers(device: torch.device) -> int:
     return OPENING_LAYERS if device.type == "cuda" else 0
 
 
+class CutIn(Protocol):
+    """Work that may run in a pass of its own inside a pass being queued, between two of its layers."""
+
+    def due(self) -> bool: ...
+
+    def run(self) -> None: ...
+
+
 def _per_layer(write: Callable[[int, torch.Tensor, torch.Tensor], None] | None, events: PassEvents | None,
-               opened: Callable[[], None], opening: int) -> Callable[[int, torch.Tensor, torch.Tensor], None]:
+               opened: Callable[[], None], opening: int, cut_in: CutIn | None
+               ) -> Callable[[int, torch.Tensor, torch.Tensor], None]:
     """The model's per-layer hook: `write` the layer's kept KV, record `events.marked` at layer `events.mark`,
-    and call `opened` once the host has queued the pass's first `opening` layers."""
+    call `opened` once the host has queued the pass's first `opening` layers, and run `cut_in` when due."""
 
     def hook(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if events is not None and layer == events.mark:
             events.marked.record()
         if layer == opening:
             opened()
+        if cut_in is not None and cut_in.due():
+            cut_in.run()
         if write is not None:
             write(layer, k, v)
 
@@ -189,11 +202,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_shared(self, groups: Sequence[tuple[list[Row], Stats]], events: PassEvents | None = None,
-                       opened: Callable[[], None] = go_on) -> tuple[torch.Tensor, list[KV | None]]:
+                       opened: Callable[[], None] = go_on, cut_in: CutIn | None = None
+                       ) -> tuple[torch.Tensor, list[KV | None]]:
         """One pass over the rows of several owners, in order (a row's parent is its index in the pass):
         each row's last hidden state and kept KV, each owner's work counted in its stats; `events` recorded
         on the way (queued, not waited for); `opened` called once the host has queued the pass's opening
-        layers (opening_layers; at its end, for a pass of fewer layers or of decode steps)."""
+        layers (opening_layers; at its end, for a pass of fewer layers or of decode steps); `cut_in` run
+        between two layers when it is due (a pass of its own inside this one). Not in a pass of decode steps
+        (one launch), nor in one replayed from captured graphs: the pass cut in would write their buffers,
+        which hold this one's hidden states between its layers."""
         rows = [row for owned, _ in groups for row in owned]
         if all(len(r.ids) == 1 and r.slots is not None and r.keep == 1 for r in rows):
             stepped = self._step(groups, rows, events)
@@ -214,7 +231,8 @@ class ModelRunner:
         shared = sum(1 for owned, _ in groups if owned) > 1
         parts = self.passes.parts(len(ids), shared) if self.passes is not None else None
         opening = opening_layers(self.device)
-        hidden = self.model(ids, positions, layout, last, _per_layer(write, events, opened, opening), parts)
+        hook = _per_layer(write, events, opened, opening, cut_in if parts is None else None)
+        hidden = self.model(ids, positions, layout, last, hook, parts)
         if events is not None:
             events.end.record()
         if len(self.model.layers) <= opening:

@@ -5,7 +5,8 @@
   that came first up to an equal share of the budget each, then every query in arrival order takes
   what is left; short and decoding queries first, a scan moving at least every other pass (`_share_out`).
 - When the next pass is filled (`Pacing`): while the device runs the last layers of the one before, so a
-  query arriving during a pass joins the next.
+  query arriving during a pass joins the next; a short statement or a decode step arriving while the loop
+  queues a pass cuts into it between two layers (`_CutIn`; a pass run directly, not from captured graphs).
 - What fits a pass: a token budget, and padded attention's area at most PAD_FACTOR times it (Fill, pack).
 - In what order a step's requests are computed (`tree`, the quail strategy): each shared prefix once,
   longest roots first, depth first, short prefixes joined by their children in one pass, prompts longer
@@ -273,6 +274,35 @@ class Pacing:
             self.lead, self.quiet = max(1, self.lead - 1), 0
 
 
+class _CutIn:
+    """Bounded jobs (short statements, decode steps) that came while the owner loop queues a pass, in a pass
+    of their own between two of its layers, as long as the passes cut in hold fewer tokens than the pass
+    around them (`tokens`): it keeps at least about half of the device."""
+
+    def __init__(self, loop: "PassScheduler", queue: list[_Waiting], came: int, tokens: int,
+                 events: PassEvents | None) -> None:
+        self.loop, self.queue, self.came, self.left, self.events = loop, queue, came, tokens, events
+        self.seconds = 0.0  # the host's time in the passes cut in (on the CPU, the device's)
+
+    def due(self) -> bool:
+        return self.left > 0 and self.loop._bounded_came != self.came
+
+    def run(self) -> None:
+        """The pass cut in, its busy time counted apart (and out of the pass around it: `PassEvents.inside`)."""
+        loop = self.loop
+        self.came = loop._bounded_came
+        events = loop.runner.pass_events(loop.pacing.mark)
+        began = time.perf_counter()
+        tokens = loop._cut_in(self.queue, events)
+        if tokens:
+            seconds = time.perf_counter() - began
+            loop.busy.add(events, seconds)
+            self.seconds += seconds
+            if self.events is not None:
+                self.events.inside.append(events)
+        self.left -= tokens
+
+
 class PassScheduler:
     """The device's owner loop: every running query's model work waits here, and each forward pass is
     packed from the rows of many queries (continuous batching across queries).
@@ -292,7 +322,14 @@ class PassScheduler:
     finds, and a scan moves at least every other pass while short work keeps
     coming. A query admitted while others run joins the next pass (the loop
     fills it while the device runs the last layers of the pass before:
-    `Pacing`), so it waits for the rest of the pass in flight too: for
+    `Pacing`), so it waits for the rest of the pass in flight too; but bounded
+    jobs that come while the loop queues a pass's layers cut into it
+    (`_CutIn`; a pass the runner runs directly: every pass on the CPU, those
+    not replayed from captured graphs on CUDA): at its next layer the loop
+    queues a pass of theirs alone, then the rest of the layers, so a short
+    statement waits for the layers already queued, not for a pass; as long as
+    the passes cut in hold fewer tokens than the pass around them, which
+    keeps about half of the device. For
     SHORT_WINDOW_S after a job that bounds its passes arrived beside another
     query's, every pass holds at most SHORT_PASS_TOKENS, so the next short
     statement of a burst (a dashboard's) finds a short pass in flight. Before
@@ -309,6 +346,8 @@ class PassScheduler:
         self._thread: threading.Thread | None = None
         self._short_until = 0.0  # time.monotonic() until which passes stay short
         self._starved = False  # the unbounded jobs got nothing in the last pass: no bounded job leads the next
+        self._bounded_came = 0  # bounded jobs that came beside another query's: a pass being queued lets them in
+        self._came_before = 0  # how many had come when the loop took the queue of the pass it queues
 
     def waiting(self) -> int:
         """Queries with model work in the scheduler."""
@@ -330,6 +369,7 @@ class PassScheduler:
         with self._cond:
             if job.pass_tokens is not None and any(w.job.stats is not job.stats for w in self._waiting):
                 self._short_until = time.monotonic() + SHORT_WINDOW_S
+                self._bounded_came += 1
             self._waiting.append(waiting)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="quail-scheduler", daemon=True)
@@ -348,27 +388,84 @@ class PassScheduler:
     def _loop(self) -> None:
         while True:
             self.pacing.wait()
-            self._guarded(self._queue())  # no reference to a query's work outlives its pass here
+            self._guarded(self._queue(), self._pass)  # no reference to a query's work outlives its pass here
 
-    def _guarded(self, queue: list[_Waiting]) -> None:
-        """One pass; an error outside any one query's part (filling the pass, say) ends every query in it,
-        so none is left waiting on a loop that stopped."""
+    def _guarded(self, queue: list[_Waiting], one_pass: Callable[[list[_Waiting]], int]) -> int:
+        """One pass, and the tokens it ran; an error outside any one query's part (filling the pass, say)
+        ends every query in it, so none is left waiting on a loop that stopped."""
         try:
-            self._pass(queue)
+            return one_pass(queue)
         except BaseException as err:
             for waiting in queue:
                 if not waiting.ended.is_set():
                     self._end(waiting, err)
+            return 0
 
     def _queue(self) -> list[_Waiting]:
         with self._cond:
             while not self._waiting:
                 self.pacing.idle = True
                 self._cond.wait()
+            self._came_before = self._bounded_came
             return list(self._waiting)
 
-    def _pass(self, queue: list[_Waiting]) -> None:
-        """One forward pass over the rows of the queries in `queue` (in their order) that may go on."""
+    def _pass(self, queue: list[_Waiting]) -> int:
+        """One forward pass over the rows of the queries in `queue` (in their order) that may go on, and its
+        tokens; bounded jobs that come while the host queues it may cut into it (`_CutIn`)."""
+        filled = self._fill(queue, self._starved)
+        if filled is None:
+            self.pacing.idle = True
+            return 0
+        live, groups, self._starved = filled
+        tokens = _tokens(groups)
+        if not tokens:  # every query waits for another's documents: for it to come
+            self.pacing.idle = True
+            with self._cond:
+                self._cond.wait(0.01)
+            return 0
+        events = self.runner.pass_events(self.pacing.mark)
+        began = time.perf_counter()
+        cut_in = _CutIn(self, queue, self._came_before, tokens, events)
+        result = self._forward(live, groups, events, cut_in)
+        if result is None:
+            self.pacing.idle = True
+            return 0
+        self.busy.add(events, time.perf_counter() - began - cut_in.seconds)
+        self.pacing.queued(events)
+        self._take(live, groups, result)
+        with self._cond:
+            if self._waiting and self._waiting[0] is live[0]:  # the next query leads; this one's jobs in order
+                leader = [waiting for waiting in self._waiting if waiting.job.stats is live[0].job.stats]
+                for waiting in leader:
+                    self._waiting.remove(waiting)
+                self._waiting.extend(leader)
+        return tokens
+
+    def _cut_in(self, queue: list[_Waiting], events: PassEvents | None) -> int:
+        """A pass inside the one being queued (`queue`), of the bounded jobs waiting of queries with no job
+        in it, recording `events`; the tokens it ran (0: none, or it failed). It moves no turn."""
+        with self._cond:
+            present = {id(waiting.job.stats) for waiting in queue}
+            jobs = [waiting for waiting in self._waiting
+                    if waiting.job.pass_tokens is not None and id(waiting.job.stats) not in present]
+        return self._guarded(jobs, lambda jobs: self._inner_pass(jobs, events)) if jobs else 0
+
+    def _inner_pass(self, jobs: list[_Waiting], events: PassEvents | None) -> int:
+        filled = self._fill(jobs, False)
+        if filled is None or not _tokens(filled[1]):
+            return 0
+        live, groups, _ = filled
+        result = self._forward(live, groups, events, None)
+        if result is None:
+            return 0
+        self._take(live, groups, result)
+        return _tokens(groups)
+
+    def _fill(self, queue: list[_Waiting], starved: bool
+              ) -> tuple[list[_Waiting], list[tuple[list[Row], Stats]], bool] | None:
+        """The queries of `queue` that may go on, each one's rows of the next pass, and whether the unbounded
+        jobs got nothing (`_share_out`); None when none may go on (a query cancelled or past its deadline
+        leaves at once, with its own error)."""
         live = []
         for waiting in queue:
             try:
@@ -377,37 +474,36 @@ class PassScheduler:
             except BaseException as err:  # the query's own error (cancelled, past its deadline) goes to it
                 self._end(waiting, err)
         if not live:
-            self.pacing.idle = True
-            return
+            return None
         fill = new_pass(live[0].job.runner)
         fill.budget = self._budget(live, fill.budget)
-        self._starved = _share_out(fill, live, self._starved)
+        starved = _share_out(fill, live, starved)
         groups, base = [], 0
         for waiting in live:
             rows = waiting.job.rows(base)
             groups.append((rows, waiting.job.stats))
             base += len(rows)
-        if not base:  # every query waits for another's documents: for it to reach the scheduler
-            self.pacing.idle = True
-            with self._cond:
-                self._cond.wait(0.01)
-            return
-        events = self.runner.pass_events(self.pacing.mark)
+        return live, groups, starved
+
+    def _forward(self, live: list[_Waiting], groups: list[tuple[list[Row], Stats]], events: PassEvents | None,
+                 cut_in: _CutIn | None) -> tuple[torch.Tensor, list[KV | None]] | None:
+        """The pass queued on the device; None when it failed (every query in it gets the error)."""
         present = [waiting.job.runner for waiting, (rows, _) in zip(live, groups) if rows]
 
         def opened() -> None:
             for runner in present:
                 runner.opened()
-        began = time.perf_counter()
         try:
-            last, kept = self.runner.forward_shared(groups, events, opened)
-        except BaseException as err:  # the pass failed: every query in it gets the error
+            return self.runner.forward_shared(groups, events, opened, cut_in)
+        except BaseException as err:
             for waiting in live:
                 self._end(waiting, err)
-            self.pacing.idle = True
-            return
-        self.busy.add(events, time.perf_counter() - began)
-        self.pacing.queued(events)
+            return None
+
+    def _take(self, live: list[_Waiting], groups: list[tuple[list[Row], Stats]],
+              result: tuple[torch.Tensor, list[KV | None]]) -> None:
+        """Each job's part of the pass's results; a job done (or failed taking them) ends."""
+        last, kept = result
         start = 0
         for waiting, (rows, _) in zip(live, groups):
             try:
@@ -419,12 +515,6 @@ class PassScheduler:
                 start += len(rows)
             if waiting.job.done():
                 self._end(waiting, None)
-        with self._cond:
-            if self._waiting and self._waiting[0] is live[0]:  # the next query leads; this one's jobs in order
-                leader = [waiting for waiting in self._waiting if waiting.job.stats is live[0].job.stats]
-                for waiting in leader:
-                    self._waiting.remove(waiting)
-                self._waiting.extend(leader)
 
     def _budget(self, live: list[_Waiting], budget: int) -> int:
         """A pass's token budget: the leader's, bounded by each job's own bound, and by SHORT_PASS_TOKENS
@@ -440,6 +530,11 @@ class PassScheduler:
                 self._waiting.remove(waiting)
         waiting.error = error
         waiting.ended.set()
+
+
+def _tokens(groups: list[tuple[list[Row], Stats]]) -> int:
+    """A pass's tokens."""
+    return sum(len(row.ids) for rows, _ in groups for row in rows)
 
 
 def pack(lengths: Sequence[int], budget: int, padded: bool = True) -> list[list[int]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -33,6 +33,7 @@ class Point:
 class Pass:
     start: Point
     end: Point
+    inside: list[Pass] = field(default_factory=list)
 
 
 def test_a_queued_pass_counts_once_it_has_ended_and_passes_count_in_stream_order():
@@ -45,6 +46,13 @@ def test_a_queued_pass_counts_once_it_has_ended_and_passes_count_in_stream_order
     assert busy.seconds() == pytest.approx(0.4)
     busy.add(None, 0.125)  # a pass on the caller's thread: its own seconds
     assert busy.seconds() == pytest.approx(0.525)
+    cut = Pass(Point(500.0, True), Point(560.0, True))  # a pass cut into the next, between two of its layers
+    around = Pass(Point(400.0, True), Point(700.0), [cut])
+    busy.add(cut, 0.0)
+    busy.add(around, 0.0)
+    assert busy.seconds() == pytest.approx(0.585), "the pass cut in counts as it ends"
+    around.end.reached = True
+    assert busy.seconds() == pytest.approx(0.825), "the pass around it counts its own 240 ms, not the 60 again"
 
 
 def test_the_schedulers_passes_count_within_the_time_they_took(runtime):

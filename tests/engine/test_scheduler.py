@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -336,10 +337,10 @@ def _scores(runtime, requests) -> np.ndarray:
     return np.exp(np.array(runtime.score(requests)))
 
 
-def test_concurrent_queries_share_passes_and_a_short_one_waits_about_one_pass(runtime, monkeypatch):
-    """A long query (many passes) and a short one sent while its first pass runs: from the next pass on
-    they share passes (the short one leads its first, and is done there), the long one has rows in every
-    pass, and both get the answers they get alone."""
+def test_a_short_query_sent_while_a_long_one_s_pass_is_queued_cuts_into_it(runtime, monkeypatch):
+    """A long query (many passes) and a short one sent while the long one's first pass is being filled: the
+    short one runs in a pass of its own inside that one, between two of its layers, and is done there; the
+    long one has rows in every other pass, and both get the answers they get alone."""
     rng = np.random.default_rng(7)
     small = runtime.variant("quail", token_budget=256)
     long = [request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(12)]  # about five passes alone
@@ -348,16 +349,21 @@ def test_concurrent_queries_share_passes_and_a_short_one_waits_about_one_pass(ru
     runtime.runner.tree.clear()
     works = {"long": QueryWork(), "short": QueryWork()}
     owners = {id(works[name].stats): name for name in works}
-    passes: list[list[str]] = []
+    passes: list[tuple[list[str], int]] = []  # each pass's owners, and how many passes it ran inside
+    inside = []
     first_in, release = threading.Event(), threading.Event()
     forward = type(runtime.runner).forward_shared
 
     def recording(self, groups, *rest):
-        passes.append([owners.get(id(stats), "?") for owned, stats in groups if owned])
+        passes.append(([owners.get(id(stats), "?") for owned, stats in groups if owned], len(inside)))
         if len(passes) == 1:
             first_in.set()
             release.wait(30)
-        return forward(self, groups, *rest)
+        inside.append(1)
+        try:
+            return forward(self, groups, *rest)
+        finally:
+            inside.pop()
 
     monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
     got = {}
@@ -375,12 +381,66 @@ def test_concurrent_queries_share_passes_and_a_short_one_waits_about_one_pass(ru
     release.set()
     for thread in threads.values():
         thread.join(60)
-    assert passes[0] == ["long"] and passes[1] == ["short", "long"], passes
-    assert all("long" in names for names in passes), "the long query has rows in every pass"
-    assert sum("short" in names for names in passes) == 1, "the short query was done in the pass it led"
+    assert passes[:2] == [(["long"], 0), (["short"], 1)], passes
+    assert all(names == ["long"] and depth == 0 for names, depth in passes[2:]), passes
     for name in works:
         np.testing.assert_allclose(got[name], alone[name], atol=1e-4)
-        assert works[name].stats.forward_passes == sum(name in names for names in passes)
+        assert works[name].stats.forward_passes == sum(name in names for names, _ in passes)
+
+
+def test_short_queries_cut_into_a_pass_while_they_hold_fewer_tokens_than_it(runtime, monkeypatch):
+    """Short queries sent one after another while a long query's pass is queued, one a layer: each cuts into
+    it in a pass of its own, until the passes cut in hold as many tokens as the pass around them; the
+    later ones wait for the next pass. Every answer is the one each query gets alone."""
+    rng = np.random.default_rng(11)
+    small = runtime.variant("quail", token_budget=256)
+    long = [request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(6)]
+    shorts = [[request(rng.integers(2000, 3000, 20), [7, 9]) for _ in range(2)] for _ in range(9)]
+    alone = [_scores(small, requests) for requests in [long, *shorts]]
+    runtime.runner.tree.clear()
+    works = [QueryWork() for _ in range(10)]
+    owners = {id(work.stats): k for k, work in enumerate(works)}
+    passes: list[tuple[list[int], int, int]] = []  # each pass's owners, tokens, and how many passes it ran inside
+    inside, threads, got = [], [], {}
+    model, forward = runtime.runner.model, type(runtime.runner).forward_shared
+    finish = type(model).finish
+
+    def query(k: int, requests) -> None:
+        got[k] = np.exp(np.array(small.score(requests, works[k])))
+
+    def recording(self, groups, *rest):
+        passes.append(([owners[id(stats)] for owned, stats in groups if owned],
+                       sum(len(row.ids) for owned, _ in groups for row in owned), len(inside)))
+        inside.append(1)
+        try:
+            return forward(self, groups, *rest)
+        finally:
+            inside.pop()
+
+    def sending(self, layer, *args):
+        if len(passes) >= 1 and passes[0][0] == [0] and inside == [1] and len(threads) < len(shorts):
+            waiting = small.runner.scheduler.waiting()  # one short query sent a layer, each in the scheduler
+            threads.append(threading.Thread(target=query, args=(len(threads) + 1, shorts[len(threads)])))
+            threads[-1].start()
+            while small.runner.scheduler.waiting() == waiting and threads[-1].is_alive():
+                threading.Event().wait(0.005)
+        return finish(self, layer, *args)
+
+    monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
+    monkeypatch.setattr(type(model), "finish", sending)
+    busy, before, began = small.runner.scheduler.busy, small.runner.scheduler.busy.seconds(), time.perf_counter()
+    query(0, long)
+    for thread in threads:
+        thread.join(60)
+    assert 0 < busy.seconds() - before <= time.perf_counter() - began, "the passes cut in count once"
+    first, tokens, _ = passes[0]
+    cut = [(names, n) for names, n, depth in passes if depth == 1]
+    assert first == [0] and cut == [(names, n) for names, n, _ in passes[1:len(cut) + 1]], passes
+    assert all(len(names) == 1 for names, _ in cut), "each its own pass, sent a layer apart"
+    assert sum(n for _, n in cut[:-1]) < tokens <= sum(n for _, n in cut) and len(cut) < len(shorts), passes
+    assert all(depth == 0 for _, _, depth in passes[len(cut) + 1:]), "the rest wait for the next pass"
+    for k, want in enumerate(alone):
+        np.testing.assert_allclose(got[k], want, atol=1e-4)
 
 
 @pytest.mark.parametrize("opening", [None, 4], ids=["cpu", "four-layers"])
@@ -589,10 +649,10 @@ def test_passes_stay_short_while_a_query_decodes(runtime, monkeypatch):
 
 
 def test_a_short_job_rides_short_passes_beside_a_scan(runtime, monkeypatch):
-    """A short statement arriving during a scan: from its arrival on (for SHORT_WINDOW_S, here longer than
-    the test) every pass holds at most SHORT_PASS_TOKENS, so it waits for the rest of a short pass and one
-    short pass, not full ones; the scan's rows ride beside its own and go on in short passes after it;
-    before it the scan fills its passes."""
+    """A short statement arriving during a scan: it cuts into the pass being queued (a pass of its own, all
+    its rows), and from its arrival on (for SHORT_WINDOW_S, here longer than the test) every pass holds at
+    most SHORT_PASS_TOKENS, so the next short statement of a burst finds a short pass in flight; the scan
+    goes on in short passes after it; before it the scan fills its passes."""
     monkeypatch.setattr(scheduler, "SHORT_PASS_TOKENS", 160)
     monkeypatch.setattr(scheduler, "SHORT_WINDOW_S", 600.0)
     rng = np.random.default_rng(9)
@@ -605,8 +665,7 @@ def test_a_short_job_rides_short_passes_beside_a_scan(runtime, monkeypatch):
     small.runner.scheduler._short_until = 0.0
     assert passes[0][1] > 150, "the scan alone fills its passes"
     assert all(tokens <= 160 for _, tokens, _ in passes[1:]), passes
-    assert [set(names) for names, _, _ in passes if "short" in names] == [{"scan", "short"}], \
-        "the short job's rows in one pass (not an equal share of it), the scan's beside them"
+    assert [names for names, _, _ in passes if "short" in names] == [["short"]], "all its rows in one pass"
     assert passes[-1][0] == ["scan"], "the scan goes on after it"
     passes.clear()
     small.score(short[:1] + [request(rng.integers(2000, 3000, 20), [7, 9])], QueryWork())
