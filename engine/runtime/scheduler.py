@@ -452,14 +452,15 @@ class PassScheduler:
 
     def _inner_pass(self, jobs: list[_Waiting], events: PassEvents | None) -> int:
         filled = self._fill(jobs, False)
-        if filled is None or not _tokens(filled[1]):
+        if filled is None:
             return 0
         live, groups, _ = filled
-        result = self._forward(live, groups, events, None)
+        tokens = _tokens(groups)
+        result = self._forward(live, groups, events, None) if tokens else None
         if result is None:
             return 0
         self._take(live, groups, result)
-        return _tokens(groups)
+        return tokens
 
     def _fill(self, queue: list[_Waiting], starved: bool
               ) -> tuple[list[_Waiting], list[tuple[list[Row], Stats]], bool] | None:
