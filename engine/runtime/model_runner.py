@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol, Sequence
+from typing import Callable, ContextManager, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -90,10 +91,11 @@ class CutIn(Protocol):
 
 
 def _per_layer(write: Callable[[int, torch.Tensor, torch.Tensor], None] | None, events: PassEvents | None,
-               opened: Callable[[], None], opening: int, cut_in: CutIn | None
-               ) -> Callable[[int, torch.Tensor, torch.Tensor], None]:
+               opened: Callable[[], None], opening: int, cut_in: CutIn | None,
+               aside: Callable[[], ContextManager[None]]) -> Callable[[int, torch.Tensor, torch.Tensor], None]:
     """The model's per-layer hook: `write` the layer's kept KV, record `events.marked` at layer `events.mark`,
-    call `opened` once the host has queued the pass's first `opening` layers, and run `cut_in` when due."""
+    call `opened` once the host has queued the pass's first `opening` layers, and run `cut_in` when due,
+    with what the pass holds set `aside`."""
 
     def hook(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if events is not None and layer == events.mark:
@@ -101,7 +103,8 @@ def _per_layer(write: Callable[[int, torch.Tensor, torch.Tensor], None] | None, 
         if layer == opening:
             opened()
         if cut_in is not None and cut_in.due():
-            cut_in.run()
+            with aside():
+                cut_in.run()
         if write is not None:
             write(layer, k, v)
 
@@ -208,9 +211,8 @@ class ModelRunner:
         each row's last hidden state and kept KV, each owner's work counted in its stats; `events` recorded
         on the way (queued, not waited for); `opened` called once the host has queued the pass's opening
         layers (opening_layers; at its end, for a pass of fewer layers or of decode steps); `cut_in` run
-        between two layers when it is due (a pass of its own inside this one). Not in a pass of decode steps
-        (one launch), nor in one replayed from captured graphs: the pass cut in would write their buffers,
-        which hold this one's hidden states between its layers."""
+        between two layers when it is due (a pass of its own inside this one; not in a pass of decode steps,
+        one launch), what this pass holds in captured graphs' buffers set aside meanwhile."""
         rows = [row for owned, _ in groups for row in owned]
         if all(len(r.ids) == 1 and r.slots is not None and r.keep == 1 for r in rows):
             stepped = self._step(groups, rows, events)
@@ -231,7 +233,8 @@ class ModelRunner:
         shared = sum(1 for owned, _ in groups if owned) > 1
         parts = self.passes.parts(len(ids), shared) if self.passes is not None else None
         opening = opening_layers(self.device)
-        hook = _per_layer(write, events, opened, opening, cut_in if parts is None else None)
+        hook = _per_layer(write, events, opened, opening, cut_in,
+                          parts.aside if parts is not None else contextlib.nullcontext)
         hidden = self.model(ids, positions, layout, last, hook, parts)
         if events is not None:
             events.end.record()

@@ -17,17 +17,19 @@ positions only. Any other pass runs the compiled regions directly: padding it
 would cost the device more than the host saves, and one query's full pass
 mostly has the host to itself (replayed, it pays for the copies through the
 buffers and for its padding). Padding rows start from zeros and are
-read by nothing. Graphs share one memory pool: each writes only the static
-buffers, so nothing of one outlives it there, and any may replay after any
-other. They are captured at warm-up (`prepare`), never in a query's pass,
-and replayed by one thread at a time (the device's owner loop: the buffers
-are the graphs' own). Models with fp8 layers run every pass directly
+read by nothing. A pass may run inside another, between two of its layers,
+while `aside` keeps what the other holds in the buffers. Graphs share one
+memory pool: each writes only the static buffers, so nothing of one outlives
+it there, and any may replay after any other. They are captured at warm-up
+(`prepare`), never in a query's pass, and replayed by one thread at a time
+(the device's owner loop: the buffers are the graphs' own). Models with fp8 layers run every pass directly
 (`serves`): the GPU test does not cover their captured passes yet.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 
@@ -136,6 +138,18 @@ class CapturedParts:
             buffer[:n].copy_(value)
         g.x[n:self.size].zero_()
         return g.x[:n], g.cos[:n], g.sin[:n]
+
+    @contextmanager
+    def aside(self) -> Iterator[None]:
+        """What this pass holds in the buffers between its layer's q/k/v and its attention (the hidden states
+        and their padding rows, the rotary tables, q, k, v), kept while another pass runs through them (one
+        cut into this pass, scheduler.PassScheduler), and put back."""
+        g, n = self.graphs, self.n
+        held = [g.x[:self.size]] + [buffer[:n] for buffer in (g.cos, g.sin, g.q, g.k, g.v)]
+        kept = [buffer.clone() for buffer in held]
+        yield
+        for buffer, copy in zip(held, kept):
+            buffer.copy_(copy)
 
     def qkv(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         g, n = self.graphs, self.n

@@ -6,7 +6,7 @@
   what is left; short and decoding queries first, a scan moving at least every other pass (`_share_out`).
 - When the next pass is filled (`Pacing`): while the device runs the last layers of the one before, so a
   query arriving during a pass joins the next; a short statement or a decode step arriving while the loop
-  queues a pass cuts into it between two layers (`_CutIn`; a pass run directly, not from captured graphs).
+  queues a pass cuts into it between two layers (`_CutIn`).
 - What fits a pass: a token budget, and padded attention's area at most PAD_FACTOR times it (Fill, pack).
 - In what order a step's requests are computed (`tree`, the quail strategy): each shared prefix once,
   longest roots first, depth first, short prefixes joined by their children in one pass, prompts longer
@@ -324,8 +324,7 @@ class PassScheduler:
     fills it while the device runs the last layers of the pass before:
     `Pacing`), so it waits for the rest of the pass in flight too; but bounded
     jobs that come while the loop queues a pass's layers cut into it
-    (`_CutIn`; a pass the runner runs directly: every pass on the CPU, those
-    not replayed from captured graphs on CUDA): at its next layer the loop
+    (`_CutIn`): at its next layer the loop
     queues a pass of theirs alone, then the rest of the layers, so a short
     statement waits for the layers already queued, not for a pass; as long as
     the passes cut in hold fewer tokens than the pass around them, which

@@ -24,8 +24,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def _pass(model: Decoder, lengths: list[int], parts, seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """A pass of new rows of these lengths: each row's last hidden state, and every layer's keys and values."""
+def _pass(model: Decoder, lengths: list[int], parts, seed: int, inside=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A pass of new rows of these lengths: each row's last hidden state, and every layer's keys and values;
+    `inside(layer)` called from each layer's KV hook (another pass cut into this one)."""
     rng = np.random.default_rng(seed)
     ids = torch.from_numpy(rng.integers(0, CFG.vocab_size, sum(lengths))).cuda()
     positions = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths])).cuda()
@@ -33,8 +34,14 @@ def _pass(model: Decoder, lengths: list[int], parts, seed: int) -> tuple[torch.T
                         [None] * len(lengths))
     last = torch.from_numpy(np.cumsum(lengths) - 1).cuda()
     kept: list[torch.Tensor] = []
+
+    def keep(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        if inside is not None:
+            inside(layer)
+        kept.extend((k.clone(), v.clone()))
+
     with torch.inference_mode():
-        hidden = model(ids, positions, layout, last, lambda layer, k, v: kept.extend((k.clone(), v.clone())), parts)
+        hidden = model(ids, positions, layout, last, keep, parts)
     return hidden, kept
 
 
@@ -72,3 +79,30 @@ def test_a_model_with_fp8_layers_runs_its_passes_directly():
     model = Decoder(CFG).to("cuda", torch.bfloat16).eval()
     to_fp8(model.layers)
     assert not PassGraphs.serves(model) and ModelRunner(model).passes is None
+
+
+@pytest.mark.parametrize("inner_lengths", [[100, 37], [1500, 200, 300]], ids=["smaller-size", "same-size"])
+def test_a_pass_cut_into_a_captured_pass_leaves_both_as_they_are_alone(inner_lengths):
+    """A captured pass (2,048 tokens) with another captured pass run inside it at its second layer's KV
+    hook, its buffers set aside (CapturedParts.aside): each gives the hidden states and KV it gives run
+    directly alone, whether the inner pass uses a smaller size's graphs or the same size's (the same rows
+    of the buffers)."""
+    torch.manual_seed(0)
+    model = Decoder(CFG).to("cuda", torch.float32).eval()
+    graphs = PassGraphs(model, token_budget=4096)
+    graphs.prepare()
+    outer_lengths, got_inner = [700, 300, 1000, 48], []
+
+    def inside(layer: int) -> None:
+        if layer == 1:
+            with outer.aside():
+                got_inner.append(_pass(model, inner_lengths, graphs.parts(sum(inner_lengths), shared=True), 1))
+
+    outer = graphs.parts(sum(outer_lengths), shared=True)
+    got = _pass(model, outer_lengths, outer, 0, inside)
+    for (hidden, kv), (want, want_kv) in zip([got, *got_inner], [_pass(model, outer_lengths, None, 0),
+                                                                  _pass(model, inner_lengths, None, 1)]):
+        assert _rel(hidden, want) < 1e-5
+        assert len(kv) == len(want_kv) == 2 * CFG.num_layers
+        for a, b in zip(kv, want_kv):
+            assert _rel(a, b) < 1e-5
