@@ -62,14 +62,15 @@ def _keeping(rows: list[Row], starts: list[int], pool: KVPool, ledger: KVLedger
 
 @dataclass(eq=False)
 class PassEvents:
-    """Points a pass records on the device's stream (CUDA only): its start, the start of layer `mark`, its end;
-    and those of the passes cut into it."""
+    """Points a pass records on the device's stream (CUDA only): its start, the start of layer `mark`, its end,
+    the start of each layer the host reached; and those of the passes cut into it."""
 
     mark: int
     start: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(enable_timing=True))
     marked: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(blocking=True))
     end: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(enable_timing=True))
     inside: list["PassEvents"] = field(default_factory=list)  # passes cut into this one, between its layers
+    layers: list[torch.cuda.Event] = field(default_factory=list)  # each layer's start, as the host queues them
 
 
 OPENING_LAYERS = 4  # layers of a pass the host queues on CUDA before the pass's queries count as under way
@@ -83,28 +84,29 @@ def opening_layers(device: torch.device) -> int:
 
 
 class CutIn(Protocol):
-    """Work that may run in a pass of its own inside a pass being queued, between two of its layers."""
+    """Work that may run in a pass of its own inside a pass being queued, between two of its layers: `at` is
+    called as the host reaches each layer (its event recorded), with what sets the pass's buffers aside."""
 
-    def due(self) -> bool: ...
-
-    def run(self) -> None: ...
+    def at(self, layer: int, aside: Callable[[], ContextManager[None]]) -> None: ...
 
 
 def _per_layer(write: Callable[[int, torch.Tensor, torch.Tensor], None] | None, events: PassEvents | None,
                opened: Callable[[], None], opening: int, cut_in: CutIn | None,
                aside: Callable[[], ContextManager[None]]) -> Callable[[int, torch.Tensor, torch.Tensor], None]:
     """The model's per-layer hook: `write` the layer's kept KV, record `events.marked` at layer `events.mark`,
-    call `opened` once the host has queued the pass's first `opening` layers, and run `cut_in` when due,
-    with what the pass holds set `aside`."""
+    record each layer's start in `events.layers`, call `opened` once the host has queued the pass's first
+    `opening` layers, and let `cut_in` at each layer, with what the pass holds set `aside`."""
 
     def hook(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        if events is not None and layer == events.mark:
-            events.marked.record()
+        if events is not None:
+            events.layers.append(torch.cuda.Event(blocking=True))
+            events.layers[-1].record()
+            if layer == events.mark:
+                events.marked.record()
         if layer == opening:
             opened()
-        if cut_in is not None and cut_in.due():
-            with aside():
-                cut_in.run()
+        if cut_in is not None:
+            cut_in.at(layer, aside)
         if write is not None:
             write(layer, k, v)
 

@@ -6,7 +6,8 @@
   what is left; short and decoding queries first, a scan moving at least every other pass (`_share_out`).
 - When the next pass is filled (`Pacing`): while the device runs the last layers of the one before, so a
   query arriving during a pass joins the next; a short statement or a decode step arriving while the loop
-  queues a pass cuts into it between two layers (`_CutIn`).
+  queues a pass cuts into it between two layers, the host queuing at most AHEAD_LAYERS ahead of the device
+  until the pass's mark (`_CutIn`).
 - What fits a pass: a token budget, and padded attention's area at most PAD_FACTOR times it (Fill, pack).
 - In what order a step's requests are computed (`tree`, the quail strategy): each shared prefix once,
   longest roots first, depth first, short prefixes joined by their children in one pass, prompts longer
@@ -27,7 +28,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, ContextManager, Protocol, Sequence
 
 import numpy as np
 
@@ -274,18 +275,33 @@ class Pacing:
             self.lead, self.quiet = max(1, self.lead - 1), 0
 
 
+AHEAD_LAYERS = 6  # layers of a pass the host queues ahead of the device (CUDA), up to the pass's mark (Pacing)
+
+
 class _CutIn:
     """Bounded jobs (short statements, decode steps) that came while the owner loop queues a pass, in a pass
     of their own between two of its layers, as long as the passes cut in hold fewer tokens than the pass
-    around them (`tokens`): it keeps at least about half of the device."""
+    around them (`tokens`): it keeps at least about half of the device. While one may still cut in, the
+    host queues the pass's layers before its mark at most AHEAD_LAYERS ahead of the device, so what cuts in
+    waits for about that many layers, not for the pass (from the mark on, the host queues the rest and
+    fills the next pass while the device runs them: `Pacing`)."""
 
     def __init__(self, loop: "PassScheduler", queue: list[_Waiting], came: int, tokens: int,
                  events: PassEvents | None) -> None:
         self.loop, self.queue, self.came, self.left, self.events = loop, queue, came, tokens, events
         self.seconds = 0.0  # the host's time in the passes cut in (on the CPU, the device's)
 
-    def due(self) -> bool:
-        return self.left > 0 and self.loop._bounded_came != self.came
+    def at(self, layer: int, aside: Callable[[], ContextManager[None]]) -> None:
+        """The host reached `layer` of the pass: it waits for the device to start the layer AHEAD_LAYERS
+        before it, then the jobs that came meanwhile cut in (with the pass's buffers set `aside`)."""
+        if self.left <= 0:
+            return
+        events = self.events
+        if events is not None and AHEAD_LAYERS <= layer < events.mark:
+            events.layers[layer - AHEAD_LAYERS].synchronize()
+        if self.loop._bounded_came != self.came:
+            with aside():
+                self.run()
 
     def run(self) -> None:
         """The pass cut in, its busy time counted apart (and out of the pass around it: `PassEvents.inside`)."""
