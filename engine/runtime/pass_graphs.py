@@ -22,8 +22,9 @@ while `aside` keeps what the other holds in the buffers. Graphs share one
 memory pool: each writes only the static buffers, so nothing of one outlives
 it there, and any may replay after any other. They are captured at warm-up
 (`prepare`), never in a query's pass, and replayed by one thread at a time
-(the device's owner loop: the buffers are the graphs' own). Models with fp8 layers run every pass directly
-(`serves`): the GPU test does not cover their captured passes yet.
+(the device's owner loop: the buffers are the graphs' own). Models with fp8
+layers run every pass directly (`serves`): the GPU test does not cover their
+captured passes yet.
 """
 
 from __future__ import annotations

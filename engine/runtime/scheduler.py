@@ -340,11 +340,12 @@ class PassScheduler:
     fills it while the device runs the last layers of the pass before:
     `Pacing`), so it waits for the rest of the pass in flight too; but bounded
     jobs that come while the loop queues a pass's layers cut into it
-    (`_CutIn`): at its next layer the loop
-    queues a pass of theirs alone, then the rest of the layers, so a short
-    statement waits for the layers already queued, not for a pass; as long as
-    the passes cut in hold fewer tokens than the pass around them, which
-    keeps about half of the device. For
+    (`_CutIn`): at its next layer the loop queues a pass of theirs alone, then
+    the rest of the layers, so a short statement waits for the layers already
+    queued, not for a pass; as long as the passes cut in hold fewer tokens
+    than the pass around them, which keeps about half of the device. On CUDA
+    the loop queues a pass's layers before its mark at most AHEAD_LAYERS ahead
+    of the device meanwhile, so those are few. For
     SHORT_WINDOW_S after a job that bounds its passes arrived beside another
     query's, every pass holds at most SHORT_PASS_TOKENS, so the next short
     statement of a burst (a dashboard's) finds a short pass in flight. Before
