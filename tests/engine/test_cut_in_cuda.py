@@ -1,0 +1,46 @@
+"""How far the host queues a pass ahead of the device while work may cut into it (GPU only; else skipped)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("the device runs passes behind the host on CUDA only", allow_module_level=True)
+
+from quail.engine.model.config import ModelConfig  # noqa: E402
+from quail.engine.model.decoder import Decoder  # noqa: E402
+from quail.engine.runtime.counters import Stats  # noqa: E402
+from quail.engine.runtime.model_runner import ModelRunner, go_on  # noqa: E402
+from quail.engine.runtime.scheduler import AHEAD_LAYERS, Row, _CutIn  # noqa: E402
+
+CFG = ModelConfig("qwen3", vocab_size=512, hidden_size=512, num_layers=16, num_heads=8, num_kv_heads=2, head_dim=64,
+                  intermediate_size=2048, rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True)
+
+
+def test_while_work_may_cut_in_the_host_queues_a_pass_a_few_layers_ahead_until_its_mark():
+    """A pass of 8,000 tokens that work may cut into: as the host leaves each layer before the mark, the
+    device has started all but at most AHEAD_LAYERS of the layers queued; every layer's start is recorded;
+    the pass gives the hidden states it gives without the cut-in."""
+    torch.manual_seed(0)
+    model = Decoder(CFG).to("cuda", torch.float32).eval()
+    runner = ModelRunner(model, token_budget=8192)
+    rng = np.random.default_rng(0)
+    rows = [Row(rng.integers(0, CFG.vocab_size, 1000)) for _ in range(8)]
+    mark = CFG.num_layers - 3
+    events = runner.pass_events(mark)
+    cut_in = _CutIn(runner.scheduler, [], runner.scheduler._bounded_came, 8000, events)
+    queued_ahead = []
+    at = cut_in.at
+
+    def watched(layer, aside):
+        at(layer, aside)
+        queued_ahead.append(sum(not event.query() for event in events.layers))
+
+    cut_in.at = watched
+    hidden, _ = runner.forward_shared([(rows, Stats())], events, go_on, cut_in)
+    want, _ = runner.forward_shared([(rows, Stats())])
+    assert len(events.layers) == len(queued_ahead) == CFG.num_layers
+    assert max(queued_ahead[:mark]) <= AHEAD_LAYERS, queued_ahead
+    torch.testing.assert_close(hidden, want)
