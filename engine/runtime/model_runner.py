@@ -95,7 +95,7 @@ def _per_layer(write: Callable[[int, torch.Tensor, torch.Tensor], None] | None, 
                aside: Callable[[], ContextManager[None]]) -> Callable[[int, torch.Tensor, torch.Tensor], None]:
     """The model's per-layer hook: `write` the layer's kept KV, record `events.marked` at layer `events.mark`,
     record each layer's start in `events.layers`, call `opened` once the host has queued the pass's first
-    `opening` layers, and let `cut_in` at each layer, with what the pass holds set `aside`."""
+    `opening` layers, and call `cut_in.at` at each layer, with what sets the pass's buffers `aside`."""
 
     def hook(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if events is not None:
@@ -212,9 +212,10 @@ class ModelRunner:
         """One pass over the rows of several owners, in order (a row's parent is its index in the pass):
         each row's last hidden state and kept KV, each owner's work counted in its stats; `events` recorded
         on the way (queued, not waited for); `opened` called once the host has queued the pass's opening
-        layers (opening_layers; at its end, for a pass of fewer layers or of decode steps); `cut_in` run
-        between two layers when it is due (a pass of its own inside this one; not in a pass of decode steps,
-        one launch), what this pass holds in captured graphs' buffers set aside meanwhile."""
+        layers (opening_layers; at its end, for a pass of fewer layers or of decode steps); `cut_in.at`
+        called as the host reaches each layer (it may hold the host back, or run a pass of its own inside
+        this one, what this pass holds in captured graphs' buffers set aside meanwhile; not in a pass of
+        decode steps, one launch)."""
         rows = [row for owned, _ in groups for row in owned]
         if all(len(r.ids) == 1 and r.slots is not None and r.keep == 1 for r in rows):
             stepped = self._step(groups, rows, events)
