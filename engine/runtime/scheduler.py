@@ -519,19 +519,32 @@ class PassScheduler:
 
     def _take(self, live: list[_Waiting], groups: list[tuple[list[Row], Stats]],
               result: tuple[torch.Tensor, list[KV | None]]) -> None:
-        """Each job's part of the pass's results; a job done (or failed taking them) ends."""
+        """Each job's part of the pass's results; a job done (or failed taking them) ends once the pass's rows
+        and kept KV are let go (`groups` and the result's list emptied): what a finished query held is freed
+        by the time it learns it is done."""
+        ended = self._taken(live, groups, result)
+        result[1].clear()
+        groups.clear()
+        for waiting, error in ended:
+            self._end(waiting, error)
+
+    def _taken(self, live: list[_Waiting], groups: list[tuple[list[Row], Stats]],
+               result: tuple[torch.Tensor, list[KV | None]]) -> list[tuple[_Waiting, BaseException | None]]:
+        """Each job's part of the pass's results given to it; the jobs done, and those that failed taking them
+        with their errors."""
         last, kept = result
-        start = 0
+        start, ended = 0, []
         for waiting, (rows, _) in zip(live, groups):
             try:
                 waiting.job.take(last[start:start + len(rows)], kept[start:start + len(rows)])
             except BaseException as err:
-                self._end(waiting, err)
+                ended.append((waiting, err))
                 continue
             finally:
                 start += len(rows)
             if waiting.job.done():
-                self._end(waiting, None)
+                ended.append((waiting, None))
+        return ended
 
     def _budget(self, live: list[_Waiting], budget: int) -> int:
         """A pass's token budget: the leader's, bounded by each job's own bound, and by SHORT_PASS_TOKENS
