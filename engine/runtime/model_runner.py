@@ -63,7 +63,8 @@ def _keeping(rows: list[Row], starts: list[int], pool: KVPool, ledger: KVLedger
 @dataclass(eq=False)
 class PassEvents:
     """Points a pass records on the device's stream (CUDA only): its start, the start of layer `mark`, its end,
-    the start of each layer the host reached; and those of the passes cut into it."""
+    the start of each layer the host reached in a pass that work may cut into; and those of the passes cut
+    into it."""
 
     mark: int
     start: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(enable_timing=True))
@@ -94,18 +95,18 @@ def _per_layer(write: Callable[[int, torch.Tensor, torch.Tensor], None] | None, 
                opened: Callable[[], None], opening: int, cut_in: CutIn | None,
                aside: Callable[[], ContextManager[None]]) -> Callable[[int, torch.Tensor, torch.Tensor], None]:
     """The model's per-layer hook: `write` the layer's kept KV, record `events.marked` at layer `events.mark`,
-    record each layer's start in `events.layers`, call `opened` once the host has queued the pass's first
-    `opening` layers, and call `cut_in.at` at each layer, with what sets the pass's buffers `aside`."""
+    call `opened` once the host has queued the pass's first `opening` layers, and, with a `cut_in`, record
+    each layer's start in `events.layers` and call `cut_in.at`, with what sets the pass's buffers `aside`."""
 
     def hook(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        if events is not None:
-            events.layers.append(torch.cuda.Event(blocking=True))
-            events.layers[-1].record()
-            if layer == events.mark:
-                events.marked.record()
+        if events is not None and layer == events.mark:
+            events.marked.record()
         if layer == opening:
             opened()
         if cut_in is not None:
+            if events is not None:
+                events.layers.append(torch.cuda.Event(blocking=True))
+                events.layers[-1].record()
             cut_in.at(layer, aside)
         if write is not None:
             write(layer, k, v)
