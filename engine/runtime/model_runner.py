@@ -60,6 +60,14 @@ def _keeping(rows: list[Row], starts: list[int], pool: KVPool, ledger: KVLedger
     return kept, write, (pool, slots) if every else None
 
 
+def _reached(event: torch.cuda.Event) -> None:
+    """Until the device reaches `event`. One already passed is only asked about: waiting lets go of the
+    interpreter's lock, and taking it back may wait behind other threads (statements being planned) while
+    the device runs out of queued work."""
+    if not event.query():
+        event.synchronize()
+
+
 @dataclass(eq=False)
 class PassEvents:
     """Points a pass records on the device's stream (CUDA only): its start, the start of layer `mark`, its end,
@@ -72,6 +80,14 @@ class PassEvents:
     end: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(enable_timing=True))
     inside: list["PassEvents"] = field(default_factory=list)  # passes cut into this one, between its layers
     layers: list[torch.cuda.Event] = field(default_factory=list)  # each layer's start, as the host queues them
+
+    def reach_mark(self) -> None:
+        """Until the device starts layer `mark`."""
+        _reached(self.marked)
+
+    def reach_layer(self, layer: int) -> None:
+        """Until the device starts `layer` (one the host has queued)."""
+        _reached(self.layers[layer])
 
 
 OPENING_LAYERS = 4  # layers of a pass the host queues on CUDA before the pass's queries count as under way

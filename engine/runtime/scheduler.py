@@ -251,7 +251,7 @@ class Pacing:
         """Until the device starts the mark of the pass queued last; then the gap before that pass is judged."""
         if self.last is None:
             return
-        self.last.marked.synchronize()
+        self.last.reach_mark()
         if self.judged is not None:
             before, after = self.judged
             self.observe(before.end.elapsed_time(after.start))
@@ -298,7 +298,7 @@ class _CutIn:
             return
         events = self.events
         if events is not None and AHEAD_LAYERS <= layer < events.mark:
-            events.layers[layer - AHEAD_LAYERS].synchronize()
+            events.reach_layer(layer - AHEAD_LAYERS)
         if self.loop._bounded_came != self.came:
             with aside():
                 self.run()

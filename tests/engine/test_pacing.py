@@ -8,15 +8,20 @@ import doctest
 from dataclasses import dataclass, field
 
 from quail.engine.runtime import scheduler
+from quail.engine.runtime.model_runner import PassEvents
 from quail.engine.runtime.scheduler import QUIET, Pacing
 
 
 @dataclass
 class Point:
-    """A recorded point of the device's stream: the millisecond it was reached."""
+    """A recorded point of the device's stream: the millisecond it was reached, and whether it was when asked."""
 
     at: float
     waited: list = field(default_factory=list)
+    reached: bool = False
+
+    def query(self) -> bool:
+        return self.reached
 
     def synchronize(self) -> None:
         self.waited.append(self.at)
@@ -30,6 +35,7 @@ class Events:
     start: Point
     marked: Point
     end: Point
+    reach_mark = PassEvents.reach_mark
 
 
 def pass_at(start: float, length: float = 10.0) -> Events:
@@ -75,3 +81,13 @@ def test_only_passes_queued_one_after_the_other_are_judged():
     pacing.queued(None)  # the CPU: no events
     pacing.wait()
     assert pacing.lead == 13
+
+
+def test_a_mark_the_device_has_passed_is_not_waited_for():
+    """Waiting lets go of the interpreter's lock, which the loop may then wait for behind other threads."""
+    pacing = Pacing(36)
+    behind = pass_at(0.0)
+    behind.marked.reached = True
+    pacing.queued(behind)
+    pacing.wait()
+    assert not behind.marked.waited
