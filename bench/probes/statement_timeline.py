@@ -7,7 +7,8 @@ Runs `quail serve` (through this module, which first wraps the functions of
 SPANS with timers: each call's start and end and its thread; a generator's
 each item; the interpreter's garbage collections), ingests `--reviews`
 reviews over ADBC and waits for their tokenizing, runs a `--warm-rows`-row
-statement and ten short ones to warm up, then `--statements` statements of `--rows`
+statement (with `--as-phase-b`, as server_load's A, F and G: it, it again, and
+another question over its rows) and ten short ones to warm up, then `--statements` statements of `--rows`
 rows one after another on one ADBC connection, as bench/server_load.py's
 phase B (with `--beside-rows`, beside a long statement started before them,
 as its phase E). Writes a text file: the spans of `--show` statements (start ms, end
@@ -42,7 +43,7 @@ from typing import Any, Callable
 import adbc_driver_flightsql.dbapi as flight_sql
 
 from bench.datagen import numbered_reviews
-from bench.server_load import Counters, run, statement
+from bench.server_load import QUESTIONS, Counters, run, statement
 from quail.clients.server_process import ServerProcess, free_port
 
 EVENTS_ENV = "QUAIL_TIMELINE_EVENTS"  # where the traced server writes its spans as it exits
@@ -187,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", type=int, default=20, help="rows of each statement")
     ap.add_argument("--statements", type=int, default=60)
     ap.add_argument("--warm-rows", type=int, default=640, help="rows of the statement that warms the server up")
+    ap.add_argument("--as-phase-b", action="store_true",
+                    help="warm up as bench/server_load.py's phases A, F and G before its B: the warm statement, "
+                         "the same again, then another question over its rows")
     ap.add_argument("--show", type=int, default=1, help="statements whose spans are listed")
     ap.add_argument("--beside-rows", type=int, default=0,
                     help="rows of a statement started, on a connection of its own, before the statements (a long "
@@ -202,8 +206,11 @@ def main(argv: list[str] | None = None) -> None:
             with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
                 cur.adbc_ingest("reviews", numbered_reviews(args.reviews, args.row_tokens), mode="create")
             Counters(metrics).warmed()
-            run(server.uri, [statement(args.reviews - args.warm_rows, args.warm_rows)] +
-                [statement(args.rows * k, args.rows) for k in range(10)])
+            warm = args.reviews - args.warm_rows
+            phases = [statement(warm, args.warm_rows)] * (2 if args.as_phase_b else 1)
+            if args.as_phase_b:
+                phases.append(statement(warm, args.warm_rows, QUESTIONS[1]))
+            run(server.uri, phases + [statement(args.rows * k, args.rows) for k in range(10)])
             first = 10 * args.rows
             beside = None
             if args.beside_rows:
@@ -216,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
                 beside.join()
         text = timeline(json.loads(events_path.read_text()), args.statements, args.show)
     besides = f", beside a statement of {args.beside_rows} rows" if args.beside_rows else ""
+    besides += " (warmed up as server_load's phases A, F and G)" if args.as_phase_b else ""
     head = (f"quail serve {' '.join(args.serve_args)}: {args.statements} statements of {args.rows} rows one after "
             f"another on one ADBC connection{besides};\nstart ms, end ms, duration ms, thread, span, from each "
             f"statement's CreatePreparedStatement\n\n")
