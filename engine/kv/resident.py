@@ -389,12 +389,13 @@ class ResidentTree:
             self.demote_noted()
             if self.host is not None:
                 tokens = max(tokens, min(MOVE_TOKENS, self.pool.slots // 16))
-            target = self.pool.free + tokens
-            while self._heap and self.pool.free < target:
+            free = self.pool.free
+            target = free + tokens
+            while self._heap and free < target:
                 moving: list[Node] = []
                 taken: set[int] = set()
-                size = 0
-                while self._heap and self.pool.free + size < target:
+                size = 0  # tokens of the leaves taken: free once no query holds them (counted again after)
+                while self._heap and free + size < target:
                     offer = heapq.heappop(self._heap)
                     node = offer[3]
                     if not self._current(offer) or node.kv is None or node.device_children or \
@@ -405,9 +406,11 @@ class ResidentTree:
                         taken.add(id(node))
                         size += len(node.ids)
                     elif not node.pins:
+                        size += len(node.ids)
                         self._remove(node)
                 if moving:
                     self._offload(moving)
+                free = self.pool.free
 
     def _offload(self, nodes: list[Node]) -> None:
         """Move these leaves' KV to the host tier (dropping its older leaves for room), or out of the tree

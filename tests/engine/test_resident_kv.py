@@ -110,6 +110,24 @@ def test_leaves_go_demoted_first_then_least_recently_used_never_pinned_ones():
     assert tree.tokens == 0 and tree.match(prompts[1]).length == 0
 
 
+def test_a_leaf_a_query_still_holds_frees_nothing_so_the_next_goes_too():
+    """Leaves taken out of the tree count as freed only once the pool has them back: when a query still holds
+    the first one's slots, eviction goes on to the next leaf."""
+    pool = _pool(8)
+    tree = ResidentTree(pool)
+    prompts = [np.array([n, n]) for n in (10, 20, 30, 40)]  # four leaves of 2, least recently used first
+    held = [_run(pool, ids) for ids in prompts]
+    for ids, kv in zip(prompts, held):
+        tree.insert(ids, kv)
+    still_held = held[0]  # a running query's hold on the oldest leaf's slots
+    del held
+    gc.collect()
+    assert pool.free == 0
+    assert pool.take(2) is not None
+    assert [tree.match(ids).length for ids in prompts] == [0, 0, 2, 2]
+    assert tree.counts.evicted == 4 and _tokens(still_held) == [10, 10]
+
+
 def test_a_pass_keeps_its_kv_in_a_pool_of_its_own_when_the_pool_is_held_by_running_queries():
     pool = _pool(4)
     held = _run(pool, np.arange(4))
