@@ -34,13 +34,48 @@ QUICK = "SELECT id FROM topics WHERE AI_FILTER(PROMPT('Is {0} about food?', topi
 SHORT_PASSES = ("--token-budget", "512")
 
 
+WATCH = "SELECT query FROM quail_queries"
+LEFT_S = 30.0  # how long after a test a query it started may still be ending (a cancel stops it at a pass)
+
+
+def _start_with_tables(server: ServerProcess) -> None:
+    server.start()
+    with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.adbc_ingest("reviews", REVIEWS, mode="replace")
+        cur.adbc_ingest("topics", TOPICS, mode="replace")
+
+
+def _left_running(uri: str) -> list[str]:
+    """The queries quail_queries still lists (but this check) LEFT_S seconds from now, or as soon as none."""
+    deadline = time.monotonic() + LEFT_S
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        while True:
+            cur.execute(WATCH)
+            left = [row["query"] for row in cur.fetch_arrow_table().to_pylist() if row["query"] != WATCH]
+            if not left or time.monotonic() > deadline:
+                return left
+            threading.Event().wait(0.25)
+
+
 @pytest.fixture(scope="module")
-def uri(tmp_path_factory):
-    with ServerProcess(tmp_path_factory.mktemp("data"), *SHORT_PASSES) as server:
-        with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
-            cur.adbc_ingest("reviews", REVIEWS, mode="replace")
-            cur.adbc_ingest("topics", TOPICS, mode="replace")
-        yield server.uri
+def _shared(tmp_path_factory):
+    server = ServerProcess(tmp_path_factory.mktemp("data"), *SHORT_PASSES)
+    _start_with_tables(server)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def uri(_shared):
+    """The module's server. A test that leaves a query running (one that failed before cancelling its long
+    join, or a cancel that did not stop it) errors, and the server starts afresh for the tests after it,
+    which would otherwise wait behind minutes of model work."""
+    yield _shared.uri
+    left = _left_running(_shared.uri)
+    if left:
+        _shared.stop()
+        _start_with_tables(_shared)
+        pytest.fail(f"queries still running {LEFT_S:.0f} s after the test: {left}")
 
 
 def _info(client: flight.FlightClient, query: str) -> flight.FlightInfo:
