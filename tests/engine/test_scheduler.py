@@ -330,6 +330,15 @@ def _scores(runtime, requests) -> np.ndarray:
     return np.exp(np.array(runtime.score(requests)))
 
 
+def _nested(inside: list, forward, *args):
+    """`forward(*args)`, counted in `inside` while it runs: a pass that finds it non-empty runs inside another."""
+    inside.append(1)
+    try:
+        return forward(*args)
+    finally:
+        inside.pop()
+
+
 def test_a_short_query_sent_while_a_long_one_s_pass_is_queued_cuts_into_it(runtime, monkeypatch):
     """A long query (many passes) and a short one sent while the long one's first pass is being filled: the
     short one runs in a pass of its own inside that one, between two of its layers, and is done there; the
@@ -352,11 +361,7 @@ def test_a_short_query_sent_while_a_long_one_s_pass_is_queued_cuts_into_it(runti
         if len(passes) == 1:
             first_in.set()
             release.wait(30)
-        inside.append(1)
-        try:
-            return forward(self, groups, *rest)
-        finally:
-            inside.pop()
+        return _nested(inside, forward, self, groups, *rest)
 
     monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
     got = {}
@@ -404,11 +409,7 @@ def test_short_queries_cut_into_a_pass_while_they_hold_fewer_tokens_than_it(runt
     def recording(self, groups, *rest):
         passes.append(([owners[id(stats)] for owned, stats in groups if owned],
                        sum(len(row.ids) for owned, _ in groups for row in owned), len(inside)))
-        inside.append(1)
-        try:
-            return forward(self, groups, *rest)
-        finally:
-            inside.pop()
+        return _nested(inside, forward, self, groups, *rest)
 
     def sending(self, layer, *args):
         if len(passes) >= 1 and passes[0][0] == [0] and inside == [1] and len(threads) < len(shorts):
