@@ -135,6 +135,18 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def qkv_into(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """DecoderLayer.qkv written into q, k and v: compiled, the last kernel of each stores there itself."""
+    for out, part in zip((q, k, v), DecoderLayer.qkv(layer, x, cos, sin)):
+        out.copy_(part)
+
+
+def finish_into(layer: DecoderLayer, x: torch.Tensor, attn: torch.Tensor) -> None:
+    """DecoderLayer.finish written back into x: compiled, its last kernel stores there itself."""
+    x.copy_(DecoderLayer.finish(layer, x, attn))
+
+
 class Decoder(nn.Module):
     """A causal decoder over packed rows whose head is evaluated only at chosen positions and token ids.
 
@@ -157,6 +169,7 @@ class Decoder(nn.Module):
         if not cfg.tie_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._qkv, self._finish, self._merge = DecoderLayer.qkv, DecoderLayer.finish, merge
+        self._qkv_into, self._finish_into = qkv_into, finish_into
         self.padded_attention = True
 
     def compile_layers(self) -> None:
@@ -169,6 +182,8 @@ class Decoder(nn.Module):
         self._qkv = torch.compile(DecoderLayer.qkv, dynamic=True)
         self._finish = torch.compile(DecoderLayer.finish, dynamic=True)
         self._merge = torch.compile(merge, dynamic=True)
+        self._qkv_into = torch.compile(qkv_into, dynamic=True)
+        self._finish_into = torch.compile(finish_into, dynamic=True)
 
     def head_weight(self) -> torch.Tensor:
         """The output projection (vocab, hidden), tied to the embeddings where the model says so."""
@@ -187,6 +202,15 @@ class Decoder(nn.Module):
     def finish(self, layer: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Layer `layer`'s part after attention (DecoderLayer.finish, compiled where the layers are)."""
         return self._finish(self.layers[layer], x, attn)
+
+    def qkv_into(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 out: tuple[torch.Tensor, ...]) -> None:
+        """Layer `layer`'s part before attention written into `out` (q, k, v: a captured graph's buffers)."""
+        self._qkv_into(self.layers[layer], x, cos, sin, *out)
+
+    def finish_into(self, layer: int, x: torch.Tensor, attn: torch.Tensor) -> None:
+        """Layer `layer`'s part after attention written back into x (a captured graph's buffer)."""
+        self._finish_into(self.layers[layer], x, attn)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, rows: Rows, last: torch.Tensor,
                 keep: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,

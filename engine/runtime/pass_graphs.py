@@ -101,11 +101,10 @@ class PassGraphs:
         layers = range(len(model.layers))
 
         def before(layer: int) -> None:
-            for buffer, part in zip((q, k, v), model.qkv(layer, x, cos, sin)):
-                buffer.copy_(part)
+            model.qkv_into(layer, x, cos, sin, (q, k, v))
 
         def after(layer: int) -> None:
-            x.copy_(model.finish(layer, x, attn))
+            model.finish_into(layer, x, attn)
 
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
