@@ -8,7 +8,10 @@ dummy weights and hash decisions:
 each with its wall seconds, fresh tokens per second, the device's busy seconds
 (where the runtime counts them) and fresh tokens per busy second, and
 `together`'s per-statement latencies; with --kernels, each kernel's milliseconds
-in `one` and in `together` (torch.profiler, run again over new rows). Every
+in `one` and in `together` (torch.profiler, run again over new rows); with
+--gaps, where the device waited between kernels in `one` and in `together` (run
+again over new rows, only the device's activity traced): the idle time in gaps
+of each size, and by the kernel each gap ended with (the launch that came late). Every
 statement's rows are new to the prefix cache (each phase reads rows the others
 do not). Writes concurrent.json to --out.
 """
@@ -21,7 +24,10 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
+
+import torch
 
 import quail
 from bench.datagen import numbered_reviews
@@ -61,6 +67,37 @@ def measured(session: quail.Session, run) -> tuple[float, float | None, object]:
     return wall, None if before is None else after - before, out
 
 
+GAP_EDGES_MS = (0.01, 0.05, 0.2, 1.0, 5.0)  # gap sizes reported apart (`gaps`)
+
+
+def gaps(run) -> dict:
+    """Where the device waited while `run()` ran: its kernels' busy and idle milliseconds between the first
+    kernel's start and the last's end, the idle split by gap size (GAP_EDGES_MS) and by the kernel ending
+    the gap (the 12 that ended the most idle time)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not kernels:
+        return {}
+    sizes: Counter[str] = Counter()
+    after: Counter[str] = Counter()
+    busy, end = 0.0, kernels[0][0]
+    for start, stop, name in kernels:
+        idle = (start - end) / 1e3
+        if idle > 0:
+            edge = next((f"<{e}" for e in GAP_EDGES_MS if idle < e), f">={GAP_EDGES_MS[-1]}")
+            sizes[edge] += idle
+            after[name[:80]] += idle
+        busy += (stop - max(start, end)) / 1e3 if stop > end else 0.0
+        end = max(end, stop)
+    span = (end - kernels[0][0]) / 1e3
+    return {"span_ms": round(span, 1), "busy_ms": round(busy, 1), "idle_ms": round(span - busy, 1),
+            "idle_by_gap_ms": {k: round(v, 1) for k, v in sorted(sizes.items())},
+            "idle_before_ms": [(k, round(v, 1)) for k, v in after.most_common(12)]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     add_engine_arguments(p)
@@ -68,6 +105,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=20)
     p.add_argument("--tag", default="")
     p.add_argument("--kernels", action="store_true", help="profile `one` and `together` again, kernel by kernel")
+    p.add_argument("--gaps", action="store_true", help="trace `one` and `together` again: where the device waited")
     p.add_argument("--switch-interval", type=float, default=None,
                    help="the interpreter's thread switch interval, seconds (sys.setswitchinterval; default 0.005)")
     p.add_argument("--out", default=".")
@@ -76,7 +114,7 @@ def main() -> None:
         sys.setswitchinterval(args.switch_interval)
     block = args.clients * args.rows
     session = quail.Session(engine_config(args))
-    session.register("reviews", numbered_reviews((7 if args.kernels else 5) * block, 300))
+    session.register("reviews", numbered_reviews((5 + 2 * args.kernels + 2 * args.gaps) * block, 300))
     session.runtime.warm_up()
     timed(session, statement(4 * block, block))  # first runs of this shape: compiled layers, kernels
 
@@ -113,6 +151,10 @@ def main() -> None:
     if args.kernels:
         result["kernels_ms"] = {"one": top_kernels(lambda: timed(session, statement(5 * block, block)), 25),
                                 "together": top_kernels(lambda: together(6 * block), 25)}
+    if args.gaps:
+        first = (5 + 2 * args.kernels) * block
+        result["gaps"] = {"one": gaps(lambda: timed(session, statement(first, block))),
+                          "together": gaps(lambda: together(first + block))}
     print(json.dumps(result, indent=1))
     Path(args.out, f"concurrent{args.tag}.json").write_text(json.dumps(result, indent=1))
 
