@@ -1,30 +1,33 @@
 """Small and full prefill passes on CUDA with their layers' token-wise parts replayed from captured graphs.
 
-A pass of ~1,700 tokens (a 5-row statement's) costs the device ~22 ms and
-the host ~50 ms to queue: two compiled-region calls a layer, each a few GEMM
-and Triton launches behind dynamo's and AOT autograd's wrappers. A full pass
-costs the device more than the host, but only while the host has the
-interpreter to itself: with other statements planning and tokenizing on the
-server's threads, the device waited within it (bench/GPU_NOTES.md). Here every layer's
-part before attention (norm, q/k/v projection, q/k norms, rotary) and after
-it (output projection, residual, norm, MLP) is a graph captured per size
-bucket: a pass of n tokens is padded to the next of SIZES, or, when it holds
-several queries' rows, to the token budget when it fills at least FULL of it;
-its tokens' rows go first in static buffers, and each part is one replay.
+A pass of ~1,700 tokens (a 5-row statement's) costs the device ~22 ms and the
+host ~50 ms to queue: two compiled-region calls a layer, each a few GEMM and
+Triton launches behind dynamo's and AOT autograd's wrappers. A full pass costs
+the device more than the host, but only while the host has the interpreter to
+itself: with other statements planning and tokenizing on the server's threads,
+the device waited within it (bench/GPU_NOTES.md). Here every layer's part
+before attention (norm, q/k/v projection, q/k norms, rotary) and after it
+(output projection, residual, norm, MLP) is a graph captured per size bucket:
+a pass of n tokens is padded to the next of SIZES, or, when it holds several
+queries' rows, to the token budget when it fills at least FULL of it; its
+tokens' rows go first in static buffers, and each part is one replay, whose
+last kernels store q, k, v and the hidden states in the buffers themselves
+(`Decoder.qkv_into`, `finish_into`: no copy after them; on a shared full pass
+of Qwen3-4B such copies were ~5% of its device time, see bench/GPU_NOTES.md).
 Attention and the KV writes stay as they are, between the replays, over the
 first n rows; so do the last layer's part after attention, at the rows' last
 positions only. Any other pass runs the compiled regions directly: padding it
 would cost the device more than the host saves, and one query's full pass
-mostly has the host to itself (replayed, it pays for the copies through the
-buffers and for its padding). Padding rows start from zeros and are
-read by nothing. A pass may run inside another, between two of its layers,
-while `aside` keeps what the other holds in the buffers. Graphs share one
-memory pool: each writes only the static buffers, so nothing of one outlives
-it there, and any may replay after any other. They are captured at warm-up
-(`prepare`), never in a query's pass, and replayed by one thread at a time
-(the device's owner loop: the buffers are the graphs' own). Models with fp8
-layers run every pass directly (`serves`): the GPU test does not cover their
-captured passes yet.
+mostly has the host to itself (replayed, it pays for copying its embeddings
+and attention's output into the buffers, and for its padding). Padding rows
+start from zeros and are read by nothing. A pass may run inside another,
+between two of its layers, while `aside` keeps what the other holds in the
+buffers. Graphs share one memory pool: each writes only the static buffers, so
+nothing of one outlives it there, and any may replay after any other. They are
+captured at warm-up (`prepare`), never in a query's pass, and replayed by one
+thread at a time (the device's owner loop: the buffers are the graphs' own).
+Models with fp8 layers run every pass directly (`serves`): the GPU test does
+not cover their captured passes yet.
 """
 
 from __future__ import annotations
