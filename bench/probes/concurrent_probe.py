@@ -73,7 +73,8 @@ GAP_EDGES_MS = (0.01, 0.05, 0.2, 1.0, 5.0)  # gap sizes reported apart (`gaps`)
 def gaps(run) -> dict:
     """Where the device waited while `run()` ran: its kernels' busy and idle milliseconds between the first
     kernel's start and the last's end, the idle split by gap size (GAP_EDGES_MS) and by the kernel ending
-    the gap (the 12 that ended the most idle time)."""
+    the gap (the 12 that ended the most idle time), and the 12 longest gaps (when, from the first kernel's
+    start, how long, and the kernel ending each)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
@@ -83,6 +84,7 @@ def gaps(run) -> dict:
         return {}
     sizes: Counter[str] = Counter()
     after: Counter[str] = Counter()
+    longest: list[tuple[float, float, str]] = []
     busy, end = 0.0, kernels[0][0]
     for start, stop, name in kernels:
         idle = (start - end) / 1e3
@@ -90,12 +92,14 @@ def gaps(run) -> dict:
             edge = next((f"<{e}" for e in GAP_EDGES_MS if idle < e), f">={GAP_EDGES_MS[-1]}")
             sizes[edge] += idle
             after[name[:80]] += idle
+            longest = sorted([*longest, (idle, (end - kernels[0][0]) / 1e3, name[:80])], reverse=True)[:12]
         busy += (stop - max(start, end)) / 1e3 if stop > end else 0.0
         end = max(end, stop)
     span = (end - kernels[0][0]) / 1e3
     return {"span_ms": round(span, 1), "busy_ms": round(busy, 1), "idle_ms": round(span - busy, 1),
             "idle_by_gap_ms": {k: round(v, 1) for k, v in sorted(sizes.items())},
-            "idle_before_ms": [(k, round(v, 1)) for k, v in after.most_common(12)]}
+            "idle_before_ms": [(k, round(v, 1)) for k, v in after.most_common(12)],
+            "longest_gaps_ms": [(round(at, 1), round(idle, 1), name) for idle, at, name in longest]}
 
 
 def main() -> None:
