@@ -19,6 +19,7 @@ do not). Writes concurrent.json to --out.
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import statistics
 import sys
@@ -84,7 +85,7 @@ def gaps(run) -> dict:
         return {}
     sizes: Counter[str] = Counter()
     after: Counter[str] = Counter()
-    longest: list[tuple[float, float, str]] = []
+    found: list[tuple[float, float, str]] = []  # each gap: its length, when it began, the kernel ending it
     busy, end = 0.0, kernels[0][0]
     for start, stop, name in kernels:
         idle = (start - end) / 1e3
@@ -92,14 +93,14 @@ def gaps(run) -> dict:
             edge = next((f"<{e}" for e in GAP_EDGES_MS if idle < e), f">={GAP_EDGES_MS[-1]}")
             sizes[edge] += idle
             after[name[:80]] += idle
-            longest = sorted([*longest, (idle, (end - kernels[0][0]) / 1e3, name[:80])], reverse=True)[:12]
+            found.append((idle, (end - kernels[0][0]) / 1e3, name[:80]))
         busy += (stop - max(start, end)) / 1e3 if stop > end else 0.0
         end = max(end, stop)
     span = (end - kernels[0][0]) / 1e3
     return {"span_ms": round(span, 1), "busy_ms": round(busy, 1), "idle_ms": round(span - busy, 1),
             "idle_by_gap_ms": {k: round(v, 1) for k, v in sorted(sizes.items())},
             "idle_before_ms": [(k, round(v, 1)) for k, v in after.most_common(12)],
-            "longest_gaps_ms": [(round(at, 1), round(idle, 1), name) for idle, at, name in longest]}
+            "longest_gaps_ms": [(round(at, 1), round(idle, 1), name) for idle, at, name in heapq.nlargest(12, found)]}
 
 
 def main() -> None:
