@@ -121,7 +121,8 @@ def packed_attention(q: torch.Tensor, blocks: torch.Tensor, block_m: int,
                      own: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                      runs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                      run_slots: torch.Tensor | None = None,
-                     block_n: int = BLOCK_N, **launch: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     block_n: int = BLOCK_N, out: torch.Tensor | None = None,
+                     **launch: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed q (tokens, heads, d) → output (tokens, heads, d) and natural-log LSE (tokens, heads), fp32.
 
     blocks: (n, 3) int32, each block's first query, its number of queries (≤ block_m) and the run its
@@ -132,9 +133,10 @@ def packed_attention(q: torch.Tensor, blocks: torch.Tensor, block_m: int,
     runs' keys end to end, each an index into k and v of runs), k and v are a pool's (slots, kv_heads, d)
     and the kernel reads each key through that slot table, nothing gathered first (three pipeline stages
     hide the table's extra load: bench/GPU_NOTES.md). block_n (keys a step)
-    and launch (Triton's num_warps, num_stages) override the shipped settings: a probe's."""
+    and launch (Triton's num_warps, num_stages) override the shipped settings: a probe's. out: where the
+    output is written (q's shape, any strides; a captured pass's buffer), else a new tensor."""
     tokens, heads, dim = q.shape
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     lse = torch.empty(tokens, heads, device=q.device, dtype=torch.float32)
     if tokens == 0:
         return out, lse

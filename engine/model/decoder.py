@@ -106,13 +106,16 @@ class MLP(nn.Module):
 
 class LayerParts(Protocol):
     """What runs a prefill pass's embedding and its layers' token-wise parts (the parts around attention):
-    the model itself, or graphs captured for the pass's size. `finish` need not serve the last layer."""
+    the model itself, or graphs captured for the pass's size. `finish` need not serve the last layer;
+    `attention_out` names where attention may write its output (None: anywhere)."""
 
     def embedded(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]: ...
 
     def qkv(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]: ...
 
     def finish(self, layer: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor: ...
+
+    def attention_out(self) -> torch.Tensor | None: ...
 
 
 class DecoderLayer(nn.Module):
@@ -203,6 +206,10 @@ class Decoder(nn.Module):
         """Layer `layer`'s part after attention (DecoderLayer.finish, compiled where the layers are)."""
         return self._finish(self.layers[layer], x, attn)
 
+    def attention_out(self) -> None:
+        """Where attention may write its output: anywhere (LayerParts; a captured pass names its buffer)."""
+        return None
+
     def qkv_into(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  out: tuple[torch.Tensor, ...]) -> None:
         """Layer `layer`'s part before attention written into `out` (q, k, v: a captured graph's buffers)."""
@@ -232,7 +239,7 @@ class Decoder(nn.Module):
             q, k, v = parts.qkv(i, x, cos, sin)
             if keep is not None:
                 keep(i, k, v)
-            out = attention(q, k, v, rows, i, self._merge)
+            out = attention(q, k, v, rows, i, self._merge, parts.attention_out())
             if i < final:
                 x = parts.finish(i, x, out)
         return self.norm(self.finish(final, x[last], out[last]))  # nothing reads the last layer's other positions

@@ -15,19 +15,20 @@ last kernels store q, k, v and the hidden states in the buffers themselves
 (`Decoder.qkv_into`, `finish_into`: no copy after them; on a shared full pass
 of Qwen3-4B such copies were ~5% of its device time, see bench/GPU_NOTES.md).
 Attention and the KV writes stay as they are, between the replays, over the
-first n rows; so do the last layer's part after attention, at the rows' last
-positions only. Any other pass runs the compiled regions directly: padding it
-would cost the device more than the host saves, and one query's full pass
-mostly has the host to itself (replayed, it pays for copying its embeddings
-and attention's output into the buffers, and for its padding). Padding rows
-start from zeros and are read by nothing. A pass may run inside another,
-between two of its layers, while `aside` keeps what the other holds in the
-buffers. Graphs share one memory pool: each writes only the static buffers, so
-nothing of one outlives it there, and any may replay after any other. They are
-captured at warm-up (`prepare`), never in a query's pass, and replayed by one
-thread at a time (the device's owner loop: the buffers are the graphs' own).
-Models with fp8 layers run every pass directly (`serves`): the GPU test does
-not cover their captured passes yet.
+first n rows (attention by one Triton call writes its output into the buffer
+the part after it reads); so do the last layer's part after attention, at the
+rows' last positions only. Any other pass runs the compiled regions directly:
+padding it would cost the device more than the host saves, and one query's
+full pass mostly has the host to itself (replayed, it pays for copying its
+embeddings into the buffers, and for its padding). Padding rows start from
+zeros and are read by nothing. A pass may run inside another, between two of
+its layers, while `aside` keeps what the other holds in the buffers. Graphs
+share one memory pool: each writes only the static buffers, so nothing of one
+outlives it there, and any may replay after any other. They are captured at
+warm-up (`prepare`), never in a query's pass, and replayed by one thread at a
+time (the device's owner loop: the buffers are the graphs' own). Models with
+fp8 layers run every pass directly (`serves`): the GPU test does not cover
+their captured passes yet.
 """
 
 from __future__ import annotations
@@ -159,8 +160,13 @@ class CapturedParts:
         g.graphs[self.size][0][layer].replay()
         return g.q[:n], g.k[:n], g.v[:n]
 
+    def attention_out(self) -> torch.Tensor:
+        """The buffer the part after attention reads: attention writing there spares `finish` a copy."""
+        return self.graphs.attn[:self.n]
+
     def finish(self, layer: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         g, n = self.graphs, self.n
-        g.attn[:n].copy_(attn)
+        if attn.data_ptr() != g.attn.data_ptr():  # attention wrote elsewhere (not in one Triton call)
+            g.attn[:n].copy_(attn)
         g.graphs[self.size][1][layer].replay()
         return g.x[:n]

@@ -51,6 +51,23 @@ def test_rows_after_copied_keys_match_fp32(block):
         torch.testing.assert_close(lse[rows], want_lse[0].transpose(0, 1), atol=2e-2, rtol=0)
 
 
+def test_the_output_is_written_where_asked():
+    """Given `out` (a view of a larger buffer), the kernel writes its output there, what it gives without,
+    and leaves the rest of the buffer."""
+    torch.manual_seed(3)
+    lengths = [5, 70, 130]
+    q = torch.randn(sum(lengths), H, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(lengths), HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    cu = _offsets(lengths)
+    q_rows = torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths).astype(np.int32)).cuda()
+    blocks = torch.from_numpy(query_blocks(_spans(lengths, [-1] * len(lengths)), 64)).cuda()
+    buffer = torch.full((sum(lengths) + 50, H, D), 7.0, device="cuda", dtype=torch.bfloat16)
+    alone, _ = attention_kernels.packed_attention(q, blocks, 64, (k, v, cu, cu, q_rows))
+    written, _ = attention_kernels.packed_attention(q, blocks, 64, (k, v, cu, cu, q_rows), out=buffer[:len(q)])
+    assert written.data_ptr() == buffer.data_ptr() and torch.equal(written, alone)
+    assert bool((buffer[len(q):] == 7).all())
+
+
 @pytest.mark.parametrize("own", [False, True])
 def test_rows_of_a_run_match_fp32(own):
     """Rows continuing runs: every query over its run's keys (in full) and, with `own`, its own row's keys

@@ -45,15 +45,18 @@ def _pass(model: Decoder, lengths: list[int], parts, seed: int, inside=None) -> 
     return hidden, kept
 
 
-@pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype, bound, padded", [(torch.float32, 1e-5, True), (torch.bfloat16, 2e-2, True),
+                                                  (torch.bfloat16, 2e-2, False)], ids=["fp32", "bf16", "bf16-packed"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_a_captured_pass_gives_the_direct_pass_hidden_states_and_kv(dtype, bound, compiled):
+def test_a_captured_pass_gives_the_direct_pass_hidden_states_and_kv(dtype, bound, padded, compiled):
     """Passes of 5, 137 (two rows), 2,048 (four), 4,050 (a full pass of a 4,096-token budget, of several
     queries' rows) and then 43 tokens (after the long ones: padding rows that held their values) through the
-    graphs give what the layers give directly; a pass between the small sizes and a full one, past the
+    graphs give what the layers give directly, rows padded for attention or packed (the Triton kernel
+    writing its output into the graphs' buffer); a pass between the small sizes and a full one, past the
     budget, or full of one query's rows, has no graphs, nor has any before they are captured."""
     torch.manual_seed(0)
     model = Decoder(CFG).to("cuda", dtype).eval()
+    model.padded_attention = padded
     assert PassGraphs.serves(model)
     if compiled:
         model.compile_layers()
