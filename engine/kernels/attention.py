@@ -427,16 +427,16 @@ def _kernel_runs(rows: Rows, k: torch.Tensor, v: torch.Tensor, layer: int
 
 
 def fused_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, layer: int,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 into: torch.Tensor | None = None) -> torch.Tensor:
     """Unpadded rows by one call of the Triton kernel: each row's own tokens (after its copied run and
     chain) causally and, for the rows continuing a run attended apart, that run's keys first, in the
-    same online softmax (nothing merged afterwards): (n, h, d), written into `out` where given."""
+    same online softmax (nothing merged afterwards): (n, h, d), written into `into` where given."""
     packed = rows.packed
     keys, values = packed.keys(k, v, layer)
     runs, slots = _kernel_runs(rows, k, v, layer) if rows.runs else (None, None)
     return attention_kernels.packed_attention(q, packed.blocks, QUERY_BLOCK,
                                               (keys, values, packed.offsets, packed.key_offsets, packed.rows),
-                                              runs, slots, out=out)[0]
+                                              runs, slots, out=into)[0]
 
 
 def over_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, layer: int
@@ -501,7 +501,7 @@ def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Te
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, layer: int,
-              merger: Callable[..., torch.Tensor] = merge, out: torch.Tensor | None = None) -> torch.Tensor:
+              merger: Callable[..., torch.Tensor] = merge, into: torch.Tensor | None = None) -> torch.Tensor:
     """Packed q (tokens, heads, d) and k/v (tokens, kv_heads, d) → output (tokens, heads, d).
 
     Each row attends causally to its own tokens (one kernel call per padding
@@ -509,10 +509,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Rows, lay
     `layer`: a resident run's, and its chain's (earlier rows of the pass, whose
     keys are in k and v); `merger` is `merge` or a compiled (fused) version of it.
     Unpadded rows with Triton: all of it in one kernel call (`fused_packed`), which writes the output
-    into `out` where given (q's shape: a captured pass's buffer); the other ways ignore `out`.
+    into `into` where given (q's shape: a captured pass's buffer); the other ways ignore `into`.
     """
     if rows.packed is not None and attention_kernels is not None:
-        return fused_packed(q, k, v, rows, layer, out)
+        return fused_packed(q, k, v, rows, layer, into)
     if rows.packed is not None:
         out, lse = own_varlen(q, k, v, rows.packed, layer)
         if not rows.runs:
