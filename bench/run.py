@@ -152,6 +152,15 @@ def device_name(device: str) -> str:
     return f"CPU ({platform.processor() or platform.machine()})"
 
 
+def short_device(name: str) -> str:
+    """A device name as the result file's name holds it: `cpu`, the GPU's model (`h100` for "NVIDIA H100 80GB
+    HBM3", `a100` for "NVIDIA A100-SXM4-80GB"), else `gpu`."""
+    if name.startswith("CPU"):
+        return "cpu"
+    model = re.search(r"\b([a-z]+\d+)", name.lower().removeprefix("nvidia "))
+    return model.group(1) if model else "gpu"
+
+
 def weights(model: str | None, model_id: str) -> str:
     """What `--model` loaded, for the result file: `dummy`, the embedded default by its model id, or the HF
     directory, HF repo id or GGUF path given."""
@@ -186,10 +195,10 @@ def run(args: argparse.Namespace) -> Path:
     results: dict[str, Any] = {}
     now = dt.datetime.now(dt.timezone.utc)
     commit = args.git_commit or git_commit()
-    short_device = args.sol_device or ("cpu" if args.device == "cpu" else "gpu")
     model_name = (args.model or DEFAULT_MODEL).removeprefix("dummy:").replace("/", "_")
+    device = device_name(args.device)
     document = {
-        "device": device_name(args.device), "model": model_name, "precision": args.precision,
+        "device": device, "model": model_name, "precision": args.precision,
         "weights": weights(args.model, base.model_id),
         "decisions": args.decisions, "scale": args.scale, "length_scale": args.length_scale, "seed": args.seed,
         "git_commit": commit, "date": now.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
@@ -204,7 +213,7 @@ def run(args: argparse.Namespace) -> Path:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = f"-{args.tag}" if args.tag else ""
-    path = out_dir / f"{now:%Y-%m-%d}-{short_device}-{model_name}-{args.precision}-{commit[:7]}{tag}.json"
+    path = out_dir / f"{now:%Y-%m-%d}-{short_device(device)}-{model_name}-{args.precision}-{commit[:7]}{tag}.json"
     for query in args.queries:
         sql = query_text(query)
         try:

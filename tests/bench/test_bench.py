@@ -84,6 +84,13 @@ def test_weights_names_what_was_loaded():
         assert run.weights(given, model_id) == given
 
 
+def test_the_file_is_named_for_the_device_that_ran_it():
+    """An H100 run measured against the H200's speed of light is an `h100` file (its sol_device says h200)."""
+    for name, short in [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"), ("NVIDIA A100-SXM4-80GB", "a100"),
+                        ("NVIDIA GeForce RTX 4090", "gpu"), ("CPU (x86_64)", "cpu")]:
+        assert run.short_device(name) == short
+
+
 def test_vllm_is_refused_before_anything_runs(capsys):
     with pytest.raises(SystemExit):
         run.parser().parse_args(["--engines", "quail,vllm"])
