@@ -17,6 +17,10 @@ class AlreadyExists(QuailError):
     """A named object exists where the request asked to create it."""
 
 
+class Aborted(QuailError):
+    """The statement's transaction lost a conflict with another (both changed the same rows): try it again."""
+
+
 class ResourceExhausted(QuailError):
     """A limit was reached: queue full, too many requests, memory."""
 

@@ -61,6 +61,20 @@ def bind_parameters(tree: exp.Expression, values: Sequence[Any] | None) -> int:
     return len(holders)
 
 
+def python_values(values: Sequence[Any]) -> tuple:
+    """Parameter values as DuckDB binds them from Python: a `pyarrow.Scalar` as its Python value (a union's, the
+    value it holds), anything else as it is."""
+    return tuple(_python(value) for value in values)
+
+
+def _python(value: Any) -> Any:
+    if not isinstance(value, pa.Scalar):
+        return value
+    if pa.types.is_union(value.type):
+        return _python(value.value) if value.is_valid else None
+    return value.as_py()
+
+
 def unbound() -> exp.Null:
     """The NULL standing for a parameter not bound yet (a statement prepared, planned for its schema)."""
     null = exp.null()

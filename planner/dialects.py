@@ -85,7 +85,15 @@ DEFAULT_DIALECT = "snowflake"
 
 
 def parse_statement(sql: str, dialect: str = DEFAULT_DIALECT) -> exp.Expression:
-    """One statement's syntax tree; InvalidArgument names the position of a syntax error.
+    """One statement's syntax tree (parse_statements, of exactly one statement)."""
+    trees = parse_statements(sql, dialect)
+    if len(trees) != 1:
+        raise InvalidArgument(f"expected one SQL statement, got {len(trees)}")
+    return trees[0]
+
+
+def parse_statements(sql: str, dialect: str = DEFAULT_DIALECT) -> list[exp.Expression]:
+    """The syntax tree of each statement of the text; InvalidArgument names the position of a syntax error.
 
     Parsing is strict (strict.py; BETWEEN without AND: StrictParser): what
     sqlglot would silently repair is an error with its position.
@@ -108,9 +116,47 @@ def parse_statement(sql: str, dialect: str = DEFAULT_DIALECT) -> exp.Expression:
         raise InvalidArgument(f"SQL syntax error: {err}") from None
     except RecursionError:
         raise InvalidArgument("the statement nests too deeply to parse") from None
-    if len(trees) != 1:
-        raise InvalidArgument(f"expected one SQL statement, got {len(trees)}")
-    return trees[0]
+    if not trees:
+        raise InvalidArgument("the text holds no SQL statement")
+    return trees
+
+
+_ITEMS_END = {TokenType.FROM, TokenType.WHERE, TokenType.GROUP_BY, TokenType.HAVING, TokenType.ORDER_BY,
+              TokenType.LIMIT, TokenType.QUALIFY, TokenType.WINDOW, TokenType.UNION, TokenType.EXCEPT,
+              TokenType.INTERSECT, TokenType.SEMICOLON, TokenType.INTO}
+
+
+def written_items(sql: str, dialect: str) -> list[str]:
+    """The text of each item of the outermost SELECT's list, as written (empty: no such list).
+
+    >>> written_items("WITH t AS (SELECT 1 AS a) SELECT DISTINCT var_samp(a),  a IS NOT NULL FROM t", "snowflake")
+    ['var_samp(a)', 'a IS NOT NULL']
+    """
+    tokens = Dialect.get_or_raise(DIALECTS[dialect]).tokenize(sql)
+    start = next((k + 1 for k, depth in _depths(tokens) if depth == 0 and tokens[k].token_type == TokenType.SELECT),
+                 None)
+    if start is None:
+        return []
+    while start < len(tokens) and tokens[start].token_type in (TokenType.DISTINCT, TokenType.ALL):
+        start += 1
+    items, first = [], start
+    for k, depth in _depths(tokens, start):
+        if depth == 0 and tokens[k].token_type in _ITEMS_END | {TokenType.COMMA}:
+            items.append(sql[tokens[first].start:tokens[k - 1].end + 1] if k > first else "")
+            first = k + 1
+            if tokens[k].token_type != TokenType.COMMA:
+                return items
+    return items + [sql[tokens[first].start:tokens[-1].end + 1]] if first < len(tokens) else items
+
+
+def _depths(tokens: list, start: int = 0):
+    """(index, parenthesis depth before it) of each token from `start`."""
+    depth = 0
+    for k in range(start, len(tokens)):
+        kind = tokens[k].token_type
+        depth -= kind in (TokenType.R_PAREN, TokenType.R_BRACKET)
+        yield k, depth
+        depth += kind in (TokenType.L_PAREN, TokenType.L_BRACKET)
 
 
 def normalize(tree: exp.Expression) -> exp.Expression:

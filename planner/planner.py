@@ -45,7 +45,7 @@ from quail.planner.ai_calls import ai_calls, contains_ai
 from quail.planner.binder import bind_parameters, bind_tables
 from quail.planner.core import bind_core
 from quail.planner.correlated import decorrelate
-from quail.planner.dialects import DEFAULT_DIALECT, DIALECTS, normalize, parse_statement, position
+from quail.planner.dialects import DEFAULT_DIALECT, DIALECTS, normalize, parse_statement, position, written_items
 from quail.planner.emit import aliased_table, emit
 from quail.planner.explain import explain_plan, split_explain
 from quail.planner.join_order import Rank, by_tokens
@@ -80,7 +80,7 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
         inner, mode = explained
         return explain_plan(plan_sql(inner, catalog, dialect, params, join_order, rank, rules, resident), mode,
                             catalog)
-    return plan_query(name_ai_columns(parse_statement(sql, dialect), dialect), catalog, params, join_order, rank,
+    return plan_query(name_columns(parse_statement(sql, dialect), dialect, sql), catalog, params, join_order, rank,
                       rules, resident)
 
 
@@ -112,14 +112,22 @@ def plan_query(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | N
     return stream_in_chunks(PhysicalPlan(tuple(steps), tables, RESULT, parameters, tuple(notes)))
 
 
-def name_ai_columns(tree: exp.Expression, dialect: str) -> exp.Expression:
-    """The parsed statement with each unaliased result column that has AI functions named by its expression
-    as written in the dialect (as DuckDB and Snowflake name an expression's column), never by the plan's
-    column that computes it."""
+def name_columns(tree: exp.Expression, dialect: str, sql: str, every: bool = False) -> exp.Expression:
+    """The parsed statement with unaliased result columns named by their expressions as written (as DuckDB and
+    Snowflake name an expression's column): those with AI functions in every SELECT, so the plan's column
+    computing one never names it; with `every`, also each expression of the outermost SELECT (a statement
+    transpiled from another dialect keeps the names its text gives). The outermost SELECT's names are the
+    text's own; deeper ones, as the dialect writes them."""
+    outer = tree.find(exp.Select)
+    written = written_items(sql, dialect)
     for select in list(tree.find_all(exp.Select)):
-        for item in list(select.expressions):
-            if not isinstance(item, (exp.Alias, exp.Star)) and contains_ai(item):
-                item.replace(exp.alias_(item.copy(), item.sql(DIALECTS[dialect]), quoted=True))
+        texts = written if select is outer and len(written) == len(select.expressions) else None
+        for k, item in enumerate(list(select.expressions)):
+            if isinstance(item, (exp.Alias, exp.Star, exp.Column)) or not (contains_ai(item) or
+                                                                           (every and select is outer)):
+                continue
+            name = texts[k] if texts is not None else item.sql(DIALECTS[dialect])
+            item.replace(exp.alias_(item.copy(), name, quoted=True))
     return tree
 
 

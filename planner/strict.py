@@ -81,11 +81,12 @@ def _empty_item(tokens: list[Token], i: int) -> Problem:
 
 
 def _nothing_after(tokens: list[Token], i: int) -> Problem:
-    """ON, AS, IS and IN need what follows them (a condition, a name, a value, a list); AS also needs an
-    expression before it."""
+    """ON, AS, IS, IN, USING, OFFSET and LIMIT need what follows them (a condition, a name, a value, a list,
+    columns, a number); AS also needs an expression before it."""
     kind, after = tokens[i].token_type, _after(tokens, i)
     needs = {T.ON: "ON needs a condition", T.ALIAS: "AS needs a name", T.IS: "IS needs what it tests",
-             T.IN: "IN needs a list or a query"}.get(kind)
+             T.IN: "IN needs a list or a query", T.USING: "USING needs its columns",
+             T.OFFSET: "OFFSET needs a number", T.LIMIT: "LIMIT needs a number"}.get(kind)
     if needs and (after is None or after in _CLAUSE or (kind == T.ALIAS and after == T.NUMBER)):
         return tokens[i], needs
     if kind == T.ALIAS and i > 0 and tokens[i - 1].token_type in _LIST_STARTS:
@@ -95,8 +96,31 @@ def _nothing_after(tokens: list[Token], i: int) -> Problem:
     return None
 
 
+def _fetch_only(tokens: list[Token], i: int) -> Problem:
+    """FETCH FIRST | NEXT [n] ROW | ROWS ONLY | WITH TIES: sqlglot reads `FETCH FIRST` alone as one row."""
+    if tokens[i].token_type != T.FETCH:
+        return None
+    ahead = [token.text.upper() for token in tokens[i + 1:i + 7]]
+    if "ONLY" not in ahead and "TIES" not in ahead:
+        return tokens[i], "FETCH needs FIRST or NEXT, a count, ROWS and ONLY"
+    return None
+
+
+def _star_modifier(tokens: list[Token], i: int) -> Problem:
+    """`* EXCLUDE`, `* REPLACE` and `* RENAME` need what they name (sqlglot drops a bare one); FOR UPDATE and
+    FOR SHARE lock rows, which Quail does not (sqlglot drops them)."""
+    text, after = tokens[i].text.upper(), _after(tokens, i)
+    if text in ("EXCLUDE", "REPLACE", "RENAME", "EXCEPT") and i > 0 and tokens[i - 1].token_type == T.STAR and \
+            (after is None or after in _CLAUSE):
+        return tokens[i], f"* {text} needs the columns it names"
+    if tokens[i].token_type == T.FOR and i + 1 < len(tokens) and tokens[i + 1].text.upper() in ("UPDATE", "SHARE"):
+        return tokens[i], "locking reads (FOR UPDATE, FOR SHARE) are not supported: transactions isolate instead"
+    return None
+
+
 def _when_then(tokens: list[Token], i: int) -> Problem:
-    if tokens[i].token_type == T.WHEN and not _follows(tokens, i + 1, {T.THEN}):
+    """WHEN needs its THEN, past the ORs and BETWEENs of its condition."""
+    if tokens[i].token_type == T.WHEN and not _follows(tokens, i + 1, {T.THEN}, through={T.OR, T.BETWEEN}):
         return tokens[i], "WHEN needs THEN"
     return None
 
@@ -183,23 +207,27 @@ def _closing(tokens: list[Token], start: int) -> int:
     return len(tokens) - 1
 
 
-def _follows(tokens: list[Token], start: int, wanted: set[TokenType]) -> bool:
-    """Whether a wanted token at the level of tokens[start] comes before that level's expression ends."""
+def _follows(tokens: list[Token], start: int, wanted: set[TokenType], through: frozenset[TokenType] | set = frozenset()
+             ) -> bool:
+    """Whether a wanted token at the level of tokens[start] comes before that level's expression ends (at a
+    clause token not in `through`)."""
     depth = 0
     for token in tokens[start:]:
         kind = token.token_type
         if depth == 0 and kind in wanted:
             return True
-        if depth == 0 and kind in _CLAUSE:
+        if depth == 0 and kind in _CLAUSE and kind not in through:
             return False
         depth += (kind in _OPEN) - (kind in _CLOSE)
     return False
 
 
 RULES: list[tuple[set[TokenType], Callable[[list[Token], int], Problem]]] = [  # the kinds of token each starts at
-    (_LIST_STARTS | {T.COMMA}, _empty_item), ({T.ON, T.ALIAS, T.IS, T.IN, T.NOT}, _nothing_after),
+    (_LIST_STARTS | {T.COMMA}, _empty_item),
+    ({T.ON, T.ALIAS, T.IS, T.IN, T.NOT, T.USING, T.OFFSET, T.LIMIT}, _nothing_after),
     ({T.WHEN}, _when_then), (_COMPARISONS, _two_comparisons), ({T.STRING}, _two_strings), ({T.STAR}, _table_star),
-    ({T.LATERAL}, _lateral), ({T.JOIN}, _join_condition), ({T.WITH}, _cte),
+    ({T.LATERAL}, _lateral), ({T.JOIN}, _join_condition), ({T.WITH}, _cte), ({T.FETCH}, _fetch_only),
+    ({T.EXCEPT, T.REPLACE, T.FOR, T.VAR, T.RENAME}, _star_modifier),
 ]
 _STARTING: dict[TokenType, list[Callable[[list[Token], int], Problem]]] = {
     kind: [rule for kinds, rule in RULES if kind in kinds] for kind in set().union(*(kinds for kinds, _ in RULES))}

@@ -63,7 +63,7 @@ class Scope:
 
     def rows(self, name: str) -> int | None:
         """A stored table's row count (None for a relation not materialized yet)."""
-        return None if name.lower() in self.columns else self.catalog.table(name).num_rows
+        return None if name.lower() in self.columns else self.catalog.rows(name)
 
     def mean_chars(self, name: str, column: str) -> float | None:
         """The mean length in characters of a stored table's column as text (None when unknown), estimated
@@ -95,11 +95,7 @@ class Scope:
 
     def _stored(self, name: str, column: str) -> pa.ChunkedArray | None:
         """A stored table's column (None for a relation materialized in this query, or no such column)."""
-        if name.lower() in self.columns:
-            return None
-        table = self.catalog.table(name)
-        match = [c for c in table.column_names if c.lower() == column.lower()]
-        return table.column(match[0]) if match else None
+        return None if name.lower() in self.columns else self.catalog.column(name, column)
 
 
 def sources(select: exp.Select) -> list[exp.Expression]:

@@ -27,7 +27,8 @@ def _serve(args: argparse.Namespace) -> int:
                           public_without_auth=args.public_without_auth,
                           limits=Limits(args.max_active, args.max_requests, args.query_timeout, args.max_tokens,
                                         args.max_generated_tokens),
-                          metrics_port=args.metrics_port)
+                          metrics_port=args.metrics_port, memory_limit=args.memory_limit,
+                          transaction_idle_s=args.transaction_idle)
     config.check()  # before the server's imports (torch, gRPC): a bad option is refused in a moment
     from quail.server.app import serve
 
@@ -44,13 +45,19 @@ def _replicas(value: str) -> str:
 def parser() -> argparse.ArgumentParser:
     from quail.engine.model.config import ATTENTION
     from quail.planner.cost import DEVICES
+    from quail.server.config import TRANSACTION_IDLE_S
 
     top = argparse.ArgumentParser(prog="quail", description="Quail: AI-SQL over Arrow Flight SQL")
     commands = top.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run a Flight SQL server")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8815, help="port (default 8815; 0 picks a free one)")
-    serve.add_argument("--data-dir", default="data", help="directory holding the tables (default ./data)")
+    serve.add_argument("--data-dir", default="data", help="directory holding the database file, quail.duckdb "
+                       "(default ./data)")
+    serve.add_argument("--memory-limit", default=None, help="memory the database may use before it spills to disk, "
+                       "e.g. 4GB (default: DuckDB's, 80%% of RAM)")
+    serve.add_argument("--transaction-idle", type=float, default=TRANSACTION_IDLE_S,
+                       help="seconds an open transaction may go unused before it is rolled back (default %(default)s)")
     serve.add_argument("--model", default=None, help="model name or .gguf path (default: embedded SmolLM2-135M)")
     serve.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda when a CUDA GPU "
                        "is present, else cpu)")

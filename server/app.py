@@ -13,9 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from quail.engine.errors import Unavailable
-from quail.engine.exec.storage import TableStore
+from quail.engine.exec.database import Database, objects
 from quail.engine.runtime.loading import chosen, load_runtime, settled
 
+from quail.engine.exec.relational import quoted_name
+from quail.planner.binder import is_text
 from quail.server.auth import Access, Authenticator, load_users
 from quail.server.config import ServerConfig
 from quail.server.flight_sql import FlightSQLHandler
@@ -53,7 +55,7 @@ class QuailServer:
         config.check()
         self.config = config
         users = load_users(config.users_file) if config.users_file else None  # a bad file refused before the model loads
-        self.store = TableStore(config.data_dir)  # refuses a data directory another server holds
+        self.database = Database(config.data_dir, config.memory_limit)  # refuses one another server holds
         engine = settled(config.engine)
         if engine.ray is not None and engine.replicas > 1:  # before any thread of ours (ray_replicas.connect)
             from quail.engine.runtime import ray_replicas  # Ray is an optional extra
@@ -67,13 +69,20 @@ class QuailServer:
         self.chosen = chosen(engine, self.runtime)  # what it runs on, for the startup line
         self.metrics = Metrics(self.runtime.runner, self.runtime.replicas, self.runtime.texts)
         self.auth = Authenticator(users, config.token_ttl_s) if users is not None else None
-        self.handler = FlightSQLHandler(self.store, QueryService.serving(self.runtime, engine), config.dialect,
-                                        config.limits, self.metrics, Access(users))
-        for name in self.store.names():  # the tables kept from before: their texts tokenized meanwhile
-            self.handler.warm(self.store.table(name))
+        self.handler = FlightSQLHandler(self.database, QueryService.serving(self.runtime, engine), config.dialect,
+                                        config.limits, self.metrics, Access(users), config.transaction_idle_s)
+        self._warm_stored()
         service = FlightService(self.handler, self.auth, self.metrics.error)
         self.health = Health()  # grpc.health.v1 on the same port, for load balancers and probes
         self._grpc.add_generic_rpc_handlers((service.generic_handler(), self.health.generic_handler()))
+
+    def _warm_stored(self) -> None:
+        """Have the text columns of the tables kept from before tokenized meanwhile (FlightSQLHandler.warm)."""
+        with self.database.cursor() as con:
+            for schema, name, kind in objects(con):
+                if kind == "TABLE":
+                    texts = con.sql(f"SELECT * FROM {quoted_name(schema)}.{quoted_name(name)}").to_arrow_table()
+                    self.handler.warm(texts.select([f.name for f in texts.schema if is_text(f.type)]))
 
     def _listen(self, address: str) -> int:
         """Bind the address (before the model loads, so a busy port fails at once); the port bound."""
@@ -128,7 +137,8 @@ class QuailServer:
         for thread in threading.enumerate():
             if thread is not threading.current_thread() and not thread.daemon:
                 thread.join(max(0.0, deadline - time.monotonic()))
-        self.store.close()
+        self.handler.close()
+        self.database.close()
         return not any(t.is_alive() and not t.daemon and t is not threading.current_thread()
                        for t in threading.enumerate())
 
@@ -147,11 +157,13 @@ def serve(config: ServerConfig) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.start()
-    log.info("model %s; data %s, %d tables", server.chosen, config.data_dir.resolve(), len(server.store.names()))
+    with server.database.cursor() as con:
+        log.info("model %s; database %s, %d tables and views", server.chosen, server.database.path.resolve(),
+                 len(objects(con)))
     print(f"quail: serving {server.location}", flush=True)
     server.wait()
     if not server.close():
         log.error("work still running %.0fs after its queries were cancelled: exiting without it", EXIT_S)
         logging.shutdown()
-        os._exit(0)  # the data directory is consistent: every commit is atomic
+        os._exit(0)  # the database is consistent: every commit is in its write-ahead log
     log.info("stopped")

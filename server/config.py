@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import ipaddress
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from quail.planner.dialects import DEFAULT_DIALECT, DIALECTS
 from quail.server.admission import Limits
 
 MIN_TOKEN_BUDGET = 16
+TRANSACTION_IDLE_S = 300.0  # an open transaction unused this long is rolled back (its client is gone)
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class ServerConfig:
     public_without_auth: bool = False  # listen on a non-loopback address with no authentication
     limits: Limits = Limits()
     metrics_port: int | None = None  # Prometheus /metrics over HTTP on the same host; None: not served
+    memory_limit: str | None = None  # DuckDB's memory limit ("4GB"); None: DuckDB's default (80% of RAM)
+    transaction_idle_s: float = TRANSACTION_IDLE_S
 
     def check(self) -> None:
         """Refuse settings that would expose data: no auth off loopback unless told; TLS needs both files."""
@@ -48,6 +52,11 @@ class ServerConfig:
         if self.engine.kv_host_bytes < 0:
             raise ValueError("the host KV tier's bytes cannot be negative (0: none)")
         self.limits.check()
+        if self.transaction_idle_s <= 0:
+            raise ValueError("--transaction-idle must be a positive number of seconds")
+        if self.memory_limit is not None and not re.fullmatch(r"\s*\d+(\.\d+)?\s*[KMGT]i?B\s*", self.memory_limit,
+                                                              re.IGNORECASE):
+            raise ValueError(f"--memory-limit {self.memory_limit!r} is not an amount of memory (e.g. 4GB, 512MiB)")
         if self.dialect not in DIALECTS:
             raise ValueError(f"unknown dialect {self.dialect!r}; use one of {', '.join(DIALECTS)}")
         if (self.tls_cert is None) != (self.tls_key is None):

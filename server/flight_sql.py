@@ -1,40 +1,53 @@
-"""Flight SQL semantics over the Flight service: commands, tickets, prepared statements, ingest."""
+"""Flight SQL semantics over the Flight service: commands, tickets, prepared statements, transactions, ingest.
+
+Each call's statements run on a connection to the database (connections.py):
+a new one, or its transaction's. A query is planned at GetFlightInfo and runs
+when its ticket is redeemed; a statement that changes something runs at
+GetFlightInfo (or DoPut), so it has taken effect when the client's execute()
+returns.
+"""
 
 from __future__ import annotations
 
 import itertools
 import json
 import logging
+import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator
 
+import duckdb
 import pyarrow as pa
 from google.protobuf.message import Message
 
 from quail.engine.errors import Cancelled, InvalidArgument, NotFound, QuailError, Unimplemented
-from quail.engine.exec.plan import PhysicalPlan, ai_steps
-from quail.engine.exec.storage import TableStore
+from quail.engine.exec.database import Database
+from quail.engine.exec.plan import PhysicalPlan, Write, ai_steps
+from quail.engine.exec.writes import UPDATE_SCHEMA, run_writes
 from quail.engine.runtime.query_work import QueryWork
-from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME, is_text
+from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME, is_text, python_values
 from quail.planner.dialects import DIALECTS
+from quail.planner.statements import Planned, Script
 from quail.planner.substrait.consumer import QUERY_TEXT
-from quail.planner.updates import UpdatePlan
 
 from quail.server import metadata
 from quail.server import sql_messages as sql
 from quail.server.admission import Admission, Limits
 from quail.server.auth import Access, user_of
+from quail.server.config import TRANSACTION_IDLE_S
+from quail.server.connections import Connections, Lease
 from quail.server.flight_messages import (CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING,
                                           CANCEL_STATUS_NOT_CANCELLABLE, FLIGHT, parse)
+from quail.server.ingest import ingest
 from quail.server.ipc import plain_schema, schema_bytes
 from quail.server.metrics import Metrics
 from quail.server.query_service import QueryService
 from quail.server.read_ahead import ReadAhead
 from quail.server.session_options import LAST_QUERY, Sessions
-from quail.server.statements import HeadStart, Planned, PreparedStatement, Statements
+from quail.server.statements import HeadStart, Kept, PreparedStatement, Statements
 from quail.server.status import status_of
 from quail.server.system_tables import QUERIES, QUERIES_SCHEMA, WithSystemTables, queries_table
 
@@ -47,15 +60,15 @@ _IF_EXISTS = {sql.TABLE_EXISTS_UNSPECIFIED: "fail", sql.TABLE_EXISTS_FAIL: "fail
 _IF_MISSING = {sql.TABLE_NOT_EXIST_UNSPECIFIED: "fail", sql.TABLE_NOT_EXIST_CREATE: "create",
                sql.TABLE_NOT_EXIST_FAIL: "fail"}
 _UPDATES = ("CommandStatementUpdate", "CommandPreparedStatementUpdate")
-UPDATE_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
 
 
 class FlightSQLHandler:
-    """Answers Flight SQL commands against one table store and one model runtime."""
+    """Answers Flight SQL commands against one database and one model runtime."""
 
-    def __init__(self, store: TableStore, service: QueryService, dialect: str, limits: Limits = Limits(),
-                 metrics: Metrics | None = None, access: Access = Access()) -> None:
-        self.store = store
+    def __init__(self, database: Database, service: QueryService, dialect: str, limits: Limits = Limits(),
+                 metrics: Metrics | None = None, access: Access = Access(), transaction_idle_s: float = TRANSACTION_IDLE_S) -> None:
+        self.database = database
+        self.connections = Connections(database, transaction_idle_s)
         self.service = service
         self.admission = Admission(limits.max_active)
         self.limits = limits
@@ -67,13 +80,16 @@ class FlightSQLHandler:
         self.heads = ThreadPoolExecutor(limits.max_active, "quail-head")  # head starts' batches, made ahead
         self.warming = ThreadPoolExecutor(1, "quail-warm")  # tokenizing the texts of tables as they are written
         self.access = access
-        self.catalog = self._system_tables("-", everyone=True)  # for planning: the tables and their schemas
 
     def cancel_all(self) -> None:
         """Cancel every running query and the warming not yet begun (the server is stopping)."""
         self.warming.shutdown(wait=False, cancel_futures=True)
         for running in self.statements.running().values():
             running.work.cancel()
+
+    def close(self) -> None:
+        """Roll back the transactions still open (the server has stopped)."""
+        self.connections.close_all()
 
     def warm(self, rows: pa.Table) -> None:
         """Tokenize the text columns of rows just stored, as documents, on the warming thread, WARM_ROWS at a
@@ -91,21 +107,36 @@ class FlightSQLHandler:
                     self.metrics.warming.dec(len(part))
                     return
 
+    def _warm_created(self, lease: Lease, table: str) -> None:
+        """Warm the text columns of a table just created, read on the connection that created it (best effort:
+        the statement has taken effect whatever happens here)."""
+        try:
+            rows = lease.con.sql(f"SELECT * FROM {table}").to_arrow_table()
+        except duckdb.Error:
+            log.exception("reading the table %s just created, to tokenize its texts, failed", table)
+            return
+        self.warm(rows.select([field.name for field in rows.schema if is_text(field.type)]))
+
     def _warm(self, texts: pa.ChunkedArray) -> None:
         try:
             self.service.runtime.warm(texts)
         except Exception:
             log.exception("tokenizing a table's texts as it was written failed (its queries will tokenize them)")
 
-    def _system_tables(self, viewer: str, everyone: bool) -> WithSystemTables:
-        """The stored tables, and the system tables as a viewer sees them (`everyone`: every user's query
-        text, else only the viewer's own)."""
-        return WithSystemTables(self.store, {QUERIES: (QUERIES_SCHEMA, lambda: queries_table(
+    def _catalog(self, context, lease: Lease) -> WithSystemTables:
+        """What a call's statements read on its connection: the database's tables, and the system tables as the
+        caller sees them (an admin every user's query text, others only their own)."""
+        viewer, everyone = user_of(context), self.access.allows(context, "admin")
+        return WithSystemTables(lease.catalog(), {QUERIES: (QUERIES_SCHEMA, lambda: queries_table(
             self.statements.running(), viewer, everyone, self.service.runtime.runner.scheduler.place))})
 
-    def _catalog(self, context) -> WithSystemTables:
-        """The catalog a call's statement reads."""
-        return self._system_tables(user_of(context), self.access.allows(context, "admin"))
+    def _lease(self, context, transaction: bytes | None):
+        """The connection a call's statements run on: its transaction's, its session's, or its own
+        (Connections.lease)."""
+        return self.connections.lease(transaction, self.sessions.known(context), user_of(context))
+
+    def _dialect(self, context) -> str:
+        return self.sessions.options(context)["dialect"]
 
     @staticmethod
     def _command(data: bytes, where: str) -> tuple[str, Message]:
@@ -114,51 +145,39 @@ class FlightSQLHandler:
             raise Unimplemented(f"{where}: unsupported command {name or '(not a Flight SQL command)'}")
         return name, message
 
-    def _plan(self, query: str, params: list[pa.Scalar] | None, context,
+    def _plan(self, query: str, params: list[pa.Scalar] | None, context, catalog: WithSystemTables,
               started: Callable[[PhysicalPlan], threading.Event | None] | None = None
-              ) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema]:
-        """A query's plan and result schema; a CREATE / INSERT / DROP's plan, whose result is its row count.
-        `params`: one row of bound parameter values; `started`: given a query's plan before its result schema
-        is found, and may give back what finding it waits for (QueryService.plan)."""
+              ) -> tuple[Planned, pa.Schema | None]:
+        """A statement's plan and result schema (None for a text of several statements). `params`: one row of
+        bound parameter values; `started`: given a query's plan before its result schema is found, and may
+        give back what finding it waits for (QueryService.plan)."""
         planning = self.limits.work()  # planning counts toward the query's time limit, and stops with its call
         context.add_callback(planning.cancel)
-        plan, schema = self.service.plan(query, self.catalog, self.sessions.options(context)["dialect"], params,
-                                         planning, started)
-        return plan, UPDATE_SCHEMA if schema is None else plain_schema(schema)
+        plan, schema = self.service.plan(query, catalog, self._dialect(context), params, planning, started)
+        return plan, None if schema is None else plain_schema(schema)
 
-    def _prepared_plan(self, statement: PreparedStatement,
-                       context) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema]:
+    def _prepared_plan(self, statement: PreparedStatement, context,
+                       catalog: WithSystemTables) -> tuple[Planned, pa.Schema | None]:
         """A prepared statement's plan and schema for its bound parameters: the one made when it was
-        prepared, while that holds (Planned.holds)."""
-        planned = statement.planned
-        if planned is not None and statement.params is None and \
-                planned.holds(self.store.version, self.sessions.options(context)["dialect"]):
-            return planned.plan, planned.schema
-        return self._plan(statement.query, _first_row(statement.params), context)
+        prepared, while that holds (Kept.holds)."""
+        kept = statement.planned
+        if kept is not None and statement.params is None and kept.holds(self.database.version,
+                                                                         self._dialect(context)):
+            return kept.plan, kept.schema
+        return self._plan(statement.query, _first_row(statement.params), context, catalog)
 
-    def _substrait(self, cmd: Message) -> tuple[PhysicalPlan, pa.Schema]:
-        """A CommandStatementSubstraitPlan's plan and result schema."""
-        plan, schema = self.service.plan_substrait(cmd.plan.plan, self.catalog)
-        return plan, plain_schema(schema)
-
-    def _stream(self, plan: PhysicalPlan | list[UpdatePlan], params: pa.Table | None,
-                schema: Callable[[], pa.Schema], work: QueryWork, context, handle: bytes) -> Iterator[pa.RecordBatch]:
-        """Run a query (its rows, batch by batch as produced) or an update (one row: the rows it wrote),
-        admitted first; then its report (session option, metrics, log line). `schema` gives the result schema
-        the batches are cast to (a head start's is found while it runs); `handle`: its running entry."""
+    def _stream(self, batches: Callable[[], Iterable[pa.RecordBatch]], schema: Callable[[], pa.Schema] | None,
+                work: QueryWork, context, handle: bytes) -> Iterator[pa.RecordBatch]:
+        """A statement's batches, as `batches` makes them, admitted first; then its report (session option,
+        metrics, log line). `schema` gives the result schema the batches are cast to (a head start's is found
+        while it runs; None: the batches' own); `handle`: its running entry."""
         start, rows = time.perf_counter(), 0
         try:
             with self.admission.admit(), self.metrics.running.track_inprogress():
-                catalog = self._catalog(context)
-                if isinstance(plan, PhysicalPlan):
-                    batches = self.service.stream(plan, catalog, work, BATCH_ROWS)
-                else:
-                    written = self._update(plan, params, work, catalog)
-                    batches = iter(pa.table({"rows_affected": [written]}).to_batches())
-                for batch in batches:
+                for batch in batches():
                     work.check()  # the client ended the call: stop reading
                     rows += batch.num_rows
-                    yield batch.cast(schema())
+                    yield batch if schema is None else batch.cast(schema())
         except QuailError as err:
             if isinstance(err, Cancelled):
                 log.info("query cancelled after %.3fs, %d forward passes", time.perf_counter() - start,
@@ -174,43 +193,107 @@ class FlightSQLHandler:
                  handle[:8].hex(), user_of(context), rows, report["wall_s"], report["requests"],
                  report["logical_tokens"], report["fresh_tokens"])
 
-    def _update(self, updates: list[UpdatePlan], params: pa.Table | None, work: QueryWork,
-                catalog: WithSystemTables) -> int:
-        """Apply CREATE / INSERT / DROP to the store: one atomic commit; the rows written (0 for DROP).
-        Several plans (one per row of parameters) are INSERTs into one table, written in one commit."""
-        update = updates[0]
-        table = catalog.writable(update.table)
-        if update.query is None:
-            self.store.drop(table, update.missing_ok)
-            log.info("dropped table %s", table)
-            return 0
-        if update.if_exists == "keep" and self.store.has(table):
-            return 0
-        if update.rows_are_parameters and params is not None:
-            rows = params
-        else:
-            rows = _stacked([self.service.execute(u.query, catalog, work) for u in updates])
-        if update.if_exists == "append":
-            rows = _as_columns_of(rows, self.store.schema(table).names, update.columns, table)
-        written = self.store.write(table, rows, "fail" if update.if_exists == "keep" else update.if_exists,
-                                   update.if_missing)
-        self.warm(rows)
-        log.info("%d rows written to %s", written, table)
-        return written
+    def _query_batches(self, plan: PhysicalPlan, work: QueryWork, context,
+                       transaction: bytes | None) -> Iterator[pa.RecordBatch]:
+        """A query's rows on its connection: streamed as produced, or, on a session's or a transaction's (which
+        runs one statement at a time), made whole first, so the client may run its next statement while it reads."""
+        with self._lease(context, transaction) as lease:
+            catalog = self._catalog(context, lease)
+            if lease.kept is None:
+                yield from self.service.stream(plan, catalog, work, BATCH_ROWS)
+                return
+            rows = self.service.execute(plan, catalog, work)
+        yield from rows.to_batches(max_chunksize=BATCH_ROWS)
 
-    def _apply(self, query: str, first: UpdatePlan, params: pa.Table | None, context) -> pa.Table:
-        """Run a statement that changes tables, once per row of parameters (INSERT only), as one commit; its
-        result (one row: the rows it wrote). `first` is its plan for the first row of parameters."""
-        self.access.require(context, "write", "change tables")
-        updates = [first]
-        if params is not None and params.num_rows > 1:
-            if first.if_exists != "append":
-                raise InvalidArgument("only INSERT takes several rows of parameters")
-            if not first.rows_are_parameters:
-                updates += [self._plan(query, row, context)[0] for row in _rows(params)[1:]]
+    def _run_now(self, query: str, plan: Write | Script, params: pa.Table | None, context, lease: Lease,
+                 catalog: WithSystemTables) -> pa.Table:
+        """Run a statement that changes something (or a text of several statements) on the call's connection; its
+        result (RETURNING rows, the last statement's rows, or one row: the rows changed)."""
         handle, work = self.statements.begin(query, user_of(context))
         context.add_callback(work.cancel)
-        return pa.Table.from_batches(list(self._stream(updates, params, lambda: UPDATE_SCHEMA, work, context, handle)))
+        made: list[pa.Table] = []
+
+        def run() -> Iterator[pa.RecordBatch]:
+            made.append(self._script(plan, work, context, lease) if isinstance(plan, Script) else
+                        self._write(query, plan, params, work, context, lease, catalog))
+            return iter(made[0].to_batches())
+        for _ in self._stream(run, None, work, context, handle):
+            pass
+        return made[0]
+
+    def _write(self, query: str, plan: Write, params: pa.Table | None, work: QueryWork, context, lease: Lease,
+               catalog: WithSystemTables) -> pa.Table:
+        """One statement's writes: once per row of parameters, all in one transaction."""
+        if plan.transaction is not None:
+            return self._transaction_statement(plan, context, lease, catalog, work)
+        self.access.require(context, "write", "change the database")
+        if lease.kept is None and TEMPORARY.match(plan.sql):
+            raise InvalidArgument("a temporary table lives as long as its connection: create it in a session "
+                                  "(SetSessionOptions, its cookie sent back) or a transaction, where it is used")
+        writes = [plan]
+        if params is not None and params.num_rows > 1:
+            rows = _rows(params)[1:]
+            writes += [replace(plan, params=python_values(row)) for row in rows] if plan.prelude is None else \
+                [self._plan(query, row, context, catalog)[0] for row in rows]
+        result = run_writes(writes, catalog, self.service.runtime, work, atomic=not lease.in_transaction)
+        if not lease.in_transaction:
+            self.database.changed()
+        if plan.kind == "CREATE" and plan.target is not None and _count(result):
+            self._warm_created(lease, plan.target)
+        log.info("%s: %d row(s) changed or returned", plan.kind, _count(result))
+        return result
+
+    def _transaction_statement(self, plan: Write, context, lease: Lease, catalog: WithSystemTables,
+                               work: QueryWork) -> pa.Table:
+        """SQL BEGIN, COMMIT or ROLLBACK on its own: a session's transaction, begun or ended."""
+        if lease.transaction is not None:
+            raise InvalidArgument("the transaction was begun with BeginTransaction: end it with EndTransaction "
+                                  "(ADBC: commit() or rollback())")
+        if lease.kept is None:
+            raise InvalidArgument(
+                f"{plan.transaction.upper()} outside a session would end with its call: use the driver's "
+                "transactions (ADBC: autocommit off; Flight SQL: BeginTransaction), open a session "
+                "(SetSessionOptions, its cookie sent back), or send BEGIN, the statements and COMMIT in one text")
+        if (plan.transaction == "begin") == lease.in_transaction:
+            raise InvalidArgument("a transaction is open already: COMMIT or ROLLBACK it first"
+                                  if lease.in_transaction else f"no transaction is open to {plan.transaction.upper()}")
+        result = run_writes([plan], catalog, self.service.runtime, work, atomic=False)
+        lease.kept.open = plan.transaction == "begin"
+        if plan.transaction == "commit":
+            self.database.changed()
+        return result
+
+    def _script(self, script: Script, work: QueryWork, context, lease: Lease) -> pa.Table:
+        """Several statements in order on one connection, each planned as it comes; the last one's result. A
+        transaction begun among them on a connection of the call's own must end among them too."""
+        result, open_ = _changed(0), lease.in_transaction
+        try:
+            for text in script.texts:
+                catalog = self._catalog(context, lease)
+                plan, _ = self._plan(text, None, context, catalog)
+                if isinstance(plan, PhysicalPlan):
+                    result = self.service.execute(plan, catalog, work)
+                    continue
+                if isinstance(plan, Script) or plan.parameters:
+                    raise InvalidArgument("each statement of a text of several must stand alone, without "
+                                          "parameters")
+                if plan.transaction is None:
+                    self.access.require(context, "write", "change the database")
+                elif lease.transaction is not None:
+                    raise InvalidArgument("a transaction begun with BeginTransaction ends with EndTransaction")
+                result = run_writes([plan], catalog, self.service.runtime, work, atomic=False)
+                open_ = open_ if plan.transaction is None else plan.transaction == "begin"
+        finally:
+            if lease.kept is not None:
+                lease.kept.open = open_
+            elif open_:
+                lease.con.rollback()
+            if not open_:
+                self.database.changed()
+        if open_ and lease.kept is None:
+            raise InvalidArgument("the statements left their transaction open, so it was rolled back: end it with "
+                                  "COMMIT in the same text, or use a session or the driver's transactions")
+        return result
 
     @staticmethod
     def _info(descriptor, schema: pa.Schema, ticket: bytes) -> Message:
@@ -218,22 +301,32 @@ class FlightSQLHandler:
         return FLIGHT["FlightInfo"](schema=schema_bytes(schema), flight_descriptor=descriptor,
                                     endpoint=[endpoint], total_records=-1, total_bytes=-1)
 
-    def _statement_info(self, descriptor, query: str, params: pa.Table | None, context,
-                        planned: tuple[PhysicalPlan | UpdatePlan, pa.Schema] | None = None,
-                        head: bytes | None = None) -> Message:
-        """FlightInfo of a statement. A query is planned here (unless `planned` gives its plan and schema)
-        and runs when its ticket is redeemed (`head`: the handle of its head start, its ticket's); a
-        statement that changes tables runs here, so it has taken effect when the client's execute() returns,
-        whether or not the client fetches its result (the ticket then reads that result)."""
-        plan, schema = planned or self._plan(query, _first_row(params), context)
-        _check_bound(plan, params)
-        if isinstance(plan, UpdatePlan):
-            handle = self.statements.add_result(self._apply(query, plan, params, context))
-        else:
-            if params is not None and params.num_rows != 1:
-                raise InvalidArgument(f"bind exactly one row of parameters to a query, not {params.num_rows}")
-            handle = self.statements.add_pending(plan, schema, query, head)
-        return self._info(descriptor, schema, sql.pack(sql.new("TicketStatementQuery", statement_handle=handle)))
+    @staticmethod
+    def _ticket_of(handle: bytes) -> bytes:
+        return sql.pack(sql.new("TicketStatementQuery", statement_handle=handle))
+
+    def _statement_info(self, descriptor, query: str, params: pa.Table | None, context, transaction: bytes | None,
+                        prepared: PreparedStatement | None = None, head: bytes | None = None) -> Message:
+        """FlightInfo of a statement. A query is planned here (a prepared one's kept plan used while it holds) and
+        runs when its ticket is redeemed (`head`: the handle of its head start, its ticket's); a statement that
+        changes something runs here, so it has taken effect when the client's execute() returns, whether or
+        not the client fetches its result (the ticket then reads that result)."""
+        with self._lease(context, transaction) as lease:
+            catalog = self._catalog(context, lease)
+            plan, schema = self._prepared_plan(prepared, context, catalog) if prepared is not None else \
+                self._plan(query, _first_row(params), context, catalog)
+            if head is not None and (prepared.planned is None or plan is not prepared.planned.plan):
+                self.statements.stop_head(head)  # the plan it ran no longer holds
+                head = None
+            _check_bound(plan, params)
+            if isinstance(plan, PhysicalPlan):
+                if params is not None and params.num_rows != 1:
+                    raise InvalidArgument(f"bind exactly one row of parameters to a query, not {params.num_rows}")
+                handle = self.statements.add_pending(plan, schema, query, head, lease.transaction)
+                return self._info(descriptor, schema, self._ticket_of(handle))
+            result = self._run_now(query, plan, params, context, lease, catalog)
+        handle = self.statements.add_result(result)
+        return self._info(descriptor, plain_schema(result.schema), self._ticket_of(handle))
 
     def _route(self, data: bytes, rpc: str) -> tuple[Callable, Message]:
         """The handler of a command (or ticket) for one RPC, from COMMANDS, and the command."""
@@ -256,49 +349,68 @@ class FlightSQLHandler:
         return handler(self, cmd, context)
 
     def _query_info(self, cmd: Message, descriptor, context) -> Message:
-        return self._statement_info(descriptor, cmd.query, None, context)
+        return self._statement_info(descriptor, cmd.query, None, context, _optional(cmd, "transaction_id"))
+
+    def _schema_of(self, query: str, context, transaction: bytes | None) -> pa.Schema:
+        """A statement's result schema, nothing run (a text of several: the empty schema, its result unknown)."""
+        with self._lease(context, transaction) as lease:
+            schema = self._plan(query, None, context, self._catalog(context, lease))[1]
+        return schema if schema is not None else pa.schema([])
 
     def _query_schema(self, cmd: Message, context) -> pa.Schema:
-        return self._plan(cmd.query, None, context)[1]
+        return self._schema_of(cmd.query, context, _optional(cmd, "transaction_id"))
+
+    def _substrait(self, cmd: Message, context) -> tuple[PhysicalPlan, pa.Schema]:
+        """A CommandStatementSubstraitPlan's plan and result schema."""
+        with self._lease(context, _optional(cmd, "transaction_id")) as lease:
+            plan, schema = self.service.plan_substrait(cmd.plan.plan, self._catalog(context, lease))
+        return plan, plain_schema(schema)
 
     def _substrait_info(self, cmd: Message, descriptor, context) -> Message:
-        plan, schema = self._substrait(cmd)
+        plan, schema = self._substrait(cmd, context)
         handle = self.statements.add_pending(plan, schema, QUERY_TEXT)
-        return self._info(descriptor, schema, sql.pack(sql.new("TicketStatementQuery", statement_handle=handle)))
+        return self._info(descriptor, schema, self._ticket_of(handle))
 
     def _substrait_schema(self, cmd: Message, context) -> pa.Schema:
-        return self._substrait(cmd)[1]
+        return self._substrait(cmd, context)[1]
 
     def _prepared_info(self, cmd: Message, descriptor, context) -> Message:
         """A prepared statement's FlightInfo; its first names its head start, where the plan it ran still
         holds (else the head start stops)."""
         statement = self.statements.prepared(cmd.prepared_statement_handle)
         head = self.statements.take_head(statement)
-        planned = self._prepared_plan(statement, context)
-        if head is not None and planned[0] is not statement.planned.plan:
-            self.statements.stop_head(head)
-            head = None
-        return self._statement_info(descriptor, statement.query, statement.params, context, planned, head)
+        return self._statement_info(descriptor, statement.query, statement.params, context, statement.transaction,
+                                    statement, head)
 
     def _prepared_schema(self, cmd: Message, context) -> pa.Schema:
-        return self._prepared_plan(self.statements.prepared(cmd.prepared_statement_handle), context)[1]
+        statement = self.statements.prepared(cmd.prepared_statement_handle)
+        with self._lease(context, statement.transaction) as lease:
+            schema = self._prepared_plan(statement, context, self._catalog(context, lease))[1]
+        return schema if schema is not None else pa.schema([])
 
     def _ticket(self, cmd: Message, context) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
-        """A statement's rows: a query's, run now, or the result an update left when it was planned."""
+        """A statement's rows: a query's, run now, or the result a statement that changed something left."""
         done = self.statements.take_result(cmd.statement_handle)
-        if done is not None:  # a statement that changed tables when it was planned: its result
-            return done.schema, done.to_batches()
-        plan, schema, work, head = self.statements.start(cmd.statement_handle, user_of(context), self.store.version)
+        if done is not None:  # a statement that ran when it was planned: its result
+            return plain_schema(done.schema), done.to_batches()
+        plan, schema, work, head, transaction = self.statements.start(cmd.statement_handle, user_of(context),
+                                                                      self.database.version)
         context.add_callback(work.cancel)  # the client ended the call (or it finished): stop the model work
-        batches = iter(head.batches) if head is not None else \
-            self._stream(plan, None, lambda: schema, work, context, cmd.statement_handle)
+        batches = iter(head.batches) if head is not None else self._stream(
+            lambda: self._query_batches(plan, work, context, transaction), lambda: schema, work, context,
+            cmd.statement_handle)
         first = next(batches, None)  # the model work: its errors leave before any data, as a plain status
         return schema, [] if first is None else itertools.chain([first], batches)
 
-    def _tables(self, cmd: Message) -> pa.Table:
-        return metadata.tables(self.store, self.catalog.system_schemas(), _optional(cmd, "catalog"),
-                               _optional(cmd, "db_schema_filter_pattern"), _optional(cmd, "table_name_filter_pattern"),
-                               list(cmd.table_types), cmd.include_schema)
+    def _listed(self, make: Callable[[duckdb.DuckDBPyConnection], pa.Table], context) -> pa.Table:
+        """A catalog listing made on a connection of the caller's (its transaction's tables included)."""
+        with self._lease(context, None) as lease:
+            return make(lease.con)
+
+    def _tables(self, cmd: Message, context) -> pa.Table:
+        return self._listed(lambda con: metadata.tables(
+            con, {QUERIES: QUERIES_SCHEMA}, _optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern"),
+            _optional(cmd, "table_name_filter_pattern"), list(cmd.table_types), cmd.include_schema), context)
 
     def reads_data(self, descriptor, schema: pa.Schema | None) -> bool:
         """Ingest and parameter binds carry data; an update carries parameters only when its first message
@@ -319,38 +431,45 @@ class FlightSQLHandler:
         return [sql.new("DoPutPreparedStatementResult", prepared_statement_handle=handle).SerializeToString()]
 
     def _statement_update(self, cmd: Message, table: pa.Table, context) -> list[bytes]:
-        return self._put_update(cmd.query, None, context)
+        return self._put_update(cmd.query, None, context, _optional(cmd, "transaction_id"))
 
     def _prepared_update(self, cmd: Message, table: pa.Table, context) -> list[bytes]:
         """A prepared update with the rows of parameters sent along, else those bound before."""
         statement = self.statements.prepared(cmd.prepared_statement_handle)
         return self._put_update(statement.query, _parameters(table) if table.num_columns else statement.params,
-                                context)
+                                context, statement.transaction)
 
-    def _put_update(self, query: str, params: pa.Table | None, context) -> list[bytes]:
-        """An update sent by DoPut, run once (or once per row of parameters) in one commit."""
-        update, _ = self._plan(query, _first_row(params), context)
-        if not isinstance(update, UpdatePlan):
-            raise InvalidArgument("a query is not an update: ask for its rows with GetFlightInfo")
-        _check_bound(update, params)
-        rows = self._apply(query, update, params, context).column(0)[0].as_py()
-        return [sql.new("DoPutUpdateResult", record_count=rows).SerializeToString()]
+    def _put_update(self, query: str, params: pa.Table | None, context, transaction: bytes | None) -> list[bytes]:
+        """An update sent by DoPut, run once (or once per row of parameters, in one transaction)."""
+        with self._lease(context, transaction) as lease:
+            catalog = self._catalog(context, lease)
+            update, _ = self._plan(query, _first_row(params), context, catalog)
+            if isinstance(update, PhysicalPlan):
+                raise InvalidArgument("a query is not an update: ask for its rows with GetFlightInfo")
+            _check_bound(update, params)
+            result = self._run_now(query, update, params, context, lease, catalog)
+        return [sql.new("DoPutUpdateResult", record_count=_count(result)).SerializeToString()]
 
     def _ingest(self, cmd: Message, table: pa.Table, context) -> int:
-        """Write an ingested stream: one atomic commit, and none for a stream cut off (_whole)."""
+        """Write an ingested stream in one statement, and nothing for a stream cut off (_whole)."""
         self.access.require(context, "write", "ingest tables")
-        if cmd.temporary:
-            raise InvalidArgument("temporary tables are not supported")
         if not table.schema.names:
             raise InvalidArgument("the ingested stream carries no Arrow schema")
-        catalog, schema = _optional(cmd, "catalog"), _optional(cmd, "schema")
-        if catalog not in (None, "", CATALOG_NAME) or schema not in (None, "", SCHEMA_NAME):
-            raise NotFound(f"schema {catalog or CATALOG_NAME}.{schema or SCHEMA_NAME} does not exist")
+        if _optional(cmd, "catalog") not in (None, "", CATALOG_NAME):
+            raise NotFound(f"catalog {cmd.catalog} does not exist")
+        if cmd.table.lower() == QUERIES:
+            raise InvalidArgument(f"{cmd.table} is a system table: it cannot be written")
         options = cmd.table_definition_options
         _whole(context)
-        rows = self.store.write(self.catalog.writable(cmd.table), table,
-                                if_exists=_IF_EXISTS.get(options.if_exists, "fail"),
-                                if_missing=_IF_MISSING.get(options.if_not_exist, "fail"))
+        with self._lease(context, _optional(cmd, "transaction_id")) as lease:
+            if cmd.temporary and lease.kept is None:
+                raise InvalidArgument("a temporary table lives as long as its connection: ingest it in a session "
+                                      "or a transaction, where it is used")
+            rows = ingest(lease.con, table, cmd.table, _optional(cmd, "schema") or None,
+                          _IF_EXISTS.get(options.if_exists, "fail"), _IF_MISSING.get(options.if_not_exist, "fail"),
+                          cmd.temporary)
+            if not lease.in_transaction:
+                self.database.changed()
         self.warm(table)
         log.info("ingest: %d rows into %s", rows, cmd.table)
         return rows
@@ -362,7 +481,8 @@ class FlightSQLHandler:
 
     def _prepare(self, body: bytes, context) -> list[bytes]:
         _, request = self._command(body, "CreatePreparedStatement")
-        version = self.store.version  # before planning: a commit while it plans makes the plan not hold
+        transaction = _optional(request, "transaction_id")
+        version = self.database.version  # before planning: a commit while it plans makes the plan not hold
         found: Future = Future()  # the result schema, as a head start's first batch leaves
         heads: list[HeadStart] = []
 
@@ -374,21 +494,25 @@ class FlightSQLHandler:
             heads.append(head)
             return head.work.under_way if ai_steps(plan.steps) else None
         try:
-            plan, schema = self._plan(request.query, None, context, started)
+            with self._lease(context, transaction) as lease:
+                plan, schema = self._plan(request.query, None, context, self._catalog(context, lease),
+                                          started if lease.kept is None else None)
+                alone = lease.kept is None
         except BaseException as err:
             found.set_exception(err)
             for head in heads:
                 head.stop()
             raise
         found.set_result(schema)
-        parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(plan.parameters)])
+        parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null())
+                                for i in range(getattr(plan, "parameters", 0))])
         kept, head = None, heads[0] if heads else None
-        if isinstance(plan, PhysicalPlan) and not plan.parameters:
-            kept = Planned(plan, schema, version, self.sessions.options(context)["dialect"])
-        if isinstance(plan, UpdatePlan):
+        if isinstance(plan, PhysicalPlan) and not plan.parameters and alone:
+            kept = Kept(plan, schema, version, self._dialect(context))
+        if not isinstance(plan, PhysicalPlan) and not getattr(plan, "returns_rows", False):
             schema = pa.schema([])  # an update: JDBC then runs it by DoPut(CommandPreparedStatementUpdate)
         result = sql.new("ActionCreatePreparedStatementResult",
-                         prepared_statement_handle=self.statements.prepare(request.query, kept, head),
+                         prepared_statement_handle=self.statements.prepare(request.query, kept, head, transaction),
                          dataset_schema=schema_bytes(schema), parameter_schema=schema_bytes(parameters))
         return [sql.pack(result)]
 
@@ -405,13 +529,26 @@ class FlightSQLHandler:
         def first_schema() -> pa.Schema:
             work.under_way.set()
             return schema()
-        batches = ReadAhead(self._stream(plan, None, first_schema, work, context, handle), self.heads)
+        batches = ReadAhead(self._stream(lambda: self._query_batches(plan, work, context, None), first_schema, work,
+                                         context, handle), self.heads)
         batches.first.add_done_callback(lambda _: work.under_way.set())
         return HeadStart(handle, work, batches, version)
 
     def _close_prepared(self, body: bytes, context) -> list[bytes]:
         _, request = self._command(body, "ClosePreparedStatement")
         self.statements.close(request.prepared_statement_handle)
+        return []
+
+    def _begin_transaction(self, body: bytes, context) -> list[bytes]:
+        self._command(body, "BeginTransaction")
+        transaction = self.connections.begin(user_of(context))
+        return [sql.pack(sql.new("ActionBeginTransactionResult", transaction_id=transaction))]
+
+    def _end_transaction(self, body: bytes, context) -> list[bytes]:
+        _, request = self._command(body, "EndTransaction")
+        if request.action not in (sql.END_TRANSACTION_COMMIT, sql.END_TRANSACTION_ROLLBACK):
+            raise InvalidArgument("EndTransaction needs its action: commit or rollback")
+        self.connections.end(request.transaction_id, user_of(context), request.action == sql.END_TRANSACTION_COMMIT)
         return []
 
     def _cancel_flight_info(self, body: bytes, context) -> list[bytes]:
@@ -450,11 +587,18 @@ class Route:
     put: Callable | None = None  # DoPut: (handler, command, table, context) → result messages
 
 
-def _listing(make: Callable[[FlightSQLHandler, Message], pa.Table]) -> Route:
-    """A catalog command: its FlightInfo's ticket is the command itself, redeemed by DoGet for the listing."""
-    return Route(info=lambda h, cmd, descriptor, context: h._info(descriptor, make(h, cmd).schema, descriptor.cmd),
-                 schema=lambda h, cmd, context: make(h, cmd).schema,
-                 get=lambda h, cmd, context: (lambda table: (table.schema, table.to_batches()))(make(h, cmd)))
+def _listing(make: Callable[[FlightSQLHandler, Message, Any], pa.Table]) -> Route:
+    """A catalog command: its FlightInfo's ticket is the command itself, redeemed by DoGet for the listing
+    (`make`: handler, command, call context → the listing)."""
+    return Route(info=lambda h, cmd, descriptor, context: h._info(descriptor, make(h, cmd, context).schema,
+                                                                 descriptor.cmd),
+                 schema=lambda h, cmd, context: make(h, cmd, context).schema,
+                 get=lambda h, cmd, context: (lambda table: (table.schema, table.to_batches()))(make(h, cmd, context)))
+
+
+def _keys(kind: str) -> Route:
+    """GetPrimaryKeys, GetImportedKeys, GetExportedKeys or GetCrossReference, from the database's constraints."""
+    return _listing(lambda h, cmd, context: h._listed(lambda con: metadata.keys(con, kind, cmd), context))
 
 
 COMMANDS: dict[str, Route] = {
@@ -466,31 +610,37 @@ COMMANDS: dict[str, Route] = {
     "CommandStatementUpdate": Route(put=FlightSQLHandler._statement_update),
     "CommandPreparedStatementUpdate": Route(put=FlightSQLHandler._prepared_update),
     "CommandStatementIngest": Route(put=FlightSQLHandler._ingested),
-    "CommandGetCatalogs": _listing(lambda h, cmd: metadata.catalogs()),
-    "CommandGetDbSchemas": _listing(lambda h, cmd: metadata.db_schemas(
-        _optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern"))),
+    "CommandGetCatalogs": _listing(lambda h, cmd, context: metadata.catalogs()),
+    "CommandGetDbSchemas": _listing(lambda h, cmd, context: h._listed(lambda con: metadata.db_schemas(
+        con, _optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern")), context)),
     "CommandGetTables": _listing(FlightSQLHandler._tables),
-    "CommandGetTableTypes": _listing(lambda h, cmd: metadata.table_types()),
-    "CommandGetSqlInfo": _listing(lambda h, cmd: metadata.sql_info(list(cmd.info))),
-    "CommandGetPrimaryKeys": _listing(lambda h, cmd: metadata.primary_keys()),
-    "CommandGetImportedKeys": _listing(lambda h, cmd: metadata.foreign_keys()),
-    "CommandGetExportedKeys": _listing(lambda h, cmd: metadata.foreign_keys()),
-    "CommandGetCrossReference": _listing(lambda h, cmd: metadata.foreign_keys()),
-    "CommandGetXdbcTypeInfo": _listing(lambda h, cmd: metadata.xdbc_type_info(_optional(cmd, "data_type"))),
+    "CommandGetTableTypes": _listing(lambda h, cmd, context: metadata.table_types()),
+    "CommandGetSqlInfo": _listing(lambda h, cmd, context: metadata.sql_info(list(cmd.info))),
+    "CommandGetPrimaryKeys": _keys("primary"),
+    "CommandGetImportedKeys": _keys("imported"),
+    "CommandGetExportedKeys": _keys("exported"),
+    "CommandGetCrossReference": _keys("cross"),
+    "CommandGetXdbcTypeInfo": _listing(lambda h, cmd, context: metadata.xdbc_type_info(_optional(cmd, "data_type"))),
 }
 _RPC_FIELDS = {"GetFlightInfo": "info", "GetSchema": "schema", "DoGet": "get", "DoPut": "put"}
 
 ACTIONS: dict[str, tuple[str, Callable]] = {  # DoAction's types: (description, handler(handler, body, context))
     "CreatePreparedStatement": ("Prepare a SQL query; returns its handle and result schema", FlightSQLHandler._prepare),
     "ClosePreparedStatement": ("Release a prepared statement", FlightSQLHandler._close_prepared),
+    "BeginTransaction": ("Begin a transaction; returns its id, which later commands carry",
+                         FlightSQLHandler._begin_transaction),
+    "EndTransaction": ("Commit or roll back a transaction", FlightSQLHandler._end_transaction),
     "SetSessionOptions": ("Set session options: dialect (snowflake, bigquery, duckdb), catalog, schema",
                           lambda h, body, context: [h.sessions.set(context, parse("SetSessionOptionsRequest", body))]),
     "GetSessionOptions": ("The session's options", lambda h, body, context: [h.sessions.get(context)]),
-    "CloseSession": ("Forget the session's options", lambda h, body, context: [h.sessions.close(context)]),
+    "CloseSession": ("Forget the session: its options, and its connection (rolling back what it left uncommitted)",
+                     lambda h, body, context: [h.connections.end_session(h.sessions.known(context)),
+                                               h.sessions.close(context)][1:]),
     "CancelFlightInfo": ("Cancel a query by its FlightInfo: stops its model work within a forward pass",
                          FlightSQLHandler._cancel_flight_info),
     "CancelQuery": ("Cancel a query by its FlightInfo (Flight SQL's older action)", FlightSQLHandler._cancel_query),
 }
+TEMPORARY = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP|TEMPORARY)\b", re.IGNORECASE)
 
 
 CUT_OFF_WAIT_S = 0.25  # gRPC ends a cut-off stream's messages a moment before it marks the call cancelled
@@ -505,30 +655,28 @@ def _whole(context) -> None:
 
 
 def _optional(message: Message, field: str) -> Any:
-    """An optional field's value, None when unset."""
-    return getattr(message, field) if message.HasField(field) else None
+    """An optional field's value, None when unset (or empty)."""
+    return (getattr(message, field) or None) if message.HasField(field) else None
 
 
-def _as_columns_of(rows: pa.Table, names: list[str], columns: tuple[str, ...], table: str) -> pa.Table:
-    """INSERT's rows under the target table's column names: by the listed columns, else by position."""
-    if columns:
-        if sorted(c.lower() for c in columns) != sorted(n.lower() for n in names):
-            raise InvalidArgument(f"INSERT INTO {table} must list each of its columns {names} once")
-        renamed = rows.rename_columns([next(n for n in names if n.lower() == c.lower()) for c in columns])
-        return renamed.select(names)
-    if rows.num_columns != len(names):
-        raise InvalidArgument(f"INSERT INTO {table} gives {rows.num_columns} columns; it has {len(names)}: {names}")
-    return rows.rename_columns(names)
+def _changed(rows: int) -> pa.Table:
+    """The result of a statement that changed `rows` rows."""
+    return pa.Table.from_pydict({"rows_affected": [rows]}, schema=UPDATE_SCHEMA)
 
 
-def _stacked(tables: list[pa.Table]) -> pa.Table:
-    """The rows of several runs of one statement, by column position (each run names its columns anew)."""
-    names = tables[0].column_names
-    return pa.concat_tables([t.rename_columns(names) for t in tables], promote_options="permissive")
+def _count(result: pa.Table) -> int:
+    """The rows a statement changed (its result's rows_affected), or returned (RETURNING, a query)."""
+    if result.schema == UPDATE_SCHEMA:
+        return result.column(0)[0].as_py()
+    return result.num_rows
 
 
-def _check_bound(plan: PhysicalPlan | UpdatePlan, params: pa.Table | None) -> None:
-    """A statement with `?` placeholders runs only with values bound to them."""
+def _check_bound(plan: Planned, params: pa.Table | None) -> None:
+    """A statement with `?` placeholders runs only with values bound to them; several statements take none."""
+    if isinstance(plan, Script):
+        if params is not None:
+            raise InvalidArgument("parameters bind one statement, not a text of several")
+        return
     if plan.parameters and params is None:
         raise InvalidArgument(f"the statement has {plan.parameters} parameter(s) and no values were bound")
 

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
+import duckdb
 import pyarrow as pa
+from google.protobuf.message import Message
 
 import quail
 from quail.engine.ai.kinds import SQL_NAMES
-from quail.engine.exec.relational import keywords, result_columns
-from quail.engine.exec.storage import TableStore
+from quail.engine.exec.database import objects
+from quail.engine.exec.relational import duckdb_errors, keywords, quoted_name, result_columns, statement_schema
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME, is_text
 from quail.planner.substrait.producer import SUBSTRAIT_VERSION
 
 from quail.server.ipc import schema_bytes
 
-TABLE_TYPES = ("SYSTEM TABLE", "TABLE")
+TABLE_TYPES = ("SYSTEM TABLE", "TABLE", "VIEW")
 
 CATALOGS_SCHEMA = pa.schema([pa.field("catalog_name", pa.utf8(), nullable=False)])
 DB_SCHEMAS_SCHEMA = pa.schema([pa.field("catalog_name", pa.utf8()), pa.field("db_schema_name", pa.utf8(), nullable=False)])
@@ -79,21 +82,25 @@ SQL_INFO = {
     5: (_BOOL, True),                            # FLIGHT_SQL_SERVER_SUBSTRAIT
     6: (_STRING, SUBSTRAIT_VERSION),             # FLIGHT_SQL_SERVER_SUBSTRAIT_MIN_VERSION: the one plans are read in
     7: (_STRING, SUBSTRAIT_VERSION),             # FLIGHT_SQL_SERVER_SUBSTRAIT_MAX_VERSION
-    8: (_INT32, 0),                              # FLIGHT_SQL_SERVER_TRANSACTION: none
+    8: (_INT32, 1),                              # FLIGHT_SQL_SERVER_TRANSACTION: transactions, no savepoints
     9: (_BOOL, True),                            # FLIGHT_SQL_SERVER_CANCEL
     10: (_BOOL, True),                           # FLIGHT_SQL_SERVER_BULK_INGESTION
-    11: (_BOOL, False),                          # FLIGHT_SQL_SERVER_INGEST_TRANSACTIONS_SUPPORTED
+    11: (_BOOL, True),                           # FLIGHT_SQL_SERVER_INGEST_TRANSACTIONS_SUPPORTED
     100: (_INT32, 0),                            # FLIGHT_SQL_SERVER_STATEMENT_TIMEOUT: none
     101: (_INT32, 0),                            # FLIGHT_SQL_SERVER_TRANSACTION_TIMEOUT: none
     500: (_BOOL, False),                         # SQL_DDL_CATALOG
-    501: (_BOOL, False),                         # SQL_DDL_SCHEMA
+    501: (_BOOL, True),                          # SQL_DDL_SCHEMA
     502: (_BOOL, True),                          # SQL_DDL_TABLE
     503: (_INT32, 1),                            # SQL_IDENTIFIER_CASE: case-insensitive
     504: (_STRING, '"'),                        # SQL_IDENTIFIER_QUOTE_CHAR
     505: (_INT32, 1),                            # SQL_QUOTED_IDENTIFIER_CASE: case-insensitive
     506: (_BOOL, True),                          # SQL_ALL_TABLES_ARE_SELECTABLE
     508: (_STRING_LIST, sql_keywords()),         # SQL_KEYWORDS beyond SQL-92
-    563: (_BOOL, False),                         # SQL_TRANSACTIONS_SUPPORTED
+    562: (_INT32, 4),                            # SQL_DEFAULT_TRANSACTION_ISOLATION: serializable (DuckDB's MVCC)
+    563: (_BOOL, True),                          # SQL_TRANSACTIONS_SUPPORTED
+    564: (_INT32, 1 << 4),                       # SQL_SUPPORTED_TRANSACTIONS_ISOLATION_LEVELS: serializable
+    565: (_BOOL, False),                         # SQL_DATA_DEFINITION_CAUSES_TRANSACTION_COMMIT
+    566: (_BOOL, False),                         # SQL_DATA_DEFINITIONS_IN_TRANSACTIONS_IGNORED
 }
 
 
@@ -135,13 +142,52 @@ _TYPES = [
 ]
 
 
-def primary_keys() -> pa.Table:
-    """Quail tables declare no keys: the spec's schema, no rows (BI tools ask all the same)."""
-    return PRIMARY_KEYS_SCHEMA.empty_table()
+_CONSTRAINTS = """
+SELECT schema_name, table_name, constraint_name, constraint_column_names, referenced_table, referenced_column_names
+FROM duckdb_constraints() WHERE database_name = current_database() AND constraint_type = ?
+ORDER BY schema_name, table_name, constraint_name
+"""
+_NO_ACTION = 3  # UpdateDeleteRules: DuckDB's foreign keys neither cascade nor set values
 
 
-def foreign_keys() -> pa.Table:
-    return FOREIGN_KEYS_SCHEMA.empty_table()
+def keys(con: duckdb.DuckDBPyConnection, kind: str, cmd: Message) -> pa.Table:
+    """GetPrimaryKeys ("primary": the key columns of cmd.table), GetImportedKeys ("imported": the foreign keys of
+    cmd.table), GetExportedKeys ("exported": those that reference cmd.table) or GetCrossReference ("cross": those
+    of cmd.fk_table that reference cmd.pk_table), from the database's constraints, in the spec's order."""
+    with duckdb_errors():
+        found = con.execute(_CONSTRAINTS, ["PRIMARY KEY" if kind == "primary" else "FOREIGN KEY"]).fetchall()
+    if kind == "primary":
+        rows = [{"catalog_name": CATALOG_NAME, "db_schema_name": schema, "table_name": table, "column_name": column,
+                 "key_name": name, "key_sequence": i + 1}
+                for schema, table, name, columns, _, _ in found if _names(cmd, "catalog", "db_schema", "table",
+                                                                          schema, table)
+                for i, column in enumerate(columns)]
+        return pa.Table.from_pylist(rows, schema=PRIMARY_KEYS_SCHEMA)
+    pk_of, fk_of = {"imported": (None, ""), "exported": ("", None), "cross": ("pk_", "fk_")}[kind]
+    rows = [{"pk_catalog_name": CATALOG_NAME, "pk_db_schema_name": schema, "pk_table_name": referenced,
+             "pk_column_name": pk_column, "fk_catalog_name": CATALOG_NAME, "fk_db_schema_name": schema,
+             "fk_table_name": table, "fk_column_name": fk_column, "key_sequence": i + 1, "fk_key_name": name,
+             "pk_key_name": None, "update_rule": _NO_ACTION, "delete_rule": _NO_ACTION}
+            for schema, table, name, columns, referenced, referenced_columns in found
+            if (pk_of is None or _names(cmd, f"{pk_of}catalog", f"{pk_of}db_schema", f"{pk_of}table", schema,
+                                        referenced))
+            and (fk_of is None or _names(cmd, f"{fk_of}catalog", f"{fk_of}db_schema", f"{fk_of}table", schema, table))
+            for i, (fk_column, pk_column) in enumerate(zip(columns, referenced_columns))]
+    order = ["fk_catalog_name", "fk_db_schema_name", "fk_table_name", "fk_key_name", "key_sequence"] \
+        if kind == "exported" else ["pk_catalog_name", "pk_db_schema_name", "pk_table_name", "pk_key_name",
+                                     "key_sequence"]
+    rows.sort(key=lambda row: tuple("" if row[k] is None else row[k] for k in order))
+    return pa.Table.from_pylist(rows, schema=FOREIGN_KEYS_SCHEMA)
+
+
+def _names(cmd: Message, catalog: str, schema: str, table: str, schema_name: str, table_name: str) -> bool:
+    """Whether a command's catalog, schema and table fields (unset ones match any) name the table."""
+    return _field(cmd, catalog) in (None, CATALOG_NAME) and _field(cmd, schema) in (None, schema_name) and \
+        getattr(cmd, table).lower() == table_name.lower()
+
+
+def _field(cmd: Message, name: str) -> Any:
+    return getattr(cmd, name) if cmd.HasField(name) else None
 
 
 def xdbc_type_info(data_type: int | None) -> pa.Table:
@@ -179,49 +225,69 @@ def catalogs() -> pa.Table:
     return pa.table({"catalog_name": [CATALOG_NAME]}, schema=CATALOGS_SCHEMA)
 
 
-def db_schemas(catalog: str | None, schema_pattern: str | None) -> pa.Table:
-    found = (catalog in (None, CATALOG_NAME)) and like(schema_pattern).fullmatch(SCHEMA_NAME)
-    rows = [(CATALOG_NAME, SCHEMA_NAME)] if found else []
-    return pa.Table.from_pylist([dict(zip(DB_SCHEMAS_SCHEMA.names, r)) for r in rows], schema=DB_SCHEMAS_SCHEMA)
+def db_schemas(con: duckdb.DuckDBPyConnection, catalog: str | None, schema_pattern: str | None) -> pa.Table:
+    """The database's schemas matching the filters."""
+    with duckdb_errors():
+        names = [name for (name,) in con.sql("SELECT schema_name FROM duckdb_schemas() WHERE database_name = "
+                                             "current_database() ORDER BY schema_name").fetchall()]
+    pattern = like(schema_pattern)
+    rows = [{"catalog_name": CATALOG_NAME, "db_schema_name": name} for name in names
+            if catalog in (None, CATALOG_NAME) and pattern.fullmatch(name)]
+    return pa.Table.from_pylist(rows, schema=DB_SCHEMAS_SCHEMA)
 
 
-def tables(store: TableStore, system: dict[str, pa.Schema], catalog: str | None, schema_pattern: str | None,
-           name_pattern: str | None, table_types: list[str], include_schema: bool) -> pa.Table:
-    """Stored tables (type TABLE) and system tables (SYSTEM TABLE) matching the filters."""
+def tables(con: duckdb.DuckDBPyConnection, system: dict[str, pa.Schema], catalog: str | None,
+           schema_pattern: str | None, name_pattern: str | None, table_types: list[str],
+           include_schema: bool) -> pa.Table:
+    """The database's tables (TABLE) and views (VIEW), and the system tables (SYSTEM TABLE, in the main schema),
+    matching the filters, in the spec's order: by schema, name, then type."""
     schema = TABLES_WITH_SCHEMA_SCHEMA if include_schema else TABLES_SCHEMA
+    if catalog not in (None, CATALOG_NAME):
+        return schema.empty_table()
+    schemas, names = like(schema_pattern), like(name_pattern)
+    found = sorted(objects(con) + [(SCHEMA_NAME, name, "SYSTEM TABLE") for name in system])
     rows = []
-    if catalog not in (None, CATALOG_NAME) or not like(schema_pattern).fullmatch(SCHEMA_NAME):
-        return pa.Table.from_pylist(rows, schema=schema)
-    names = like(name_pattern)
-    found = [(name, "TABLE", store.schema) for name in store.names()] + \
-        [(name, "SYSTEM TABLE", system.__getitem__) for name in sorted(system)]
-    for name, kind, schema_of in found:
-        if names.fullmatch(name) and (not table_types or kind in table_types):
-            row = {"catalog_name": CATALOG_NAME, "db_schema_name": SCHEMA_NAME, "table_name": name,
+    for schema_name, name, kind in found:
+        if schemas.fullmatch(schema_name) and names.fullmatch(name) and (not table_types or kind in table_types):
+            row = {"catalog_name": CATALOG_NAME, "db_schema_name": schema_name, "table_name": name,
                    "table_type": kind}
             if include_schema:
-                row["table_schema"] = schema_bytes(listed_schema(name, schema_of(name), kind != "TABLE"))
+                listed = listed_schema(name, result_columns(system[name]), True) if kind == "SYSTEM TABLE" else \
+                    listed_schema(name, _columns(con, schema_name, name), False, schema_name)
+                row["table_schema"] = schema_bytes(listed)
             rows.append(row)
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def listed_schema(table: str, stored: pa.Schema, read_only: bool) -> pa.Schema:
-    """A table's schema as GetTables lists it: each column as a query returns it (so what a BI tool is
-    told is what it gets: nullable, as every result column), with Flight SQL's column metadata (catalog,
-    schema, table, SQL type name, precision and scale, flags). The schema's name goes under the spec's key
-    and under the older `SCHEMA_NAME` that drivers built on earlier Flight SQL libraries read."""
+def _columns(con: duckdb.DuckDBPyConnection, schema: str, table: str) -> list[tuple[pa.Field, str]]:
+    """A table's or view's columns as a query returns them (DuckDB's Arrow types), each nullable only where the
+    table allows NULLs, and DuckDB's names of their SQL types."""
+    arrow = statement_schema(con, f"SELECT * FROM {quoted_name(schema)}.{quoted_name(table)}")
+    with duckdb_errors():
+        columns = con.execute("SELECT data_type, is_nullable FROM duckdb_columns() WHERE database_name = "
+                              "current_database() AND schema_name = ? AND table_name = ? ORDER BY column_index",
+                              [schema, table]).fetchall()
+    return [(field.with_nullable(nullable), type_name) for field, (type_name, nullable) in zip(arrow, columns)]
+
+
+def listed_schema(table: str, columns: list[tuple[pa.Field, str]], read_only: bool,
+                  schema_name: str = SCHEMA_NAME) -> pa.Schema:
+    """A table's schema as GetTables lists it: each column as a query returns it, NOT NULL columns
+    non-nullable, with Flight SQL's column metadata (catalog, schema, table, SQL type name, precision and
+    scale, flags). The schema's name goes under the spec's key and under the older `SCHEMA_NAME` that drivers
+    built on earlier Flight SQL libraries read."""
     fields = []
-    for field, type_name in result_columns(stored):
+    for field, type_name in columns:
         text = is_text(field.type)
-        meta = {"ARROW:FLIGHT:SQL:CATALOG_NAME": CATALOG_NAME, "ARROW:FLIGHT:SQL:DB_SCHEMA_NAME": SCHEMA_NAME,
-                "ARROW:FLIGHT:SQL:SCHEMA_NAME": SCHEMA_NAME, "ARROW:FLIGHT:SQL:TABLE_NAME": table,
+        meta = {"ARROW:FLIGHT:SQL:CATALOG_NAME": CATALOG_NAME, "ARROW:FLIGHT:SQL:DB_SCHEMA_NAME": schema_name,
+                "ARROW:FLIGHT:SQL:SCHEMA_NAME": schema_name, "ARROW:FLIGHT:SQL:TABLE_NAME": table,
                 "ARROW:FLIGHT:SQL:TYPE_NAME": type_name, "ARROW:FLIGHT:SQL:IS_AUTO_INCREMENT": "0",
                 "ARROW:FLIGHT:SQL:IS_CASE_SENSITIVE": "1" if text else "0",
                 "ARROW:FLIGHT:SQL:IS_READ_ONLY": "1" if read_only else "0", "ARROW:FLIGHT:SQL:IS_SEARCHABLE": "1"}
         if pa.types.is_decimal(field.type):
             meta |= {"ARROW:FLIGHT:SQL:PRECISION": str(field.type.precision),
                      "ARROW:FLIGHT:SQL:SCALE": str(field.type.scale)}
-        fields.append(field.with_nullable(True).with_metadata(meta))
+        fields.append(field.with_metadata(meta))
     return pa.schema(fields)
 
 

@@ -19,17 +19,18 @@ import pyarrow as pa
 
 from quail.engine.exec.catalog import Catalog
 from quail.engine.exec.executor import execute, execute_stream, result_schema
-from quail.engine.exec.plan import PhysicalPlan
+from quail.engine.exec.plan import PhysicalPlan, Write
 from quail.engine.exec.relational import StatementSchemas
+from quail.engine.exec.writes import write_schema
 from quail.engine.model.config import EngineConfig
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.runtime import Runtime
 from quail.planner.cost import DEVICES, rank_by_sol, sol_seconds
 from quail.planner.planner import plan_sql
+from quail.planner.statements import Planned, Script, plan_statement
 from quail.planner.substrait.consumer import import_plan
 from quail.planner.substrait.producer import export_plan
-from quail.planner.updates import UpdatePlan, plan_statement
 
 
 PLAN_PATIENCE_S = 0.2  # the longest a statement waits for its turn to plan
@@ -83,9 +84,10 @@ class QueryService:
 
     def plan(self, text: str, catalog: Catalog, dialect: str, params: Sequence[Any] | None = None,
              work: QueryWork | None = None, started: Callable[[PhysicalPlan], threading.Event | None] | None = None
-             ) -> tuple[PhysicalPlan | UpdatePlan, pa.Schema | None]:
-        """A statement's plan and result schema (None for a CREATE / INSERT / DROP, whose result is the rows
-        it wrote); finding the schema stops when `work` is cancelled or passes its deadline. `started` is
+             ) -> tuple[Planned, pa.Schema | None]:
+        """A statement's plan and result schema (a write's: its RETURNING rows or its count of rows changed;
+        None for a text of several statements, whose result is the last one's); finding a query's schema
+        stops when `work` is cancelled or passes its deadline. `started` is
         given a query's plan before its result schema is found (the server starts it from there), and may
         give back an event that finding the schema waits for first, at most SCHEMA_WAIT_S and out of the
         planning turn: the started query's first pass is under way (QueryWork.under_way) before the schema's
@@ -94,7 +96,9 @@ class QueryService:
             plan = plan_statement(text, catalog, dialect, params, rank_by_sol(self.sol), self.runtime.resident_share)
             if work is not None:
                 work.check()
-            if isinstance(plan, UpdatePlan):
+            if isinstance(plan, Write):
+                return plan, write_schema(plan, catalog)
+            if isinstance(plan, Script):
                 return plan, None
             under_way = started(plan) if started is not None else None
             if under_way is None:

@@ -22,7 +22,8 @@ COOKIE = "arrow_flight_session_id"
 LAST_QUERY = "quail.last_query"  # read-only: the report of the session's last query, as JSON
 
 
-def _session_id(context: grpc.ServicerContext) -> str | None:
+def session_id(context: grpc.ServicerContext) -> str | None:
+    """The Flight session a call belongs to (its cookie), or None."""
     for key, value in context.invocation_metadata():
         if key == "cookie":
             for part in value.split(";"):
@@ -54,7 +55,7 @@ class Sessions:
     def options(self, context: grpc.ServicerContext) -> dict[str, str]:
         """The options in force for a call: the defaults, overlaid with its session's."""
         with self._lock:
-            return {**self.defaults, **self._sessions.get(_session_id(context) or "", {})}
+            return {**self.defaults, **self._sessions.get(session_id(context) or "", {})}
 
     def set(self, context: grpc.ServicerContext, request: Message) -> bytes:
         """Apply a SetSessionOptionsRequest; each rejected option is named in the result's errors."""
@@ -76,10 +77,16 @@ class Sessions:
             FLIGHT["SessionOptionErrorEntry"](key=k, value=FLIGHT["SessionOptionError"](value=code))
             for k, code in errors]).SerializeToString()
 
+    def known(self, context: grpc.ServicerContext) -> str | None:
+        """The call's session, if it is one this server opened (and has not closed)."""
+        session = session_id(context)
+        with self._lock:
+            return session if session in self._sessions else None
+
     def record(self, context: grpc.ServicerContext, key: str, value: str) -> None:
         """Set a server-kept option of the caller's session (none for a caller without a session)."""
         with self._lock:
-            session = self._sessions.get(_session_id(context) or "")
+            session = self._sessions.get(session_id(context) or "")
             if session is not None:
                 session[key] = value
 
@@ -90,11 +97,11 @@ class Sessions:
 
     def close(self, context: grpc.ServicerContext) -> bytes:
         with self._lock:
-            self._sessions.pop(_session_id(context) or "", None)
+            self._sessions.pop(session_id(context) or "", None)
         return FLIGHT["CloseSessionResult"](status=SESSION_CLOSED).SerializeToString()
 
     def _open(self, context: grpc.ServicerContext) -> str:
-        session = _session_id(context)
+        session = session_id(context)
         with self._lock:
             if session in self._sessions:
                 return session

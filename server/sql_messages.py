@@ -62,11 +62,16 @@ _MESSAGES = {
         ("transaction_id", 6, "bytes", "optional"),
     ],
     "DoPutUpdateResult": [("record_count", 1, "int64", "")],
+    "ActionBeginTransactionRequest": [],
+    "ActionBeginTransactionResult": [("transaction_id", 1, "bytes", "")],
+    "ActionEndTransactionRequest": [("transaction_id", 1, "bytes", ""), ("action", 2, "int32", "")],
     "DoPutPreparedStatementResult": [("prepared_statement_handle", 1, "bytes", "optional")],
 }
 # Messages the spec nests inside another (full name = parent.name).
 _NESTED = {"TableDefinitionOptions": "CommandStatementIngest"}
 
+# ActionEndTransactionRequest.EndTransaction.
+END_TRANSACTION_UNSPECIFIED, END_TRANSACTION_COMMIT, END_TRANSACTION_ROLLBACK = 0, 1, 2
 # CommandStatementIngest.TableDefinitionOptions enums.
 TABLE_NOT_EXIST_UNSPECIFIED, TABLE_NOT_EXIST_CREATE, TABLE_NOT_EXIST_FAIL = 0, 1, 2
 TABLE_EXISTS_UNSPECIFIED, TABLE_EXISTS_FAIL, TABLE_EXISTS_APPEND, TABLE_EXISTS_REPLACE = 0, 1, 2, 3

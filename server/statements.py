@@ -37,7 +37,7 @@ PLAN_HOLDS_S = 2.0  # a prepared query's plan runs it this long after it was mad
 
 
 @dataclass(frozen=True)
-class Planned:
+class Kept:
     """A prepared query's plan and result schema, and what they were made under: the catalog's version,
     the session's dialect, and when (the KV pool its join orders were costed against changes)."""
 
@@ -77,12 +77,14 @@ class HeadStart:
 class PreparedStatement:
     """A query text and the rows of parameter values last bound to it (None: none bound); `planned`: the
     plan a query of no parameters got when it was prepared (a client runs it at once: it is not made
-    twice); `head`: the handle of its head start, until its first FlightInfo."""
+    twice); `head`: the handle of its head start, until its first FlightInfo; `transaction`: the
+    transaction it was prepared in, which it runs in (None: none)."""
 
     query: str
     params: pa.Table | None = None
-    planned: Planned | None = None
+    planned: Kept | None = None
     head: bytes | None = None
+    transaction: bytes | None = None
 
 
 class Held(Generic[T]):
@@ -141,18 +143,20 @@ class Statements:
         self._new_work = new_work
         self._lock = threading.Lock()
         self._prepared: Held[PreparedStatement] = Held(max_count, max_bytes)
-        self._pending: Held[tuple[PhysicalPlan, pa.Schema, str]] = Held(max_count, max_bytes)
+        self._pending: Held[tuple[PhysicalPlan, pa.Schema, str, bytes | None]] = Held(max_count, max_bytes)
         self._results: Held[pa.Table] = Held(max_count, max_bytes)
         self._running: dict[bytes, Running] = {}
         self._cancelled: OrderedDict[bytes, None] = OrderedDict()  # tickets cancelled before they were redeemed
         self._max_cancelled = max_count
         self._heads: OrderedDict[bytes, HeadStart] = OrderedDict()  # not taken up yet, oldest first
 
-    def prepare(self, query: str, planned: Planned | None = None, head: HeadStart | None = None) -> bytes:
+    def prepare(self, query: str, planned: Kept | None = None, head: HeadStart | None = None,
+                transaction: bytes | None = None) -> bytes:
         handle = os.urandom(16)
         with self._lock:
             self._prepared.put(handle, PreparedStatement(query, planned=planned,
-                                                         head=head.handle if head is not None else None),
+                                                         head=head.handle if head is not None else None,
+                                                         transaction=transaction),
                                _plan_bytes(query))
             if head is not None:
                 self._heads[head.handle] = head
@@ -204,11 +208,13 @@ class Statements:
             handle, statement.head = statement.head, None
         return handle
 
-    def add_pending(self, plan: PhysicalPlan, schema: pa.Schema, query: str, handle: bytes | None = None) -> bytes:
-        """Keep a planned query until its ticket is redeemed; `handle`: the ticket's (a head start's)."""
+    def add_pending(self, plan: PhysicalPlan, schema: pa.Schema, query: str, handle: bytes | None = None,
+                    transaction: bytes | None = None) -> bytes:
+        """Keep a planned query until its ticket is redeemed; `handle`: the ticket's (a head start's);
+        `transaction`: the transaction it runs in (None: none)."""
         handle = handle or os.urandom(16)
         with self._lock:
-            self._pending.put(handle, (plan, schema, query), _plan_bytes(query))
+            self._pending.put(handle, (plan, schema, query, transaction), _plan_bytes(query))
         self._stop_expired()
         return handle
 
@@ -226,9 +232,10 @@ class Statements:
             return self._results.pop(handle)
 
     def start(self, handle: bytes, user: str, version: int
-              ) -> tuple[PhysicalPlan, pa.Schema, QueryWork, HeadStart | None]:
-        """Redeem a ticket: its plan and schema, the work record that cancelling it stops, and its head start
-        where one runs over the catalog's `version` (one over another is stopped: the query runs afresh)."""
+              ) -> tuple[PhysicalPlan, pa.Schema, QueryWork, HeadStart | None, bytes | None]:
+        """Redeem a ticket: its plan and schema, the work record that cancelling it stops, its head start
+        where one runs over the catalog's `version` (one over another is stopped: the query runs afresh), and
+        the transaction it runs in."""
         stale = None
         with self._lock:
             entry = self._pending.pop(handle)
@@ -245,7 +252,7 @@ class Statements:
             raise Cancelled("the query was cancelled before it ran")
         if entry is None:
             raise NotFound("unknown or already redeemed ticket")
-        return entry[0], entry[1], work, head
+        return entry[0], entry[1], work, head, entry[3]
 
     def begin(self, query: str, user: str) -> tuple[bytes, QueryWork]:
         """Register a statement run without a ticket (a DoPut update): its handle and work record."""

@@ -10,6 +10,7 @@ STATUS = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.Aborted: grpc.StatusCode.ABORTED,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Cancelled: grpc.StatusCode.CANCELLED,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,

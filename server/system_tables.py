@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from contextlib import AbstractContextManager
+from typing import Callable, Iterable
 
+import duckdb
 import pyarrow as pa
 
-from quail.engine.errors import InvalidArgument
-from quail.engine.exec.catalog import Catalog
+from quail.engine.exec.catalog import Catalog, column_of
 from quail.engine.runtime.counters import Stats
 
 from quail.server.statements import Running
@@ -49,11 +50,16 @@ def queries_table(running: dict[bytes, Running], viewer: str = "-", everyone: bo
 
 
 class WithSystemTables:
-    """A catalog of stored tables plus system tables, each built when a query reads it."""
+    """A catalog of stored tables plus system tables, each built when a statement reads it (an Arrow relation
+    registered for the statement)."""
 
     def __init__(self, stored: Catalog, system: dict[str, tuple[pa.Schema, Callable[[], pa.Table]]]) -> None:
         self.stored = stored
         self.system = system
+
+    @property
+    def version(self) -> int:
+        return self.stored.version
 
     def names(self) -> list[str]:
         return self.stored.names()
@@ -65,15 +71,24 @@ class WithSystemTables:
         entry = self.system.get(name.lower())
         return entry[0] if entry is not None else self.stored.schema(name)
 
-    def table(self, name: str) -> pa.Table:
+    def rows(self, name: str) -> int:
         entry = self.system.get(name.lower())
-        return entry[1]() if entry is not None else self.stored.table(name)
+        return entry[1]().num_rows if entry is not None else self.stored.rows(name)
+
+    def column(self, name: str, column: str) -> pa.ChunkedArray | None:
+        entry = self.system.get(name.lower())
+        return column_of(entry[1](), column) if entry is not None else self.stored.column(name, column)
+
+    def relations(self, names: Iterable[str]) -> dict[str, pa.Table]:
+        names = list(names)
+        built = {name: self.system[name.lower()][1]() for name in names if name.lower() in self.system}
+        return {**self.stored.relations(n for n in names if n.lower() not in self.system), **built}
+
+    def relation_names(self) -> list[str]:
+        return [*self.system, *self.stored.relation_names()]
+
+    def connection(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
+        return self.stored.connection()
 
     def system_schemas(self) -> dict[str, pa.Schema]:
         return {name: schema for name, (schema, _) in self.system.items()}
-
-    def writable(self, name: str) -> str:
-        """The name, if it is not a system table's (InvalidArgument otherwise)."""
-        if name.lower() in self.system:
-            raise InvalidArgument(f"{name} is a system table: it cannot be written or dropped")
-        return name

@@ -31,14 +31,15 @@ ANALYZE_SCHEMA = pa.schema([("plan", pa.string())])
 
 def execute(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work: QueryWork | None = None,
             sol: Callable[[Stats], float | None] | None = None) -> pa.Table:
-    """All steps in order; the final relation's rows. Model work is recorded in `work`.
+    """All steps in order, on the catalog's connection; the final relation's rows. Model work is recorded in
+    `work`.
 
     An analyze plan returns what each step did instead (`analyze`); `sol` gives
     the speed-of-light seconds of the ideal work, where the caller knows the device.
     """
-    relations = {name: catalog.table(name) for name in plan.tables}
+    relations = catalog.relations(plan.tables)
     work = work if work is not None else QueryWork()
-    with DuckDB(work) as db:
+    with catalog.connection() as con, DuckDB(work, con) as db:
         if plan.analyze:
             return analyze(plan, relations, db, runtime, work, sol)
         for step in plan.steps:
@@ -53,8 +54,9 @@ def execute_stream(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None
     from DuckDB; a chunked plan yields each chunk's rows once its model work is done; any other runs
     its steps, then yields the final relation batch by batch."""
     if not plan.analyze and len(plan.steps) == 1 and isinstance(plan.steps[0], SQLStep):
-        with DuckDB(work) as db:
-            yield from db.stream(plan.steps[0].sql, {name: catalog.table(name) for name in plan.tables}, rows_per_batch)
+        step = plan.steps[0]
+        with catalog.connection() as con, DuckDB(work, con) as db:
+            yield from db.stream(step.sql, catalog.relations(plan.tables), rows_per_batch, step.params)
     elif not plan.analyze and plan.chunked:
         for chunk in _chunks(plan, catalog, runtime, work):
             yield from chunk.to_batches(max_chunksize=rows_per_batch)
@@ -72,11 +74,11 @@ def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
     streamed: the device goes from one chunk's passes to the next without waiting for the host. A query that
     stops early (an error, or its reader gone) is cancelled, so the chunk being queued leaves the device at
     its next pass."""
-    relations = {name: catalog.table(name) for name in plan.tables}
+    relations = catalog.relations(plan.tables)
     work = work if work is not None else QueryWork()
     lead = next(i for i, step in enumerate(plan.steps) if not isinstance(step, SQLStep))
     first, rest = plan.steps[lead], plan.steps[lead + 1:]
-    with DuckDB(work) as db:
+    with catalog.connection() as con, DuckDB(work, con) as db:
         for step in plan.steps[:lead]:
             _run_step(step, relations, db, runtime, work)
         source = plan.steps[lead - 1].output
@@ -125,14 +127,15 @@ def _slices(rows: int) -> list[tuple[int, int]]:
 
 def result_schema(plan: PhysicalPlan, catalog: Catalog, work: QueryWork | None = None,
                   schemas: StatementSchemas | None = None) -> pa.Schema:
-    """The result schema, found by running the plan over empty tables (no model work), each DuckDB statement's
-    output schema taken from `schemas` where it ran over relations of the same schemas before; DuckDB's
-    planning of the others stops when `work` is cancelled or passes its deadline."""
+    """The result schema, found by running the plan over empty relations (no model work), each DuckDB statement
+    bound, not run (its output schema taken from `schemas` where it was bound over relations of the same
+    schemas and the same catalog version before); DuckDB's binding of the others stops when `work` is
+    cancelled or passes its deadline."""
     if plan.analyze:
         return ANALYZE_SCHEMA
-    relations = {name: catalog.schema(name).empty_table() for name in plan.tables}
-    with DuckDB(work) as db:
-        run = _Run(relations, db, None, None) if schemas is None else _OverEmpty(relations, db, None, None, schemas)
+    relations = {name: table.schema.empty_table() for name, table in catalog.relations(plan.tables).items()}
+    with catalog.connection() as con, DuckDB(work, con) as db:
+        run = _OverEmpty(relations, db, None, None, schemas or StatementSchemas(), catalog.version)
         for step in plan.steps:
             step.visit(run)
     return relations[plan.result].schema
@@ -156,7 +159,8 @@ class _Run:
 
     def sql_step(self, step: SQLStep) -> None:
         picked = step.picked(self.relations)
-        self.relations[step.output] = picked if picked is not None else self.db.run(step.sql, self.relations)
+        self.relations[step.output] = picked if picked is not None else self.db.run(step.sql, self.relations,
+                                                                                     step.params)
 
     def ai_step(self, step: AIStep) -> None:
         self.relations[step.output] = _ai_step(step, self.relations[step.input], self.runtime, self.work)
@@ -285,14 +289,16 @@ def _values(step: AIStep, probs: np.ndarray) -> pa.Array:
 
 @dataclass
 class _OverEmpty(_Run):
-    """Runs a plan's steps over empty tables: its DuckDB statements' output schemas from `schemas`."""
+    """Runs a plan's steps over empty relations: its DuckDB statements' output schemas from `schemas`, bound over
+    the catalog at `version`."""
 
     schemas: StatementSchemas
+    version: int
 
     def sql_step(self, step: SQLStep) -> None:
         picked = step.picked(self.relations)
-        self.relations[step.output] = (picked if picked is not None
-                                       else self.schemas.output(self.db, step.sql, self.relations).empty_table())
+        self.relations[step.output] = (picked if picked is not None else self.schemas.output(
+            self.db, step.sql, self.relations, self.version, step.params).empty_table())
 
 
 def _ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:

@@ -59,11 +59,13 @@ class SQLStep(_OneStep):
     only picks rows and columns of one relation (the executor takes them in Arrow where DuckDB would
     answer as Arrow does: picks.py). `text`: the statement, or what writes it when it is first needed
     (`sql`; it may be called more than once, from several threads): the text of a statement that picks
-    is often never needed."""
+    is often never needed. `params`: the values of its `?` placeholders, in order (a statement DuckDB
+    runs as written binds them itself)."""
 
     text: str | Callable[[], str]
     output: str
     picks: Picks | None = None
+    params: tuple = ()
 
     @cached_property
     def sql(self) -> str:
@@ -259,3 +261,38 @@ class PhysicalPlan:
     notes: tuple[str, ...] = ()
     analyze: bool = False
     chunked: bool = False
+
+
+ROWS = "__quail_rows"  # the relation a write reads its AI work's rows from
+_TRANSACTIONS = {"BEGIN": "begin", "START": "begin", "COMMIT": "commit", "END": "commit", "ROLLBACK": "rollback",
+                 "ABORT": "rollback"}
+
+
+@dataclass(frozen=True)
+class Write:
+    """A statement DuckDB runs when its call comes, not when its rows are fetched: DDL, DML, transaction
+    control, settings. Its result is its RETURNING rows (`returns_rows`), else one row: the rows it changed.
+
+    - `sql`: the statement as DuckDB runs it; `kind`: DuckDB's statement type (INSERT, CREATE, ...);
+      `params`: the values of its `?` placeholders (`parameters` of them), None until bound.
+    - `prelude`: the AI work whose rows it reads (INSERT ... SELECT or CREATE TABLE ... AS with AI calls),
+      computed first and registered as ROWS; None: it asks the model nothing.
+    - `tables`: the catalog's Arrow relations it reads (registered as it runs); `target`: the table it
+      creates or writes, as DuckDB names it, where the planner could tell (None: none, or not known).
+    """
+
+    sql: str
+    kind: str
+    returns_rows: bool
+    parameters: int = 0
+    params: tuple | None = None
+    prelude: PhysicalPlan | None = None
+    tables: tuple[str, ...] = ()
+    target: str | None = None
+
+    @property
+    def transaction(self) -> str | None:
+        """"begin", "commit" or "rollback" for a statement that starts or ends a transaction, else None."""
+        if self.kind != "TRANSACTION":
+            return None
+        return _TRANSACTIONS.get(self.sql.split(None, 1)[0].upper())

@@ -1,4 +1,12 @@
-"""Relational work in DuckDB over Arrow relations; DuckDB's errors become Quail errors."""
+"""Relational work in DuckDB: statements over a connection with Arrow relations registered beside its tables;
+DuckDB's errors become Quail errors.
+
+- `DuckDB` runs one query's statements on one connection (the database's, or the process's in-memory one),
+  registering each Arrow relation a statement reads under its name (a relation shadows a table of the
+  same name) and dropping them again when the query is done.
+- `statement_schema` is what a statement returns, found by DuckDB's binder without running it.
+- `duckdb_errors` is the one translation of DuckDB's exceptions to Quail's errors.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +14,30 @@ import functools
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
+from dataclasses import dataclass
 from operator import itemgetter
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import duckdb
 import pyarrow as pa
+from duckdb import _seam  # DuckDB's binder: a statement's output names and types without running it
 
-from quail.engine.errors import Cancelled, InvalidArgument, NotFound
+from quail.engine.errors import (Aborted, AlreadyExists, Cancelled, InvalidArgument, NotFound, PermissionDenied,
+                                 ResourceExhausted)
 from quail.engine.exec import sql_guard
 from quail.engine.runtime.query_work import QueryWork
 
 
-CONFIG = {"enable_external_access": False, "python_enable_replacements": False}  # no files, no Python objects
+CONFIG = {"enable_external_access": False, "python_enable_replacements": False,  # no files, no Python objects
+          "autoinstall_known_extensions": False, "autoload_known_extensions": False}
+
+
+@functools.cache
+def memory_database() -> duckdb.DuckDBPyConnection:
+    """The process's one in-memory DuckDB database, without file access or Python objects: the in-process API's
+    statements run on connections of their own to it (microseconds to open, where a database of its own
+    takes ~15 ms), whose registered relations no other connection sees; one thread pool for all."""
+    return duckdb.connect(config=CONFIG)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -25,40 +45,97 @@ def result_columns(schema: pa.Schema) -> list[tuple[pa.Field, str]]:
     """Each column of a table as `SELECT *` returns it (DuckDB's Arrow type, which may differ from the
     stored one: a string view comes back a string) and DuckDB's name of its SQL type."""
     row = pa.Table.from_arrays([pa.nulls(1, f.type) for f in schema], names=schema.names)
-    quoted = ", ".join(f"typeof({_quoted(name)})" for name in schema.names)
-    with DuckDB() as db:
-        returned = db.run("SELECT * FROM t", {"t": row}).schema
-        names = [c[0].as_py() for c in db.run(f"SELECT {quoted} FROM t", {"t": row}).columns] if schema.names else []
+    quoted = ", ".join(f"typeof({quoted_name(name)})" for name in schema.names)
+    with memory_database().cursor() as con:
+        con.register("t", row)
+        returned = con.sql("SELECT * FROM t").to_arrow_table().schema
+        names = [c[0].as_py() for c in con.sql(f"SELECT {quoted} FROM t").to_arrow_table().columns] \
+            if schema.names else []
     return list(zip(returned, names))
 
 
 @functools.cache
 def keywords() -> frozenset[str]:
     """DuckDB's SQL keywords, upper-case."""
-    with _database().cursor() as con:
+    with memory_database().cursor() as con:
         return frozenset(name.upper() for (name,) in con.sql("SELECT keyword_name FROM duckdb_keywords()").fetchall())
 
 
-@functools.cache
-def _database() -> duckdb.DuckDBPyConnection:
-    """The process's one in-memory DuckDB database, without file access or Python objects: each query's
-    statements run on a connection of their own to it (microseconds to open, where a database of its own
-    takes ~15 ms), whose registered relations no other connection sees; one thread pool for all."""
-    return duckdb.connect(config=CONFIG)
-
-
-def _quoted(name: str) -> str:
+def quoted_name(name: str) -> str:
+    """A name as a quoted SQL identifier."""
     return '"' + name.replace('"', '""') + '"'
 
 
-class DuckDB:
-    """A connection of its own to the process's in-memory DuckDB (`_database`) for a query's statements,
-    run one after another; each relation is registered the first time a statement sees it (again when its name
-    comes to hold another table). Every statement is checked first (sql_guard.py); Python objects are
-    never scanned by name. DuckDB's errors become Quail errors."""
+@contextmanager
+def duckdb_errors(work: QueryWork | None = None) -> Iterator[None]:
+    """DuckDB's exceptions as Quail errors: an interrupt is Cancelled (or DeadlineExceeded, as `work` says);
+    a duplicate key or name AlreadyExists; an unknown name NotFound; a write-write conflict between
+    transactions Aborted (another transaction error, such as one already failed, InvalidArgument); file access PermissionDenied; memory ResourceExhausted; the rest InvalidArgument."""
+    try:
+        yield
+    except duckdb.InterruptException:
+        if work is not None:
+            work.check()
+        raise Cancelled("the query was interrupted") from None
+    except duckdb.ConstraintException as err:
+        raise (AlreadyExists if "Duplicate key" in str(err) else InvalidArgument)(str(err)) from None
+    except duckdb.CatalogException as err:
+        text = str(err)
+        kind = AlreadyExists if "already exists" in text else NotFound if "not exist" in text else InvalidArgument
+        raise kind(text) from None
+    except duckdb.TransactionException as err:
+        if "onflict" not in str(err):
+            raise InvalidArgument(str(err)) from None
+        raise Aborted(f"{err} (another transaction changed the same rows or objects: try again)") from None
+    except duckdb.PermissionException as err:
+        raise PermissionDenied(f"{err}: Quail's statements reach only its own database") from None
+    except duckdb.OutOfMemoryException as err:
+        raise ResourceExhausted(str(err)) from None
+    except duckdb.Error as err:
+        raise InvalidArgument(str(err)) from None
 
-    def __init__(self, work: QueryWork | None = None) -> None:
-        self._con = _database().cursor()
+
+@dataclass(frozen=True)
+class Signature:
+    """What DuckDB's binder says of a statement: what it returns (rows, or a count or nothing), whether running
+    it changes the database (a sequence's nextval does too), and how many parameters it has."""
+
+    schema: pa.Schema
+    returns_rows: bool
+    writes: bool
+    parameters: int
+
+
+def statement_signature(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None = None) -> Signature:
+    """A statement's signature on this connection, from DuckDB's binder: nothing runs. `params`: the values of
+    its parameters (None: not bound yet; a column whose type depends on one is then typed null)."""
+    with duckdb_errors():
+        bound = _seam.bind(con, sql, values=list(params) if params is not None else None)
+        parameters = len(params) if params is not None else len(bound.parameters)
+        if params is None and parameters and any(str(kind) == "UNKNOWN" for kind in bound.types):
+            bound = _seam.bind(con, sql, values=[None] * parameters)  # NULLs for the names as written
+        known = [k for k, kind in enumerate(bound.types) if str(kind) not in ("UNKNOWN", '"NULL"')]
+        arrow = _seam.arrow_schema(con, [bound.names[k] for k in known], [bound.types[k] for k in known])
+    fields = dict(zip(known, arrow))
+    schema = pa.schema([fields[k].with_name(name) if k in fields else pa.field(name, pa.null())
+                        for k, name in enumerate(bound.names)])  # names as DuckDB gives them, duplicates kept
+    return Signature(schema, bound.return_type == "query_result", bound.writes, parameters)
+
+
+def statement_schema(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Schema:
+    """The Arrow schema of what a statement returns on this connection (statement_signature)."""
+    return statement_signature(con, sql).schema
+
+
+class DuckDB:
+    """One query's statements, run one after another on a connection (`connection`; by default one of its own
+    to the in-memory database, closed at the end). Each Arrow relation is registered the first time a
+    statement sees it (again when its name comes to hold another table) and unregistered at the end; every
+    statement is checked first (sql_guard.py); DuckDB's errors become Quail errors."""
+
+    def __init__(self, work: QueryWork | None = None, connection: duckdb.DuckDBPyConnection | None = None) -> None:
+        self._own = connection is None
+        self._con = memory_database().cursor() if connection is None else connection
         self._registered: dict[str, pa.Table] = {}
         self._work = work
 
@@ -66,7 +143,11 @@ class DuckDB:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._con.close()
+        if self._own:
+            self._con.close()
+            return
+        for name in self._registered:
+            self._con.unregister(name)
 
     @contextmanager
     def _over(self, sql: str, relations: Mapping[str, pa.Table]) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -74,54 +155,63 @@ class DuckDB:
         query is cancelled or passes its deadline (then Cancelled or DeadlineExceeded, as the query's work
         record says)."""
         work = self._work or QueryWork()
-        try:
-            sql_guard.check(sql, frozenset(name.lower() for name in relations))
+        sql_guard.check(sql)
+        with duckdb_errors(work):
             for name, table in relations.items():
                 if self._registered.get(name.lower()) is not table:
                     self._con.register(name, table)
                     self._registered[name.lower()] = table
             with work.interruptible(self._con.interrupt):
                 yield self._con
-        except duckdb.InterruptException:
-            work.check()
-            raise Cancelled("the query was interrupted") from None
-        except duckdb.CatalogException as err:
-            raise NotFound(str(err)) from None
-        except duckdb.Error as err:
-            raise InvalidArgument(str(err)) from None
 
-    def run(self, sql: str, relations: Mapping[str, pa.Table]) -> pa.Table:
+    def run(self, sql: str, relations: Mapping[str, pa.Table], params: Sequence[Any] | None = None) -> pa.Table:
         """Evaluate one statement over the named relations."""
         with self._over(sql, relations) as con:
-            return con.sql(sql).to_arrow_table()
+            return con.sql(sql, params=params or None).to_arrow_table()
 
-    def stream(self, sql: str, relations: Mapping[str, pa.Table], rows_per_batch: int) -> Iterator[pa.RecordBatch]:
+    def stream(self, sql: str, relations: Mapping[str, pa.Table], rows_per_batch: int,
+               params: Sequence[Any] | None = None) -> Iterator[pa.RecordBatch]:
         """Evaluate one statement, its rows batch by batch as DuckDB produces them (memory bounded by a batch)."""
         with self._over(sql, relations) as con:
-            yield from con.sql(sql).to_arrow_reader(rows_per_batch)
+            yield from con.sql(sql, params=params or None).to_arrow_reader(rows_per_batch)
+
+    def signature(self, sql: str, relations: Mapping[str, pa.Table],
+                  params: Sequence[Any] | None = None) -> Signature:
+        """What DuckDB's binder says of the statement over the relations (statement_signature: nothing runs)."""
+        with self._over(sql, relations) as con:
+            return statement_signature(con, sql, params)
+
+    def schema(self, sql: str, relations: Mapping[str, pa.Table], params: Sequence[Any] | None = None) -> pa.Schema:
+        """What the statement would return over the relations (nothing runs)."""
+        return self.signature(sql, relations, params).schema
 
 
 class StatementSchemas:
-    """The output schema of each statement DuckDB ran over relations of given schemas, the last `size` of
-    them: an output schema is a function of the statement and its inputs' schemas, never of their rows, so
-    finding a plan's result schema runs only the statements it has not seen (a dashboard's refresh, or the
-    same projection over another range of rows, runs none). Shared by the threads planning statements."""
+    """The output schema of each statement DuckDB bound over relations of given schemas and a catalog at a given
+    version, the last `size` of them: an output schema is a function of the statement, its inputs' schemas
+    and the stored tables', never of their rows, so finding a plan's result schema binds only the
+    statements it has not seen (a dashboard's refresh, or the same projection over another range of rows,
+    binds none). Shared by the threads planning statements."""
 
     def __init__(self, size: int = 1024) -> None:
         self._known: OrderedDict[tuple, pa.Schema] = OrderedDict()
         self._size = size
         self._lock = threading.Lock()
 
-    def output(self, db: DuckDB, sql: str, relations: Mapping[str, pa.Table]) -> pa.Schema:
-        """The schema of the statement's output over the relations: remembered, or found by running it in `db`."""
+    def output(self, db: DuckDB, sql: str, relations: Mapping[str, pa.Table], version: int,
+               params: Sequence[Any] = ()) -> pa.Schema:
+        """The schema of the statement's output over the relations: remembered, or found by binding it in `db`
+        (a statement with parameter values is bound each time: its types are theirs)."""
+        if params:
+            return db.schema(sql, relations, params)
         inputs = sorted(((name.lower(), table.schema) for name, table in relations.items()), key=itemgetter(0))
-        key = (sql, tuple(inputs))
+        key = (sql, tuple(inputs), version)
         with self._lock:
             known = self._known.get(key)
             if known is not None:
                 self._known.move_to_end(key)
                 return known
-        schema = db.run(sql, relations).schema
+        schema = db.schema(sql, relations)
         with self._lock:
             self._known[key] = schema
             while len(self._known) > self._size:

@@ -12,16 +12,16 @@ from quail.engine.exec.executor import execute, result_schema
 from quail.engine.exec.picks import AllColumns, AllOf, AsText, Column, Compare, Picks, RowNumber
 from quail.engine.exec.plan import AIFilterChain, AIStep, SQLStep
 from quail.engine.exec.relational import DuckDB, StatementSchemas
-from quail.engine.exec.storage import TableStore
+from quail.engine.exec.catalog import MemoryCatalog
 from quail.planner.planner import plan_sql
-from quail.planner.updates import plan_statement
+from quail.planner.statements import plan_statement
 
 
 @pytest.fixture()
-def store(tmp_path):
-    s = TableStore(tmp_path)
-    s.write("reviews", pa.table({"id": [1, 2], "body": ["good", "bad"], "stars": [5, 1]}))
-    return s
+def store():
+    tables = MemoryCatalog()
+    tables.register("reviews", pa.table({"id": [1, 2], "body": ["good", "bad"], "stars": [5, 1]}))
+    return tables
 
 
 def test_plain_query_is_one_duckdb_step(store):
@@ -61,7 +61,8 @@ def test_the_rows_an_ai_step_asks_about_are_picked_in_arrow(store, monkeypatch):
     condition holds) are taken in Arrow, the result schema too: no DuckDB statement (tests/planner/test_picks.py
     checks them against DuckDB's)."""
     runs: list[str] = []
-    monkeypatch.setattr(DuckDB, "run", lambda self, sql, relations: runs.append(sql))
+    monkeypatch.setattr(DuckDB, "run", lambda self, sql, relations, params=None: runs.append(sql))
+    monkeypatch.setattr(DuckDB, "schema", lambda self, sql, relations: runs.append(sql))
     plan = plan_sql("SELECT id FROM reviews WHERE id BETWEEN 2 AND 9 AND AI_FILTER(PROMPT('Is {0} kind?', body))",
                     store)
     first = plan.steps[0]
@@ -71,13 +72,13 @@ def test_the_rows_an_ai_step_asks_about_are_picked_in_arrow(store, monkeypatch):
     assert result_schema(plan, store, schemas=StatementSchemas()).names == ["id"] and runs == []
 
 
-def test_result_schemas_run_only_the_statements_not_seen_over_inputs_of_those_schemas(store, monkeypatch):
+def test_result_schemas_bind_only_the_statements_not_seen_over_inputs_of_those_schemas(store, monkeypatch):
     """A statement's output schema is remembered with its inputs' schemas: the same projection over another
-    range of rows runs only its first statement, the same statement none; a table whose columns changed type
-    runs them again and gets the new types; the oldest is forgotten past the size."""
+    range of rows binds only its first statement, the same statement none; a table whose columns changed type
+    binds them again and gets the new types; the oldest is forgotten past the size."""
     runs: list[str] = []
-    run = DuckDB.run
-    monkeypatch.setattr(DuckDB, "run", lambda self, sql, relations: runs.append(sql) or run(self, sql, relations))
+    bind = DuckDB.schema
+    monkeypatch.setattr(DuckDB, "schema", lambda self, sql, relations: runs.append(sql) or bind(self, sql, relations))
     schemas = StatementSchemas()
 
     def found(text: str) -> pa.Schema:
@@ -89,7 +90,7 @@ def test_result_schemas_run_only_the_statements_not_seen_over_inputs_of_those_sc
     assert found(query.format(10)).field("id").type == pa.int64() and len(runs) == 2
     assert found(query.format(20)).field("id").type == pa.int64() and len(runs) == 1 and "20" in runs[0]
     assert found(query.format(20)).names == ["id", "more"] and runs == []
-    store.write("reviews", pa.table({"id": ["a"], "body": ["good"], "stars": [5]}), if_exists="replace")
+    store.register("reviews", pa.table({"id": ["a"], "body": ["good"], "stars": [5]}), replace=True)
     assert found(query.format(20)) == pa.schema([("id", pa.string()), ("more", pa.int64())]) and len(runs) == 2
     small = StatementSchemas(size=1)
     for text in (query.format(1), query.format(2)):

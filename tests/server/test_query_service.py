@@ -8,7 +8,7 @@ import threading
 import pyarrow as pa
 
 from quail.engine.exec.catalog import MemoryCatalog
-from quail.engine.exec.storage import TableStore
+from quail.engine.exec.database import Database
 from quail.engine.runtime.text_segments import SegmentCache
 from quail.server import flight_sql, query_service
 from quail.server.flight_sql import FlightSQLHandler
@@ -99,7 +99,7 @@ def test_warming_cancelled_as_the_server_stops_leaves_no_texts_counted_as_warmin
 
     monkeypatch.setattr(runtime, "warm", blocked)
     monkeypatch.setattr(flight_sql, "WARM_ROWS", 2)
-    store = TableStore(tmp_path)
+    store = Database(tmp_path)
     try:
         handler = FlightSQLHandler(store, QueryService(runtime), "duckdb")
         handler.warm(pa.table({"body": [f"Review {i}." for i in range(6)]}))  # three tasks of two texts
@@ -117,7 +117,7 @@ def test_a_write_as_the_server_stops_warms_nothing_and_does_not_fail(runtime, tm
     """FlightSQLHandler.warm after cancel_all (a stopping server): the write's rows are not tokenized, and
     the write itself is not made to fail."""
     monkeypatch.setattr(runtime, "texts", SegmentCache())
-    store = TableStore(tmp_path)
+    store = Database(tmp_path)
     try:
         handler = FlightSQLHandler(store, QueryService(runtime), "duckdb")
         handler.cancel_all()

@@ -54,7 +54,7 @@ def test_get_objects_and_table_schema(conn):
     tables = {t["table_name"]: t for t in schemas[0]["db_schema_tables"]}
     assert [c["column_name"] for c in tables["reviews"]["table_columns"]] == ["id", "body", "stars"]
     assert conn.adbc_get_table_schema("reviews") == REVIEWS.schema
-    assert conn.adbc_get_table_types() == ["SYSTEM TABLE", "TABLE"]
+    assert conn.adbc_get_table_types() == ["SYSTEM TABLE", "TABLE", "VIEW"]
     info = conn.adbc_get_info()
     assert info["vendor_name"] == "Quail" and info["vendor_version"]
 

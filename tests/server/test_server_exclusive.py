@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from quail.clients.server_process import ServerProcess
-from quail.engine.exec.storage import STORE
+from quail.engine.exec.database import FILE
 
 
 def _has_cuda() -> bool:
@@ -35,7 +35,7 @@ def test_a_users_files_in_the_data_directory_survive_a_server(tmp_path):
             cur.execute("SELECT sum(a) AS s FROM t")
             assert cur.fetchall() == [(3,)]
     assert (tmp_path / "thesis.txt").read_text() == "four years of work"
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["thesis.txt", STORE])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["thesis.txt", FILE])
 
 
 def test_a_busy_port_and_a_held_data_directory_are_refused_in_one_line(tmp_path):

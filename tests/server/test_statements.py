@@ -13,7 +13,7 @@ from quail.engine.exec.plan import PhysicalPlan
 from quail.server import statements as statements_module
 from quail.server.admission import Admission
 from quail.server.read_ahead import ReadAhead
-from quail.server.statements import PLAN_HOLDS_S, HeadStart, Planned, Statements
+from quail.server.statements import PLAN_HOLDS_S, HeadStart, Kept, Statements
 
 
 def test_prepared_statements_are_bounded_by_count_and_bytes_least_recently_used_first():
@@ -40,7 +40,7 @@ def test_bound_parameters_count_toward_the_bound():
 
 def test_a_prepared_plan_holds_for_its_catalog_version_and_dialect_a_short_while(monkeypatch):
     """(The ADBC test beside it: a table replaced between prepare and run.)"""
-    planned = Planned(PhysicalPlan((), (), "r"), pa.schema([]), 3, "snowflake")
+    planned = Kept(PhysicalPlan((), (), "r"), pa.schema([]), 3, "snowflake")
     assert planned.holds(3, "snowflake")
     assert not planned.holds(4, "snowflake") and not planned.holds(3, "duckdb")
     monkeypatch.setattr(statements_module.time, "monotonic", lambda: planned.at + PLAN_HOLDS_S)
@@ -69,7 +69,7 @@ def test_a_head_start_is_stopped_unless_its_ticket_is_redeemed_in_time_over_its_
         assert statements.take_head(statements.prepared(prepared[head.handle])) == head.handle
         statements.add_pending(plan, pa.schema([]), "SELECT 1", head.handle)
     assert statements.start(stale.handle, "-", 2)[3] is None and stopped(stale), "the tables changed"
-    assert statements.start(taken.handle, "-", 1)[2:] == (taken.work, taken) and not stopped(taken)
+    assert statements.start(taken.handle, "-", 1)[2:4] == (taken.work, taken) and not stopped(taken)
     monkeypatch.setattr(statements_module.time, "monotonic", lambda: late.at + PLAN_HOLDS_S)
     assert not stopped(late)
     statements.prepare("SELECT 2")
