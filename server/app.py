@@ -17,7 +17,6 @@ from quail.engine.exec.database import Database, objects
 from quail.engine.runtime.loading import chosen, load_runtime, settled
 
 from quail.engine.exec.relational import quoted_name
-from quail.planner.binder import is_text
 from quail.server.auth import Access, Authenticator, load_users
 from quail.server.config import ServerConfig
 from quail.server.flight_sql import FlightSQLHandler
@@ -77,12 +76,11 @@ class QuailServer:
         self._grpc.add_generic_rpc_handlers((service.generic_handler(), self.health.generic_handler()))
 
     def _warm_stored(self) -> None:
-        """Have the text columns of the tables kept from before tokenized meanwhile (FlightSQLHandler.warm)."""
+        """Have the text columns of the tables kept from before tokenized meanwhile (Warming.table)."""
         with self.database.cursor() as con:
             for schema, name, kind in objects(con):
                 if kind == "TABLE":
-                    texts = con.sql(f"SELECT * FROM {quoted_name(schema)}.{quoted_name(name)}").to_arrow_table()
-                    self.handler.warm(texts.select([f.name for f in texts.schema if is_text(f.type)]))
+                    self.handler.warming.table(con, f"{quoted_name(schema)}.{quoted_name(name)}")
 
     def _listen(self, address: str) -> int:
         """Bind the address (before the model loads, so a busy port fails at once); the port bound."""

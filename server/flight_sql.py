@@ -12,11 +12,10 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import duckdb
@@ -26,9 +25,8 @@ from google.protobuf.message import Message
 from quail.engine.errors import Cancelled, InvalidArgument, NotFound, QuailError, Unimplemented
 from quail.engine.exec.database import Database
 from quail.engine.exec.plan import PhysicalPlan, Write, ai_steps
-from quail.engine.exec.writes import UPDATE_SCHEMA, run_writes
 from quail.engine.runtime.query_work import QueryWork
-from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME, is_text, python_values
+from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
 from quail.planner.dialects import DIALECTS
 from quail.planner.statements import Planned, Script
 from quail.planner.substrait.consumer import QUERY_TEXT
@@ -44,16 +42,17 @@ from quail.server.flight_messages import (CANCEL_STATUS_CANCELLED, CANCEL_STATUS
 from quail.server.ingest import ingest
 from quail.server.ipc import plain_schema, schema_bytes
 from quail.server.metrics import Metrics
+from quail.server.changes import Changes, count
 from quail.server.query_service import QueryService
 from quail.server.read_ahead import ReadAhead
 from quail.server.session_options import LAST_QUERY, Sessions
 from quail.server.statements import HeadStart, Kept, PreparedStatement, Statements
 from quail.server.status import status_of
 from quail.server.system_tables import QUERIES, QUERIES_SCHEMA, WithSystemTables, queries_table
+from quail.server.warming import Warming
 
 log = logging.getLogger("quail.server")
 BATCH_ROWS = 65536
-WARM_ROWS = 1024  # rows of a text column the warming thread tokenizes at a time
 
 _IF_EXISTS = {sql.TABLE_EXISTS_UNSPECIFIED: "fail", sql.TABLE_EXISTS_FAIL: "fail",
               sql.TABLE_EXISTS_APPEND: "append", sql.TABLE_EXISTS_REPLACE: "replace"}
@@ -78,50 +77,21 @@ class FlightSQLHandler:
                                  {"dialect": tuple(DIALECTS), "catalog": (CATALOG_NAME,), "schema": (SCHEMA_NAME,)})
         self.statements = Statements(limits.work)
         self.heads = ThreadPoolExecutor(limits.max_active, "quail-head")  # head starts' batches, made ahead
-        self.warming = ThreadPoolExecutor(1, "quail-warm")  # tokenizing the texts of tables as they are written
+        self.warming = Warming(service.runtime, self.metrics)
         self.access = access
+        self.changes = Changes(database, service, access, self.warming,
+                               lambda query, params, context, catalog: self._plan(query, params, context, catalog)[0],
+                               self._catalog)
 
     def cancel_all(self) -> None:
         """Cancel every running query and the warming not yet begun (the server is stopping)."""
-        self.warming.shutdown(wait=False, cancel_futures=True)
+        self.warming.stop()
         for running in self.statements.running().values():
             running.work.cancel()
 
     def close(self) -> None:
         """Roll back the transactions still open (the server has stopped)."""
         self.connections.close_all()
-
-    def warm(self, rows: pa.Table) -> None:
-        """Tokenize the text columns of rows just stored, as documents, on the warming thread, WARM_ROWS at a
-        time (Runtime.warm): the queries over them skip their tokenizing. Best effort, never the write's
-        error: a failure is logged, and a server stopping warms nothing more."""
-        texts = [c for c in rows.columns if is_text(c.type)]
-        for column in texts:
-            for start in range(0, len(column), WARM_ROWS):
-                part = column.slice(start, WARM_ROWS)
-                self.metrics.warming.inc(len(part))
-                try:  # off the gauge once its task is done, whether it ran or was cancelled as the server stops
-                    self.warming.submit(self._warm, part).add_done_callback(
-                        lambda _, texts=len(part): self.metrics.warming.dec(texts))
-                except RuntimeError:  # the warming thread was shut down: the server is stopping
-                    self.metrics.warming.dec(len(part))
-                    return
-
-    def _warm_created(self, lease: Lease, table: str) -> None:
-        """Warm the text columns of a table just created, read on the connection that created it (best effort:
-        the statement has taken effect whatever happens here)."""
-        try:
-            rows = lease.con.sql(f"SELECT * FROM {table}").to_arrow_table()
-        except duckdb.Error:
-            log.exception("reading the table %s just created, to tokenize its texts, failed", table)
-            return
-        self.warm(rows.select([field.name for field in rows.schema if is_text(field.type)]))
-
-    def _warm(self, texts: pa.ChunkedArray) -> None:
-        try:
-            self.service.runtime.warm(texts)
-        except Exception:
-            log.exception("tokenizing a table's texts as it was written failed (its queries will tokenize them)")
 
     def _catalog(self, context, lease: Lease) -> WithSystemTables:
         """What a call's statements read on its connection: the database's tables, and the system tables as the
@@ -214,86 +184,11 @@ class FlightSQLHandler:
         made: list[pa.Table] = []
 
         def run() -> Iterator[pa.RecordBatch]:
-            made.append(self._script(plan, work, context, lease) if isinstance(plan, Script) else
-                        self._write(query, plan, params, work, context, lease, catalog))
+            made.append(self.changes.run(query, plan, params, work, context, lease, catalog))
             return iter(made[0].to_batches())
         for _ in self._stream(run, None, work, context, handle):
             pass
         return made[0]
-
-    def _write(self, query: str, plan: Write, params: pa.Table | None, work: QueryWork, context, lease: Lease,
-               catalog: WithSystemTables) -> pa.Table:
-        """One statement's writes: once per row of parameters, all in one transaction."""
-        if plan.transaction is not None:
-            return self._transaction_statement(plan, context, lease, catalog, work)
-        self.access.require(context, "write", "change the database")
-        if lease.kept is None and TEMPORARY.match(plan.sql):
-            raise InvalidArgument("a temporary table lives as long as its connection: create it in a session "
-                                  "(SetSessionOptions, its cookie sent back) or a transaction, where it is used")
-        writes = [plan]
-        if params is not None and params.num_rows > 1:
-            rows = _rows(params)[1:]
-            writes += [replace(plan, params=python_values(row)) for row in rows] if plan.prelude is None else \
-                [self._plan(query, row, context, catalog)[0] for row in rows]
-        result = run_writes(writes, catalog, self.service.runtime, work, atomic=not lease.in_transaction)
-        if not lease.in_transaction:
-            self.database.changed()
-        if plan.kind == "CREATE" and plan.target is not None and _count(result):
-            self._warm_created(lease, plan.target)
-        log.info("%s: %d row(s) changed or returned", plan.kind, _count(result))
-        return result
-
-    def _transaction_statement(self, plan: Write, context, lease: Lease, catalog: WithSystemTables,
-                               work: QueryWork) -> pa.Table:
-        """SQL BEGIN, COMMIT or ROLLBACK on its own: a session's transaction, begun or ended."""
-        if lease.transaction is not None:
-            raise InvalidArgument("the transaction was begun with BeginTransaction: end it with EndTransaction "
-                                  "(ADBC: commit() or rollback())")
-        if lease.kept is None:
-            raise InvalidArgument(
-                f"{plan.transaction.upper()} outside a session would end with its call: use the driver's "
-                "transactions (ADBC: autocommit off; Flight SQL: BeginTransaction), open a session "
-                "(SetSessionOptions, its cookie sent back), or send BEGIN, the statements and COMMIT in one text")
-        if (plan.transaction == "begin") == lease.in_transaction:
-            raise InvalidArgument("a transaction is open already: COMMIT or ROLLBACK it first"
-                                  if lease.in_transaction else f"no transaction is open to {plan.transaction.upper()}")
-        result = run_writes([plan], catalog, self.service.runtime, work, atomic=False)
-        lease.kept.open = plan.transaction == "begin"
-        if plan.transaction == "commit":
-            self.database.changed()
-        return result
-
-    def _script(self, script: Script, work: QueryWork, context, lease: Lease) -> pa.Table:
-        """Several statements in order on one connection, each planned as it comes; the last one's result. A
-        transaction begun among them on a connection of the call's own must end among them too."""
-        result, open_ = _changed(0), lease.in_transaction
-        try:
-            for text in script.texts:
-                catalog = self._catalog(context, lease)
-                plan, _ = self._plan(text, None, context, catalog)
-                if isinstance(plan, PhysicalPlan):
-                    result = self.service.execute(plan, catalog, work)
-                    continue
-                if isinstance(plan, Script) or plan.parameters:
-                    raise InvalidArgument("each statement of a text of several must stand alone, without "
-                                          "parameters")
-                if plan.transaction is None:
-                    self.access.require(context, "write", "change the database")
-                elif lease.transaction is not None:
-                    raise InvalidArgument("a transaction begun with BeginTransaction ends with EndTransaction")
-                result = run_writes([plan], catalog, self.service.runtime, work, atomic=False)
-                open_ = open_ if plan.transaction is None else plan.transaction == "begin"
-        finally:
-            if lease.kept is not None:
-                lease.kept.open = open_
-            elif open_:
-                lease.con.rollback()
-            if not open_:
-                self.database.changed()
-        if open_ and lease.kept is None:
-            raise InvalidArgument("the statements left their transaction open, so it was rolled back: end it with "
-                                  "COMMIT in the same text, or use a session or the driver's transactions")
-        return result
 
     @staticmethod
     def _info(descriptor, schema: pa.Schema, ticket: bytes) -> Message:
@@ -448,7 +343,7 @@ class FlightSQLHandler:
                 raise InvalidArgument("a query is not an update: ask for its rows with GetFlightInfo")
             _check_bound(update, params)
             result = self._run_now(query, update, params, context, lease, catalog)
-        return [sql.new("DoPutUpdateResult", record_count=_count(result)).SerializeToString()]
+        return [sql.new("DoPutUpdateResult", record_count=count(result)).SerializeToString()]
 
     def _ingest(self, cmd: Message, table: pa.Table, context) -> int:
         """Write an ingested stream in one statement, and nothing for a stream cut off (_whole)."""
@@ -470,7 +365,7 @@ class FlightSQLHandler:
                           cmd.temporary)
             if not lease.in_transaction:
                 self.database.changed()
-        self.warm(table)
+        self.warming.warm(table)
         log.info("ingest: %d rows into %s", rows, cmd.table)
         return rows
 
@@ -640,7 +535,6 @@ ACTIONS: dict[str, tuple[str, Callable]] = {  # DoAction's types: (description, 
                          FlightSQLHandler._cancel_flight_info),
     "CancelQuery": ("Cancel a query by its FlightInfo (Flight SQL's older action)", FlightSQLHandler._cancel_query),
 }
-TEMPORARY = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP|TEMPORARY)\b", re.IGNORECASE)
 
 
 CUT_OFF_WAIT_S = 0.25  # gRPC ends a cut-off stream's messages a moment before it marks the call cancelled
@@ -659,18 +553,6 @@ def _optional(message: Message, field: str) -> Any:
     return (getattr(message, field) or None) if message.HasField(field) else None
 
 
-def _changed(rows: int) -> pa.Table:
-    """The result of a statement that changed `rows` rows."""
-    return pa.Table.from_pydict({"rows_affected": [rows]}, schema=UPDATE_SCHEMA)
-
-
-def _count(result: pa.Table) -> int:
-    """The rows a statement changed (its result's rows_affected), or returned (RETURNING, a query)."""
-    if result.schema == UPDATE_SCHEMA:
-        return result.column(0)[0].as_py()
-    return result.num_rows
-
-
 def _check_bound(plan: Planned, params: pa.Table | None) -> None:
     """A statement with `?` placeholders runs only with values bound to them; several statements take none."""
     if isinstance(plan, Script):
@@ -684,12 +566,6 @@ def _check_bound(plan: Planned, params: pa.Table | None) -> None:
 def _parameters(table: pa.Table) -> pa.Table | None:
     """Bound parameter rows (None: a bind of no rows, as none bound)."""
     return table if table.num_rows else None
-
-
-def _rows(params: pa.Table) -> list[list[pa.Scalar]]:
-    """Rows of parameter values, each value typed as the client sent it."""
-    columns = params.columns
-    return [[column[i] for column in columns] for i in range(params.num_rows)]
 
 
 def _first_row(params: pa.Table | None) -> list[pa.Scalar] | None:

@@ -167,7 +167,11 @@ class FlightService:
 
     def do_put(self, messages: Iterator, context) -> Iterator[bytes]:
         first = next(messages, None)
-        if first is None or not first.HasField("flight_descriptor"):
+        if first is None:
+            raise InvalidArgument("the DoPut stream carried no message, not even its command (ADBC's driver sends "
+                                  "none for an ingest of no rows): nothing was written; create an empty table with "
+                                  "CREATE TABLE")
+        if not first.HasField("flight_descriptor"):
             raise InvalidArgument("DoPut must start with a FlightData carrying a descriptor")
         # An update carries no data; some clients wait for its answer before they end their stream.
         reads = self.handler.reads_data(first.flight_descriptor, first_schema(first))

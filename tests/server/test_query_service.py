@@ -10,7 +10,7 @@ import pyarrow as pa
 from quail.engine.exec.catalog import MemoryCatalog
 from quail.engine.exec.database import Database
 from quail.engine.runtime.text_segments import SegmentCache
-from quail.server import flight_sql, query_service
+from quail.server import query_service, warming
 from quail.server.flight_sql import FlightSQLHandler
 from quail.server.query_service import QueryService
 
@@ -98,16 +98,16 @@ def test_warming_cancelled_as_the_server_stops_leaves_no_texts_counted_as_warmin
         release.wait(30)
 
     monkeypatch.setattr(runtime, "warm", blocked)
-    monkeypatch.setattr(flight_sql, "WARM_ROWS", 2)
+    monkeypatch.setattr(warming, "WARM_ROWS", 2)
     store = Database(tmp_path)
     try:
         handler = FlightSQLHandler(store, QueryService(runtime), "duckdb")
-        handler.warm(pa.table({"body": [f"Review {i}." for i in range(6)]}))  # three tasks of two texts
+        handler.warming.warm(pa.table({"body": [f"Review {i}." for i in range(6)]}))  # three tasks of two texts
         assert inside.wait(30) and handler.metrics.warming._value.get() == 6
         handler.cancel_all()
         assert handler.metrics.warming._value.get() == 2, "the two tasks not begun are no longer counted"
         release.set()
-        handler.warming.shutdown(wait=True)
+        handler.warming.pool.shutdown(wait=True)
         assert handler.metrics.warming._value.get() == 0
     finally:
         store.close()
@@ -121,7 +121,7 @@ def test_a_write_as_the_server_stops_warms_nothing_and_does_not_fail(runtime, tm
     try:
         handler = FlightSQLHandler(store, QueryService(runtime), "duckdb")
         handler.cancel_all()
-        handler.warm(pa.table({"body": ["Review 1: late and cold."]}))
+        handler.warming.warm(pa.table({"body": ["Review 1: late and cold."]}))
         assert runtime.texts.tokens == 0
     finally:
         store.close()

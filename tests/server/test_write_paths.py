@@ -166,3 +166,15 @@ def test_listed_schemas_are_what_queries_return(uri):
             "id": "BIGINT", "label": "VARCHAR", "amount": "DECIMAL(38,2)"}
         assert all(c["xdbc_scope_schema"] == "main" and c["xdbc_scope_table"] == "views" for c in columns.values())
         assert all(field.nullable for field in conn.adbc_get_table_schema("views"))
+
+
+def test_ingests_the_database_cannot_hold_are_refused_clearly(uri):
+    """Columns differing only in case (SQL names are case-insensitive), and an ingest of no rows, which ADBC's
+    driver sends as a stream of no messages at all (not even its command): clear errors, nothing written."""
+    with _connect(uri) as conn, conn.cursor() as cur:
+        with pytest.raises(adbc_driver_manager.Error, match="INVALID_ARGUMENT.*differ only in case"):
+            cur.adbc_ingest("twins", pa.table({"x": [1], "X": [2]}), mode="create")
+        with pytest.raises(adbc_driver_manager.Error, match="INVALID_ARGUMENT.*CREATE TABLE"):
+            cur.adbc_ingest("nothing", pa.table({"id": pa.array([], pa.int64())}), mode="create")
+        cur.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name IN ('twins', 'X', 'nothing')")
+        assert cur.fetchall() == [(0,)]
