@@ -41,6 +41,7 @@ from quail.engine.exec.catalog import Catalog
 from quail.engine.exec.plan import AIAggregate, PhysicalPlan, SQLStep, Step
 from quail.engine.runtime.requests import ResidentShare
 from quail.planner.aggregates import collect_texts
+from quail.planner.answers_first import Answered, answer_first, needs_answers_first
 from quail.planner.ai_calls import ai_calls, contains_ai
 from quail.planner.binder import bind_parameters, bind_tables
 from quail.planner.core import bind_core
@@ -54,6 +55,8 @@ from quail.planner.streaming import stream_in_chunks
 from quail.planner.subqueries import Names, Scope, ctes_of, innermost_ai_select, output_columns, reading, sources
 
 RESULT = "__quail_result"
+ANSWERED_FIRST = ("AI calls answered first: each asked once per distinct value of the columns it reads, the query "
+                  "then run in DuckDB over those answers")
 
 
 def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
@@ -80,23 +83,59 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
         inner, mode = explained
         return explain_plan(plan_sql(inner, catalog, dialect, params, join_order, rank, rules, resident), mode,
                             catalog)
-    return plan_query(name_columns(parse_statement(sql, dialect), dialect, sql), catalog, params, join_order, rank,
-                      rules, resident)
+    return plan_query(name_columns(parse_statement(sql, dialect), dialect, sql, every=dialect != "duckdb"), catalog,
+                      params, join_order, rank, rules, resident)
 
 
 def plan_query(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | None = None,
                join_order: Sequence[str] | None = None, rank: Rank = by_tokens,
                rules: tuple[Rule, ...] = RULES, resident: ResidentShare | None = None,
-               documents: bool = True) -> PhysicalPlan:
-    """plan_sql over a parsed statement (which it rewrites in place): a query, else INVALID_ARGUMENT.
-    `documents`: each AI step carries the document tokens it expects resident (which EXPLAIN shows; False
-    spares a plan that runs at once the look into the pool, join orders still priced with it)."""
+               documents: bool = True, result: str = RESULT) -> PhysicalPlan:
+    """plan_sql over a parsed statement (which it rewrites in place): a query, else INVALID_ARGUMENT; its rows in
+    the relation `result`. `documents`: each AI step carries the document tokens it expects resident (which
+    EXPLAIN shows; False spares a plan that runs at once the look into the pool, join orders still priced
+    with it). A query whose AI calls the AI core cannot place (one in an outer join's condition other than
+    a bare AI_FILTER conjunct; one the core refuses to plan) has them answered first (answers_first.py)."""
     if not isinstance(tree, exp.Query):
         raise InvalidArgument(f"only queries are supported here, not {tree.key.upper()} statements")
+    if needs_answers_first(tree):
+        return _answered(answer_statement(tree, catalog, params, rank, rules, resident, documents), result)
+    original = tree.copy()
+    try:
+        return _plan_core(tree, catalog, params, join_order, rank, rules, resident, documents, Names(), result)
+    except InvalidArgument as refused:
+        if not ai_calls(original):
+            raise
+        try:
+            return _answered(answer_statement(original, catalog, params, rank, rules, resident, documents), result)
+        except InvalidArgument:
+            raise refused from None
+
+
+def answer_statement(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | None = None,
+                     rank: Rank = by_tokens, rules: tuple[Rule, ...] = RULES, resident: ResidentShare | None = None,
+                     documents: bool = False) -> Answered:
+    """A statement of any kind (rewritten in place) with its AI calls answered first (answers_first.py), each
+    call's answers query planned by the AI core."""
+    return answer_first(tree, catalog, params, Names(), lambda query, names, output: _plan_core(
+        query, catalog, None, None, rank, rules, resident, documents, names, output))
+
+
+def _answered(answered: Answered, result: str) -> PhysicalPlan:
+    """A query whose AI calls were answered first: their answers' steps, then the query in DuckDB."""
+    steps = answered.steps + (SQLStep(answered.tree.sql("duckdb"), result),)
+    return PhysicalPlan(steps, answered.tables, result, answered.parameters, (ANSWERED_FIRST,))
+
+
+def _plan_core(tree: exp.Query, catalog: Catalog, params: Sequence[Any] | None, join_order: Sequence[str] | None,
+               rank: Rank, rules: tuple[Rule, ...], resident: ResidentShare | None, documents: bool, names: Names,
+               result: str) -> PhysicalPlan:
+    """A query planned around the AI core of each of its SELECTs (the module's docstring), its relations named
+    by `names`."""
     tables = bind_tables(tree, catalog)
     parameters = bind_parameters(tree, params)
     normalize(tree)
-    names, scope, steps, notes = Names(), Scope(catalog, resident=resident, documents=documents), [], []
+    scope, steps, notes = Scope(catalog, resident=resident, documents=documents), [], []
     while (inner := innermost_ai_select(tree)) is not None:
         name = names.fresh("sub")
         correlated = decorrelate(inner, scope.has)
@@ -106,18 +145,18 @@ def plan_query(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | N
         else:
             inner.replace(reading(name))
     if ai_calls(tree):
-        steps += _plan_select(tree, tree, scope, names, RESULT, notes, rank, join_order, rules)
+        steps += _plan_select(tree, tree, scope, names, result, notes, rank, join_order, rules)
     else:
-        steps.append(SQLStep(tree.sql("duckdb"), RESULT))
-    return stream_in_chunks(PhysicalPlan(tuple(steps), tables, RESULT, parameters, tuple(notes)))
+        steps.append(SQLStep(tree.sql("duckdb"), result))
+    return stream_in_chunks(PhysicalPlan(tuple(steps), tables, result, parameters, tuple(notes)))
 
 
 def name_columns(tree: exp.Expression, dialect: str, sql: str, every: bool = False) -> exp.Expression:
     """The parsed statement with unaliased result columns named by their expressions as written (as DuckDB and
     Snowflake name an expression's column): those with AI functions in every SELECT, so the plan's column
-    computing one never names it; with `every`, also each expression of the outermost SELECT (a statement
-    transpiled from another dialect keeps the names its text gives). The outermost SELECT's names are the
-    text's own; deeper ones, as the dialect writes them."""
+    computing one never names it; with `every` (a dialect other than DuckDB's, whose statements DuckDB runs
+    transpiled), also each expression of the outermost SELECT. The outermost SELECT's names are the text's
+    own; deeper ones, as the dialect writes them."""
     outer = tree.find(exp.Select)
     written = written_items(sql, dialect)
     for select in list(tree.find_all(exp.Select)):

@@ -8,7 +8,8 @@
   comes).
 - A statement with AI calls is planned by Quail: a query by the AI planner
   (planner.py); an INSERT ... SELECT or CREATE TABLE ... AS by the AI planner
-  for its query, the write reading that query's rows.
+  for its query, the write reading that query's rows; any other statement
+  (UPDATE, DELETE, ...) with its AI calls answered first (answers_first.py).
 - A text of several statements is a `Script`: each is planned just before it
   runs, on one connection (the ones before may change what it reads).
 - `EXPLAIN [ANALYZE | (FORMAT ...)]` is Quail's own (explain.py).
@@ -29,17 +30,17 @@ from quail.engine.exec.catalog import RESERVED, Catalog
 from quail.engine.exec.plan import ROWS, PhysicalPlan, SQLStep, Write
 from quail.engine.exec.relational import DuckDB
 from quail.engine.runtime.requests import ResidentShare
-from quail.planner.ai_calls import ai_calls, ai_name, ancestors
+from quail.planner.ai_calls import ai_calls, ancestors
 from quail.planner.binder import python_values
 from quail.planner.dialects import DIALECTS, normalize, parse_statements, position
 from quail.planner.explain import split_explain
 from quail.planner.join_order import Rank, by_tokens
-from quail.planner.planner import RESULT, name_columns, plan_query, plan_sql
+from quail.planner.planner import RESULT, answer_statement, name_columns, plan_query, plan_sql
 from quail.planner.subqueries import reading
 
 AI_CALL = re.compile(r"\bAI(?:_\w+|\s*\.\s*\w+)\s*\(", re.IGNORECASE)  # text that may call an AI function
 READS = frozenset({"SELECT", "PRAGMA", "CALL"})  # statement kinds whose rows may stream when fetched
-_AI_WRITES = (exp.Insert, exp.Create)  # statements whose AI calls may stand in the query they write
+_AI_WRITES = (exp.Insert, exp.Create)  # statements whose AI calls may all stand in the query they write
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[An
         found = sql_guard.statements(sql if dialect == "duckdb" else
                                      normalize(name_columns(tree, dialect, sql, every=True)).sql("duckdb"))
         return _duckdb_statement(*found[0], catalog, params)
-    tree = name_columns(tree, dialect, sql)
+    tree = name_columns(tree, dialect, sql, every=dialect != "duckdb")
     if isinstance(tree, exp.Query):
         return plan_query(tree, catalog, params, rank=rank, resident=resident, documents=False)
     return _ai_write(tree, catalog, params, rank, resident)
@@ -116,20 +117,27 @@ def _target(text: str) -> exp.Table | None:
 
 def _ai_write(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | None, rank: Rank,
               resident: ResidentShare | None) -> Write:
-    """An INSERT or CREATE TABLE whose AI calls are in the query it writes: that query planned by the AI
-    planner, the statement reading its rows (ROWS)."""
-    body = tree.expression if isinstance(tree, _AI_WRITES) else None
-    if isinstance(body, exp.Values):
-        body = body.replace(exp.select(exp.Star()).from_(exp.Subquery(this=body.copy())))
+    """A statement with AI calls that changes something: an INSERT or CREATE TABLE whose AI calls are all in the
+    query it writes has that query planned by the AI planner, the statement reading its rows (ROWS); any
+    other (UPDATE, DELETE, MERGE, ...) has its AI calls answered first (answers_first.py)."""
     target = tree.this.this if isinstance(tree.this, exp.Schema) else tree.this
     if isinstance(target, exp.Table) and target.name.lower().startswith(RESERVED):
         raise InvalidArgument(f"the name {target.name!r} is reserved: names starting with {RESERVED} are Quail's own")
-    outside = [call for call in ai_calls(tree) if body is None or body not in ancestors(call)]
-    if outside:
-        raise InvalidArgument(f"{ai_name(outside[0])} in a {tree.key.upper()} statement is not supported yet: "
-                              f"AI functions may stand in a query, or in the query an INSERT or CREATE TABLE "
-                              f"... AS writes{position(outside[0])}")
-    prelude = plan_query(body.copy(), catalog, params, rank=rank, resident=resident, documents=False)
-    body.replace(reading(ROWS))
-    return Write(tree.sql("duckdb"), tree.key.upper(), bool(tree.args.get("returning")), prelude.parameters, (),
-                 prelude, target=target.sql("duckdb") if isinstance(target, exp.Table) else None)
+    if isinstance(tree, exp.Create) and (tree.args.get("kind") or "").upper() != "TABLE":
+        raise InvalidArgument(f"AI functions in a CREATE {tree.args.get('kind')} are not supported yet: create a "
+                              f"table of the answers, and the {str(tree.args.get('kind')).lower()} over it"
+                              f"{position(ai_calls(tree)[0])}")
+    kind, returns_rows = tree.key.upper(), bool(tree.args.get("returning"))
+    named = target.sql("duckdb") if isinstance(target, exp.Table) else None
+    body = tree.expression if isinstance(tree, _AI_WRITES) else None
+    if isinstance(body, exp.Values):
+        body = body.replace(exp.select(exp.Star()).from_(exp.Subquery(this=body.copy())))
+    if isinstance(body, exp.Query) and all(body in ancestors(call) for call in ai_calls(tree)):
+        prelude = plan_query(body.copy(), catalog, params, rank=rank, resident=resident, documents=False,
+                             result=ROWS)
+        body.replace(reading(ROWS))
+        return Write(tree.sql("duckdb"), kind, returns_rows, prelude.parameters, (), prelude, (ROWS,), target=named)
+    answered = answer_statement(tree, catalog, params, rank=rank, resident=resident)
+    prelude = PhysicalPlan(answered.steps, answered.tables, answered.reads[-1], answered.parameters)
+    return Write(answered.tree.sql("duckdb"), kind, returns_rows, answered.parameters, (), prelude, answered.reads,
+                 target=named)

@@ -37,14 +37,23 @@ def execute(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work:
     An analyze plan returns what each step did instead (`analyze`); `sol` gives
     the speed-of-light seconds of the ideal work, where the caller knows the device.
     """
+    if not plan.analyze:
+        return run_steps(plan, catalog, runtime, work)[plan.result]
     relations = catalog.relations(plan.tables)
     work = work if work is not None else QueryWork()
     with catalog.connection() as con, DuckDB(work, con) as db:
-        if plan.analyze:
-            return analyze(plan, relations, db, runtime, work, sol)
+        return analyze(plan, relations, db, runtime, work, sol)
+
+
+def run_steps(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
+              work: QueryWork | None = None) -> dict[str, pa.Table]:
+    """Every relation the plan's steps make, by name (its result among them)."""
+    relations = catalog.relations(plan.tables)
+    work = work if work is not None else QueryWork()
+    with catalog.connection() as con, DuckDB(work, con) as db:
         for step in plan.steps:
             _run_step(step, relations, db, runtime, work)
-    return relations[plan.result]
+    return relations
 
 
 def execute_stream(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work: QueryWork | None = None,
@@ -127,18 +136,24 @@ def _slices(rows: int) -> list[tuple[int, int]]:
 
 def result_schema(plan: PhysicalPlan, catalog: Catalog, work: QueryWork | None = None,
                   schemas: StatementSchemas | None = None) -> pa.Schema:
-    """The result schema, found by running the plan over empty relations (no model work), each DuckDB statement
-    bound, not run (its output schema taken from `schemas` where it was bound over relations of the same
-    schemas and the same catalog version before); DuckDB's binding of the others stops when `work` is
-    cancelled or passes its deadline."""
+    """The result schema (empty_relations: no model work, no DuckDB statement run)."""
     if plan.analyze:
         return ANALYZE_SCHEMA
+    return empty_relations(plan, catalog, work, schemas)[plan.result].schema
+
+
+def empty_relations(plan: PhysicalPlan, catalog: Catalog, work: QueryWork | None = None,
+                    schemas: StatementSchemas | None = None) -> dict[str, pa.Table]:
+    """Every relation the plan's steps make, empty, found by running them over empty relations: each DuckDB
+    statement bound, not run (its output schema taken from `schemas` where it was bound over relations of the
+    same schemas and the same catalog version before); DuckDB's binding of the others stops when `work` is
+    cancelled or passes its deadline."""
     relations = {name: table.schema.empty_table() for name, table in catalog.relations(plan.tables).items()}
     with catalog.connection() as con, DuckDB(work, con) as db:
         run = _OverEmpty(relations, db, None, None, schemas or StatementSchemas(), catalog.version)
         for step in plan.steps:
             step.visit(run)
-    return relations[plan.result].schema
+    return relations
 
 
 def _run_step(step: Step, relations: dict[str, pa.Table], db: DuckDB, runtime: Runtime | None,

@@ -275,8 +275,9 @@ class Write:
 
     - `sql`: the statement as DuckDB runs it; `kind`: DuckDB's statement type (INSERT, CREATE, ...);
       `params`: the values of its `?` placeholders (`parameters` of them), None until bound.
-    - `prelude`: the AI work whose rows it reads (INSERT ... SELECT or CREATE TABLE ... AS with AI calls),
-      computed first and registered as ROWS; None: it asks the model nothing.
+    - `prelude`: the AI work it reads, run first, and `reads`: the relations of it registered for the statement
+      (ROWS: the rows an INSERT ... SELECT or CREATE TABLE ... AS writes; or each AI call's answers,
+      planner/answers_first.py); None: it asks the model nothing.
     - `tables`: the catalog's Arrow relations it reads (registered as it runs); `target`: the table it
       creates or writes, as DuckDB names it, where the planner could tell (None: none, or not known).
     """
@@ -287,6 +288,7 @@ class Write:
     parameters: int = 0
     params: tuple | None = None
     prelude: PhysicalPlan | None = None
+    reads: tuple[str, ...] = ()
     tables: tuple[str, ...] = ()
     target: str | None = None
 

@@ -1,7 +1,8 @@
 """Statements that change the database, run by DuckDB on the catalog's connection.
 
-- A write's AI work (its prelude) runs first, through the executor; its rows
-  are registered as the relation the statement reads.
+- A write's AI work (its prelude) runs first, through the executor; the
+  relations the statement reads of it (its rows to insert, or its AI calls'
+  answers) are registered for the statement.
 - Several writes (one statement, once per row of parameters) run in one
   transaction when the connection is not in one already: all or nothing.
 - The result is the last write's RETURNING rows, or one row: the rows the
@@ -14,8 +15,8 @@ import pyarrow as pa
 
 from quail.engine.errors import QuailError
 from quail.engine.exec.catalog import Catalog
-from quail.engine.exec.executor import execute, result_schema
-from quail.engine.exec.plan import ROWS, Write
+from quail.engine.exec.executor import empty_relations, run_steps
+from quail.engine.exec.plan import Write
 from quail.engine.exec.relational import DuckDB
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.runtime import Runtime
@@ -29,7 +30,8 @@ def write_schema(write: Write, catalog: Catalog) -> pa.Schema:
         return UPDATE_SCHEMA
     relations = {name: table.schema.empty_table() for name, table in catalog.relations(write.tables).items()}
     if write.prelude is not None:
-        relations[ROWS] = result_schema(write.prelude, catalog).empty_table()
+        made = empty_relations(write.prelude, catalog)
+        relations |= {name: made[name] for name in write.reads}
     with catalog.connection() as con, DuckDB(None, con) as db:
         return db.schema(write.sql, relations)
 
@@ -45,7 +47,8 @@ def run_writes(writes: list[Write], catalog: Catalog, runtime: Runtime | None, w
             for write in writes:
                 relations = catalog.relations(write.tables)
                 if write.prelude is not None:
-                    relations[ROWS] = execute(write.prelude, catalog, runtime, work)
+                    made = run_steps(write.prelude, catalog, runtime, work)
+                    relations |= {name: made[name] for name in write.reads}
                 returned = db.run(write.sql, relations, write.params)
                 if not write.returns_rows and returned.num_columns == 1 and returned.num_rows == 1 and \
                         returned.schema.names == ["Count"]:

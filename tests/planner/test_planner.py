@@ -144,8 +144,6 @@ def test_parameters_become_typed_literals(store):
     ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0} and {1}', body))", InvalidArgument, "uses {1}"),
     ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('no holes', body))", InvalidArgument, "argument 1 has no"),
     ("SELECT * FROM reviews WHERE AI_FILTR(body)", InvalidArgument, "unknown AI function AI_FILTR"),
-    ("SELECT * FROM reviews r JOIN reviews s USING (id) WHERE AI_FILTER(PROMPT('{0} or {1}', r.body, s.body))",
-     InvalidArgument, "a USING, NATURAL or special join in a query with AI functions is not supported yet"),
     ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0}', body), {'anchor': 1})", InvalidArgument,
      "anchor must name a placeholder, 0 to 0, not 1"),
     ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0}', body), {'temperature': 1})", InvalidArgument,

@@ -178,3 +178,25 @@ def test_ingests_the_database_cannot_hold_are_refused_clearly(uri):
             cur.adbc_ingest("nothing", pa.table({"id": pa.array([], pa.int64())}), mode="create")
         cur.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name IN ('twins', 'X', 'nothing')")
         assert cur.fetchall() == [(0,)]
+
+
+def test_ai_calls_in_update_delete_and_insert_give_what_the_two_step_query_gives(uri):
+    """An UPDATE, a DELETE and an INSERT ... SELECT whose AI calls stand in SET, in WHERE under NOT and OR: the
+    rows the same calls' answers, asked by a query first, give."""
+    texts = ["Great pasta.", "Cold soup.", "A fine film.", None, "Rain all day."]
+    classify = "AI_CLASSIFY(body, ['food', 'weather', 'film'])"
+    food = "AI_FILTER(PROMPT('Is {0} about food?', body))"
+    with _connect(uri) as conn, conn.cursor() as cur:
+        cur.adbc_ingest("notes", pa.table({"id": list(range(len(texts))), "body": texts}), mode="replace")
+        cur.execute(f"SELECT id, {classify} AS c, {food} AS f FROM notes ORDER BY id")
+        answers = {i: (c, f) for i, c, f in cur.fetchall()}
+        cur.execute("ALTER TABLE notes ADD COLUMN label VARCHAR")
+        cur.execute(f"UPDATE notes SET label = {classify} WHERE id < 3 AND label IS NULL")
+        assert cur.fetchall() == [(3,)]
+        cur.execute(f"INSERT INTO notes (id, body) SELECT id + 100, body FROM notes WHERE id = 4 OR {food}")
+        cur.execute(f"DELETE FROM notes WHERE id < 100 AND NOT {food}")
+        cur.execute("SELECT id, label FROM notes ORDER BY id")
+        got = cur.fetchall()
+    kept = [(i, answers[i][0] if i < 3 else None) for i in sorted(answers) if answers[i][1] is not False]
+    added = [(i + 100, None) for i in sorted(answers) if i == 4 or answers[i][1] is True]
+    assert got == kept + added
