@@ -9,7 +9,7 @@ import pyarrow.compute  # noqa: F401 - pa.compute
 from sqlglot import exp
 
 from quail.engine.errors import InvalidArgument, NotFound
-from quail.engine.exec.catalog import Catalog
+from quail.engine.exec.catalog import RESERVED, Catalog
 
 from quail.planner.dialects import position
 
@@ -42,6 +42,15 @@ def bind_tables(tree: exp.Expression, catalog: Catalog) -> tuple[str, ...]:
         if name.lower() not in tables:
             tables.append(name.lower())
     return tuple(tables)
+
+
+def refuse_reserved(tree: exp.Expression) -> None:
+    """InvalidArgument for a name the statement gives or reads that starts with RESERVED: a plan's own relations
+    and columns are named so, and a user's name could stand for one of them."""
+    for identifier in tree.find_all(exp.Identifier):
+        if identifier.name.lower().startswith(RESERVED):
+            raise InvalidArgument(f"the name {identifier.name!r} is reserved: names starting with {RESERVED} are "
+                                  f"Quail's own{position(identifier)}")
 
 
 def bind_parameters(tree: exp.Expression, values: Sequence[Any] | None) -> int:

@@ -43,7 +43,7 @@ from quail.engine.runtime.requests import ResidentShare
 from quail.planner.aggregates import collect_texts
 from quail.planner.answers_first import Answered, answer_first, needs_answers_first
 from quail.planner.ai_calls import ai_calls, contains_ai
-from quail.planner.binder import bind_parameters, bind_tables
+from quail.planner.binder import bind_parameters, bind_tables, refuse_reserved
 from quail.planner.core import bind_core
 from quail.planner.correlated import decorrelate
 from quail.planner.dialects import DEFAULT_DIALECT, DIALECTS, normalize, parse_statement, position, written_items
@@ -98,6 +98,7 @@ def plan_query(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | N
     a bare AI_FILTER conjunct; one the core refuses to plan) has them answered first (answers_first.py)."""
     if not isinstance(tree, exp.Query):
         raise InvalidArgument(f"only queries are supported here, not {tree.key.upper()} statements")
+    refuse_reserved(tree)
     if needs_answers_first(tree):
         return _answered(answer_statement(tree, catalog, params, rank, rules, resident, documents), result)
     original = tree.copy()

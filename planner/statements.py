@@ -31,7 +31,7 @@ from quail.engine.exec.plan import ROWS, PhysicalPlan, SQLStep, Write
 from quail.engine.exec.relational import DuckDB
 from quail.engine.runtime.requests import ResidentShare
 from quail.planner.ai_calls import ai_calls, ancestors
-from quail.planner.binder import python_values
+from quail.planner.binder import python_values, refuse_reserved
 from quail.planner.dialects import DIALECTS, normalize, parse_statements, position
 from quail.planner.explain import split_explain
 from quail.planner.join_order import Rank, by_tokens
@@ -120,9 +120,8 @@ def _ai_write(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | No
     """A statement with AI calls that changes something: an INSERT or CREATE TABLE whose AI calls are all in the
     query it writes has that query planned by the AI planner, the statement reading its rows (ROWS); any
     other (UPDATE, DELETE, MERGE, ...) has its AI calls answered first (answers_first.py)."""
+    refuse_reserved(tree)
     target = tree.this.this if isinstance(tree.this, exp.Schema) else tree.this
-    if isinstance(target, exp.Table) and target.name.lower().startswith(RESERVED):
-        raise InvalidArgument(f"the name {target.name!r} is reserved: names starting with {RESERVED} are Quail's own")
     if isinstance(tree, exp.Create) and (tree.args.get("kind") or "").upper() != "TABLE":
         raise InvalidArgument(f"AI functions in a CREATE {tree.args.get('kind')} are not supported yet: create a "
                               f"table of the answers, and the {str(tree.args.get('kind')).lower()} over it"

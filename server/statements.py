@@ -13,7 +13,7 @@ from typing import Callable, Generic, TypeVar
 import pyarrow as pa
 
 from quail.engine.errors import Cancelled, NotFound
-from quail.engine.exec.plan import PhysicalPlan
+from quail.engine.exec.plan import PhysicalPlan, ai_steps
 from quail.engine.runtime.query_work import QueryWork
 
 from quail.server.flight_messages import CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING, CANCEL_STATUS_NOT_CANCELLABLE
@@ -33,7 +33,7 @@ class Running:
     started: float = field(default_factory=time.time)
 
 
-PLAN_HOLDS_S = 2.0  # a prepared query's plan runs it this long after it was made (its costs read the KV pool)
+PLAN_HOLDS_S = 2.0  # a prepared AI query's plan runs it this long after it was made (its costs read the KV pool)
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,10 @@ class Kept:
     at: float = field(default_factory=time.monotonic)
 
     def holds(self, version: int, dialect: str) -> bool:
-        """Whether it is the plan the query would get now."""
-        return (version, dialect) == (self.version, self.dialect) and time.monotonic() - self.at < PLAN_HOLDS_S
+        """Whether it is the plan the query would get now: made over the same tables in the same dialect, and, where
+        it asks the model, recently (its join orders were priced with the KV pool of then)."""
+        return (version, dialect) == (self.version, self.dialect) and (
+            not ai_steps(self.plan.steps) or time.monotonic() - self.at < PLAN_HOLDS_S)
 
 
 @dataclass

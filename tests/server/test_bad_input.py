@@ -139,6 +139,8 @@ def test_reserved_names_are_refused_and_cannot_change_results(uri):
             cur.adbc_ingest("fine", pa.table({"__quail_rid": [4]}), mode="create")
         with pytest.raises(adbc_driver_manager.Error, match="INVALID_ARGUMENT.*reserved"):
             cur.execute("CREATE TABLE __quail_t AS SELECT 1 AS x")
+        with pytest.raises(adbc_driver_manager.Error, match="INVALID_ARGUMENT.*reserved"):  # not a plan's row ids
+            cur.execute(f"SELECT * FROM (SELECT id * 10 AS __quail_rid, body FROM reviews) x WHERE {SCORE} > 2 OR TRUE")
     got = _query(uri, f"SELECT id FROM reviews WHERE id IN (SELECT id FROM reviews WHERE {SCORE} >= 0) ORDER BY id")
     assert got["id"].to_pylist() == [1, 2, 3]
 

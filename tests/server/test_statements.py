@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from quail.engine.errors import NotFound
-from quail.engine.exec.plan import PhysicalPlan
+from quail.engine.exec.plan import AIStep, PhysicalPlan, SQLStep
 from quail.server import statements as statements_module
 from quail.server.admission import Admission
 from quail.server.read_ahead import ReadAhead
@@ -38,13 +38,16 @@ def test_bound_parameters_count_toward_the_bound():
     assert not _exists(statements, old) and _exists(statements, new)
 
 
-def test_a_prepared_plan_holds_for_its_catalog_version_and_dialect_a_short_while(monkeypatch):
+def test_a_prepared_plan_holds_for_its_catalog_version_and_dialect_an_ai_one_a_short_while(monkeypatch):
     """(The ADBC test beside it: a table replaced between prepare and run.)"""
-    planned = Kept(PhysicalPlan((), (), "r"), pa.schema([]), 3, "snowflake")
-    assert planned.holds(3, "snowflake")
-    assert not planned.holds(4, "snowflake") and not planned.holds(3, "duckdb")
+    ask = AIStep("r", "a", "filter", "Is {0} kind?", ("body",))
+    planned = Kept(PhysicalPlan((ask,), (), "a"), pa.schema([]), 3, "snowflake")
+    plain = Kept(PhysicalPlan((SQLStep("SELECT 1", "r"),), (), "r"), pa.schema([]), 3, "snowflake")
+    assert planned.holds(3, "snowflake") and plain.holds(3, "snowflake")
+    assert not planned.holds(4, "snowflake") and not planned.holds(3, "duckdb") and not plain.holds(4, "snowflake")
     monkeypatch.setattr(statements_module.time, "monotonic", lambda: planned.at + PLAN_HOLDS_S)
     assert not planned.holds(3, "snowflake"), "the KV pool its costs read has changed since"
+    assert plain.holds(3, "snowflake"), "a plan that asks the model nothing reads no KV pool"
 
 
 def test_a_head_start_is_stopped_unless_its_ticket_is_redeemed_in_time_over_its_catalog_version(monkeypatch):
