@@ -72,7 +72,7 @@ def bind_parameters(tree: exp.Expression, values: Sequence[Any] | None) -> int:
 
 def python_values(values: Sequence[Any]) -> tuple:
     """Parameter values as DuckDB binds them from Python: a `pyarrow.Scalar` as its Python value (a union's, the
-    value it holds), anything else as it is."""
+    value it holds; a map's, a dict), anything else as it is."""
     return tuple(_python(value) for value in values)
 
 
@@ -81,7 +81,10 @@ def _python(value: Any) -> Any:
         return value
     if pa.types.is_union(value.type):
         return _python(value.value) if value.is_valid else None
-    return value.as_py()
+    try:
+        return value.as_py(maps_as_pydicts="strict")
+    except (KeyError, ValueError) as err:
+        raise InvalidArgument(f"a parameter of type {value.type} cannot be bound: {err}") from None
 
 
 def unbound() -> exp.Null:

@@ -53,6 +53,7 @@ from quail.planner.join_order import Rank, by_tokens
 from quail.planner.rules import RULES, Rule, optimize
 from quail.planner.streaming import stream_in_chunks
 from quail.planner.subqueries import Names, Scope, ctes_of, innermost_ai_select, output_columns, reading, sources
+from quail.planner.views import expand
 
 RESULT = "__quail_result"
 ANSWERED_FIRST = ("AI calls answered first: each asked once per distinct value of the columns it reads, the query "
@@ -83,8 +84,9 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
         inner, mode = explained
         return explain_plan(plan_sql(inner, catalog, dialect, params, join_order, rank, rules, resident), mode,
                             catalog)
-    return plan_query(name_columns(parse_statement(sql, dialect), dialect, sql, every=dialect != "duckdb"), catalog,
-                      params, join_order, rank, rules, resident)
+    tree = expand(parse_statement(sql, dialect), catalog.ai_views())
+    return plan_query(name_columns(tree, dialect, sql, every=dialect != "duckdb"), catalog, params, join_order, rank,
+                      rules, resident)
 
 
 def plan_query(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | None = None,

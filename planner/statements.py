@@ -12,6 +12,9 @@
   (UPDATE, DELETE, ...) with its AI calls answered first (answers_first.py).
 - A text of several statements is a `Script`: each is planned just before it
   runs, on one connection (the ones before may change what it reads).
+- A view whose definition calls AI functions is Quail's (views.py): CREATE
+  VIEW keeps it, DROP VIEW drops it, and a statement that reads it has its
+  query in its place.
 - `EXPLAIN [ANALYZE | (FORMAT ...)]` is Quail's own (explain.py).
 """
 
@@ -26,7 +29,8 @@ from sqlglot import exp
 
 from quail.engine.errors import InvalidArgument
 from quail.engine.exec import sql_guard
-from quail.engine.exec.catalog import RESERVED, Catalog
+from quail.engine.exec.catalog import RESERVED, AIView, Catalog
+from quail.engine.exec.executor import result_schema
 from quail.engine.exec.plan import ROWS, PhysicalPlan, SQLStep, Write
 from quail.engine.exec.relational import DuckDB
 from quail.engine.runtime.requests import ResidentShare
@@ -37,6 +41,8 @@ from quail.planner.explain import split_explain
 from quail.planner.join_order import Rank, by_tokens
 from quail.planner.planner import RESULT, answer_statement, name_columns, plan_query, plan_sql
 from quail.planner.subqueries import reading
+from quail.planner.views import definition as view_definition, drop as drop_view, expand, keep as keep_view
+from quail.planner.views import mentions as views_mention
 
 AI_CALL = re.compile(r"\bAI(?:_\w+|\s*\.\s*\w+)\s*\(", re.IGNORECASE)  # text that may call an AI function
 READS = frozenset({"SELECT", "PRAGMA", "CALL"})  # statement kinds whose rows may stream when fetched
@@ -64,19 +70,48 @@ def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[An
         found = sql_guard.statements(sql)
         if len(found) > 1:
             return Script(tuple(text for _, text in found))
-        return _duckdb_statement(*found[0], catalog, params)
+        if found[0][0] == "TRANSACTION" or not _reads_views(sql, catalog):
+            return _duckdb_statement(*found[0], catalog, params)
     trees = parse_statements(sql, dialect)
     if len(trees) > 1:
         return Script(tuple(tree.sql(DIALECTS[dialect]) for tree in trees))
     tree = trees[0]
+    views = {} if isinstance(tree, (exp.Transaction, exp.Commit, exp.Rollback)) else catalog.ai_views()
+    reads_views = _reads_views(sql, catalog) if views else False
+    dropped = drop_view(tree, views) if isinstance(tree, exp.Drop) else None
+    if dropped is not None:
+        return dropped
+    if isinstance(tree, exp.Create) and (tree.args.get("kind") or "").upper() == "VIEW" and (
+            reads_views or ai_calls(tree)):
+        return _ai_view(tree, catalog, dialect, views, rank, resident)
+    if reads_views:
+        expand(tree, views)
     if not ai_calls(tree):
-        found = sql_guard.statements(sql if dialect == "duckdb" else
+        found = sql_guard.statements(sql if dialect == "duckdb" and not reads_views else
                                      normalize(name_columns(tree, dialect, sql, every=True)).sql("duckdb"))
         return _duckdb_statement(*found[0], catalog, params)
     tree = name_columns(tree, dialect, sql, every=dialect != "duckdb")
     if isinstance(tree, exp.Query):
         return plan_query(tree, catalog, params, rank=rank, resident=resident, documents=False)
     return _ai_write(tree, catalog, params, rank, resident)
+
+
+def _reads_views(sql: str, catalog: Catalog) -> bool:
+    """Whether a text may read a view with AI functions (planner/views.py; a transaction's BEGIN, COMMIT or
+    ROLLBACK asks nothing of the catalog: a failed transaction can read nothing until it ends)."""
+    views = catalog.ai_views()
+    return bool(views) and views_mention(sql, views)
+
+
+def _ai_view(tree: exp.Create, catalog: Catalog, dialect: str, views: dict[str, AIView], rank: Rank,
+             resident: ResidentShare | None) -> Write:
+    """CREATE VIEW whose query calls AI functions (or reads such a view): the query planned now, so a view that
+    cannot run is refused at once, and its definition kept (planner/views.py)."""
+    view = view_definition(tree, catalog, dialect)
+    plan = plan_query(expand(view.query.copy(), views), catalog, rank=rank, resident=resident, documents=False)
+    if plan.parameters:
+        raise InvalidArgument(f"a view's query takes no parameters{position(tree)}")
+    return keep_view(view, result_schema(plan, catalog).serialize().to_pybytes(), views)
 
 
 def _duckdb_statement(kind: str, text: str, catalog: Catalog, params: Sequence[Any] | None) -> PhysicalPlan | Write:
@@ -123,8 +158,7 @@ def _ai_write(tree: exp.Expression, catalog: Catalog, params: Sequence[Any] | No
     refuse_reserved(tree)
     target = tree.this.this if isinstance(tree.this, exp.Schema) else tree.this
     if isinstance(tree, exp.Create) and (tree.args.get("kind") or "").upper() != "TABLE":
-        raise InvalidArgument(f"AI functions in a CREATE {tree.args.get('kind')} are not supported yet: create a "
-                              f"table of the answers, and the {str(tree.args.get('kind')).lower()} over it"
+        raise InvalidArgument(f"AI functions in a CREATE {tree.args.get('kind')} are not supported"
                               f"{position(ai_calls(tree)[0])}")
     kind, returns_rows = tree.key.upper(), bool(tree.args.get("returning"))
     named = target.sql("duckdb") if isinstance(target, exp.Table) else None

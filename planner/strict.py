@@ -81,12 +81,15 @@ def _empty_item(tokens: list[Token], i: int) -> Problem:
 
 
 def _nothing_after(tokens: list[Token], i: int) -> Problem:
-    """ON, AS, IS, IN, USING, OFFSET and LIMIT need what follows them (a condition, a name, a value, a list,
-    columns, a number); AS also needs an expression before it."""
+    """ON, AS, IS, IN, USING, OFFSET, LIMIT, PIVOT, UNPIVOT and WINDOW need what follows them (a condition, a name,
+    a value, a list, columns, a number, ...: sqlglot would read a bare PIVOT or WINDOW as a table's alias); AS
+    also needs an expression before it."""
     kind, after = tokens[i].token_type, _after(tokens, i)
     needs = {T.ON: "ON needs a condition", T.ALIAS: "AS needs a name", T.IS: "IS needs what it tests",
              T.IN: "IN needs a list or a query", T.USING: "USING needs its columns",
-             T.OFFSET: "OFFSET needs a number", T.LIMIT: "LIMIT needs a number"}.get(kind)
+             T.OFFSET: "OFFSET needs a number", T.LIMIT: "LIMIT needs a number",
+             T.PIVOT: "PIVOT needs what it pivots", T.UNPIVOT: "UNPIVOT needs what it unpivots",
+             T.WINDOW: "WINDOW needs its definitions"}.get(kind)
     if needs and (after is None or after in _CLAUSE or (kind == T.ALIAS and after == T.NUMBER)):
         return tokens[i], needs
     if kind == T.ALIAS and i > 0 and tokens[i - 1].token_type in _LIST_STARTS:
@@ -224,7 +227,7 @@ def _follows(tokens: list[Token], start: int, wanted: set[TokenType], through: f
 
 RULES: list[tuple[set[TokenType], Callable[[list[Token], int], Problem]]] = [  # the kinds of token each starts at
     (_LIST_STARTS | {T.COMMA}, _empty_item),
-    ({T.ON, T.ALIAS, T.IS, T.IN, T.NOT, T.USING, T.OFFSET, T.LIMIT}, _nothing_after),
+    ({T.ON, T.ALIAS, T.IS, T.IN, T.NOT, T.USING, T.OFFSET, T.LIMIT, T.PIVOT, T.UNPIVOT, T.WINDOW}, _nothing_after),
     ({T.WHEN}, _when_then), (_COMPARISONS, _two_comparisons), ({T.STRING}, _two_strings), ({T.STAR}, _table_star),
     ({T.LATERAL}, _lateral), ({T.JOIN}, _join_condition), ({T.WITH}, _cte), ({T.FETCH}, _fetch_only),
     ({T.EXCEPT, T.REPLACE, T.FOR, T.VAR, T.RENAME}, _star_modifier),

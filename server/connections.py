@@ -56,7 +56,7 @@ class Lease:
 
     def catalog(self) -> DatabaseCatalog:
         """The tables the connection sees now (a fresh view after each statement that may change them)."""
-        return DatabaseCatalog(self.database, self.con)
+        return DatabaseCatalog(self.database, self.con, committed=not self.in_transaction)
 
     @property
     def in_transaction(self) -> bool:

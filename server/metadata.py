@@ -11,7 +11,8 @@ from google.protobuf.message import Message
 
 import quail
 from quail.engine.ai.kinds import SQL_NAMES
-from quail.engine.exec.database import objects
+from quail.engine.exec.catalog import AIView
+from quail.engine.exec.database import ai_views, objects
 from quail.engine.exec.relational import duckdb_errors, keywords, quoted_name, result_columns, statement_schema
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME, is_text
 from quail.planner.substrait.producer import SUBSTRAIT_VERSION
@@ -246,17 +247,28 @@ def tables(con: duckdb.DuckDBPyConnection, system: dict[str, pa.Schema], catalog
         return schema.empty_table()
     schemas, names = like(schema_pattern), like(name_pattern)
     found = sorted(objects(con) + [(SCHEMA_NAME, name, "SYSTEM TABLE") for name in system])
+    views = ai_views(con)
     rows = []
     for schema_name, name, kind in found:
         if schemas.fullmatch(schema_name) and names.fullmatch(name) and (not table_types or kind in table_types):
             row = {"catalog_name": CATALOG_NAME, "db_schema_name": schema_name, "table_name": name,
                    "table_type": kind}
             if include_schema:
-                listed = listed_schema(name, result_columns(system[name]), True) if kind == "SYSTEM TABLE" else \
-                    listed_schema(name, _columns(con, schema_name, name), False, schema_name)
-                row["table_schema"] = schema_bytes(listed)
+                row["table_schema"] = schema_bytes(_listed(con, schema_name, name, kind, system, views))
             rows.append(row)
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _listed(con: duckdb.DuckDBPyConnection, schema: str, name: str, kind: str, system: dict[str, pa.Schema],
+            views: dict[str, AIView]) -> pa.Schema:
+    """The schema GetTables lists for a system table, a view with AI functions (the one its query returned when it
+    was created) or a table or view of the database."""
+    if kind == "SYSTEM TABLE":
+        return listed_schema(name, result_columns(system[name]), True)
+    view = views.get(name.lower()) if schema == SCHEMA_NAME else None
+    if view is not None:
+        return listed_schema(name, result_columns(view.schema), False)
+    return listed_schema(name, _columns(con, schema, name), False, schema)
 
 
 def _columns(con: duckdb.DuckDBPyConnection, schema: str, table: str) -> list[tuple[pa.Field, str]]:

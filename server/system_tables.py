@@ -9,7 +9,7 @@ from typing import Callable, Iterable
 import duckdb
 import pyarrow as pa
 
-from quail.engine.exec.catalog import Catalog, column_of
+from quail.engine.exec.catalog import AIView, Catalog, column_of
 from quail.engine.runtime.counters import Stats
 
 from quail.server.statements import Running
@@ -86,6 +86,9 @@ class WithSystemTables:
 
     def relation_names(self) -> list[str]:
         return [*self.system, *self.stored.relation_names()]
+
+    def ai_views(self) -> dict[str, AIView]:
+        return self.stored.ai_views()
 
     def connection(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
         return self.stored.connection()

@@ -9,11 +9,15 @@
   names every table that is such a relation.
 - `version` changes whenever a table may have changed: a plan made at one
   version holds until the next.
+- `ai_views()` are the views whose definitions call AI functions, which
+  Quail keeps and expands into the statements that read them
+  (planner/views.py), by lower-case name.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, closing
+from dataclasses import dataclass
 from typing import Iterable, Protocol
 
 import duckdb
@@ -31,6 +35,16 @@ def check_names(name: str, columns: list[str]) -> None:
     taken = [n for n in [name, *columns] if n.lower().startswith(RESERVED)]
     if taken:
         raise InvalidArgument(f"the name {taken[0]!r} is reserved: names starting with {RESERVED} are Quail's own")
+
+
+@dataclass(frozen=True)
+class AIView:
+    """A view whose definition calls AI functions: its name, its query's text in `dialect`, its result schema."""
+
+    name: str
+    sql: str
+    dialect: str
+    schema: pa.Schema
 
 
 class Catalog(Protocol):
@@ -52,6 +66,8 @@ class Catalog(Protocol):
     def relations(self, names: Iterable[str]) -> dict[str, pa.Table]: ...
 
     def relation_names(self) -> list[str]: ...
+
+    def ai_views(self) -> dict[str, AIView]: ...
 
     def connection(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]: ...
 
@@ -99,6 +115,9 @@ class MemoryCatalog:
 
     def relation_names(self) -> list[str]:
         return self.names()
+
+    def ai_views(self) -> dict[str, AIView]:
+        return {}
 
     def connection(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
         return closing(memory_database().cursor())

@@ -24,18 +24,22 @@ from typing import Iterable
 
 import duckdb
 import pyarrow as pa
+import pyarrow.ipc  # noqa: F401 - pa.ipc
 
 from quail.engine.errors import Unavailable
 from quail.engine.exec import legacy_store
-from quail.engine.exec.catalog import column_of
+from quail.engine.exec.catalog import RESERVED, AIView, column_of
 from quail.engine.exec.relational import CONFIG, duckdb_errors, quoted_name, statement_schema
 
 FILE = "quail.duckdb"
+VIEWS = "main.__quail_views"  # the views whose definitions call AI functions (planner/views.py)
 log = logging.getLogger("quail.database")
 
-_OBJECTS = """
+_OBJECTS = f"""
 SELECT table_name AS name, 'TABLE' AS kind, schema_name, database_name FROM duckdb_tables()
+WHERE NOT starts_with(lower(table_name), '{RESERVED}')
 UNION ALL SELECT view_name, 'VIEW', schema_name, database_name FROM duckdb_views() WHERE NOT internal
+UNION ALL SELECT name, 'VIEW', 'main', current_database() FROM {VIEWS}
 """
 
 
@@ -56,8 +60,11 @@ class Database:
             raise Unavailable(f"cannot open the database {self.path}: {err}") from None
         self._lock = threading.Lock()
         self._version = 0
+        self._views: tuple[int, dict[str, AIView]] | None = None
         try:
             with self.cursor() as con:
+                con.execute(f"CREATE TABLE IF NOT EXISTS {VIEWS} (key VARCHAR PRIMARY KEY, name VARCHAR NOT NULL, "
+                            "sql VARCHAR NOT NULL, dialect VARCHAR NOT NULL, schema BLOB NOT NULL)")
                 legacy_store.upgrade(self.data_dir, con)
         except (OSError, ValueError, pa.ArrowException, duckdb.Error) as err:
             self._db.close()
@@ -77,6 +84,17 @@ class Database:
         """A new connection to the database, with a transaction context of its own."""
         return self._db.cursor()
 
+    def ai_views(self) -> dict[str, AIView]:
+        """The committed views with AI functions, read once per version."""
+        known = self._views
+        if known is not None and known[0] == self._version:
+            return known[1]
+        version = self._version
+        with self.cursor() as con:
+            views = ai_views(con)
+        self._views = (version, views)
+        return views
+
     def close(self) -> None:
         """Checkpoint and release the file (another server may open it afterwards)."""
         self._db.close()
@@ -87,10 +105,12 @@ class DatabaseCatalog:
     planner and executor ask for them: statements run on that connection and read the tables there (no Arrow
     relations to register). The names are read once, when first asked."""
 
-    def __init__(self, database: Database, con: duckdb.DuckDBPyConnection) -> None:
+    def __init__(self, database: Database, con: duckdb.DuckDBPyConnection, committed: bool = True) -> None:
         self.database = database
         self.con = con
+        self.committed = committed  # the connection sees only what is committed (it is in no transaction)
         self._names: dict[str, str] | None = None
+        self._views: dict[str, AIView] | None = None
 
     @property
     def version(self) -> int:
@@ -129,8 +149,24 @@ class DatabaseCatalog:
     def relation_names(self) -> list[str]:
         return []
 
+    def ai_views(self) -> dict[str, AIView]:
+        """The views with AI functions the connection sees (the database's, shared, outside a transaction)."""
+        if self.committed:
+            return self.database.ai_views()
+        if self._views is None:
+            self._views = ai_views(self.con)
+        return self._views
+
     def connection(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
         return nullcontext(self.con)
+
+
+def ai_views(con: duckdb.DuckDBPyConnection) -> dict[str, AIView]:
+    """The views with AI functions a connection sees, by lower-case name."""
+    with duckdb_errors():
+        rows = con.execute(f"SELECT key, name, sql, dialect, schema FROM {VIEWS}").fetchall()
+    return {key: AIView(name, sql, dialect, pa.ipc.read_schema(pa.py_buffer(schema)))
+            for key, name, sql, dialect, schema in rows}
 
 
 def objects(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str, str]]:

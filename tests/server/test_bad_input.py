@@ -72,11 +72,13 @@ def _refused(uri: str, sql: str) -> str:
     ("SELECT id FROM reviews ORDER BY id FETCH FIRST", "FETCH needs FIRST or NEXT, a count"),
     ("SELECT * EXCLUDE FROM reviews", "* EXCLUDE needs the columns it names"),
     ("SELECT id FROM reviews FOR UPDATE", "locking reads"),
+    ("SELECT * FROM reviews PIVOT", "PIVOT needs what it pivots"),
+    ("SELECT * FROM reviews WINDOW", "WINDOW needs its definitions"),
 ], ids=["left-join-on-nothing", "on-then-where", "empty-argument", "between-without-and", "empty-prompt-argument",
         "trailing-comma", "deep-parentheses", "deep-not", "deep-calls", "deep-case", "two-comparisons", "not-is",
         "unclosed-call", "full-join-without-on", "with-without-as", "leading-comma", "as-without-expression",
         "in-without-list", "lateral-in-group-by", "two-strings", "table-star", "using-nothing", "offset-nothing",
-        "fetch-first-alone", "exclude-nothing", "for-update"])
+        "fetch-first-alone", "exclude-nothing", "for-update", "trailing-pivot", "trailing-window"])
 def test_malformed_sql_is_a_syntax_error_with_its_position_not_repaired(uri, sql, fragment):
     message = _refused(uri, sql)
     assert message.startswith("INVALID_ARGUMENT") and fragment in message, message

@@ -19,6 +19,8 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
+import quail
+
 
 @pytest.fixture(scope="module")
 def uri(server) -> str:
@@ -200,3 +202,67 @@ def test_ai_calls_in_update_delete_and_insert_give_what_the_two_step_query_gives
     kept = [(i, answers[i][0] if i < 3 else None) for i in sorted(answers) if answers[i][1] is not False]
     added = [(i + 100, None) for i in sorted(answers) if i == 4 or answers[i][1] is True]
     assert got == kept + added
+
+
+def test_a_view_whose_query_calls_ai_functions_runs_them_when_read(uri):
+    """CREATE VIEW with an AI call: its query is Quail's to keep and plan when read (DuckDB knows no AI function),
+    read like any view (by other views, CREATE TABLE ... AS, GetTables), replaced and dropped as DuckDB's are;
+    a second read asks the model about no new tokens of the same rows (the KV cache outlives queries)."""
+    texts = ["Great pasta.", "Cold soup.", "A fine film."]
+    score = "AI_SCORE(PROMPT('Is {0} about food?', body))"
+    with quail.RemoteSession(uri) as session:
+        session.register("dishes", pa.table({"id": [1, 2, 3], "body": texts}), replace=True)
+        direct = session.sql(f"SELECT id, {score} AS s FROM dishes ORDER BY id").collect()
+        session.sql(f"CREATE VIEW dish_scores AS SELECT id, {score} AS s FROM dishes").collect()
+        first = session.sql("SELECT id, s FROM dish_scores ORDER BY id").run()
+        again = session.sql("SELECT id, s FROM dish_scores ORDER BY id").run()
+        assert first.collect()["id"] == direct["id"]
+        assert first.collect()["s"].to_pylist() == pytest.approx(direct["s"].to_pylist(), rel=1e-4)
+        assert again.report.fresh_tokens < again.report.logical_tokens / 2, "the rows' prompts were cached"
+        session.sql("CREATE VIEW best_dish AS SELECT id FROM dish_scores ORDER BY s DESC LIMIT 1").collect()
+        best = max(zip(direct["s"].to_pylist(), direct["id"].to_pylist()))[1]
+        assert session.sql("SELECT * FROM best_dish").collect()["id"].to_pylist() == [best]
+        session.sql("CREATE TABLE dish_snapshot AS SELECT * FROM dish_scores").collect()
+        assert session.sql("SELECT count(*) AS n FROM dish_snapshot").collect()["n"].to_pylist() == [3]
+        for clash in ("CREATE VIEW dish_scores AS SELECT 1 AS x", f"CREATE VIEW dishes AS SELECT {score} FROM dishes"):
+            with pytest.raises(adbc_driver_manager.Error, match="ALREADY_EXISTS"):
+                session.sql(clash).collect()
+        tables = {t["table_name"]: t for t in session.connection.adbc_get_objects(
+            table_name_filter="dish%").read_all().to_pylist()[0]["catalog_db_schemas"][0]["db_schema_tables"]}
+        assert tables["dish_scores"]["table_type"] == "VIEW"
+        assert [c["column_name"] for c in tables["dish_scores"]["table_columns"]] == ["id", "s"]
+        session.sql("CREATE OR REPLACE VIEW dish_scores AS SELECT id, AI_FILTER(PROMPT('Is {0} cold?', body)) AS s "
+                    "FROM dishes").collect()
+        assert session.sql("SELECT s FROM dish_scores ORDER BY id").collect().schema.field("s").type == pa.bool_()
+        session.sql("DROP VIEW best_dish").collect()
+        session.sql("DROP VIEW dish_scores").collect()
+        with pytest.raises(adbc_driver_manager.Error, match="NOT_FOUND"):
+            session.sql("SELECT * FROM dish_scores").collect()
+
+
+def test_keys_and_nullability_are_listed_as_the_database_declares_them(uri):
+    """GetPrimaryKeys, GetImportedKeys, GetExportedKeys and GetCrossReference from the tables' constraints, in the
+    spec's order; GetTables lists a NOT NULL column (a key's too) as non-nullable."""
+    import pyarrow.flight as flight
+
+    from quail.server import sql_messages as sql
+
+    with _connect(uri) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE parents (a INTEGER, b VARCHAR, note VARCHAR, PRIMARY KEY (a, b))")
+        cur.execute("CREATE TABLE children (id INTEGER PRIMARY KEY, pa INTEGER, pb VARCHAR, "
+                    "FOREIGN KEY (pa, pb) REFERENCES parents (a, b))")
+        assert [f.nullable for f in conn.adbc_get_table_schema("parents")] == [False, False, True]
+    client = flight.FlightClient(uri)
+
+    def listing(name: str, **fields) -> list[tuple]:
+        info = client.get_flight_info(flight.FlightDescriptor.for_command(sql.pack(sql.new(name, **fields))))
+        return [tuple(row.values()) for row in client.do_get(info.endpoints[0].ticket).read_all().to_pylist()]
+
+    assert [row[2:6] for row in listing("CommandGetPrimaryKeys", table="parents")] == [
+        ("parents", "a", "parents_a_b_pkey", 1), ("parents", "b", "parents_a_b_pkey", 2)]
+    pairs = [("parents", "a", "children", "pa", 1), ("parents", "b", "children", "pb", 2)]
+    for name, fields in (("CommandGetImportedKeys", {"table": "children"}),
+                         ("CommandGetExportedKeys", {"table": "parents"}),
+                         ("CommandGetCrossReference", {"pk_table": "parents", "fk_table": "children"})):
+        assert [(r[2], r[3], r[6], r[7], r[8]) for r in listing(name, **fields)] == pairs, name
+    assert listing("CommandGetImportedKeys", table="parents") == []
