@@ -510,7 +510,7 @@ COMMANDS: dict[str, Route] = {
         con, _optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern")), context)),
     "CommandGetTables": _listing(FlightSQLHandler._tables),
     "CommandGetTableTypes": _listing(lambda h, cmd, context: metadata.table_types()),
-    "CommandGetSqlInfo": _listing(lambda h, cmd, context: metadata.sql_info(list(cmd.info))),
+    "CommandGetSqlInfo": _listing(lambda h, cmd, context: metadata.sql_info(tuple(cmd.info))),
     "CommandGetPrimaryKeys": _keys("primary"),
     "CommandGetImportedKeys": _keys("imported"),
     "CommandGetExportedKeys": _keys("exported"),

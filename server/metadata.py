@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -307,8 +308,10 @@ def table_types() -> pa.Table:
     return pa.table({"table_type": list(TABLE_TYPES)}, schema=TABLE_TYPES_SCHEMA)
 
 
-def sql_info(ids: list[int]) -> pa.Table:
-    """The requested SqlInfo rows (all known ones when ids is empty); unknown ids are skipped."""
+@functools.lru_cache(maxsize=64)
+def sql_info(ids: tuple[int, ...]) -> pa.Table:
+    """The requested SqlInfo rows (all known ones when ids is empty); unknown ids are skipped. (Drivers ask for the
+    same few lists again and again.)"""
     wanted = [i for i in (ids or sorted(SQL_INFO)) if i in SQL_INFO]
     children: list[list] = [[] for _ in _INFO_CHILDREN]
     kinds, offsets = [], []

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import duckdb
 import pyarrow as pa
-from duckdb import _seam  # DuckDB's binder: a statement's output names and types without running it
+from duckdb import _seam  # DuckDB's binder (a statement's output without running it) and its one-step submit
 
 from quail.engine.errors import (Aborted, AlreadyExists, Cancelled, InvalidArgument, NotFound, PermissionDenied,
                                  ResourceExhausted)
@@ -165,15 +165,17 @@ class DuckDB:
                 yield self._con
 
     def run(self, sql: str, relations: Mapping[str, pa.Table], params: Sequence[Any] | None = None) -> pa.Table:
-        """Evaluate one statement over the named relations."""
+        """Evaluate one statement over the named relations (DuckDB's submit: one parse and bind, where its
+        relation API would take another)."""
         with self._over(sql, relations) as con:
-            return con.sql(sql, params=params or None).to_arrow_table()
+            return _seam.submit(con, sql, list(params) if params else None, "arrow").arrow_table()
 
     def stream(self, sql: str, relations: Mapping[str, pa.Table], rows_per_batch: int,
                params: Sequence[Any] | None = None) -> Iterator[pa.RecordBatch]:
         """Evaluate one statement, its rows batch by batch as DuckDB produces them (memory bounded by a batch)."""
         with self._over(sql, relations) as con:
-            yield from con.sql(sql, params=params or None).to_arrow_reader(rows_per_batch)
+            yield from _seam.submit(con, sql, list(params) if params else None, "stream",
+                                    rows_per_batch).arrow_reader()
 
     def signature(self, sql: str, relations: Mapping[str, pa.Table],
                   params: Sequence[Any] | None = None) -> Signature:
