@@ -30,7 +30,7 @@ from quail.engine.exec.plan import PhysicalPlan, Step
 from quail.planner.ai_calls import AGGREGATES, ai_calls, ai_name, ancestors, contains_ai
 from quail.planner.binder import bind_parameters, bind_tables
 from quail.planner.dialects import normalize, position
-from quail.planner.subqueries import Names, Scope, ctes_of, output_columns
+from quail.planner.subqueries import Names, Scope, ctes_of, source_columns
 
 ANSWER = "__quail_answer"
 KEY = "__quail_key_{}"
@@ -165,23 +165,11 @@ def _source_of(column: exp.Column, sources: dict[str, exp.Expression], root: exp
                                   f"supported yet{position(column)}")
         return column.table.lower()
     having = [alias for alias, source in sources.items()
-              if column.name.lower() in (c.lower() for c in _source_columns(source, root, scope))]
+              if column.name.lower() in (c.lower() for c in source_columns(source, scope, ctes_of(root)))]
     if len(having) != 1:
         raise InvalidArgument(f"column {column.name!r} is {'in several sources' if having else 'in no source'} "
                               f"of the statement that calls AI on it{position(column)}")
     return having[0]
-
-
-def _source_columns(source: exp.Expression, root: exp.Expression, scope: Scope) -> list[str]:
-    """The columns a source offers: a CTE's, a derived table's, a stored table's."""
-    ctes = ctes_of(root)
-    if isinstance(source, exp.Table) and not source.db and source.name.lower() in ctes:
-        return output_columns(ctes[source.name.lower()].this, scope)
-    if isinstance(source, exp.Subquery):
-        return output_columns(source.this, scope)
-    if isinstance(source, exp.Table) and scope.has(source.name):
-        return list(scope.schema(source.name).names)
-    raise InvalidArgument(f"cannot tell the columns of {source.sql()}{position(source)}")
 
 
 def _pushable(owner: exp.Expression, sources: dict[str, exp.Expression], root: exp.Expression,

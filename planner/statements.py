@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence, Union
+from typing import Any, ClassVar, Sequence, Union
 
 import sqlglot
 from sqlglot import exp
@@ -51,9 +51,12 @@ _AI_WRITES = (exp.Insert, exp.Create)  # statements whose AI calls may all stand
 
 @dataclass(frozen=True)
 class Script:
-    """Several statements in one text (each in the session's dialect), run in order on one connection."""
+    """Several statements in one text (each in the session's dialect), run in order on one connection. It binds
+    no parameters, and what it returns is known only once it has run."""
 
     texts: tuple[str, ...]
+    parameters: ClassVar[int] = 0
+    returns_rows: ClassVar[bool] = False
 
 
 Planned = Union[PhysicalPlan, Write, Script]
@@ -77,7 +80,7 @@ def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[An
         return Script(tuple(tree.sql(DIALECTS[dialect]) for tree in trees))
     tree = trees[0]
     views = {} if isinstance(tree, (exp.Transaction, exp.Commit, exp.Rollback)) else catalog.ai_views()
-    reads_views = _reads_views(sql, catalog) if views else False
+    reads_views = bool(views) and views_mention(sql, views)
     dropped = drop_view(tree, views) if isinstance(tree, exp.Drop) else None
     if dropped is not None:
         return dropped

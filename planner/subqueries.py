@@ -130,13 +130,17 @@ def output_columns(select: exp.Query, scope: Scope) -> list[str]:
             for source in sources(select):
                 if star_of and source.alias_or_name.lower() != star_of.lower():
                     continue
-                out += _source_columns(source, scope)
+                out += source_columns(source, scope)
         elif item.output_name:
             out.append(item.output_name)
     return out
 
 
-def _source_columns(source: exp.Expression, scope: Scope) -> list[str]:
+def source_columns(source: exp.Expression, scope: Scope, ctes: dict[str, exp.CTE] | None = None) -> list[str]:
+    """The columns a FROM source offers: a CTE's of `ctes` (a statement's WITH, by lower-case name), a stored or
+    materialized table's, a derived table's."""
+    if ctes and isinstance(source, exp.Table) and not source.db and source.name.lower() in ctes:
+        return output_columns(ctes[source.name.lower()].this, scope)
     if isinstance(source, exp.Table) and scope.has(source.name):
         return list(scope.schema(source.name).names)
     if isinstance(source, exp.Subquery):

@@ -23,7 +23,7 @@ import pyarrow as pa
 from quail.engine.errors import InvalidArgument
 from quail.engine.exec.database import Database
 from quail.engine.exec.plan import PhysicalPlan, Write
-from quail.engine.exec.writes import UPDATE_SCHEMA, run_writes
+from quail.engine.exec.writes import UPDATE_SCHEMA, changed_rows, run_writes
 from quail.engine.runtime.query_work import QueryWork
 from quail.planner.binder import python_values
 from quail.planner.statements import Planned, Script
@@ -97,7 +97,7 @@ class Changes:
 
     def _script(self, script: Script, work: QueryWork, context, lease: Lease) -> pa.Table:
         """Several statements in order on one connection, each planned as it comes; the last one's result."""
-        result, open_ = changed(0), lease.in_transaction
+        result, open_ = changed_rows(0), lease.in_transaction
         try:
             for text in script.texts:
                 catalog = self.catalog(context, lease)
@@ -125,11 +125,6 @@ class Changes:
             raise InvalidArgument("the statements left their transaction open, so it was rolled back: end it with "
                                   "COMMIT in the same text, or use a session or the driver's transactions")
         return result
-
-
-def changed(rows: int) -> pa.Table:
-    """The result of a statement that changed `rows` rows."""
-    return pa.Table.from_pydict({"rows_affected": [rows]}, schema=UPDATE_SCHEMA)
 
 
 def count(result: pa.Table) -> int:

@@ -1,7 +1,7 @@
 """Flight SQL semantics over the Flight service: commands, tickets, prepared statements, transactions, ingest.
 
 Each call's statements run on a connection to the database (connections.py):
-a new one, or its transaction's. A query is planned at GetFlightInfo and runs
+a new one, its session's, or its transaction's. A query is planned at GetFlightInfo and runs
 when its ticket is redeemed; a statement that changes something runs at
 GetFlightInfo (or DoPut), so it has taken effect when the client's execute()
 returns.
@@ -65,7 +65,8 @@ class FlightSQLHandler:
     """Answers Flight SQL commands against one database and one model runtime."""
 
     def __init__(self, database: Database, service: QueryService, dialect: str, limits: Limits = Limits(),
-                 metrics: Metrics | None = None, access: Access = Access(), transaction_idle_s: float = TRANSACTION_IDLE_S) -> None:
+                 metrics: Metrics | None = None, access: Access = Access(),
+                 transaction_idle_s: float = TRANSACTION_IDLE_S) -> None:
         self.database = database
         self.connections = Connections(database, transaction_idle_s)
         self.service = service
@@ -244,7 +245,7 @@ class FlightSQLHandler:
         return handler(self, cmd, context)
 
     def _query_info(self, cmd: Message, descriptor, context) -> Message:
-        return self._statement_info(descriptor, cmd.query, None, context, _optional(cmd, "transaction_id"))
+        return self._statement_info(descriptor, cmd.query, None, context, _transaction(cmd))
 
     def _schema_of(self, query: str, context, transaction: bytes | None) -> pa.Schema:
         """A statement's result schema, nothing run (a text of several: the empty schema, its result unknown)."""
@@ -253,11 +254,11 @@ class FlightSQLHandler:
         return schema if schema is not None else pa.schema([])
 
     def _query_schema(self, cmd: Message, context) -> pa.Schema:
-        return self._schema_of(cmd.query, context, _optional(cmd, "transaction_id"))
+        return self._schema_of(cmd.query, context, _transaction(cmd))
 
     def _substrait(self, cmd: Message, context) -> tuple[PhysicalPlan, pa.Schema]:
         """A CommandStatementSubstraitPlan's plan and result schema."""
-        with self._lease(context, _optional(cmd, "transaction_id")) as lease:
+        with self._lease(context, _transaction(cmd)) as lease:
             plan, schema = self.service.plan_substrait(cmd.plan.plan, self._catalog(context, lease))
         return plan, plain_schema(schema)
 
@@ -304,8 +305,8 @@ class FlightSQLHandler:
 
     def _tables(self, cmd: Message, context) -> pa.Table:
         return self._listed(lambda con: metadata.tables(
-            con, {QUERIES: QUERIES_SCHEMA}, _optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern"),
-            _optional(cmd, "table_name_filter_pattern"), list(cmd.table_types), cmd.include_schema), context)
+            con, {QUERIES: QUERIES_SCHEMA}, sql.optional(cmd, "catalog"), sql.optional(cmd, "db_schema_filter_pattern"),
+            sql.optional(cmd, "table_name_filter_pattern"), list(cmd.table_types), cmd.include_schema), context)
 
     def reads_data(self, descriptor, schema: pa.Schema | None) -> bool:
         """Ingest and parameter binds carry data; an update carries parameters only when its first message
@@ -326,7 +327,7 @@ class FlightSQLHandler:
         return [sql.new("DoPutPreparedStatementResult", prepared_statement_handle=handle).SerializeToString()]
 
     def _statement_update(self, cmd: Message, table: pa.Table, context) -> list[bytes]:
-        return self._put_update(cmd.query, None, context, _optional(cmd, "transaction_id"))
+        return self._put_update(cmd.query, None, context, _transaction(cmd))
 
     def _prepared_update(self, cmd: Message, table: pa.Table, context) -> list[bytes]:
         """A prepared update with the rows of parameters sent along, else those bound before."""
@@ -350,17 +351,17 @@ class FlightSQLHandler:
         self.access.require(context, "write", "ingest tables")
         if not table.schema.names:
             raise InvalidArgument("the ingested stream carries no Arrow schema")
-        if _optional(cmd, "catalog") not in (None, "", CATALOG_NAME):
+        if sql.optional(cmd, "catalog") not in (None, "", CATALOG_NAME):
             raise NotFound(f"catalog {cmd.catalog} does not exist")
         if cmd.table.lower() == QUERIES:
             raise InvalidArgument(f"{cmd.table} is a system table: it cannot be written")
         options = cmd.table_definition_options
         _whole(context)
-        with self._lease(context, _optional(cmd, "transaction_id")) as lease:
+        with self._lease(context, _transaction(cmd)) as lease:
             if cmd.temporary and lease.kept is None:
                 raise InvalidArgument("a temporary table lives as long as its connection: ingest it in a session "
                                       "or a transaction, where it is used")
-            rows = ingest(lease.con, table, cmd.table, _optional(cmd, "schema") or None,
+            rows = ingest(lease.con, table, cmd.table, sql.optional(cmd, "schema") or None,
                           _IF_EXISTS.get(options.if_exists, "fail"), _IF_MISSING.get(options.if_not_exist, "fail"),
                           cmd.temporary)
             if not lease.in_transaction:
@@ -376,7 +377,7 @@ class FlightSQLHandler:
 
     def _prepare(self, body: bytes, context) -> list[bytes]:
         _, request = self._command(body, "CreatePreparedStatement")
-        transaction = _optional(request, "transaction_id")
+        transaction = _transaction(request)
         version = self.database.version  # before planning: a commit while it plans makes the plan not hold
         found: Future = Future()  # the result schema, as a head start's first batch leaves
         heads: list[HeadStart] = []
@@ -399,12 +400,11 @@ class FlightSQLHandler:
                 head.stop()
             raise
         found.set_result(schema)
-        parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null())
-                                for i in range(getattr(plan, "parameters", 0))])
+        parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(plan.parameters)])
         kept, head = None, heads[0] if heads else None
         if isinstance(plan, PhysicalPlan) and not plan.parameters and alone:
             kept = Kept(plan, schema, version, self._dialect(context))
-        if not isinstance(plan, PhysicalPlan) and not getattr(plan, "returns_rows", False):
+        if not isinstance(plan, PhysicalPlan) and not plan.returns_rows:
             schema = pa.schema([])  # an update: JDBC then runs it by DoPut(CommandPreparedStatementUpdate)
         result = sql.new("ActionCreatePreparedStatementResult",
                          prepared_statement_handle=self.statements.prepare(request.query, kept, head, transaction),
@@ -507,7 +507,7 @@ COMMANDS: dict[str, Route] = {
     "CommandStatementIngest": Route(put=FlightSQLHandler._ingested),
     "CommandGetCatalogs": _listing(lambda h, cmd, context: metadata.catalogs()),
     "CommandGetDbSchemas": _listing(lambda h, cmd, context: h._listed(lambda con: metadata.db_schemas(
-        con, _optional(cmd, "catalog"), _optional(cmd, "db_schema_filter_pattern")), context)),
+        con, sql.optional(cmd, "catalog"), sql.optional(cmd, "db_schema_filter_pattern")), context)),
     "CommandGetTables": _listing(FlightSQLHandler._tables),
     "CommandGetTableTypes": _listing(lambda h, cmd, context: metadata.table_types()),
     "CommandGetSqlInfo": _listing(lambda h, cmd, context: metadata.sql_info(tuple(cmd.info))),
@@ -515,7 +515,7 @@ COMMANDS: dict[str, Route] = {
     "CommandGetImportedKeys": _keys("imported"),
     "CommandGetExportedKeys": _keys("exported"),
     "CommandGetCrossReference": _keys("cross"),
-    "CommandGetXdbcTypeInfo": _listing(lambda h, cmd, context: metadata.xdbc_type_info(_optional(cmd, "data_type"))),
+    "CommandGetXdbcTypeInfo": _listing(lambda h, cmd, context: metadata.xdbc_type_info(sql.optional(cmd, "data_type"))),
 }
 _RPC_FIELDS = {"GetFlightInfo": "info", "GetSchema": "schema", "DoGet": "get", "DoPut": "put"}
 
@@ -548,9 +548,9 @@ def _whole(context) -> None:
         raise Cancelled("the DoPut stream ended before the client finished it: nothing was written")
 
 
-def _optional(message: Message, field: str) -> Any:
-    """An optional field's value, None when unset (or empty)."""
-    return (getattr(message, field) or None) if message.HasField(field) else None
+def _transaction(message: Message) -> bytes | None:
+    """The transaction a command or request names (None: none, or an empty id)."""
+    return sql.optional(message, "transaction_id") or None
 
 
 def _check_bound(plan: Planned, params: pa.Table | None) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -19,6 +18,7 @@ from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME, is_text
 from quail.planner.substrait.producer import SUBSTRAIT_VERSION
 
 from quail.server.ipc import schema_bytes
+from quail.server.sql_messages import optional
 
 TABLE_TYPES = ("SYSTEM TABLE", "TABLE", "VIEW")
 
@@ -184,12 +184,8 @@ def keys(con: duckdb.DuckDBPyConnection, kind: str, cmd: Message) -> pa.Table:
 
 def _names(cmd: Message, catalog: str, schema: str, table: str, schema_name: str, table_name: str) -> bool:
     """Whether a command's catalog, schema and table fields (unset ones match any) name the table."""
-    return _field(cmd, catalog) in (None, CATALOG_NAME) and _field(cmd, schema) in (None, schema_name) and \
+    return optional(cmd, catalog) in (None, CATALOG_NAME) and optional(cmd, schema) in (None, schema_name) and \
         getattr(cmd, table).lower() == table_name.lower()
-
-
-def _field(cmd: Message, name: str) -> Any:
-    return getattr(cmd, name) if cmd.HasField(name) else None
 
 
 def xdbc_type_info(data_type: int | None) -> pa.Table:

@@ -6,6 +6,8 @@ Wrapped in `google.protobuf.Any`, commands travel with type URLs
 
 from __future__ import annotations
 
+from typing import Any
+
 from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError, Message
 
@@ -109,6 +111,11 @@ def unpack(data: bytes) -> tuple[str, Message | None]:
     except DecodeError:
         return name, None
     return name, message
+
+
+def optional(message: Message, field: str) -> Any:
+    """An optional field's value, None when unset."""
+    return getattr(message, field) if message.HasField(field) else None
 
 
 def new(name: str, **fields) -> Message:

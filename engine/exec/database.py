@@ -61,10 +61,11 @@ class Database:
         self._lock = threading.Lock()
         self._version = 0
         self._views: tuple[int, dict[str, AIView]] | None = None
+        with self.cursor() as con, duckdb_errors():
+            con.execute(f"CREATE TABLE IF NOT EXISTS {VIEWS} (key VARCHAR PRIMARY KEY, name VARCHAR NOT NULL, "
+                        "sql VARCHAR NOT NULL, dialect VARCHAR NOT NULL, schema BLOB NOT NULL)")
         try:
             with self.cursor() as con:
-                con.execute(f"CREATE TABLE IF NOT EXISTS {VIEWS} (key VARCHAR PRIMARY KEY, name VARCHAR NOT NULL, "
-                            "sql VARCHAR NOT NULL, dialect VARCHAR NOT NULL, schema BLOB NOT NULL)")
                 legacy_store.upgrade(self.data_dir, con)
         except (OSError, ValueError, pa.ArrowException, duckdb.Error) as err:
             self._db.close()

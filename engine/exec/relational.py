@@ -70,7 +70,8 @@ def quoted_name(name: str) -> str:
 def duckdb_errors(work: QueryWork | None = None) -> Iterator[None]:
     """DuckDB's exceptions as Quail errors: an interrupt is Cancelled (or DeadlineExceeded, as `work` says);
     a duplicate key or name AlreadyExists; an unknown name NotFound; a write-write conflict between
-    transactions Aborted (another transaction error, such as one already failed, InvalidArgument); file access PermissionDenied; memory ResourceExhausted; the rest InvalidArgument."""
+    transactions Aborted (another transaction error, such as one already failed, InvalidArgument); file
+    access PermissionDenied; memory ResourceExhausted; the rest InvalidArgument."""
     try:
         yield
     except duckdb.InterruptException:

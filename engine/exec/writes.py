@@ -59,9 +59,12 @@ def run_writes(writes: list[Write], catalog: Catalog, runtime: Runtime | None, w
             if atomic:
                 _roll_back(db)
             raise
-    if writes[-1].returns_rows:
-        return returned
-    return pa.Table.from_pydict({"rows_affected": [changed]}, schema=UPDATE_SCHEMA)
+    return returned if writes[-1].returns_rows else changed_rows(changed)
+
+
+def changed_rows(rows: int) -> pa.Table:
+    """The result of a statement that changed `rows` rows (UPDATE_SCHEMA)."""
+    return pa.Table.from_pydict({"rows_affected": [rows]}, schema=UPDATE_SCHEMA)
 
 
 def _roll_back(db: DuckDB) -> None:
