@@ -148,7 +148,7 @@ class FlightSQLHandler:
                 for batch in batches():
                     work.check()  # the client ended the call: stop reading
                     rows += batch.num_rows
-                    yield batch if schema is None else batch.cast(schema())
+                    yield batch if schema is None or batch.schema.equals(target := schema()) else batch.cast(target)
         except QuailError as err:
             if isinstance(err, Cancelled):
                 log.info("query cancelled after %.3fs, %d forward passes", time.perf_counter() - start,
@@ -158,7 +158,7 @@ class FlightSQLHandler:
         finally:
             self.statements.finish(handle, work)
         report = self.service.report(work, time.perf_counter() - start)
-        self.sessions.record(context, LAST_QUERY, json.dumps(report))
+        self.sessions.record(context, LAST_QUERY, lambda: json.dumps(report))
         self.metrics.query_done(report)
         log.info("query %s done for %s: %d rows in %.3fs, %d requests, %d logical / %d fresh tokens",
                  handle[:8].hex(), user_of(context), rows, report["wall_s"], report["requests"],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 import threading
-from typing import Mapping
+from typing import Callable, Mapping
 
 import grpc
 from google.protobuf.message import Message
@@ -83,12 +83,13 @@ class Sessions:
         with self._lock:
             return session if session in self._sessions else None
 
-    def record(self, context: grpc.ServicerContext, key: str, value: str) -> None:
-        """Set a server-kept option of the caller's session (none for a caller without a session)."""
+    def record(self, context: grpc.ServicerContext, key: str, value: Callable[[], str]) -> None:
+        """Set a server-kept option of the caller's session to what `value` makes (made only for a caller
+        with a session)."""
         with self._lock:
             session = self._sessions.get(session_id(context) or "")
             if session is not None:
-                session[key] = value
+                session[key] = value()
 
     def get(self, context: grpc.ServicerContext) -> bytes:
         return FLIGHT["GetSessionOptionsResult"](session_options=[

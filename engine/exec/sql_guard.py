@@ -50,8 +50,10 @@ def statements(sql: str) -> list[tuple[str, str]]:
     return found
 
 
+@functools.lru_cache(maxsize=4096)
 def check(sql: str) -> None:
-    """InvalidArgument when a query reads more than MAX_TABLES table references (other statements pass)."""
+    """InvalidArgument when a query reads more than MAX_TABLES table references (other statements pass); a
+    text that passed is not looked at again (a prepared statement runs many times)."""
     _check_shape(shape(sql))
 
 

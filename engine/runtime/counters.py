@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass
@@ -54,14 +54,17 @@ class Stats:
 
     def plus(self, other: "Stats") -> "Stats":
         """Both counts added, field by field."""
-        return Stats(**{name: value + getattr(other, name) for name, value in asdict(self).items()})
+        return Stats(*(getattr(self, name) + getattr(other, name) for name in _NAMES))
 
     def minus(self, other: "Stats") -> "Stats":
         """The counts added since `other` (an earlier copy of these), field by field."""
-        return Stats(**{name: value - getattr(other, name) for name, value in asdict(self).items()})
+        return Stats(*(getattr(self, name) - getattr(other, name) for name in _NAMES))
 
     def as_dict(self) -> dict[str, int]:
-        return {**asdict(self), "physical_tokens": self.physical_tokens, "cached_tokens": self.cached_tokens}
+        return {**{name: getattr(self, name) for name in _NAMES}, "physical_tokens": self.physical_tokens, "cached_tokens": self.cached_tokens}
+
+
+_NAMES = tuple(f.name for f in fields(Stats))  # the counts, in field order
 
 
 def causal_pairs(q: int, c: int = 0) -> int:
