@@ -41,7 +41,8 @@ def _free(host: str, port: int) -> bool:
         return True  # not an address of this host: gRPC's bind says so
     try:
         with socket.socket(family, kind, proto) as probe:
-            probe.bind(address)
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: a closed server's
+            probe.bind(address)  # connections waiting out TIME-WAIT do not hold the port, a listening server does
         return True
     except OSError:
         return False

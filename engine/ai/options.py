@@ -10,6 +10,8 @@ from quail.engine.errors import InvalidArgument
 from quail.engine.runtime.grammar import compiled
 
 DEFAULT_MAX_TOKENS = 256  # a row's answer, when the query sets no max_tokens
+MAX_STOP_TEXTS = 16  # stop texts a call may name (each is looked for after every token generated)
+MAX_STOP_BYTES = 256  # the longest stop text, in UTF-8 bytes
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,10 @@ class Generation:
             raise InvalidArgument(f"top_p must be in (0, 1], not {self.top_p}")
         if any(not text for text in self.stop):
             raise InvalidArgument("a stop text must not be empty")
+        if len(self.stop) > MAX_STOP_TEXTS:
+            raise InvalidArgument(f"at most {MAX_STOP_TEXTS} stop texts, not {len(self.stop):,}")
+        if any(len(text.encode()) > MAX_STOP_BYTES for text in self.stop):
+            raise InvalidArgument(f"a stop text is at most {MAX_STOP_BYTES} bytes (UTF-8)")
 
     def describe(self) -> str:
         """EXPLAIN's words: how many tokens a row at most, and how they are chosen."""

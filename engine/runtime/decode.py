@@ -58,11 +58,15 @@ class Decoding:
     temperature: float = 0.0
     top_p: float = 1.0
     schema: Schema | None = None
+    window: int = field(init=False, repr=False, compare=False)  # how many last tokens hold any stop text
 
-    @property
-    def window(self) -> int:
-        """How many last tokens hold any stop text that a new token completes (a token is at least a byte)."""
-        return max((len(s.encode()) for s in self.stop_texts), default=0) + 1
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "window", max((len(s.encode()) for s in self.stop_texts), default=0) + 1)
+
+    def stopped(self, tail: str) -> bool:
+        """Whether the text of a sequence's last `window` tokens (a token is at least a byte) holds a stop text:
+        each stop looked for once a token, in a tail of bounded length (linear in the tokens generated)."""
+        return any(s in tail for s in self.stop_texts)
 
     def cut(self, text: str) -> str:
         """The text before its first stop text."""
@@ -154,8 +158,8 @@ class _Sequence:
         self.tokens.append(token)
         stats.generated_tokens += 1
         complete = self.matcher is not None and decoding.schema.take(self.matcher, token)
-        if complete or len(self.tokens) >= decoding.max_tokens or bool(decoding.stop_texts) and any(
-                s in text(self.tokens[-decoding.window:]) for s in decoding.stop_texts):
+        if complete or len(self.tokens) >= decoding.max_tokens or bool(decoding.stop_texts) and decoding.stopped(
+                text(self.tokens[-decoding.window:])):
             self._end()
 
     def _end(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -51,6 +52,23 @@ def test_a_busy_port_and_a_held_data_directory_are_refused_in_one_line(tmp_path)
         with conn.cursor() as cur:  # the first server still answers every connection
             cur.execute("SELECT 1 AS x")
             assert cur.fetchall() == [(1,)]
+
+
+def test_a_server_restarts_on_its_own_port_at_once(tmp_path):
+    """The stopped server closed a client's connection first (its end waits out FIN-WAIT / TIME-WAIT on the
+    port): that port is free for the next server, not busy for a minute."""
+    with ServerProcess(tmp_path) as first, flight_sql.connect(first.uri, autocommit=True) as conn:
+        with conn.cursor() as cur:
+            cur.execute("CREATE TABLE t AS SELECT 7 AS a")
+        port = first.uri.rsplit(":", 1)[1]
+        idle = socket.create_connection(("127.0.0.1", int(port)))  # a client that does not close its end
+        assert first.stop() == 0
+    with idle, ServerProcess(tmp_path, "--port", port) as second, \
+            flight_sql.connect(second.uri, autocommit=True) as conn:
+        assert second.uri.endswith(f":{port}")
+        with conn.cursor() as cur:
+            cur.execute("SELECT a FROM t")
+            assert cur.fetchall() == [(7,)]
 
 
 @pytest.mark.parametrize("args, message", [
