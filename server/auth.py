@@ -4,8 +4,8 @@ token; each user's role says what it may do.
 Every other call must carry `authorization: Bearer <token>`. A token is
 `<payload>.<signature>`: the payload names the user and the expiry time, the
 signature is an HMAC-SHA256 under a secret drawn when the server starts (so
-tokens end with the server run). Failed logins are throttled per user and per
-client address.
+tokens end with the server run). Failed logins slow further tries of that user
+from that client address (Throttle); no one is locked out.
 
 One server is one tenant: every user reads every table. Roles, from the users
 file (`user:password:role`): `read` (the default) queries and reads the
@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import grpc
 
@@ -33,8 +34,11 @@ from quail.engine.errors import InvalidArgument, PermissionDenied, Unauthenticat
 
 
 ROLES = ("read", "write", "admin")  # each may do what the roles before it may
-FREE_FAILURES = 5  # failed logins in a row (per user, per client address) before they are throttled
-MAX_LOCK_S = 300.0
+FREE_FAILURES = 5  # failed logins in a row of one user from one client address before its tries are slowed
+MAX_DELAY_S = 8.0  # the longest a slowed pair's tries are spaced
+MAX_WAIT_S = 10.0  # the longest a try waits its turn (further tries are refused)
+MAX_WAITING = 4  # tries waiting their turn at once, on the whole server
+MAX_PAIRS = 100_000  # (user, address) pairs with failures remembered
 
 
 @dataclass(frozen=True)
@@ -100,35 +104,64 @@ def user_of(context: grpc.ServicerContext) -> str:
 
 
 class Throttle:
-    """Failed logins by key (a user, a client address): after FREE_FAILURES in a row, a key is locked for
-    twice as long after each further failure (1 s, 2 s, ... up to MAX_LOCK_S); a success clears it."""
+    """Failed logins per (user, client address), slowed rather than locked out.
 
-    def __init__(self) -> None:
-        self._failures: dict[str, tuple[int, float]] = {}
+    - The first FREE_FAILURES failures of a pair in a row are answered at once.
+    - After them each further try of that pair waits its turn: 1 s after the one before, then 2 s, 4 s, ...
+      (at most MAX_DELAY_S), and is then tried, so a right password still logs in, only later.
+    - A try whose turn is more than MAX_WAIT_S away, or that finds MAX_WAITING tries already waiting (on
+      the whole server: a waiting try holds a call's thread), is refused at once.
+    - Only that pair slows: another user from the same address (behind one proxy or NAT) or the same user
+      from elsewhere is not touched. A success clears the pair; at most MAX_PAIRS pairs are remembered.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+        self._pairs: dict[tuple[str, str], tuple[int, float]] = {}  # failures in a row, when the next try may go
+        self._waiting = 0
         self._lock = threading.Lock()
+        self._clock = clock
+        self._sleep = sleep
 
-    def check(self, keys: list[str]) -> None:
-        """Unauthenticated while one of the keys is locked (the login is not even tried)."""
-        now = time.monotonic()
+    def turn(self, user: str, client: str) -> None:
+        """Wait for this pair's turn to try a password (Unauthenticated when it is too far or too many wait)."""
+        key = (user, client)
         with self._lock:
-            wait = max((self._until(key) - now for key in keys), default=0.0)
+            failures, free_at = self._pairs.get(key, (0, 0.0))
+            if failures < FREE_FAILURES:
+                return
+            now = self._clock()
+            wait = max(0.0, free_at - now)
+            if wait > MAX_WAIT_S or (wait > 0 and self._waiting >= MAX_WAITING):
+                raise Unauthenticated(f"too many failed logins for {user!r} from this address: try again in "
+                                      f"{math.ceil(wait)} s")
+            self._pairs[key] = (failures, now + wait + _delay(failures))  # a try beside this one goes after it
+            self._waiting += wait > 0
         if wait > 0:
-            raise Unauthenticated(f"too many failed logins: try again in {math.ceil(wait)} s")
+            try:
+                self._sleep(wait)
+            finally:
+                with self._lock:
+                    self._waiting -= 1
 
-    def _until(self, key: str) -> float:
-        count, last = self._failures.get(key, (0, 0.0))
-        return last + min(MAX_LOCK_S, 2.0 ** (count - FREE_FAILURES)) if count >= FREE_FAILURES else 0.0
-
-    def failed(self, keys: list[str]) -> None:
-        now = time.monotonic()
+    def failed(self, user: str, client: str) -> None:
+        key = (user, client)
         with self._lock:
-            for key in keys:
-                self._failures[key] = (self._failures.get(key, (0, 0.0))[0] + 1, now)
+            failures, free_at = self._pairs.pop(key, (0, 0.0))
+            failures += 1
+            if failures >= FREE_FAILURES:
+                free_at = max(free_at, self._clock() + _delay(failures))
+            if len(self._pairs) >= MAX_PAIRS:  # the pair that failed longest ago is forgotten
+                del self._pairs[next(iter(self._pairs))]
+            self._pairs[key] = (failures, free_at)
 
-    def succeeded(self, keys: list[str]) -> None:
+    def succeeded(self, user: str, client: str) -> None:
         with self._lock:
-            for key in keys:
-                self._failures.pop(key, None)
+            self._pairs.pop((user, client), None)
+
+
+def _delay(failures: int) -> float:
+    """Seconds between tries of a pair with this many failures in a row (at least FREE_FAILURES)."""
+    return min(MAX_DELAY_S, 2.0 ** (failures - FREE_FAILURES))
 
 
 class Authenticator:
@@ -158,18 +191,17 @@ class Authenticator:
         return claims["user"]
 
     def password(self, credentials: str, client: str) -> tuple[str, User]:
-        """The name and user whose Basic credentials these are (throttled per user and per client address)."""
+        """The name and user whose Basic credentials these are (tries throttled per user and client address)."""
         try:
             name, _, password = base64.b64decode(_padded(credentials)).decode().partition(":")
         except ValueError:
             raise Unauthenticated("malformed Basic credentials") from None
-        keys = [f"user {name}", f"client {client}"]
-        self.throttle.check(keys)
+        self.throttle.turn(name, client)
         user = self.users.get(name)
         if user is None or not hmac.compare_digest(user.password.encode(), password.encode()):
-            self.throttle.failed(keys)
+            self.throttle.failed(name, client)
             raise Unauthenticated("wrong username or password")
-        self.throttle.succeeded(keys)
+        self.throttle.succeeded(name, client)
         return name, user
 
     def login(self, context: grpc.ServicerContext) -> str:

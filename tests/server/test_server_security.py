@@ -146,16 +146,59 @@ def test_query_text_shows_to_its_user_and_admins_only(roles):
     assert queries_table(running, "boss", everyone=True)["query"].to_pylist() == ["SELECT secret", "SELECT mine"]
 
 
-def test_failed_logins_are_throttled_per_user_and_client(roles):
+def test_failed_logins_slow_that_user_from_that_address_and_lock_no_one_out(roles):
     for _ in range(5):
         with pytest.raises(adbc_driver_manager.Error, match="wrong username or password"):
             _connect(roles.uri, "boss", "guess").cursor().execute("SELECT 1")
-    with pytest.raises(adbc_driver_manager.Error, match="too many failed logins"):
-        _connect(roles.uri, "boss", "b-pass").cursor().execute("SELECT 1")
-    time.sleep(1.5)
-    with _connect(roles.uri, "boss", "b-pass") as conn, conn.cursor() as cur:  # the lock lapsed: the right one works
+    for name in (f"nobody{i}" for i in range(20)):  # usernames rotated from one address
+        with pytest.raises(adbc_driver_manager.Error, match="wrong username or password"):
+            _connect(roles.uri, name, "guess").cursor().execute("SELECT 1")
+    with _connect(roles.uri, "reader", "r-pass") as conn, conn.cursor() as cur:  # another user, same address
         cur.execute("SELECT 1 AS x")
         assert cur.fetchall() == [(1,)]
+    started = time.monotonic()
+    with _connect(roles.uri, "boss", "b-pass") as conn, conn.cursor() as cur:  # slowed, not refused
+        cur.execute("SELECT 1 AS x")
+        assert cur.fetchall() == [(1,)]
+    assert time.monotonic() - started >= 0.5  # it waited its turn (1 s after the fifth failure)
+
+
+def test_a_slowed_pair_waits_its_turn_and_a_flood_is_refused():
+    """The throttle's turns on a fake clock: after FREE_FAILURES the next try waits 1 s, the one after its
+    failure 2 s; tries made together queue a second apart until a turn is more than MAX_WAIT_S away, then
+    are refused; a success clears the pair; other pairs never wait."""
+    from quail.engine.errors import Unauthenticated
+    from quail.server.auth import FREE_FAILURES, MAX_WAIT_S, Throttle
+
+    now, slept = [100.0], []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    throttle = Throttle(clock=lambda: now[0], sleep=sleep)
+    for _ in range(FREE_FAILURES):
+        throttle.turn("boss", "10.0.0.1")
+        throttle.failed("boss", "10.0.0.1")
+    throttle.turn("boss", "10.0.0.2")  # the same user from elsewhere, another user from there: no wait
+    throttle.turn("reader", "10.0.0.1")
+    assert slept == []
+    throttle.turn("boss", "10.0.0.1")
+    throttle.failed("boss", "10.0.0.1")
+    throttle.turn("boss", "10.0.0.1")
+    assert slept == [1.0, 2.0]
+    throttle.succeeded("boss", "10.0.0.1")
+    throttle.turn("boss", "10.0.0.1")
+    assert slept == [1.0, 2.0]
+
+    together: list[float] = []  # tries that wait side by side: the clock does not move while they wait
+    flood = Throttle(clock=lambda: 0.0, sleep=together.append)
+    for _ in range(FREE_FAILURES):
+        flood.failed("boss", "10.0.0.1")
+    with pytest.raises(Unauthenticated, match="too many failed logins for 'boss' from this address"):
+        for _ in range(100):
+            flood.turn("boss", "10.0.0.1")
+    assert together == [float(n) for n in range(1, int(MAX_WAIT_S) + 1)]
 
 
 def test_metrics_need_an_admin_login(roles):
