@@ -5,8 +5,9 @@
   INSERT INTO ... BY NAME (columns matched by name; those not sent take their
   DEFAULT, or NULL). One statement is all or nothing.
 - Arrow types become DuckDB's (a float stays a FLOAT, a decimal keeps its
-  scale, a zoned timestamp is a TIMESTAMP WITH TIME ZONE); appended rows are
-  cast to the table's types as an INSERT would cast them.
+  scale, a zoned timestamp is a TIMESTAMP WITH TIME ZONE); what DuckDB cannot
+  store is converted where nothing is lost, else refused (storable.py);
+  appended rows are cast to the table's types as an INSERT would cast them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pyarrow as pa
 from quail.engine.errors import AlreadyExists, InvalidArgument, NotFound
 from quail.engine.exec.catalog import check_names
 from quail.engine.exec.relational import duckdb_errors, quoted_name
+from quail.engine.exec.storable import storable
 
 SOURCE = "__quail_ingest"
 
@@ -26,6 +28,7 @@ def ingest(con: duckdb.DuckDBPyConnection, rows: pa.Table, table: str, schema: s
     """Write rows to `schema.table` (if_exists: fail, append or replace; if_missing: create or fail); the rows
     written. `temporary`: a temporary table, seen by this connection alone."""
     check_names(table, rows.schema.names)
+    rows = storable(rows)
     lowered = [name.lower() for name in rows.schema.names]
     twins = sorted({name for name in rows.schema.names if lowered.count(name.lower()) > 1})
     if twins:

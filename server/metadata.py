@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import re
 
 import duckdb
@@ -11,6 +12,7 @@ from google.protobuf.message import Message
 
 import quail
 from quail.engine.ai.kinds import SQL_NAMES
+from quail.engine.errors import QuailError
 from quail.engine.exec.catalog import AIView
 from quail.engine.exec.database import ai_views, objects
 from quail.engine.exec.relational import duckdb_errors, keywords, quoted_name, result_columns, statement_schema
@@ -19,6 +21,8 @@ from quail.planner.substrait.producer import SUBSTRAIT_VERSION
 
 from quail.server.ipc import schema_bytes
 from quail.server.sql_messages import optional
+
+log = logging.getLogger("quail.server")
 
 TABLE_TYPES = ("SYSTEM TABLE", "TABLE", "VIEW")
 
@@ -259,7 +263,17 @@ def tables(con: duckdb.DuckDBPyConnection, system: dict[str, pa.Schema], catalog
 def _listed(con: duckdb.DuckDBPyConnection, schema: str, name: str, kind: str, system: dict[str, pa.Schema],
             views: dict[str, AIView]) -> pa.Schema:
     """The schema GetTables lists for a system table, a view with AI functions (the one its query returned when it
-    was created) or a table or view of the database."""
+    was created) or a table or view of the database; a view that no longer binds (a table it reads was dropped)
+    is listed with no columns, so one broken view fails no one's listing."""
+    try:
+        return _schema_of(con, schema, name, kind, system, views)
+    except QuailError as err:
+        log.warning("GetTables lists %s.%s with no columns: %s", schema, name, err)
+        return pa.schema([])
+
+
+def _schema_of(con: duckdb.DuckDBPyConnection, schema: str, name: str, kind: str, system: dict[str, pa.Schema],
+               views: dict[str, AIView]) -> pa.Schema:
     if kind == "SYSTEM TABLE":
         return listed_schema(name, result_columns(system[name]), True)
     view = views.get(name.lower()) if schema == SCHEMA_NAME else None

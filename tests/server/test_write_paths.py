@@ -182,6 +182,70 @@ def test_ingests_the_database_cannot_hold_are_refused_clearly(uri):
         assert cur.fetchall() == [(0,)]
 
 
+@pytest.mark.parametrize("name, column, message", [
+    ("wide_decimal", pa.array([decimal.Decimal("1.25")], pa.decimal256(40, 2)),
+     "column 'a' is decimal256\\(40, 2\\): the database keeps decimals of at most 38 digits"),
+    ("sparse", pa.UnionArray.from_sparse(pa.array([0, 1], pa.int8()), [pa.array([1, 2]), pa.array(["x", "y"])]),
+     "column 'a' is a sparse_union.*stores no union"),
+    ("dense", pa.UnionArray.from_dense(pa.array([0], pa.int8()), pa.array([0], pa.int32()), [pa.array([1])]),
+     "column 'a' is a dense_union.*stores no union"),
+    ("nanos", pa.array([1_001], pa.duration("ns")), "column 'a' .* finer than a microsecond"),
+    ("month_nanos", pa.array([(1, 2, 3)], pa.month_day_nano_interval()), "finer than a microsecond"),
+    ("nested_nanos", pa.array([[pa.scalar(1_001, pa.duration("ns")).as_py()]], pa.list_(pa.duration("ns"))),
+     "finer than a microsecond"),
+], ids=["decimal256-40", "sparse-union", "dense-union", "duration-ns", "month-day-nano", "nested"])
+def test_an_ingest_of_what_the_database_cannot_store_is_refused_by_column(uri, name, column, message):
+    with _connect(uri) as conn, conn.cursor() as cur:
+        with pytest.raises(adbc_driver_manager.Error, match=f"INVALID_ARGUMENT.*{message}"):
+            cur.adbc_ingest(name, pa.table({"a": column}), mode="create")
+        with pytest.raises(adbc_driver_manager.Error, match="INVALID_ARGUMENT.*column 2 of the data has no name"):
+            cur.adbc_ingest(name, pa.table({"b": [1], "": [2]}), mode="create")
+        cur.execute(f"SELECT count(*) FROM duckdb_tables() WHERE table_name = '{name}'")
+        assert cur.fetchall() == [(0,)]
+        objects = conn.adbc_get_objects(depth="all").read_all()  # every user's listing still works
+        assert objects.num_rows == 1
+
+
+def test_an_ingest_converts_what_it_can_store_without_loss(uri):
+    """Half floats become floats, a decimal256 of at most 38 digits a decimal, nested ones too, and
+    nanosecond durations of whole microseconds an interval: every value read back equal to the one sent."""
+    import numpy as np
+
+    sent = pa.table({
+        "half": pa.array(np.array([1.5, -2.25, 65504.0], dtype=np.float16)),
+        "dec": pa.array([decimal.Decimal("12345678901234567.89"), None, decimal.Decimal("-0.01")],
+                        pa.decimal256(20, 2)),
+        "halves": pa.array([[np.float16(0.5)], None, []], pa.list_(pa.float16())),
+        "span": pa.array([1_000, 2_000_000, None], pa.duration("ns")),
+    })
+    with _connect(uri) as conn, conn.cursor() as cur:
+        cur.adbc_ingest("converted", sent, mode="create")
+        cur.execute("SELECT half, dec, halves, span FROM converted ORDER BY rowid")
+        back = cur.fetch_arrow_table()
+    assert [back.schema.field(n).type for n in ("half", "dec")] == [pa.float32(), pa.decimal128(20, 2)]
+    assert back.schema.field("halves").type.value_type == pa.float32()
+    assert back.column("half").to_pylist() == [1.5, -2.25, 65504.0]
+    assert back.column("dec").to_pylist() == sent.column("dec").to_pylist()
+    assert back.column("halves").to_pylist() == [[0.5], None, []]
+    assert back.column("span").to_pylist()[2] is None
+    assert [v.nanoseconds if v is not None else None for v in back.column("span").to_pylist()[:2]] == \
+        [1_000, 2_000_000]
+
+
+def test_a_view_that_no_longer_binds_is_listed_without_columns_and_breaks_no_listing(uri):
+    with _connect(uri) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE doomed AS SELECT 1 AS a")
+        cur.execute("CREATE VIEW orphan AS SELECT a FROM doomed")
+        cur.execute("DROP TABLE doomed")
+        tables = {t["table_name"]: t for t in
+                  conn.adbc_get_objects(depth="all").read_all().to_pylist()[0]["catalog_db_schemas"][0]["db_schema_tables"]}
+        assert tables["orphan"]["table_columns"] == [] and tables["orphan"]["table_type"] == "VIEW"
+        assert "quail_queries" in tables
+        with pytest.raises(adbc_driver_manager.Error, match="doomed"):
+            cur.execute("SELECT * FROM orphan")
+        cur.execute("DROP VIEW orphan")
+
+
 def test_ai_calls_in_update_delete_and_insert_give_what_the_two_step_query_gives(uri):
     """An UPDATE, a DELETE and an INSERT ... SELECT whose AI calls stand in SET, in WHERE under NOT and OR: the
     rows the same calls' answers, asked by a query first, give."""
