@@ -26,9 +26,9 @@ def _serve(args: argparse.Namespace) -> int:
                           tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
                           public_without_auth=args.public_without_auth,
                           limits=Limits(args.max_active, args.max_requests, args.query_timeout, args.max_tokens,
-                                        args.max_generated_tokens),
+                                        args.max_generated_tokens, args.max_statement_bytes),
                           metrics_port=args.metrics_port, memory_limit=args.memory_limit,
-                          transaction_idle_s=args.transaction_idle)
+                          transaction_idle_s=args.transaction_idle, max_message_bytes=args.max_message_bytes)
     config.check()  # before the server's imports (torch, gRPC): a bad option is refused in a moment
     from quail.server.app import serve
 
@@ -45,7 +45,8 @@ def _replicas(value: str) -> str:
 def parser() -> argparse.ArgumentParser:
     from quail.engine.model.config import ATTENTION
     from quail.planner.cost import DEVICES
-    from quail.server.config import TRANSACTION_IDLE_S
+    from quail.server.admission import MAX_STATEMENT_BYTES
+    from quail.server.config import MAX_MESSAGE_BYTES, TRANSACTION_IDLE_S
 
     top = argparse.ArgumentParser(prog="quail", description="Quail: AI-SQL over Arrow Flight SQL")
     commands = top.add_subparsers(dest="command", required=True)
@@ -101,6 +102,12 @@ def parser() -> argparse.ArgumentParser:
                        help="tokens one query may generate (AI_COMPLETE and friends), checked before every pass")
     serve.add_argument("--query-timeout", type=float, default=None,
                        help="seconds one query may take, planning included")
+    serve.add_argument("--max-statement-bytes", type=int, default=MAX_STATEMENT_BYTES,
+                       help="bytes of one statement's text; a longer one is refused (default %(default)s)")
+    serve.add_argument("--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES,
+                       help="bytes of one message a client sends (a statement with its parameters, one batch "
+                            "of an ingest: ingests of any size go in batches below it); a longer one is refused "
+                            "(default %(default)s)")
     serve.add_argument("--metrics-port", type=int, default=None,
                        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: not served)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],

@@ -12,16 +12,20 @@ from quail.engine.errors import ResourceExhausted
 from quail.engine.runtime.query_work import QueryWork
 
 
+MAX_STATEMENT_BYTES = 1 << 20  # a statement's text, by default
+
+
 @dataclass(frozen=True)
 class Limits:
     """max_active: queries running or waiting for the model at once; per query: model requests, their
-    prompts' tokens, seconds, and the tokens generation may choose."""
+    prompts' tokens, seconds, the tokens generation may choose, and the bytes of its text (UTF-8)."""
 
     max_active: int = 64
     max_requests: int | None = None
     timeout_s: float | None = None
     max_tokens: int | None = None
     max_generated_tokens: int | None = None
+    max_statement_bytes: int = MAX_STATEMENT_BYTES
 
     def check(self) -> None:
         """ValueError for a limit that could never let a query run."""
@@ -35,6 +39,15 @@ class Limits:
             raise ValueError("--max-generated-tokens must be at least 1")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ValueError("--query-timeout must be a positive number of seconds")
+        if self.max_statement_bytes < 1:
+            raise ValueError("--max-statement-bytes must be at least 1")
+
+    def check_text(self, text: str) -> None:
+        """ResourceExhausted for a statement longer than max_statement_bytes (refused before it is parsed)."""
+        size = len(text.encode())
+        if size > self.max_statement_bytes:
+            raise ResourceExhausted(f"the statement is {size:,} bytes: this server takes at most "
+                                    f"{self.max_statement_bytes:,} (--max-statement-bytes)")
 
     def work(self) -> QueryWork:
         """A query's work record, carrying its limits."""

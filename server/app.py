@@ -28,8 +28,14 @@ from quail.server.query_service import QueryService
 log = logging.getLogger("quail.server")
 GRACE_S = 5.0  # after SIGTERM: running calls' time to finish before their queries are cancelled
 EXIT_S = 10.0  # then: the cancelled work's time to stop before the process exits without it
-# No SO_REUSEPORT: a port another server holds is refused, not shared (gRPC shares it by default).
-_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)]
+
+
+def _options(config: ServerConfig) -> list[tuple[str, int]]:
+    """gRPC's settings: a message a client sends is at most --max-message-bytes (gRPC refuses a longer one with
+    RESOURCE_EXHAUSTED as its length arrives), one the server sends is not bounded (the client bounds it);
+    no SO_REUSEPORT: a port another server holds is refused, not shared (gRPC shares it by default)."""
+    return [("grpc.max_receive_message_length", config.max_message_bytes), ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0)]
 
 
 def _free(host: str, port: int) -> bool:
@@ -62,7 +68,7 @@ class QuailServer:
 
             ray_replicas.connect(engine)
         self._executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="quail-call")
-        self._grpc = grpc.server(self._executor, options=_OPTIONS)
+        self._grpc = grpc.server(self._executor, options=_options(config))
         self.port = self._listen(f"{config.host}:{config.port}")
         self.runtime = load_runtime(engine)
         self.runtime.warm_up()

@@ -14,6 +14,8 @@ from quail.server.admission import Limits
 
 MIN_TOKEN_BUDGET = 16
 TRANSACTION_IDLE_S = 300.0  # an open transaction unused this long is rolled back (its client is gone)
+MAX_MESSAGE_BYTES = 64 << 20  # the largest gRPC message a client may send, by default
+MIN_MESSAGE_BYTES = 64 << 10  # below this, catalog replies and ordinary statements would not fit
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class ServerConfig:
     metrics_port: int | None = None  # Prometheus /metrics over HTTP on the same host; None: not served
     memory_limit: str | None = None  # DuckDB's memory limit ("4GB"); None: DuckDB's default (80% of RAM)
     transaction_idle_s: float = TRANSACTION_IDLE_S
+    max_message_bytes: int = MAX_MESSAGE_BYTES  # the largest gRPC message a call may send (an ingest: each batch)
 
     def check(self) -> None:
         """Refuse settings that would expose data: no auth off loopback unless told; TLS needs both files."""
@@ -54,6 +57,8 @@ class ServerConfig:
         self.limits.check()
         if self.transaction_idle_s <= 0:
             raise ValueError("--transaction-idle must be a positive number of seconds")
+        if self.max_message_bytes < MIN_MESSAGE_BYTES:
+            raise ValueError(f"--max-message-bytes must be at least {MIN_MESSAGE_BYTES:,}")
         if self.memory_limit is not None and not re.fullmatch(r"\s*\d+(\.\d+)?\s*[KMGT]i?B\s*", self.memory_limit,
                                                               re.IGNORECASE):
             raise ValueError(f"--memory-limit {self.memory_limit!r} is not an amount of memory (e.g. 4GB, 512MiB)")

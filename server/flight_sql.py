@@ -122,6 +122,7 @@ class FlightSQLHandler:
         """A statement's plan and result schema (None for a text of several statements). `params`: one row of
         bound parameter values; `started`: given a query's plan before its result schema is found, and may
         give back what finding it waits for (QueryService.plan)."""
+        self.limits.check_text(query)
         planning = self.limits.work()  # planning counts toward the query's time limit, and stops with its call
         context.add_callback(planning.cancel)
         plan, schema = self.service.plan(query, catalog, self._dialect(context), params, planning, started)

@@ -166,3 +166,21 @@ def test_a_server_without_users_takes_any_bearer_token(limited):
     command = flight.FlightDescriptor.for_command(sql.pack(sql.new("CommandStatementQuery", query="SELECT 7 AS x")))
     info = client.get_flight_info(command, options)
     assert client.do_get(info.endpoints[0].ticket, options).read_all().to_pylist() == [{"x": 7}]
+
+
+def test_a_long_statement_and_a_large_message_are_refused_and_an_ingest_in_batches_is_not(tmp_path):
+    """--max-statement-bytes bounds a statement's text, --max-message-bytes each message a client sends (gRPC
+    refuses a longer one as its length arrives, before it is held): both RESOURCE_EXHAUSTED; an ingest of any
+    size goes through in batches under the bound; the server serves on."""
+    rows = pa.table({"x": pa.array(range(40_000), pa.int64())})  # 320 KB in one batch
+    with ServerProcess(tmp_path, "--max-statement-bytes", "2000", "--max-message-bytes", "100000") as server, \
+            flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
+        padded = "SELECT 1 AS x" + " " * 2000
+        with pytest.raises(adbc_driver_manager.Error, match=r"the statement is 2,013 bytes: this server takes at "
+                                                            r"most 2,000 .*\(ResourceExhausted"):
+            cur.execute(padded)
+        with pytest.raises(adbc_driver_manager.Error, match="ResourceExhausted"):
+            cur.adbc_ingest("big", rows, mode="create")
+        cur.adbc_ingest("big", pa.Table.from_batches(rows.to_batches(max_chunksize=4_000)), mode="create")
+        cur.execute("SELECT count(*), sum(x) FROM big")
+        assert cur.fetchall() == [(40_000, sum(range(40_000)))]
