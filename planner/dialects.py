@@ -12,7 +12,7 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ErrorLevel, ParseError, TokenError
 from sqlglot.tokens import TokenType
 
-from quail.engine.errors import InvalidArgument
+from quail.engine.errors import InvalidArgument, ResourceExhausted
 
 from quail.planner import strict
 
@@ -82,6 +82,7 @@ class QuailBigQuery(BigQuery):
 
 DIALECTS = {"snowflake": QuailSnowflake, "bigquery": QuailBigQuery, "duckdb": QuailDuckDB}
 DEFAULT_DIALECT = "snowflake"
+MAX_TOKENS = 200_000  # tokens of a statement the planner parses: its work grows with them (seconds at this bound)
 
 
 def parse_statement(sql: str, dialect: str = DEFAULT_DIALECT) -> exp.Expression:
@@ -96,13 +97,18 @@ def parse_statements(sql: str, dialect: str = DEFAULT_DIALECT) -> list[exp.Expre
     """The syntax tree of each statement of the text; InvalidArgument names the position of a syntax error.
 
     Parsing is strict (strict.py; BETWEEN without AND: StrictParser): what
-    sqlglot would silently repair is an error with its position.
+    sqlglot would silently repair is an error with its position. A text of more
+    than MAX_TOKENS tokens is refused (ResourceExhausted) before it is parsed.
     """
     if dialect not in DIALECTS:
         raise InvalidArgument(f"unknown SQL dialect {dialect!r}; use one of {', '.join(DIALECTS)}")
     reader = Dialect.get_or_raise(DIALECTS[dialect])
     try:
         tokens = reader.tokenize(sql)
+        if len(tokens) > MAX_TOKENS:
+            raise ResourceExhausted(f"the statement has {len(tokens):,} tokens: Quail plans at most {MAX_TOKENS:,} "
+                                    f"(in the duckdb dialect a statement without AI functions goes to DuckDB as "
+                                    f"written, unparsed)")
         strict.check(tokens)
         trees = [t for t in reader.parser(error_level=ErrorLevel.IMMEDIATE).parse(tokens, sql) if t is not None]
     except ParseError as err:

@@ -215,8 +215,8 @@ def _follows(tokens: list[Token], start: int, wanted: set[TokenType], through: f
     """Whether a wanted token at the level of tokens[start] comes before that level's expression ends (at a
     clause token not in `through`)."""
     depth = 0
-    for token in tokens[start:]:
-        kind = token.token_type
+    for k in range(start, len(tokens)):  # not a slice: WHENs by the thousand would each copy the rest
+        kind = tokens[k].token_type
         if depth == 0 and kind in wanted:
             return True
         if depth == 0 and kind in _CLAUSE and kind not in through:

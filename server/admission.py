@@ -49,9 +49,11 @@ class Limits:
             raise ResourceExhausted(f"the statement is {size:,} bytes: this server takes at most "
                                     f"{self.max_statement_bytes:,} (--max-statement-bytes)")
 
-    def work(self) -> QueryWork:
-        """A query's work record, carrying its limits."""
-        deadline = time.monotonic() + self.timeout_s if self.timeout_s is not None else None
+    def work(self, since: float | None = None) -> QueryWork:
+        """A query's work record, carrying its limits; its time limit counts from `since` (time.monotonic();
+        None: now)."""
+        start = time.monotonic() if since is None else since
+        deadline = start + self.timeout_s if self.timeout_s is not None else None
         return QueryWork(deadline=deadline, max_requests=self.max_requests, max_tokens=self.max_tokens,
                          max_generated_tokens=self.max_generated_tokens)
 

@@ -117,26 +117,27 @@ class FlightSQLHandler:
         return name, message
 
     def _plan(self, query: str, params: list[pa.Scalar] | None, context, catalog: WithSystemTables,
-              started: Callable[[PhysicalPlan], threading.Event | None] | None = None
+              started: Callable[[PhysicalPlan], threading.Event | None] | None = None, since: float | None = None
               ) -> tuple[Planned, pa.Schema | None]:
         """A statement's plan and result schema (None for a text of several statements). `params`: one row of
         bound parameter values; `started`: given a query's plan before its result schema is found, and may
-        give back what finding it waits for (QueryService.plan)."""
+        give back what finding it waits for (QueryService.plan); `since`: when the statement's time limit
+        started (None: now)."""
         self.limits.check_text(query)
-        planning = self.limits.work()  # planning counts toward the query's time limit, and stops with its call
+        planning = self.limits.work(since)  # planning counts toward the statement's time limit, and stops with its call
         context.add_callback(planning.cancel)
         plan, schema = self.service.plan(query, catalog, self._dialect(context), params, planning, started)
         return plan, None if schema is None else plain_schema(schema)
 
-    def _prepared_plan(self, statement: PreparedStatement, context,
-                       catalog: WithSystemTables) -> tuple[Planned, pa.Schema | None]:
+    def _prepared_plan(self, statement: PreparedStatement, context, catalog: WithSystemTables,
+                       since: float | None = None) -> tuple[Planned, pa.Schema | None]:
         """A prepared statement's plan and schema for its bound parameters: the one made when it was
         prepared, while that holds (Kept.holds)."""
         kept = statement.planned
         if kept is not None and statement.params is None and kept.holds(self.database.version,
                                                                          self._dialect(context)):
             return kept.plan, kept.schema
-        return self._plan(statement.query, _first_row(statement.params), context, catalog)
+        return self._plan(statement.query, _first_row(statement.params), context, catalog, since=since)
 
     def _stream(self, batches: Callable[[], Iterable[pa.RecordBatch]], schema: Callable[[], pa.Schema] | None,
                 work: QueryWork, context, handle: bytes) -> Iterator[pa.RecordBatch]:
@@ -178,10 +179,11 @@ class FlightSQLHandler:
         yield from rows.to_batches(max_chunksize=BATCH_ROWS)
 
     def _run_now(self, query: str, plan: Write | Script, params: pa.Table | None, context, lease: Lease,
-                 catalog: WithSystemTables) -> pa.Table:
+                 catalog: WithSystemTables, since: float | None = None) -> pa.Table:
         """Run a statement that changes something (or a text of several statements) on the call's connection; its
-        result (RETURNING rows, the last statement's rows, or one row: the rows changed)."""
-        handle, work = self.statements.begin(query, user_of(context))
+        result (RETURNING rows, the last statement's rows, or one row: the rows changed). `since`: when its time
+        limit started (its planning's start; None: now)."""
+        handle, work = self.statements.begin(query, user_of(context), since)
         context.add_callback(work.cancel)
         made: list[pa.Table] = []
 
@@ -207,11 +209,13 @@ class FlightSQLHandler:
         """FlightInfo of a statement. A query is planned here (a prepared one's kept plan used while it holds) and
         runs when its ticket is redeemed (`head`: the handle of its head start, its ticket's); a statement that
         changes something runs here, so it has taken effect when the client's execute() returns, whether or
-        not the client fetches its result (the ticket then reads that result)."""
+        not the client fetches its result (the ticket then reads that result). The statement's time limit
+        starts here: planning, running and reading its rows count toward it."""
+        since = time.monotonic()
         with self._lease(context, transaction) as lease:
             catalog = self._catalog(context, lease)
-            plan, schema = self._prepared_plan(prepared, context, catalog) if prepared is not None else \
-                self._plan(query, _first_row(params), context, catalog)
+            plan, schema = self._prepared_plan(prepared, context, catalog, since) if prepared is not None else \
+                self._plan(query, _first_row(params), context, catalog, since=since)
             if head is not None and (prepared.planned is None or plan is not prepared.planned.plan):
                 self.statements.stop_head(head)  # the plan it ran no longer holds
                 head = None
@@ -219,9 +223,9 @@ class FlightSQLHandler:
             if isinstance(plan, PhysicalPlan):
                 if params is not None and params.num_rows != 1:
                     raise InvalidArgument(f"bind exactly one row of parameters to a query, not {params.num_rows}")
-                handle = self.statements.add_pending(plan, schema, query, head, lease.transaction)
+                handle = self.statements.add_pending(plan, schema, query, head, lease.transaction, since)
                 return self._info(descriptor, schema, self._ticket_of(handle))
-            result = self._run_now(query, plan, params, context, lease, catalog)
+            result = self._run_now(query, plan, params, context, lease, catalog, since)
         handle = self.statements.add_result(result)
         return self._info(descriptor, plain_schema(result.schema), self._ticket_of(handle))
 
@@ -338,13 +342,14 @@ class FlightSQLHandler:
 
     def _put_update(self, query: str, params: pa.Table | None, context, transaction: bytes | None) -> list[bytes]:
         """An update sent by DoPut, run once (or once per row of parameters, in one transaction)."""
+        since = time.monotonic()
         with self._lease(context, transaction) as lease:
             catalog = self._catalog(context, lease)
-            update, _ = self._plan(query, _first_row(params), context, catalog)
+            update, _ = self._plan(query, _first_row(params), context, catalog, since=since)
             if isinstance(update, PhysicalPlan):
                 raise InvalidArgument("a query is not an update: ask for its rows with GetFlightInfo")
             _check_bound(update, params)
-            result = self._run_now(query, update, params, context, lease, catalog)
+            result = self._run_now(query, update, params, context, lease, catalog, since)
         return [sql.new("DoPutUpdateResult", record_count=count(result)).SerializeToString()]
 
     def _ingest(self, cmd: Message, table: pa.Table, context) -> int:

@@ -123,6 +123,23 @@ class Held(Generic[T]):
         return len(self._entries)
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A planned query awaiting its ticket: its plan and result schema, its text, the transaction it runs in
+    (None: none), and when its time limit started (its planning's start; None: when the ticket is redeemed)."""
+
+    plan: PhysicalPlan
+    schema: pa.Schema
+    query: str
+    transaction: bytes | None
+    since: float | None
+
+
+def _no_limits(since: float | None) -> QueryWork:
+    """A work record with no limits (the time limit's start does not matter)."""
+    return QueryWork()
+
+
 def _plan_bytes(query: str) -> int:
     """A planned statement's memory, estimated from its text (its plan's SQL steps repeat the text)."""
     return 4 * len(query) + 4096
@@ -140,12 +157,12 @@ class Statements:
     PLAN_HOLDS_S (the client closed its statement, or never ran it) is stopped at the next prepare or
     FlightInfo."""
 
-    def __init__(self, new_work: Callable[[], QueryWork] = QueryWork, max_count: int = 4096,
+    def __init__(self, new_work: Callable[[float | None], QueryWork] = _no_limits, max_count: int = 4096,
                  max_bytes: int = 256 << 20) -> None:
         self._new_work = new_work
         self._lock = threading.Lock()
         self._prepared: Held[PreparedStatement] = Held(max_count, max_bytes)
-        self._pending: Held[tuple[PhysicalPlan, pa.Schema, str, bytes | None]] = Held(max_count, max_bytes)
+        self._pending: Held[Pending] = Held(max_count, max_bytes)
         self._results: Held[pa.Table] = Held(max_count, max_bytes)
         self._running: dict[bytes, Running] = {}
         self._cancelled: OrderedDict[bytes, None] = OrderedDict()  # tickets cancelled before they were redeemed
@@ -211,12 +228,13 @@ class Statements:
         return handle
 
     def add_pending(self, plan: PhysicalPlan, schema: pa.Schema, query: str, handle: bytes | None = None,
-                    transaction: bytes | None = None) -> bytes:
+                    transaction: bytes | None = None, since: float | None = None) -> bytes:
         """Keep a planned query until its ticket is redeemed; `handle`: the ticket's (a head start's);
-        `transaction`: the transaction it runs in (None: none)."""
+        `transaction`: the transaction it runs in (None: none); `since`: when its time limit started (its
+        planning's start; None: when the ticket is redeemed)."""
         handle = handle or os.urandom(16)
         with self._lock:
-            self._pending.put(handle, (plan, schema, query, transaction), _plan_bytes(query))
+            self._pending.put(handle, Pending(plan, schema, query, transaction, since), _plan_bytes(query))
         self._stop_expired()
         return handle
 
@@ -244,9 +262,9 @@ class Statements:
             head = self._heads.pop(handle, None)
             if head is not None and (entry is None or head.version != version):
                 stale, head = head, None
-            work = head.work if head is not None else self._new_work()
+            work = head.work if head is not None else self._new_work(entry.since if entry is not None else None)
             if entry is not None and head is None:
-                self._running[handle] = Running(work, entry[2], user)
+                self._running[handle] = Running(work, entry.query, user)
             cancelled = self._cancelled.pop(handle, False) is None
         if stale is not None:
             stale.stop()
@@ -254,11 +272,12 @@ class Statements:
             raise Cancelled("the query was cancelled before it ran")
         if entry is None:
             raise NotFound("unknown or already redeemed ticket")
-        return entry[0], entry[1], work, head, entry[3]
+        return entry.plan, entry.schema, work, head, entry.transaction
 
-    def begin(self, query: str, user: str) -> tuple[bytes, QueryWork]:
-        """Register a statement run without a ticket (a DoPut update): its handle and work record."""
-        handle, work = os.urandom(16), self._new_work()
+    def begin(self, query: str, user: str, since: float | None = None) -> tuple[bytes, QueryWork]:
+        """Register a statement run without a ticket (a DoPut update): its handle and work record (`since`: when
+        its time limit started; None: now)."""
+        handle, work = os.urandom(16), self._new_work(since)
         with self._lock:
             self._running[handle] = Running(work, query, user)
         return handle, work

@@ -300,3 +300,17 @@ def test_binding_doctests():
 
     failed, tried = doctest.testmod(ai_calls)
     assert tried and not failed
+
+
+def test_a_statement_of_too_many_tokens_is_refused_before_it_is_parsed():
+    """Planning work grows with a statement's tokens: past MAX_TOKENS the text is refused at once
+    (RESOURCE_EXHAUSTED); a CASE of thousands of WHENs parses (each WHEN's THEN found without copying the
+    rest of the statement)."""
+    from quail.engine.errors import ResourceExhausted
+    from quail.planner.dialects import MAX_TOKENS, parse_statements
+
+    with pytest.raises(ResourceExhausted, match=f"Quail plans at most {MAX_TOKENS:,}"):
+        parse_statements("SELECT id FROM t WHERE " + " AND ".join(f"id <> {i}" for i in range(MAX_TOKENS // 4 + 1)))
+    whens = " ".join(f"WHEN id = {i} THEN {i}" for i in range(5_000))
+    (tree,) = parse_statements(f"SELECT CASE {whens} END AS c FROM t")
+    assert len(list(tree.walk())) > 20_000

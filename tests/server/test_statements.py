@@ -107,3 +107,16 @@ def _exists(statements: Statements, handle: bytes) -> bool:
         return True
     except NotFound:
         return False
+
+
+def test_a_queries_time_limit_counts_from_its_planning():
+    """The work record a redeemed ticket runs under has the deadline its planning started (Limits.work(since)):
+    seconds spent planning are not given again to running it."""
+    from quail.server.admission import Limits
+
+    statements, plan = Statements(Limits(timeout_s=5.0).work), PhysicalPlan((), (), "r")
+    handle = statements.add_pending(plan, pa.schema([]), "SELECT 1", since=1000.0)
+    work = statements.start(handle, "-", 0)[2]
+    assert work.deadline == 1005.0
+    fresh = statements.start(statements.add_pending(plan, pa.schema([]), "SELECT 1"), "-", 0)[2]
+    assert fresh.deadline > 1005.0
