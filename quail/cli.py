@@ -65,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp8"],
                        help="fp32 (CPU), bf16 or fp8 (e4m3 linear layers) on a GPU (default auto: bf16 on a GPU, fp32 on the CPU)")
     serve.add_argument("--token-budget", type=int, default=None,
-                       help="new tokens per forward pass (default 16384 on a GPU, 4096 on the CPU)")
+                       help="new tokens per forward pass (default 16384 on a GPU, 1024 on the CPU)")
     serve.add_argument("--tokenizer", default=None, help="HF tokenizer directory for dummy:<shape> weights")
     serve.add_argument("--sol-device", default=None, choices=sorted(DEVICES),
                        help="device constants of the speed-of-light figures (default: cpu on the CPU, else none)")

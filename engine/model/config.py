@@ -64,7 +64,7 @@ class EngineConfig:
     "auto" (bf16 on a GPU, fp32 on the CPU) or
     "fp8" (e4m3 linear layers, bf16 elsewhere); compile: compile the layers'
     token-wise parts (None: on CUDA only); strategy: "quail" (share every common prefix) or the baselines
-    "naive" and "prefix"; token_budget: new tokens per forward pass (None: 16,384 on a GPU, 4,096 on the CPU);
+    "naive" and "prefix"; token_budget: new tokens per forward pass (None: 16,384 on a GPU, 1,024 on the CPU);
     "auto" and None are settled for the machine when the model loads (loading.settled);
     decisions: "model", or "hash" for random weights; tokenizer: an HF tokenizer
     directory (tokenizer.json, chat_template.jinja) for dummy weights (None: the
@@ -89,7 +89,7 @@ class EngineConfig:
     gpus: int = 1
     precision: str = "fp32"
     strategy: str = "quail"
-    token_budget: int | None = 4096
+    token_budget: int | None = None
     decisions: str = "model"
     tokenizer: str | None = None
     sol_device: str | None = None

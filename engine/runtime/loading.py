@@ -141,17 +141,22 @@ def _check_device(device: str) -> None:
         raise InvalidArgument(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
 
 
+GPU_TOKEN_BUDGET = 16384  # new tokens a forward pass, by default on a GPU
+CPU_TOKEN_BUDGET = 1024  # on the CPU: a pass of the embedded model takes about 2 s on two cores (4,096: 9 s, no
+# more tokens a second), and a cancel or a time limit stops a query's model work at the end of a pass
+
 def settled(config: EngineConfig) -> EngineConfig:
     """The config with what it left to the machine chosen: device "auto" → cuda when a CUDA GPU is present,
-    else cpu; precision "auto" → bf16 on a GPU, fp32 on the CPU; token budget None → 16,384 on a GPU, 4,096
-    on the CPU; replicas None → one per CUDA GPU present (InvalidArgument for a device this machine lacks)."""
+    else cpu; precision "auto" → bf16 on a GPU, fp32 on the CPU; token budget None → GPU_TOKEN_BUDGET on a
+    GPU, CPU_TOKEN_BUDGET on the CPU; replicas None → one per CUDA GPU present (InvalidArgument for a device
+    this machine lacks)."""
     device = config.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     _check_device(device)
     gpu = torch.device(device).type == "cuda"
     precision = ("bf16" if gpu else "fp32") if config.precision == "auto" else config.precision
-    budget = config.token_budget if config.token_budget is not None else 16384 if gpu else 4096
+    budget = config.token_budget if config.token_budget is not None else GPU_TOKEN_BUDGET if gpu else CPU_TOKEN_BUDGET
     replicas = config.replicas if config.replicas is not None else torch.cuda.device_count() if gpu else 1
     return replace(config, device=device, precision=precision, token_budget=budget, replicas=replicas)
 

@@ -111,12 +111,12 @@ def test_attention_layout_is_varlen_on_cuda_in_bf16_and_fp8_only():
 
 
 def test_auto_settles_for_the_machine(monkeypatch):
-    """"auto" and an unset budget: bf16 and 16,384 tokens on a GPU, fp32 and 4,096 on the CPU; what is given
+    """"auto" and an unset budget: bf16 and 16,384 tokens on a GPU, fp32 and 1,024 on the CPU; what is given
     stays."""
     auto = EngineConfig(device="auto", precision="auto", token_budget=None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cpu = settled(auto)
-    assert (cpu.device, cpu.precision, cpu.token_budget) == ("cpu", "fp32", 4096)
+    assert (cpu.device, cpu.precision, cpu.token_budget) == ("cpu", "fp32", 1024)
     assert settled(EngineConfig(device="auto", precision="bf16", token_budget=512)).precision == "bf16"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

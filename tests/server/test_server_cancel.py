@@ -29,7 +29,7 @@ TOPICS = pa.table({"id": list(range(12)), "topic": ["food", "service", "price", 
 LONG = ("SELECT r.id, t.id FROM reviews r JOIN topics t "
         "ON AI_FILTER(PROMPT('Is the review {0} about {1}?', r.body, t.topic))")  # 7,200 model requests
 QUICK = "SELECT id FROM topics WHERE AI_FILTER(PROMPT('Is {0} about food?', topic)) ORDER BY id"
-# Passes of 512 tokens (a second or two on a CPU core; 4,096, the default, take over ten): a query sent
+# Passes of 512 tokens (about a second on a CPU core; 1,024, the default, about two): a query sent
 # while the long one runs joins it at the next pass, and a cancel or a time limit stops it there.
 SHORT_PASSES = ("--token-budget", "512")
 

@@ -92,7 +92,7 @@ def test_bad_startup_options_are_one_line(tmp_path, args, message):
 
 def test_serve_settles_device_precision_and_budget_for_the_machine_and_says_so(tmp_path):
     """No --device, --precision or --token-budget: on a machine without a GPU the server runs on the CPU in
-    fp32 with 4,096 tokens a pass, and its startup log line says what it chose."""
+    fp32 with 1,024 tokens a pass, and its startup log line says what it chose."""
     import signal
 
     server = subprocess.Popen([sys.executable, "-m", "quail.cli", "serve", "--port", "0", "--data-dir", str(tmp_path)],
@@ -102,5 +102,5 @@ def test_serve_settles_device_precision_and_budget_for_the_machine_and_says_so(t
     finally:
         server.send_signal(signal.SIGTERM)
         _, err = server.communicate(timeout=60)
-    expected = "on cuda" if _has_cuda() else "on cpu, fp32, token budget 4,096, KV pool 1.0 GiB"
+    expected = "on cuda" if _has_cuda() else "on cpu, fp32, token budget 1,024, KV pool 1.0 GiB"
     assert expected in err, err
