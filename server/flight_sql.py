@@ -223,10 +223,10 @@ class FlightSQLHandler:
             if isinstance(plan, PhysicalPlan):
                 if params is not None and params.num_rows != 1:
                     raise InvalidArgument(f"bind exactly one row of parameters to a query, not {params.num_rows}")
-                handle = self.statements.add_pending(plan, schema, query, head, lease.transaction, since)
+                handle = self.statements.add_pending(plan, schema, query, user_of(context), head, lease.transaction, since)
                 return self._info(descriptor, schema, self._ticket_of(handle))
             result = self._run_now(query, plan, params, context, lease, catalog, since)
-        handle = self.statements.add_result(result)
+        handle = self.statements.add_result(result, user_of(context))
         return self._info(descriptor, plain_schema(result.schema), self._ticket_of(handle))
 
     def _route(self, data: bytes, rpc: str) -> tuple[Callable, Message]:
@@ -269,7 +269,7 @@ class FlightSQLHandler:
 
     def _substrait_info(self, cmd: Message, descriptor, context) -> Message:
         plan, schema = self._substrait(cmd, context)
-        handle = self.statements.add_pending(plan, schema, QUERY_TEXT)
+        handle = self.statements.add_pending(plan, schema, QUERY_TEXT, user_of(context))
         return self._info(descriptor, schema, self._ticket_of(handle))
 
     def _substrait_schema(self, cmd: Message, context) -> pa.Schema:
@@ -278,20 +278,20 @@ class FlightSQLHandler:
     def _prepared_info(self, cmd: Message, descriptor, context) -> Message:
         """A prepared statement's FlightInfo; its first names its head start, where the plan it ran still
         holds (else the head start stops)."""
-        statement = self.statements.prepared(cmd.prepared_statement_handle)
+        statement = self.statements.prepared(cmd.prepared_statement_handle, user_of(context))
         head = self.statements.take_head(statement)
         return self._statement_info(descriptor, statement.query, statement.params, context, statement.transaction,
                                     statement, head)
 
     def _prepared_schema(self, cmd: Message, context) -> pa.Schema:
-        statement = self.statements.prepared(cmd.prepared_statement_handle)
+        statement = self.statements.prepared(cmd.prepared_statement_handle, user_of(context))
         with self._lease(context, statement.transaction) as lease:
             schema = self._prepared_plan(statement, context, self._catalog(context, lease))[1]
         return schema if schema is not None else pa.schema([])
 
     def _ticket(self, cmd: Message, context) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
         """A statement's rows: a query's, run now, or the result a statement that changed something left."""
-        done = self.statements.take_result(cmd.statement_handle)
+        done = self.statements.take_result(cmd.statement_handle, user_of(context))
         if done is not None:  # a statement that ran when it was planned: its result
             return plain_schema(done.schema), done.to_batches()
         plan, schema, work, head, transaction = self.statements.start(cmd.statement_handle, user_of(context),
@@ -328,7 +328,7 @@ class FlightSQLHandler:
     def _bind(self, cmd: Message, table: pa.Table, context) -> list[bytes]:
         """Parameter values for a prepared statement."""
         handle = cmd.prepared_statement_handle
-        self.statements.bind(handle, _parameters(table))
+        self.statements.bind(handle, _parameters(table), user_of(context))
         return [sql.new("DoPutPreparedStatementResult", prepared_statement_handle=handle).SerializeToString()]
 
     def _statement_update(self, cmd: Message, table: pa.Table, context) -> list[bytes]:
@@ -336,7 +336,7 @@ class FlightSQLHandler:
 
     def _prepared_update(self, cmd: Message, table: pa.Table, context) -> list[bytes]:
         """A prepared update with the rows of parameters sent along, else those bound before."""
-        statement = self.statements.prepared(cmd.prepared_statement_handle)
+        statement = self.statements.prepared(cmd.prepared_statement_handle, user_of(context))
         return self._put_update(statement.query, _parameters(table) if table.num_columns else statement.params,
                                 context, statement.transaction)
 
@@ -413,7 +413,8 @@ class FlightSQLHandler:
         if not isinstance(plan, PhysicalPlan) and not plan.returns_rows:
             schema = pa.schema([])  # an update: JDBC then runs it by DoPut(CommandPreparedStatementUpdate)
         result = sql.new("ActionCreatePreparedStatementResult",
-                         prepared_statement_handle=self.statements.prepare(request.query, kept, head, transaction),
+                         prepared_statement_handle=self.statements.prepare(request.query, user_of(context), kept, head,
+                                                                      transaction),
                          dataset_schema=schema_bytes(schema), parameter_schema=schema_bytes(parameters))
         return [sql.pack(result)]
 
@@ -437,7 +438,7 @@ class FlightSQLHandler:
 
     def _close_prepared(self, body: bytes, context) -> list[bytes]:
         _, request = self._command(body, "ClosePreparedStatement")
-        self.statements.close(request.prepared_statement_handle)
+        self.statements.close(request.prepared_statement_handle, user_of(context))
         return []
 
     def _begin_transaction(self, body: bytes, context) -> list[bytes]:
@@ -454,21 +455,23 @@ class FlightSQLHandler:
 
     def _cancel_flight_info(self, body: bytes, context) -> list[bytes]:
         request = parse("CancelFlightInfoRequest", body)
-        return [FLIGHT["CancelFlightInfoResult"](status=self._cancel(request.info)).SerializeToString()]
+        return [FLIGHT["CancelFlightInfoResult"](status=self._cancel(request.info, context)).SerializeToString()]
 
     def _cancel_query(self, body: bytes, context) -> list[bytes]:
         _, request = self._command(body, "CancelQuery")
         info = parse("FlightInfo", request.info)
-        return [sql.pack(sql.new("ActionCancelQueryResult", result=self._cancel(info)))]
+        return [sql.pack(sql.new("ActionCancelQueryResult", result=self._cancel(info, context)))]
 
-    def _cancel(self, info: Message) -> int:
-        """Cancel the queries a FlightInfo's tickets name: the least final status among them."""
+    def _cancel(self, info: Message, context) -> int:
+        """Cancel the queries a FlightInfo's tickets name, where they are the caller's (an admin's: anyone's):
+        the least final status among them."""
+        user = None if self.access.allows(context, "admin") and self.access.users is not None else user_of(context)
         statuses = []
         for endpoint in info.endpoint:
             name, ticket = sql.unpack(endpoint.ticket.ticket)
             if name != "TicketStatementQuery" or ticket is None:
                 raise InvalidArgument("only a query's FlightInfo can be cancelled")
-            statuses.append(self.statements.cancel(ticket.statement_handle))
+            statuses.append(self.statements.cancel(ticket.statement_handle, user))
         if not statuses:
             raise InvalidArgument("the FlightInfo names no query to cancel")
         return max(statuses, key=[CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING,

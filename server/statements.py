@@ -80,13 +80,15 @@ class PreparedStatement:
     """A query text and the rows of parameter values last bound to it (None: none bound); `planned`: the
     plan a query of no parameters got when it was prepared (a client runs it at once: it is not made
     twice); `head`: the handle of its head start, until its first FlightInfo; `transaction`: the
-    transaction it was prepared in, which it runs in (None: none)."""
+    transaction it was prepared in, which it runs in (None: none); `user`: who prepared it (only they may
+    use it)."""
 
     query: str
     params: pa.Table | None = None
     planned: Kept | None = None
     head: bytes | None = None
     transaction: bytes | None = None
+    user: str = "-"
 
 
 class Held(Generic[T]):
@@ -126,13 +128,15 @@ class Held(Generic[T]):
 @dataclass(frozen=True)
 class Pending:
     """A planned query awaiting its ticket: its plan and result schema, its text, the transaction it runs in
-    (None: none), and when its time limit started (its planning's start; None: when the ticket is redeemed)."""
+    (None: none), when its time limit started (its planning's start; None: when the ticket is redeemed), and
+    the user who planned it (only they may redeem or cancel it)."""
 
     plan: PhysicalPlan
     schema: pa.Schema
     query: str
     transaction: bytes | None
     since: float | None
+    user: str
 
 
 def _no_limits(since: float | None) -> QueryWork:
@@ -155,7 +159,8 @@ class Statements:
     results awaiting theirs are each bounded by count and estimated bytes: the least recently used go
     first (a later use of a handle that went gets NOT_FOUND). A head start not taken up by a DoGet within
     PLAN_HOLDS_S (the client closed its statement, or never ran it) is stopped at the next prepare or
-    FlightInfo."""
+    FlightInfo. Each belongs to the user who made it: to another user its handle is unknown (NOT_FOUND),
+    and cancelling it does nothing."""
 
     def __init__(self, new_work: Callable[[float | None], QueryWork] = _no_limits, max_count: int = 4096,
                  max_bytes: int = 256 << 20) -> None:
@@ -163,19 +168,19 @@ class Statements:
         self._lock = threading.Lock()
         self._prepared: Held[PreparedStatement] = Held(max_count, max_bytes)
         self._pending: Held[Pending] = Held(max_count, max_bytes)
-        self._results: Held[pa.Table] = Held(max_count, max_bytes)
+        self._results: Held[tuple[pa.Table, str]] = Held(max_count, max_bytes)
         self._running: dict[bytes, Running] = {}
         self._cancelled: OrderedDict[bytes, None] = OrderedDict()  # tickets cancelled before they were redeemed
         self._max_cancelled = max_count
         self._heads: OrderedDict[bytes, HeadStart] = OrderedDict()  # not taken up yet, oldest first
 
-    def prepare(self, query: str, planned: Kept | None = None, head: HeadStart | None = None,
+    def prepare(self, query: str, user: str, planned: Kept | None = None, head: HeadStart | None = None,
                 transaction: bytes | None = None) -> bytes:
         handle = os.urandom(16)
         with self._lock:
             self._prepared.put(handle, PreparedStatement(query, planned=planned,
                                                          head=head.handle if head is not None else None,
-                                                         transaction=transaction),
+                                                         transaction=transaction, user=user),
                                _plan_bytes(query))
             if head is not None:
                 self._heads[head.handle] = head
@@ -198,27 +203,29 @@ class Statements:
         if head is not None:
             head.stop()
 
-    def prepared(self, handle: bytes) -> PreparedStatement:
+    def prepared(self, handle: bytes, user: str) -> PreparedStatement:
         with self._lock:
             statement = self._prepared.get(handle)
-        if statement is None:
+        if statement is None or statement.user != user:
             raise _unknown_prepared()
         return statement
 
-    def bind(self, handle: bytes, params: pa.Table | None) -> None:
+    def bind(self, handle: bytes, params: pa.Table | None, user: str) -> None:
         with self._lock:
-            statement = self._prepared.pop(handle)
-            if statement is None:
+            statement = self._prepared.get(handle)
+            if statement is None or statement.user != user:
                 raise _unknown_prepared()
             statement.params = params
+            self._prepared.pop(handle)
             size = _plan_bytes(statement.query) + (params.nbytes if params is not None else 0)
             self._prepared.put(handle, statement, size)
 
-    def close(self, handle: bytes) -> None:
+    def close(self, handle: bytes, user: str) -> None:
         with self._lock:
-            statement = self._prepared.pop(handle)
-        if statement is None:
-            raise NotFound("unknown prepared statement handle")
+            statement = self._prepared.get(handle)
+            if statement is None or statement.user != user:
+                raise NotFound("unknown prepared statement handle")
+            self._prepared.pop(handle)
         self.stop_head(statement.head)
 
     def take_head(self, statement: PreparedStatement) -> bytes | None:
@@ -227,29 +234,32 @@ class Statements:
             handle, statement.head = statement.head, None
         return handle
 
-    def add_pending(self, plan: PhysicalPlan, schema: pa.Schema, query: str, handle: bytes | None = None,
+    def add_pending(self, plan: PhysicalPlan, schema: pa.Schema, query: str, user: str, handle: bytes | None = None,
                     transaction: bytes | None = None, since: float | None = None) -> bytes:
-        """Keep a planned query until its ticket is redeemed; `handle`: the ticket's (a head start's);
-        `transaction`: the transaction it runs in (None: none); `since`: when its time limit started (its
-        planning's start; None: when the ticket is redeemed)."""
+        """Keep a planned query until its ticket is redeemed by `user`; `handle`: the ticket's (a head
+        start's); `transaction`: the transaction it runs in (None: none); `since`: when its time limit started
+        (its planning's start; None: when the ticket is redeemed)."""
         handle = handle or os.urandom(16)
         with self._lock:
-            self._pending.put(handle, Pending(plan, schema, query, transaction, since), _plan_bytes(query))
+            self._pending.put(handle, Pending(plan, schema, query, transaction, since, user), _plan_bytes(query))
         self._stop_expired()
         return handle
 
-    def add_result(self, table: pa.Table) -> bytes:
-        """Keep the result of a statement that has run until its ticket is redeemed (or never: a client
-        that does not fetch an update's row count)."""
+    def add_result(self, table: pa.Table, user: str) -> bytes:
+        """Keep the result of a statement `user` ran until its ticket is redeemed (or never: a client that does
+        not fetch an update's row count)."""
         handle = os.urandom(16)
         with self._lock:
-            self._results.put(handle, table, table.nbytes)
+            self._results.put(handle, (table, user), table.nbytes)
         return handle
 
-    def take_result(self, handle: bytes) -> pa.Table | None:
-        """A kept result, redeemed by its ticket (None: the ticket names no kept result)."""
+    def take_result(self, handle: bytes, user: str) -> pa.Table | None:
+        """A kept result, redeemed by its ticket (None: the ticket names no result kept for this user)."""
         with self._lock:
-            return self._results.pop(handle)
+            found = self._results.get(handle)
+            if found is None or found[1] != user:
+                return None
+            return self._results.pop(handle)[0]
 
     def start(self, handle: bytes, user: str, version: int
               ) -> tuple[PhysicalPlan, pa.Schema, QueryWork, HeadStart | None, bytes | None]:
@@ -258,6 +268,9 @@ class Statements:
         the transaction it runs in."""
         stale = None
         with self._lock:
+            found = self._pending.get(handle)
+            if found is not None and found.user != user:
+                raise NotFound("unknown or already redeemed ticket")
             entry = self._pending.pop(handle)
             head = self._heads.pop(handle, None)
             if head is not None and (entry is None or head.version != version):
@@ -293,9 +306,14 @@ class Statements:
             if handle in self._running and self._running[handle].work is work:
                 del self._running[handle]
 
-    def cancel(self, handle: bytes) -> int:
-        """Cancel a query by its ticket's handle: a Flight CancelStatus."""
+    def cancel(self, handle: bytes, user: str | None) -> int:
+        """Cancel a query of `user`'s (None: of anyone's, for an admin) by its ticket's handle: a Flight
+        CancelStatus (NOT_CANCELLABLE for another user's)."""
         with self._lock:
+            found = self._pending.get(handle)
+            if found is not None and user is not None and found.user != user or user is not None and (
+                    handle in self._running and self._running[handle].user != user):
+                return CANCEL_STATUS_NOT_CANCELLABLE
             pending = self._pending.pop(handle) is not None
             if pending:
                 self._cancelled[handle] = None

@@ -201,6 +201,26 @@ def test_a_slowed_pair_waits_its_turn_and_a_flood_is_refused():
     assert together == [float(n) for n in range(1, int(MAX_WAIT_S) + 1)]
 
 
+def test_a_ticket_is_its_users_alone(roles):
+    """A user who learns another's ticket can neither redeem nor cancel it (NOT_FOUND, NOT_CANCELLABLE);
+    its owner reads it afterwards."""
+    from quail.server.flight_messages import CANCEL_STATUS_NOT_CANCELLABLE, FLIGHT
+
+    client = flight.connect(roles.uri)
+    reader = flight.FlightCallOptions(headers=[client.authenticate_basic_token(b"reader", b"r-pass")])
+    writer = flight.FlightCallOptions(headers=[client.authenticate_basic_token(b"writer", b"w:pass")])
+    command = flight.FlightDescriptor.for_command(sql.pack(sql.new("CommandStatementQuery", query="SELECT 42 AS x")))
+    info = client.get_flight_info(command, reader)
+    ticket = info.endpoints[0].ticket
+    with pytest.raises(KeyError, match="not found error, with message: unknown or already redeemed ticket"):
+        client.do_get(ticket, writer).read_all()
+    request = FLIGHT["CancelFlightInfoRequest"](info=FLIGHT["FlightInfo"].FromString(info.serialize()))
+    (result,) = client.do_action(flight.Action("CancelFlightInfo", request.SerializeToString()), writer)
+    assert FLIGHT["CancelFlightInfoResult"].FromString(result.body.to_pybytes()).status == \
+        CANCEL_STATUS_NOT_CANCELLABLE
+    assert client.do_get(ticket, reader).read_all().to_pylist() == [{"x": 42}]
+
+
 def test_metrics_need_an_admin_login(roles):
     import base64
     import urllib.error
