@@ -426,14 +426,47 @@ def _constant(node: exp.Expression, name: str, call: exp.Expression) -> Any:
     raise InvalidArgument(f"{name}'s options must be constants{position(node) or position(call)}")
 
 
+MAX_SCHEMA_DEPTH = 64  # objects and arrays within each other in a response_format
+
+
+def _depth(value: Any) -> int:
+    """How deep objects and arrays nest in a value (JSON text: its brackets, outside strings), without
+    recursion."""
+    if isinstance(value, str):
+        deepest = depth = 0
+        quoted = escaped = False
+        for char in value:
+            if quoted:
+                quoted, escaped = (char != '"' or escaped), (char == "\\" and not escaped)
+            elif char == '"':
+                quoted = True
+            elif char in "{[":
+                depth += 1
+                deepest = max(deepest, depth)
+            elif char in "}]":
+                depth -= 1
+        return deepest
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list, tuple)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def _schema(value: Any, name: str, call: exp.Expression) -> str | None:
     """A response_format as a JSON schema's canonical text: Snowflake's {'type': 'json', 'schema': {...}}, a
     schema itself, or either as JSON text; NULL: none."""
     if isinstance(value, str):
+        if _depth(value) > MAX_SCHEMA_DEPTH:
+            raise InvalidArgument(f"{name}'s response_format nests more than {MAX_SCHEMA_DEPTH} deep{position(call)}")
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
             raise InvalidArgument(f"{name}'s response_format is not JSON{position(call)}") from None
+    elif _depth(value) > MAX_SCHEMA_DEPTH:
+        raise InvalidArgument(f"{name}'s response_format nests more than {MAX_SCHEMA_DEPTH} deep{position(call)}")
     if isinstance(value, dict) and value.get("type") == "json" and "schema" in value:
         value = value["schema"]
     if value is None:

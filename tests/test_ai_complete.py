@@ -165,6 +165,8 @@ def test_a_limit_reaches_generation(session):
     ("SELECT AI_COMPLETE(PROMPT('x {0}', topic), {'stop': [" + ", ".join(f"'s{i}'" for i in range(10_000)) + "]}) "
      "FROM topics", "at most 16 stop texts, not 10,000"),
     ("SELECT AI_COMPLETE(PROMPT('x {0}', topic), {'stop': ['" + "x" * 257 + "']}) FROM topics", "at most 256 bytes"),
+    ("SELECT AI_COMPLETE(PROMPT('x {0}', topic), {'response_format': '" + '{"a":' * 3000 + "1" + "}" * 3000 +
+     "'}) FROM topics", "response_format nests more than 64 deep"),
     ("SELECT AI_COMPLETE(PROMPT('x {0}', topic), {'max_tokens': topic}) FROM topics", "must be constants"),
     ("SELECT AI_COMPLETE('default', PROMPT('x {0}', topic), {}, {'type': 'objekt'}) FROM topics",
      "not a JSON schema llguidance accepts"),
@@ -172,7 +174,7 @@ def test_a_limit_reaches_generation(session):
     ("SELECT AI_EXTRACT(topic, 3) FROM topics", "response format must be"),
     ("SELECT AI_COMPLETE(PROMPT('x {0}', topic), {'max_tokens': 9000}) FROM topics", "generate fewer tokens"),
     ("SELECT AI_COMPLETE('Say hi') FROM topics", "asks nothing of the rows"),
-], ids=["model", "option", "zero", "fraction", "type", "top-p", "empty-stop", "many-stops", "long-stop", "column", "schema", "schema-text",
+], ids=["model", "option", "zero", "fraction", "type", "top-p", "empty-stop", "many-stops", "long-stop", "deep-format", "column", "schema", "schema-text",
         "extract-format", "context", "constant"])
 def test_bad_calls_are_invalid_arguments(session, sql, message):
     with pytest.raises(InvalidArgument, match=message):
