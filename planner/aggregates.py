@@ -54,6 +54,8 @@ def _bind(call: exp.Expression) -> tuple[exp.Expression, Aggregation]:
     name = ai_name(call)
     args = call.expressions if isinstance(call, exp.Anonymous) else [a for a in (call.this, call.expression) if a]
     takes = 1 if name == "AI_SUMMARIZE_AGG" else 2
+    if not args or args[0].find(exp.Column) is None:
+        raise InvalidArgument(f"{name} asks nothing of the rows: give it a column to aggregate{position(call)}")
     generation = generation_of(args[takes], name, call) if len(args) > takes else Generation()
     if name == "AI_SUMMARIZE_AGG":
         return args[0], Aggregation(SUMMARIZE, generation)

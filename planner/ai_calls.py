@@ -128,7 +128,7 @@ def bind(call: exp.Expression) -> AICall:
     """The bound form of an AI call; InvalidArgument names what is wrong and where (a call asks about
     at least one document: a column, or any expression, of each row)."""
     bound = _bind(call)
-    if not bound.args:
+    if not any(arg.find(exp.Column) for arg in bound.args):
         raise InvalidArgument(f"{bound.name} asks nothing of the rows: give it a document, as in "
                               f"PROMPT('... {{0}} ...', column){position(call)}")
     return bound
@@ -492,6 +492,11 @@ def _bind_extract(name: str, call: exp.Expression, positional: list[exp.Expressi
     if len(positional) not in (2, 3):
         raise InvalidArgument(f"{name} takes a text, a response format and optional options{position(call)}")
     fields = _constant(positional[1], name, call)
+    keys = [p.this.name for p in positional[1].expressions] if isinstance(positional[1], exp.Struct) else \
+        fields if isinstance(fields, list) else []
+    twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+    if twice is not None:
+        raise InvalidArgument(f"{name}'s response format names {twice!r} twice{position(call)}")
     if isinstance(fields, list) and all(isinstance(q, str) for q in fields):
         fields = {q: q for q in fields}
     if isinstance(fields, dict) and set(fields) == {"schema"} and isinstance(fields["schema"], dict):

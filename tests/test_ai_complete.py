@@ -174,8 +174,15 @@ def test_a_limit_reaches_generation(session):
     ("SELECT AI_EXTRACT(topic, 3) FROM topics", "response format must be"),
     ("SELECT AI_COMPLETE(PROMPT('x {0}', topic), {'max_tokens': 9000}) FROM topics", "generate fewer tokens"),
     ("SELECT AI_COMPLETE('Say hi') FROM topics", "asks nothing of the rows"),
+    ("SELECT AI_CLASSIFY('a constant', ['a', 'b']) FROM topics", "AI_CLASSIFY asks nothing of the rows"),
+    ("SELECT AI_EXTRACT('a constant', ['Who?']) FROM topics", "AI_EXTRACT asks nothing of the rows"),
+    ("SELECT AI_AGG('a constant', 'Sum up') AS a FROM topics", "AI_AGG asks nothing of the rows"),
+    ("SELECT AI_SUMMARIZE_AGG('a constant') AS a FROM topics", "AI_SUMMARIZE_AGG asks nothing of the rows"),
+    ("SELECT AI_EXTRACT(topic, {'who': 'Who?', 'who': 'Whom?'}) FROM topics", "names 'who' twice"),
+    ("SELECT AI_EXTRACT(topic, ['Who?', 'Who?']) FROM topics", "names 'Who\\?' twice"),
 ], ids=["model", "option", "zero", "fraction", "type", "top-p", "empty-stop", "many-stops", "long-stop", "deep-format", "column", "schema", "schema-text",
-        "extract-format", "context", "constant"])
+        "extract-format", "context", "constant", "constant-classify", "constant-extract", "constant-agg",
+        "constant-summarize", "extract-twice", "extract-list-twice"])
 def test_bad_calls_are_invalid_arguments(session, sql, message):
     with pytest.raises(InvalidArgument, match=message):
         session.sql(sql).run()
