@@ -21,7 +21,14 @@ AI_DOTTED = ("IF", "CLASSIFY", "SCORE")
 
 class StrictParser(parser.Parser):
     """Rules every dialect's parser follows here, stricter than sqlglot's own: BETWEEN needs its AND
-    (sqlglot reads `a BETWEEN 1 b AND c` as `a BETWEEN 1 AND b` joined to `c`)."""
+    (sqlglot reads `a BETWEEN 1 b AND c` as `a BETWEEN 1 AND b` joined to `c`); each `?` knows where it was
+    written (its line and column: parameters bind in that order, not in the tree's)."""
+
+    def _parse_placeholder(self) -> exp.Expression | None:
+        placeholder = super()._parse_placeholder()
+        if isinstance(placeholder, exp.Placeholder) and not placeholder.this:
+            placeholder.meta.update(line=self._prev.line, col=self._prev.col)
+        return placeholder
 
     def _parse_between(self, this: exp.Expression | None) -> exp.Expression:
         if isinstance(this, (exp.Is, exp.NullSafeEQ, exp.NullSafeNEQ)):  # keep the comparison whole
@@ -181,6 +188,20 @@ def normalize(tree: exp.Expression) -> exp.Expression:
         if isinstance(inner, exp.JSONExtract) and inner.args.get("variant_extract") and cast.to.is_type(
                 exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
             cast.replace(exp.JSONExtractScalar(this=inner.this, expression=inner.expression))
+    return tree
+
+
+def numbered_parameters(tree: exp.Expression) -> exp.Expression:
+    """The tree with each `?` numbered ($1, $2, ... in the order written), so that a rewrite repeating one
+    (Snowflake's LENGTH(?) is DuckDB's CASE over TYPEOF(?), LENGTH(?) and OCTET_LENGTH(?)) still reads one value.
+
+    >>> numbered_parameters(parse_statement("SELECT LENGTH(?), ?", "snowflake")).sql("duckdb")
+    "SELECT CASE TYPEOF($1) WHEN 'BLOB' THEN OCTET_LENGTH(CAST($1 AS BLOB)) ELSE LENGTH(CAST($1 AS TEXT)) END, $2"
+    """
+    holders = sorted((p for p in tree.find_all(exp.Placeholder) if not p.this),
+                     key=lambda p: (p.meta.get("line", 0), p.meta.get("col", 0)))
+    for number, holder in enumerate(holders, start=1):
+        holder.replace(exp.Parameter(this=exp.Literal.number(number)))
     return tree
 
 

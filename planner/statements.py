@@ -36,7 +36,7 @@ from quail.engine.exec.relational import DuckDB
 from quail.engine.runtime.requests import ResidentShare
 from quail.planner.ai_calls import ai_calls, ancestors
 from quail.planner.binder import python_values, refuse_reserved
-from quail.planner.dialects import DIALECTS, normalize, parse_statements, position
+from quail.planner.dialects import DIALECTS, normalize, numbered_parameters, parse_statements, position
 from quail.planner.explain import split_explain
 from quail.planner.join_order import Rank, by_tokens
 from quail.planner.planner import RESULT, answer_statement, name_columns, plan_query, plan_sql
@@ -91,7 +91,8 @@ def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[An
         expand(tree, views)
     if not ai_calls(tree):
         found = sql_guard.statements(sql if dialect == "duckdb" and not reads_views else
-                                     normalize(name_columns(tree, dialect, sql, every=True)).sql("duckdb"))
+                                     numbered_parameters(normalize(name_columns(tree, dialect, sql, every=True))
+                                                         ).sql("duckdb"))
         return _duckdb_statement(*found[0], catalog, params)
     tree = name_columns(tree, dialect, sql, every=dialect != "duckdb")
     if isinstance(tree, exp.Query):

@@ -114,13 +114,31 @@ def statement_signature(con: duckdb.DuckDBPyConnection, sql: str, params: Sequen
         bound = _seam.bind(con, sql, values=list(params) if params is not None else None)
         parameters = len(params) if params is not None else len(bound.parameters)
         if params is None and parameters and any(str(kind) == "UNKNOWN" for kind in bound.types):
-            bound = _seam.bind(con, sql, values=[None] * parameters)  # NULLs for the names as written
+            bound = _bind_probed(con, sql, parameters)
         known = [k for k, kind in enumerate(bound.types) if str(kind) not in ("UNKNOWN", '"NULL"')]
         arrow = _seam.arrow_schema(con, [bound.names[k] for k in known], [bound.types[k] for k in known])
     fields = dict(zip(known, arrow))
     schema = pa.schema([fields[k].with_name(name) if k in fields else pa.field(name, pa.null())
                         for k, name in enumerate(bound.names)])  # names as DuckDB gives them, duplicates kept
     return Signature(schema, bound.return_type == "query_result", bound.writes, parameters)
+
+
+_PROBES = (None, "", b"", 0, 0.0)  # what a parameter of no type is tried as: NULL, text, blob, integer, double
+
+
+def _bind_probed(con: duckdb.DuckDBPyConnection, sql: str, count: int) -> Any:
+    """DuckDB's binding of a statement whose parameters have no values yet and leave a column of no type:
+    bound with every parameter a value of each of _PROBES' types in turn (the first that binds). NULL keeps
+    the names as written; a function of several overloads cannot pick one for NULL (`octet_length(?)`: BLOB
+    or BIT), and binds with one of the others: the schema a prepare answers. The values, when they come,
+    bind the statement again."""
+    first = None
+    for probe in _PROBES:
+        try:
+            return _seam.bind(con, sql, values=[probe] * count)
+        except duckdb.Error as err:
+            first = first or err
+    raise first
 
 
 def statement_schema(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Schema:

@@ -107,6 +107,21 @@ def test_a_parameter_comes_back_as_bound(uri, value):
             assert got.as_tuple() == value.as_tuple(), "the scale is kept"
 
 
+def test_parameters_bind_in_the_order_written_at_any_depth(uri):
+    """A `?` nested deeper than a later one, or in a CTE before the main query, takes its own value, in AI
+    statements (bound as literals) and plain ones (numbered: Snowflake's LENGTH(?) repeats its argument in
+    DuckDB); a function of overloads over a parameter prepares (octet_length(?))."""
+    with _connect(uri) as conn, conn.cursor() as cur:
+        cur.adbc_ingest("ordered", pa.table({"id": [1, 2, 3, 4], "body": ["a", "b", "c", "d"]}), mode="create")
+        cur.execute("SELECT id, AI_CLASSIFY(body, ['x', 'y']) AS c FROM ordered WHERE id >= abs(abs(?)) AND id <= ? "
+                    "ORDER BY id", (2, 3))
+        assert [row[0] for row in cur.fetchall()] == [2, 3]
+        cur.execute("WITH c AS (SELECT ? AS a) SELECT a, ? AS b, length(?) AS n FROM c", (1, 2, "four"))
+        assert cur.fetchall() == [(1, 2, 4)]
+        cur.execute("SELECT octet_length(?) AS n", (b"\x00\x01\x02",))
+        assert cur.fetchall() == [(3,)]
+
+
 def test_typed_parameters_are_stored_exactly_by_executemany(uri):
     rows = [(1, float("nan"), decimal.Decimal("0.10")), (2, float("-inf"), decimal.Decimal("-1.25")),
             (3, None, None)]
