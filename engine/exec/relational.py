@@ -11,6 +11,7 @@ DuckDB's errors become Quail errors.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ import pyarrow as pa
 from duckdb import _seam  # DuckDB's binder (a statement's output without running it) and its one-step submit
 
 from quail.engine.errors import (Aborted, AlreadyExists, Cancelled, InvalidArgument, NotFound, PermissionDenied,
-                                 ResourceExhausted)
+                                 QuailError, ResourceExhausted)
 from quail.engine.exec import sql_guard
 from quail.engine.runtime.query_work import QueryWork
 
@@ -71,29 +72,50 @@ def duckdb_errors(work: QueryWork | None = None) -> Iterator[None]:
     """DuckDB's exceptions as Quail errors: an interrupt is Cancelled (or DeadlineExceeded, as `work` says);
     a duplicate key or name AlreadyExists; an unknown name NotFound; a write-write conflict between
     transactions Aborted (another transaction error, such as one already failed, InvalidArgument); file
-    access PermissionDenied; memory ResourceExhausted; the rest InvalidArgument."""
+    access PermissionDenied; memory ResourceExhausted; the rest InvalidArgument. Their texts as the user may
+    read them (user_text)."""
     try:
         yield
     except duckdb.InterruptException:
         if work is not None:
             work.check()
         raise Cancelled("the query was interrupted") from None
-    except duckdb.ConstraintException as err:
-        raise (AlreadyExists if "Duplicate key" in str(err) else InvalidArgument)(str(err)) from None
-    except duckdb.CatalogException as err:
-        text = str(err)
-        kind = AlreadyExists if "already exists" in text else NotFound if "not exist" in text else InvalidArgument
-        raise kind(text) from None
-    except duckdb.TransactionException as err:
-        if "onflict" not in str(err):
-            raise InvalidArgument(str(err)) from None
-        raise Aborted(f"{err} (another transaction changed the same rows or objects: try again)") from None
-    except duckdb.PermissionException as err:
-        raise PermissionDenied(f"{err}: Quail's statements reach only its own database") from None
-    except duckdb.OutOfMemoryException as err:
-        raise ResourceExhausted(str(err)) from None
     except duckdb.Error as err:
-        raise InvalidArgument(str(err)) from None
+        raise _quail_error(err) from None
+
+
+def _quail_error(err: duckdb.Error) -> QuailError:
+    text = user_text(str(err))
+    if isinstance(err, duckdb.ConstraintException):
+        return (AlreadyExists if "Duplicate key" in text else InvalidArgument)(text)
+    if isinstance(err, duckdb.CatalogException):
+        return (AlreadyExists if "already exists" in text else NotFound if "not exist" in text else InvalidArgument)(
+            text)
+    if isinstance(err, duckdb.TransactionException):
+        return InvalidArgument(text) if "onflict" not in text else \
+            Aborted(f"{text} (another transaction changed the same rows or objects: try again)")
+    if isinstance(err, duckdb.PermissionException):
+        return PermissionDenied(f"{text}: Quail's statements reach only its own database")
+    if isinstance(err, duckdb.OutOfMemoryException):
+        return ResourceExhausted(text)
+    return InvalidArgument(text)
+
+
+_INTERNAL = re.compile(r'(?:"[^"]*"\.)?"?__quail_\w+"?', re.IGNORECASE)
+
+
+def user_text(message: str) -> str:
+    """DuckDB's message about a statement Quail wrote (a step of an AI plan) without what the user never wrote:
+    the statement's text (DuckDB's `LINE n:` context) and the names of Quail's own columns and tables.
+
+    >>> user_text("Conversion Error: cannot convert 'a' to DOUBLE\\n\\nLINE 1: ... ORDER BY d.__quail_ai_1")
+    "Conversion Error: cannot convert 'a' to DOUBLE"
+    >>> user_text('Binder Error: column "__quail_ai_2" is ambiguous')
+    "Binder Error: column an AI function's answer is ambiguous"
+    """
+    if "__quail" not in message.lower():
+        return message
+    return _INTERNAL.sub("an AI function's answer", message.split("\nLINE ", 1)[0].rstrip())
 
 
 @dataclass(frozen=True)

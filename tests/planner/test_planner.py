@@ -293,12 +293,13 @@ def test_plans_stream_in_chunks_only_when_each_row_stands_alone(store, sql, chun
         is chunked
 
 
-def test_binding_doctests():
+@pytest.mark.parametrize("module", ["quail.planner.ai_calls", "quail.planner.dialects",
+                                    "quail.engine.exec.relational"])
+def test_binding_doctests(module):
     import doctest
+    import importlib
 
-    from quail.planner import ai_calls
-
-    failed, tried = doctest.testmod(ai_calls)
+    failed, tried = doctest.testmod(importlib.import_module(module))
     assert tried and not failed
 
 

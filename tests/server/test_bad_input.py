@@ -132,6 +132,18 @@ def test_ai_calls_that_cannot_be_asked_are_invalid(uri, sql, fragment):
     assert message.startswith("INVALID_ARGUMENT") and fragment in message, message
 
 
+@pytest.mark.parametrize("sql", [
+    f"SELECT id FROM reviews ORDER BY {SCORE} + 'a'",
+    "SELECT CASE WHEN AI_FILTER(PROMPT('Is {0} good?', body)) THEN 1 ELSE 'x' END + 1 FROM reviews",
+    "SELECT id FROM reviews WHERE AI_CLASSIFY(body, ['a', 'b']) > 5",
+    "SELECT id FROM reviews WHERE NOT AI_FILTER(PROMPT('Is {0} good?', body)) AND id + 'x' > 1",
+], ids=["order-by", "case", "classify-compared", "not-filter"])
+def test_an_error_in_a_statement_quail_wrote_names_nothing_of_quail_s_own(uri, sql):
+    """DuckDB's message about a step of an AI plan, without the step's text or Quail's column names."""
+    message = _refused(uri, sql)
+    assert message.startswith("INVALID_ARGUMENT") and "__quail" not in message.lower() and "LINE 1" not in message
+
+
 def test_reserved_names_are_refused_and_cannot_change_results(uri):
     with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
         for name in ("__quail_sub_1", "__QUAIL_result"):
