@@ -40,7 +40,7 @@ from quail.server.connections import Connections, Lease
 from quail.server.flight_messages import (CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING,
                                           CANCEL_STATUS_NOT_CANCELLABLE, FLIGHT, parse)
 from quail.server.ingest import ingest
-from quail.server.ipc import plain_schema, schema_bytes
+from quail.server.ipc import bounded_batches, plain_schema, schema_bytes
 from quail.server.metrics import Metrics
 from quail.server.changes import Changes, count
 from quail.server.query_service import QueryService
@@ -497,7 +497,7 @@ def _listing(make: Callable[[FlightSQLHandler, Message, Any], pa.Table]) -> Rout
     return Route(info=lambda h, cmd, descriptor, context: h._info(descriptor, make(h, cmd, context).schema,
                                                                  descriptor.cmd),
                  schema=lambda h, cmd, context: make(h, cmd, context).schema,
-                 get=lambda h, cmd, context: (lambda table: (table.schema, table.to_batches()))(make(h, cmd, context)))
+                 get=lambda h, cmd, context: (lambda table: (table.schema, bounded_batches(table)))(make(h, cmd, context)))
 
 
 def _keys(kind: str) -> Route:

@@ -27,6 +27,23 @@ def _plain(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
+MAX_BATCH_BYTES = 8 << 20  # a listing's batch, at most (clients refuse messages past 16 MiB by default)
+
+
+def bounded_batches(table: pa.Table, max_bytes: int = MAX_BATCH_BYTES) -> list[pa.RecordBatch]:
+    """The table's rows in batches of at most `max_bytes` each (a single row larger stays whole): each batch
+    is one Flight message, so a listing of many tables never passes a client's message limit."""
+    pending, done = list(reversed(table.to_batches())), []
+    while pending:
+        batch = pending.pop()
+        if batch.nbytes <= max_bytes or batch.num_rows <= 1:
+            done.append(batch)
+        else:
+            half = batch.num_rows // 2
+            pending += [batch.slice(half), batch.slice(0, half)]
+    return done
+
+
 def plain_schema(schema: pa.Schema) -> pa.Schema:
     """The schema `encode` sends for data of this schema (dictionaries decoded)."""
     return pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in schema],

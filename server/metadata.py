@@ -255,9 +255,21 @@ def tables(con: duckdb.DuckDBPyConnection, system: dict[str, pa.Schema], catalog
             row = {"catalog_name": CATALOG_NAME, "db_schema_name": schema_name, "table_name": name,
                    "table_type": kind}
             if include_schema:
-                row["table_schema"] = schema_bytes(_listed(con, schema_name, name, kind, system, views))
+                row["table_schema"] = _bounded(_listed(con, schema_name, name, kind, system, views))
             rows.append(row)
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+MAX_LISTED_SCHEMA_BYTES = 4 << 20  # a table's listed schema with each column's Flight SQL metadata, at most
+
+
+def _bounded(schema: pa.Schema) -> bytes:
+    """A listed schema's bytes; past MAX_LISTED_SCHEMA_BYTES (a table of tens of thousands of columns) without
+    the columns' metadata, its names and types alone, so a client can always list it."""
+    data = schema_bytes(schema)
+    if len(data) <= MAX_LISTED_SCHEMA_BYTES:
+        return data
+    return schema_bytes(pa.schema([field.remove_metadata() for field in schema], metadata=schema.metadata))
 
 
 def _listed(con: duckdb.DuckDBPyConnection, schema: str, name: str, kind: str, system: dict[str, pa.Schema],
