@@ -13,6 +13,7 @@ from sqlglot.errors import ErrorLevel, ParseError, TokenError
 from sqlglot.tokens import TokenType
 
 from quail.engine.errors import InvalidArgument, ResourceExhausted
+from quail.engine.exec import sql_guard
 
 from quail.planner import strict
 
@@ -116,6 +117,7 @@ def parse_statements(sql: str, dialect: str = DEFAULT_DIALECT) -> list[exp.Expre
             raise ResourceExhausted(f"the statement has {len(tokens):,} tokens: Quail plans at most {MAX_TOKENS:,} "
                                     f"(in the duckdb dialect a statement without AI functions goes to DuckDB as "
                                     f"written, unparsed)")
+        sql_guard.check_connectives(sum(t.token_type in (TokenType.AND, TokenType.OR) for t in tokens))
         strict.check(tokens)
         trees = [t for t in reader.parser(error_level=ErrorLevel.IMMEDIATE).parse(tokens, sql) if t is not None]
     except ParseError as err:
