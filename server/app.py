@@ -32,7 +32,7 @@ EXIT_S = 10.0  # then: the cancelled work's time to stop before the process exit
 
 def _options(config: ServerConfig) -> list[tuple[str, int]]:
     """gRPC's settings: a message a client sends is at most --max-message-bytes (gRPC refuses a longer one with
-    RESOURCE_EXHAUSTED as its length arrives), one the server sends is not bounded (the client bounds it);
+    RESOURCE_EXHAUSTED before the handler sees it), one the server sends is not bounded (the client bounds it);
     no SO_REUSEPORT: a port another server holds is refused, not shared (gRPC shares it by default)."""
     return [("grpc.max_receive_message_length", config.max_message_bytes), ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0)]

@@ -170,8 +170,8 @@ def test_a_server_without_users_takes_any_bearer_token(limited):
 
 def test_a_long_statement_and_a_large_message_are_refused_and_an_ingest_in_batches_is_not(tmp_path):
     """--max-statement-bytes bounds a statement's text, --max-message-bytes each message a client sends (gRPC
-    refuses a longer one as its length arrives, before it is held): both RESOURCE_EXHAUSTED; an ingest of any
-    size goes through in batches under the bound; the server serves on."""
+    refuses a longer one before the handler sees it): both RESOURCE_EXHAUSTED; an ingest of any size goes
+    through in batches under the bound; the server serves on."""
     rows = pa.table({"x": pa.array(range(40_000), pa.int64())})  # 320 KB in one batch
     with ServerProcess(tmp_path, "--max-statement-bytes", "2000", "--max-message-bytes", "100000") as server, \
             flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
