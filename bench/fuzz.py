@@ -12,6 +12,9 @@ process; what comes back is judged:
   on the same tables (compared as multisets, floats to 1e-9 relative);
 - a repair: a statement DuckDB refuses as a syntax error but the server ran.
 
+One call in a hundred is one of bench/hostile.py's (huge statements and messages, long stop lists, odd
+Arrow types, ...), judged by the statuses it may get.
+
     python -m bench.fuzz --seconds 1800 --seed 1 --out bench/results/fuzz.json
 """
 
@@ -35,6 +38,7 @@ import adbc_driver_manager
 import duckdb
 import pyarrow as pa
 
+from bench.hostile import HOSTILE
 from quail.clients.server_process import ServerProcess
 
 EXPECTED = {"INVALID_ARGUMENT", "NOT_FOUND", "DEADLINE_EXCEEDED", "TIMEOUT", "RESOURCE_EXHAUSTED",
@@ -258,7 +262,7 @@ class Fuzzer:
         self.server.start()
         self.conn = flight_sql.connect(self.server.uri, autocommit=True)
         with self.conn.cursor() as cur:
-            for name, table in self.tables.items():
+            for name, table in {**self.tables, "reviews": self.tables["docs"]}.items():  # reviews: hostile.py's
                 cur.adbc_ingest(name, table, mode="replace")
 
     def stop(self) -> None:
@@ -314,9 +318,30 @@ class Fuzzer:
             self.outcome.wrong += 1
             self.outcome.note("wrong", sql, f"server {rows.num_rows} rows, DuckDB {expected.num_rows}")
 
-    def run(self, seconds: float, ai_share: float = 0.05, mutate_share: float = 0.5) -> Outcome:
+    def hostile(self, name: str | None = None) -> None:
+        """One of bench/hostile.py's calls (`name`; None: one at random), judged by its allowed statuses and
+        the server's survival."""
+        name = name or self.rng.choice(sorted(HOSTILE))
+        call, allowed = HOSTILE[name]
+        self.outcome.statements += 1
+        self.outcome.kinds["hostile"] += 1
+        got = call(self.server.uri, self.rng)
+        self.outcome.statuses[got] += 1
+        if self.server.process.poll() is not None:
+            self.outcome.deaths += 1
+            self.outcome.note("death", name, got)
+            self.start()
+        elif got not in allowed:
+            self.outcome.internal += 1
+            self.outcome.note("internal", name, f"{got}, not one of {sorted(allowed)}")
+
+    def run(self, seconds: float, ai_share: float = 0.05, mutate_share: float = 0.5,
+            hostile_share: float = 0.01) -> Outcome:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
+            if self.rng.random() < hostile_share:
+                self.hostile()
+                continue
             kind = "ai" if self.rng.random() < ai_share else "relational"
             sql = self.grammar.ai() if kind == "ai" else self.grammar.relational()
             if self.rng.random() < mutate_share:

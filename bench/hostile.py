@@ -1,6 +1,7 @@
 """Hostile calls: what an attacker or a careless client sends, each with the statuses a server may answer.
 
-Each call is a function of a server's URI and a random source; it returns the status the server answered
+Each call is a function of a server's URI and a random source (and a login, where the server has users); it
+reads a table `reviews` of `id` and `body` where it reads one, and returns the status the server answered
 ("OK", or the gRPC status name an ADBC or Flight error names). `HOSTILE` maps each call's name to it and to
 the statuses allowed (anything else, a hang or a dead server is a finding):
 

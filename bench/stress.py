@@ -4,7 +4,8 @@ Several ADBC clients send random AI statements at one `quail serve` whose KV
 pool holds a fraction of what they compute (so the resident tree evicts
 mid-query and the host tier moves and restores KV): filters, scores, chains of
 filters, a score beside a filter, joins, classifications, generation, AI_AGG
-over groups, the top rows by score, prepared statements with parameters; some
+over groups, the top rows by score, prepared statements with parameters, generation with the most stop
+texts a call may name; some
 are cancelled by their client while they run, and a writer rewrites a table
 that others read. Then a second server, with room to spare, runs each
 statement alone. Judged:
@@ -103,8 +104,8 @@ def statement(rng: random.Random) -> Statement:
         "classify": f"SELECT r.id, AI_CLASSIFY(r.body, ['good', 'bad', 'neutral']) AS c FROM reviews r "
                     f"WHERE {where} ORDER BY 1",
         "complete": f"SELECT t.id, AI_COMPLETE(PROMPT('Name one word that goes with {{0}}:', t.topic), "
-                    f"{{'max_tokens': {rng.randint(1, 6)}}}) AS a FROM topics t WHERE t.id BETWEEN {a % 5} AND "
-                    f"{a % 5 + rng.randint(0, 2)} ORDER BY 1",
+                    f"{{'max_tokens': {rng.randint(1, 6)}{_stops(rng)}}}) AS a FROM topics t WHERE t.id BETWEEN "
+                    f"{a % 5} AND {a % 5 + rng.randint(0, 2)} ORDER BY 1",
         "aggregate": f"SELECT r.id % 3 AS g, count(*) AS n, AI_AGG(r.body, 'List the words.', "
                      f"{{'max_tokens': {rng.randint(2, 8)}}}) AS a FROM reviews r WHERE {where} GROUP BY 1 ORDER BY 1",
         "top": f"SELECT r.id, AI_SCORE(PROMPT('{q}', r.body)) AS p FROM reviews r WHERE {where} "
@@ -114,6 +115,15 @@ def statement(rng: random.Random) -> Statement:
     }[kind]
     return Statement(sql, (a, b) if kind == "parameters" else None,
                      rng.uniform(0.05, 1.0) if rng.random() < CANCELLED_SHARE else None)
+
+
+def _stops(rng: random.Random) -> str:
+    """A generation's stop option half the time: the most stop texts a call may name (16), single letters and
+    words, so that some end a sequence."""
+    if rng.random() < 0.5:
+        return ""
+    texts = [*"aeiost", *rng.sample(WORDS, 10)]
+    return ", 'stop': [" + ", ".join(f"'{t}'" for t in texts) + "]"
 
 
 def rows(uri: str, s: Statement) -> list[tuple] | str:
