@@ -71,6 +71,8 @@ def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[An
         return plan_sql(sql, catalog, dialect, params, rank=rank, resident=resident)
     if dialect == "duckdb" and not AI_CALL.search(sql):
         found = sql_guard.statements(sql)
+        if not found:
+            raise InvalidArgument("the text holds no SQL statement")
         if len(found) > 1:
             return Script(tuple(text for _, text in found))
         if found[0][0] == "TRANSACTION" or not _reads_views(sql, catalog):
