@@ -310,9 +310,8 @@ class Statements:
         """Cancel a query of `user`'s (None: of anyone's, for an admin) by its ticket's handle: a Flight
         CancelStatus (NOT_CANCELLABLE for another user's)."""
         with self._lock:
-            found = self._pending.get(handle)
-            if found is not None and user is not None and found.user != user or user is not None and (
-                    handle in self._running and self._running[handle].user != user):
+            entry = self._pending.get(handle) or self._running.get(handle)
+            if user is not None and entry is not None and entry.user != user:
                 return CANCEL_STATUS_NOT_CANCELLABLE
             pending = self._pending.pop(handle) is not None
             if pending:

@@ -73,18 +73,18 @@ def check_size(sql: str, max_tokens: int | None = None) -> None:
         raise ResourceExhausted(f"the statement has {len(tokens):,} tokens: Quail plans at most {max_tokens:,} "
                                 f"(in the duckdb dialect a statement without AI functions goes to DuckDB as "
                                 f"written, unparsed)")
-    count = sum(text.upper() in ("AND", "OR") for text in _keywords(sql, tokens))
+    count = sum(kind == duckdb.token_type.keyword and sql[start:end].strip().upper() in ("AND", "OR")
+                for start, end, kind in _spans(sql, tokens))
     if count > MAX_CONNECTIVES:
         raise ResourceExhausted(f"the statement joins {count:,} conditions with AND / OR: at most {MAX_CONNECTIVES:,} "
                                 f"are planned (DuckDB's optimizer takes minutes over thousands); a list of "
                                 f"values is one IN (...)")
 
 
-def _keywords(sql: str, tokens: list[tuple[int, Any]]) -> Iterator[str]:
-    """The text of each keyword token of the statement, among DuckDB's tokens of it."""
+def _spans(sql: str, tokens: list[tuple[int, Any]]) -> Iterator[tuple[int, int, Any]]:
+    """Each of DuckDB's tokens of the statement as (start, where the next begins, kind)."""
     for (start, kind), (following, _) in zip(tokens, tokens[1:] + [(len(sql), None)]):
-        if kind == duckdb.token_type.keyword:
-            yield sql[start:following].strip()
+        yield start, following, kind
 
 
 def shape(sql: str) -> str:
@@ -97,9 +97,8 @@ def shape(sql: str) -> str:
     >>> shape("SELECT 0x1F, 5 FROM t"), shape("SELECT t.1, 5 FROM t")
     ('SELECT 0x1F, 5 FROM t', 'SELECT t.1, 5 FROM t')
     """
-    tokens = duckdb.tokenize(sql)
     parts, done = [], 0
-    for (start, kind), (following, _) in zip(tokens, tokens[1:] + [(len(sql), None)]):
+    for start, following, kind in _spans(sql, duckdb.tokenize(sql)):
         if kind == duckdb.token_type.numeric_const:
             number = sql[start:following].rstrip()
             end = start + len(number)
