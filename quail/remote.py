@@ -25,6 +25,8 @@ from .session import DocumentProvider, Report, Result
 SESSION_OPTION = "adbc.flight.sql.session.option."
 SESSION_OPTIONS = "adbc.flight.sql.session.options"
 LAST_QUERY = "quail.last_query"
+OPEN = "quail.session"  # the server reports it "open" to a call that came with its session's cookie
+SESSION_TRIES = 5
 
 
 def connect(uri: str, dialect: str | None = None, **db_kwargs: str):
@@ -38,8 +40,28 @@ def connect(uri: str, dialect: str | None = None, **db_kwargs: str):
     options = {"adbc.flight.sql.rpc.with_cookie_middleware": "true", **db_kwargs}
     connection = flight_sql.connect(uri, db_kwargs=options, autocommit=True)
     if dialect is not None:
-        connection.adbc_connection.set_options(**{SESSION_OPTION + "dialect": dialect})
+        set_session_options(connection, dialect=dialect)
     return connection
+
+
+def set_session_options(connection, **options: str) -> None:
+    """Set Flight session options on an ADBC connection to a Quail server, and read them back until they hold.
+
+    - The ADBC Flight SQL driver (arrow-go's cookie middleware) can drop the cookie that opens a session:
+      a DoAction's end races a goroutine of the middleware, and on a busy host the goroutine may win,
+      discarding the answer's headers. The client then has no session, and its later calls run under the
+      server's defaults: in another dialect, silently.
+    - Reading the options back (with the server's read-only `quail.session`) finds that; setting them again
+      opens a new session, whose cookie is kept. ConnectionError after SESSION_TRIES tries.
+    """
+    wanted = {name: str(value) for name, value in options.items()}
+    for _ in range(SESSION_TRIES):
+        connection.adbc_connection.set_options(**{SESSION_OPTION + name: value for name, value in wanted.items()})
+        held = json.loads(connection.adbc_connection.get_option(SESSION_OPTIONS))
+        if held.get(OPEN) == "open" and all(held.get(name) == value for name, value in wanted.items()):
+            return
+    raise ConnectionError(f"the server did not keep the session options {sorted(wanted)}: its session cookie "
+                          f"did not come back in {SESSION_TRIES} tries")
 
 
 @dataclass
@@ -100,7 +122,7 @@ class RemoteSession:
 
     def _cursor(self, dialect: str):
         if dialect != self._dialect:
-            self.connection.adbc_connection.set_options(**{SESSION_OPTION + "dialect": dialect})
+            set_session_options(self.connection, dialect=dialect)
             self._dialect = dialect
         return self.connection.cursor()
 

@@ -3,8 +3,9 @@
 A client's first SetSessionOptions opens a session and answers with the cookie
 `arrow_flight_session_id`; a client that sends it back (ADBC: the option
 `adbc.flight.sql.rpc.with_cookie_middleware`) has its options applied to every
-later call. Calls without a known session see the server's defaults. The server adds the
-read-only option `quail.last_query`: the report of the session's last query.
+later call. Calls without a known session see the server's defaults. The server adds two
+read-only options: `quail.session` ("open", only within a session: a client that set options can read
+back that its cookie came with the call) and `quail.last_query` (the report of the session's last query).
 A session unused for SESSION_IDLE_S ends, and at most MAX_SESSIONS are kept (opening one more ends the
 least recently used): a client that opens sessions without end holds no more memory.
 """
@@ -24,6 +25,7 @@ from quail.server.flight_messages import FLIGHT, OPTION_INVALID_NAME, OPTION_INV
 
 COOKIE = "arrow_flight_session_id"
 LAST_QUERY = "quail.last_query"  # read-only: the report of the session's last query, as JSON
+OPEN = "quail.session"  # read-only: "open" within a session, absent outside one
 SESSION_IDLE_S = 3600.0  # a session unused this long ends
 MAX_SESSIONS = 10_000
 
@@ -118,9 +120,13 @@ class Sessions:
                 session[key] = value()
 
     def get(self, context: grpc.ServicerContext) -> bytes:
+        """The options in force for the call, and OPEN where it has a session."""
+        with self._lock:
+            session = self._find(context)
+            options = {**self.defaults, **session, OPEN: "open"} if session is not None else self.defaults
         return FLIGHT["GetSessionOptionsResult"](session_options=[
             FLIGHT["SessionOptionEntry"](key=k, value=FLIGHT["SessionOptionValue"](string_value=v))
-            for k, v in sorted(self.options(context).items())]).SerializeToString()
+            for k, v in sorted(options.items())]).SerializeToString()
 
     def close(self, context: grpc.ServicerContext) -> bytes:
         with self._lock:

@@ -174,10 +174,7 @@ def test_a_condition_of_thousands_of_terms_is_refused_not_left_to_end_the_server
     """DuckDB's optimizer takes minutes over 4,000 ANDed comparisons and ends its process over 40,000: past
     1,000 ANDs and ORs a statement is refused at once (RESOURCE_EXHAUSTED), and the server serves on."""
     terms = " AND ".join(f"id <> {i}" for i in range(2_000))
-    with flight_sql.connect(uri, autocommit=True, db_kwargs={
-            "adbc.flight.sql.rpc.with_cookie_middleware": "true"}) as conn, conn.cursor() as cur:
-        if dialect == "duckdb":
-            conn.adbc_connection.set_options(**{"adbc.flight.sql.session.option.dialect": "duckdb"})
+    with quail.connect(uri, dialect=dialect) as conn, conn.cursor() as cur:
         with pytest.raises(adbc_driver_manager.Error, match="joins 1,999 conditions with AND / OR: at most 1,000"):
             cur.execute(f"SELECT count(*) FROM reviews WHERE {terms}")
     assert _query(uri, "SELECT count(*) AS n FROM reviews")["n"].to_pylist() == [4]
@@ -267,8 +264,6 @@ def test_a_client_stream_that_breaks_off_ends_as_cancelled_without_a_traceback(c
 
 @pytest.mark.parametrize("dialect", ["duckdb", "snowflake"])
 def test_a_text_of_comments_alone_is_refused_as_holding_no_statement(uri, dialect):
-    with flight_sql.connect(uri, autocommit=True, db_kwargs={
-            "adbc.flight.sql.rpc.with_cookie_middleware": "true"}) as conn, conn.cursor() as cur:
-        conn.adbc_connection.set_options(**{"adbc.flight.sql.session.option.dialect": dialect})
+    with quail.connect(uri, dialect=dialect) as conn, conn.cursor() as cur:
         with pytest.raises(adbc_driver_manager.Error, match="INVALID_ARGUMENT.*the text holds no SQL statement"):
             cur.execute("-- * FROM (SELECT 1)")

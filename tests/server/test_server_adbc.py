@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import adbc_driver_flightsql.dbapi as flight_sql
@@ -9,8 +10,10 @@ import adbc_driver_manager
 import pyarrow as pa
 import pytest
 
+import quail
 from quail.clients.server_process import ServerProcess
 from quail.engine.ai.operators import Question, build_requests
+from quail.remote import set_session_options
 from tests.sample_tables import SUBJECTS, TELL, TELL_TOKENS
 
 REVIEWS = pa.table({
@@ -150,7 +153,7 @@ def test_dialect_is_a_session_option(server, conn):
     """SetSessionOptions (ADBC: a connection option) picks the SQL dialect of one session only."""
     cookies = {"adbc.flight.sql.rpc.with_cookie_middleware": "true"}
     with flight_sql.connect(server.uri, db_kwargs=cookies, autocommit=True) as bq, connect(server.uri) as default:
-        bq.adbc_connection.set_options(**{"adbc.flight.sql.session.option.dialect": "bigquery"})
+        set_session_options(bq, dialect="bigquery")
         options = bq.adbc_connection.get_option("adbc.flight.sql.session.options")
         assert '"dialect":"bigquery"' in options.replace(" ", "")
         backticks = "SELECT `id` AS x FROM reviews WHERE id = 1"  # BigQuery quoting, a syntax error in Snowflake
@@ -160,6 +163,20 @@ def test_dialect_is_a_session_option(server, conn):
         with pytest.raises(adbc_driver_manager.Error, match="dialect"):
             bq.adbc_connection.set_options(**{"adbc.flight.sql.session.option.dialect": "klingon"})
         assert query(bq, backticks).to_pylist() == [{"x": 1}]
+
+
+def test_a_client_reads_back_that_its_session_holds(server):
+    """`quail.session` is "open" only to a call that came with its session's cookie, and cannot be set; a
+    client whose cookie does not come back (here: cookies off) is told so instead of running in the
+    server's default dialect."""
+    options = "adbc.flight.sql.session.options"
+    with quail.connect(server.uri, dialect="duckdb") as kept, connect(server.uri) as cookieless:
+        assert json.loads(kept.adbc_connection.get_option(options))["quail.session"] == "open"
+        with pytest.raises(adbc_driver_manager.Error, match="quail.session"):
+            kept.adbc_connection.set_options(**{"adbc.flight.sql.session.option.quail.session": "open"})
+        with pytest.raises(ConnectionError, match="session cookie did not come back"):
+            set_session_options(cookieless, dialect="duckdb")
+        assert "quail.session" not in json.loads(cookieless.adbc_connection.get_option(options))
 
 
 def test_explain_through_adbc(conn):

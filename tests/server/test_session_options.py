@@ -1,8 +1,14 @@
-"""Flight sessions end when idle and are bounded in number (the ADBC session tests in test_server_adbc.py
-run the same code over a real server)."""
+"""Flight sessions end when idle and are bounded in number, and a client sets its options again when a
+session's cookie is lost on the way back (the ADBC session tests in test_server_adbc.py run the same code
+over a real server)."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from quail.remote import SESSION_TRIES, set_session_options
 from quail.server.flight_messages import FLIGHT
 from quail.server.session_options import COOKIE, Sessions
 
@@ -43,3 +49,32 @@ def test_sessions_end_when_idle_and_the_least_recently_used_go_past_the_bound():
     stranger = _Call("made-up")
     _set(sessions, stranger, "duckdb")
     assert stranger.session != "made-up", "a cookie the server never gave opens a new session"
+
+
+class _DroppingConnection:
+    """An ADBC connection's session calls against Sessions, whose first `drops` session cookies are lost on
+    the way back (as arrow-go's cookie middleware can lose one on a busy host)."""
+
+    def __init__(self, sessions: Sessions, drops: int) -> None:
+        self.sessions, self.drops, self.call = sessions, drops, _Call()
+        self.adbc_connection = self
+
+    def set_options(self, **options: str) -> None:
+        before = self.call.session
+        _set(self.sessions, self.call, options["adbc.flight.sql.session.option.dialect"])
+        if self.drops and self.call.session != before:
+            self.drops, self.call.session = self.drops - 1, before
+
+    def get_option(self, key: str) -> str:
+        result = FLIGHT["GetSessionOptionsResult"].FromString(self.sessions.get(self.call))
+        return json.dumps({entry.key: entry.value.string_value for entry in result.session_options})
+
+
+def test_session_options_are_set_again_until_the_cookie_comes_back():
+    sessions = Sessions({"dialect": "snowflake"}, {"dialect": ("snowflake", "duckdb")})
+    connection = _DroppingConnection(sessions, drops=2)
+    set_session_options(connection, dialect="snowflake")  # the default: only `quail.session` tells it is set
+    assert sessions.options(connection.call)["dialect"] == "snowflake" and sessions.known(connection.call)
+    assert connection.drops == 0
+    with pytest.raises(ConnectionError, match="in 5 tries"):
+        set_session_options(_DroppingConnection(sessions, drops=SESSION_TRIES), dialect="duckdb")

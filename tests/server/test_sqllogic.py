@@ -50,10 +50,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from quail.remote import set_session_options
+
 SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
 SLT_FILES = sorted(SQL_DIR.glob("*.slt"))
 COOKIES = {adbc_driver_flightsql.DatabaseOptions.WITH_COOKIE_MIDDLEWARE.value: "true"}
-DUCKDB_DIALECT = {adbc_driver_flightsql.ConnectionOptions.OPTION_SESSION_OPTION_PREFIX.value + "dialect": "duckdb"}
 SHOWN_ROWS = 20  # rows of an outcome quoted in a failure
 SHOWN_ERROR = 400  # characters of an error message quoted in a failure
 NAMES_DIFFER = "the column names differ"
@@ -278,7 +279,7 @@ def report(record: Record, problems: list[str], outcomes: dict[str, Outcome]) ->
 def quail(server) -> Iterator[flight_sql.Cursor]:
     """A cursor of one ADBC connection to the module's server, in a session of the duckdb dialect."""
     with flight_sql.connect(server.uri, db_kwargs=COOKIES, autocommit=True) as conn:
-        conn.adbc_connection.set_options(**DUCKDB_DIALECT)
+        set_session_options(conn, dialect="duckdb")
         with conn.cursor() as cursor:
             yield cursor
 
