@@ -133,11 +133,19 @@ class FlightSQLHandler:
                        since: float | None = None) -> tuple[Planned, pa.Schema | None]:
         """A prepared statement's plan and schema for its bound parameters: the one made when it was
         prepared, while that holds (Kept.holds)."""
+        kept = self._holding(statement, context)
+        if kept is not None:
+            return kept.plan, kept.schema
+        return self._plan(statement.query, _first_row(statement.params), context, catalog, since=since)
+
+    def _holding(self, statement: PreparedStatement, context) -> Kept | None:
+        """The plan kept when the statement was prepared, while it holds for the call and no parameters are
+        bound (None: plan afresh)."""
         kept = statement.planned
         if kept is not None and statement.params is None and kept.holds(self.database.version,
                                                                          self._dialect(context)):
-            return kept.plan, kept.schema
-        return self._plan(statement.query, _first_row(statement.params), context, catalog, since=since)
+            return kept
+        return None
 
     def _stream(self, batches: Callable[[], Iterable[pa.RecordBatch]], schema: Callable[[], pa.Schema] | None,
                 work: QueryWork, context, handle: bytes) -> Iterator[pa.RecordBatch]:
@@ -280,6 +288,11 @@ class FlightSQLHandler:
         holds (else the head start stops)."""
         statement = self.statements.prepared(cmd.prepared_statement_handle, user_of(context))
         head = self.statements.take_head(statement)
+        kept = self._holding(statement, context)
+        if kept is not None:  # nothing to plan: no connection leased (a kept plan has neither session nor transaction)
+            handle = self.statements.add_pending(kept.plan, kept.schema, statement.query, user_of(context), head,
+                                                 since=time.monotonic())
+            return self._info(descriptor, kept.schema, self._ticket_of(handle))
         return self._statement_info(descriptor, statement.query, statement.params, context, statement.transaction,
                                     statement, head)
 

@@ -119,7 +119,7 @@ class QueryWork:
         """Each distinct prefix of all the query's prompts computed once (unlimited KV, nothing resident
         before the query: KV kept from earlier queries can make the fresh tokens fewer, the regret 0), and
         what it generated decoded with no step wasted."""
-        return ideal_stats(self.requests).plus(self.decoded)
+        return ideal_stats(self.requests).plus(self.decoded) if self.requests else Stats().plus(self.decoded)
 
     def report(self, wall_s: float, sol: Callable[[Stats], float | None] | None = None) -> dict[str, Any]:
         """The figures of a query's report: tokens, KV regret, stages, and speed-of-light seconds (if known)."""
