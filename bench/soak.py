@@ -38,6 +38,9 @@ from bench.hostile import HOSTILE
 from bench.run import git_commit
 from quail.clients.server_process import ServerProcess
 
+# The ADBC Flight SQL driver (1.13) keeps one map of info codes for every connection of a process and writes
+# it on each GetInfo: two at once from different threads end the process ("concurrent map writes").
+GET_INFO = threading.Lock()
 HONEST = {"username": "honest", "password": "honest-pass"}
 MALLORY = {"username": "mallory", "password": "mallory-pass"}
 
@@ -90,6 +93,11 @@ def _values(rows: pa.Table) -> list[tuple]:
                   key=lambda row: repr(tuple(v for v in row if not isinstance(v, float))))
 
 
+def _get_info(conn) -> None:
+    with GET_INFO:
+        conn.adbc_get_info()
+
+
 def _same(got: list[tuple], expected: list[tuple]) -> bool:
     """Whether two sets of rows match, floats within SCORE_TOLERANCE."""
     return len(got) == len(expected) and all(
@@ -116,7 +124,7 @@ def client(uri: str, number: int, until: float, latencies: dict, errors: list, l
                     elif kind == "metadata":
                         rng.choice([lambda: conn.adbc_get_objects().read_all(),
                                     lambda: conn.adbc_get_table_schema("reviews"),
-                                    lambda: conn.adbc_get_info(), lambda: conn.adbc_get_table_types()])()
+                                    lambda: _get_info(conn), lambda: conn.adbc_get_table_types()])()
                     else:
                         cur.adbc_ingest(f"scratch_{number}", pa.table({"k": [k], "at": [time.time()]}),
                                         mode="create_append")
