@@ -71,9 +71,10 @@ def parser() -> argparse.ArgumentParser:
                        help="device constants of the speed-of-light figures (default: cpu on the CPU, else none)")
     serve.add_argument("--kv-cache-bytes", type=int, default=None,
                        help="the KV pool, where what queries compute stays for later ones (default 1 GiB on the CPU; on a GPU, 90%% of the memory the weights and a pass leave free)")
-    serve.add_argument("--kv-host-bytes", type=int, default=0,
+    serve.add_argument("--kv-host-bytes", type=int, default=None,
                        help="pinned host memory for KV the pool has no room for, copied back when a query needs it "
-                            "again and copying timed faster than computing at warm-up (default 0: none)")
+                            "again and copying timed faster than computing at warm-up (default: on a GPU, half the "
+                            "host memory available at start, pinned as it fills; on the CPU none; 0: none)")
     serve.add_argument("--attention", default=None, choices=ATTENTION,
                        help="own-token attention: rows padded per length bucket (cuDNN), or one flash varlen "
                             "call (default: varlen on CUDA in bf16/fp8)")

@@ -5,7 +5,7 @@ whichever query computed it (`match`); every prompt a query computes goes in
 (`insert`), its KV by reference (the pool's slots, no copy). When the pool needs
 slots, leaves go: first those the plan has marked as not needed again (a
 filter's rejected documents: `demote`, or `demote_later` once the query has its
-answers), then the least recently used; never a
+answers), then the least valuable (below); never a
 node a running query has pinned (its matched prefixes: they stay findable by
 others while it runs). A node's parent becomes a leaf when its last child goes,
 so a document outlives the questions asked of it. Queries running at once
@@ -13,10 +13,20 @@ share what neither has yet: a query `claim`s the documents it will compute,
 and another that needs one of them waits for it instead of computing it too.
 
 With a host tier (kv/host_tier.py), a leaf the pool has no room for moves to
-pinned host memory instead of going (unless the plan demoted it), and comes
+pinned host memory instead of going (a leaf the plan demoted too: the query that
+demoted it will not read it again, a dashboard's next refresh will), and comes
 back when a request matches it, if copying is cheaper than computing: a node is
 on the device or on the host, and a node on the device has its parent there.
-The host tier drops its own least recently used leaves when it is full.
+The host tier drops its own least valuable leaves when it is full.
+
+What a leaf is worth (`Node.value`, greedy-dual by size and frequency):
+- each use (a match or an insert through it) sets it to the tree's age plus
+  its uses times what recomputing a slot of it costs (deeper tokens attend to
+  more: `_slot_cost`): a prefix many statements read outlives a one-off scan;
+- the age rises to the value of each leaf that goes in order of value, so a
+  leaf not used for long falls below those used since, whatever it once earned;
+- the pool lets demoted leaves go first, then the least valuable; the host
+  tier, where nothing is demoted, the least valuable.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from quail.engine.kv.token_prefix import common_length
 
 
 MOVE_TOKENS = 2048  # the fewest tokens of leaves moved to the host tier at once
+ATTENTION_SPAN = 4096  # tokens of context at which a token's attention costs about what its weights do
 NOTED_MAX = 256  # prompts whose demotions are noted (demote_later) and not yet done, at most: past that, at once
 
 
@@ -49,7 +60,8 @@ class Node:
     parent: "Node | None"
     depth: int = 0
     children: dict[int, "Node"] = field(default_factory=dict)
-    used: int = 0
+    value: float = 0.0
+    uses: int = 0
     pins: int = 0
     demoted: bool = False
     host: HostRun | None = None
@@ -90,11 +102,11 @@ class ResidentTree:
         self.host_tokens = 0  # tokens of the edges in the host tier
         self.nodes = 0
         self.counts = Counts()
-        self._clock = itertools.count(1)
-        # Leaves that may go, as (not demoted, used, tie, node): nodes in the pool with no child there, and
-        # nodes in the host tier with no child at all.
-        self._heap: list[tuple[bool, int, int, Node]] = []
-        self._host_heap: list[tuple[bool, int, int, Node]] = []
+        self.age = 0.0  # the value of the last leaf that went (from the pool or the host tier), at least
+        # Leaves that may go, as (not demoted, value, tie, node): nodes in the pool with no child there, and
+        # nodes in the host tier with no child at all (there, never demoted).
+        self._heap: list[tuple[bool, float, int, Node]] = []
+        self._host_heap: list[tuple[bool, float, int, Node]] = []
         self._tie = itertools.count()
         self._moving: set[int] = set()  # the nodes (by id) a copy back is for, which stay where they are
         self._claims: dict[bytes, object] = {}
@@ -118,7 +130,7 @@ class ResidentTree:
         kv is None: a caller that only plans, from its length and node, holds no slots for it)."""
         limit = len(ids) if limit is None else min(limit, len(ids))
         with self._lock:
-            node, length, now = self.root, 0, next(self._clock)
+            node, length = self.root, 0
             parts: list[KV] = []
             path: list[Node] = []
             while length < limit:
@@ -126,7 +138,7 @@ class ResidentTree:
                 if child is None or (child.kv is None and not self.host.restores):
                     break
                 shared = common_length(child.ids, ids[length:limit])
-                child.used = now
+                self._use(child)
                 if child.kv is None:
                     if not fetch:
                         length += shared
@@ -157,18 +169,24 @@ class ResidentTree:
     def resident_length(self, ids: np.ndarray) -> int:
         """How long a prefix of `ids` a match would find now (counting what it would copy back from the host
         tier), changing nothing."""
+        return self.resident(ids)[0]
+
+    def resident(self, ids: np.ndarray) -> tuple[int, int]:
+        """How long a prefix of `ids` a match would find now, and how many of its tokens it would copy back
+        from the host tier; changing nothing."""
         with self._lock:
-            node, length = self.root, 0
+            node, length, hosted = self.root, 0, 0
             while length < len(ids):
                 child = node.children.get(int(ids[length]))
                 if child is None or (child.kv is None and not self.host.restores):
                     break
                 shared = common_length(child.ids, ids[length:])
                 length += shared
+                hosted += shared if child.kv is None else 0
                 if shared < len(child.ids):
                     break
                 node = child
-            return length
+            return length, hosted
 
     def _fetch(self, path: list[Node], child: Node, shared: int) -> tuple[Node, KV]:
         """`child` (in the host tier, below the nodes of `path`) copied back, cut to its first `shared`
@@ -221,7 +239,7 @@ class ResidentTree:
 
         with self._lock:
             self.demote_noted()
-            node, length, now = self.root, 0, next(self._clock)
+            node, length = self.root, 0
             while length < len(ids):
                 child = node.children.get(int(ids[length]))
                 if child is None:
@@ -229,7 +247,8 @@ class ResidentTree:
                     tail = run(length, len(ids))
                     if not self._in_pool(tail) or (node.kv is None and node is not self.root):
                         return  # not given the KV before `start`, not in the pool, or its parent is in the host tier
-                    leaf = Node(np.array(ids[length:]), tail, node, length, used=now)
+                    leaf = Node(np.array(ids[length:]), tail, node, length)
+                    self._use(leaf)
                     node.children[int(ids[length])] = leaf
                     node.device_children += 1
                     self.tokens += len(leaf.ids)
@@ -240,7 +259,7 @@ class ResidentTree:
                 shared = common_length(child.ids, ids[length:])
                 if shared < len(child.ids):
                     child = self._split(child, shared)  # the part after `shared` is not used by this prompt
-                child.used = now
+                self._use(child)
                 if child.kv is None and (node.kv is not None or node is self.root):
                     self._promote(child, run(length, length + shared))
                 length += shared
@@ -262,8 +281,8 @@ class ResidentTree:
 
     def _split(self, child: Node, at: int) -> Node:
         """Cut the edge of `child` after `at` tokens; the new upper node."""
-        upper = Node(child.ids[:at], None, child.parent, child.depth, used=child.used, pins=child.pins,
-                     demoted=child.demoted)  # every pin through the child runs through its upper part
+        upper = Node(child.ids[:at], None, child.parent, child.depth, value=child.value, uses=child.uses,
+                     pins=child.pins, demoted=child.demoted)  # every pin through the child runs through its upper part
         if child.kv is not None:
             upper.kv, child.kv = child.kv.slice(0, at), child.kv.slice(at, len(child.ids))
             upper.device_children = 1
@@ -354,15 +373,25 @@ class ResidentTree:
                 for ids, after in demotions():
                     self.demote(ids, after)
 
+    def _use(self, node: Node) -> None:
+        """A statement uses the node: its value is the tree's age plus its uses times its slots' cost."""
+        node.uses += 1
+        node.value = self.age + node.uses * _slot_cost(node)
+
+    def _gone(self, node: Node, ordered: bool = True) -> None:
+        """A leaf leaves its tier: the tree ages to its value, where it went in order of value (not a demoted
+        leaf leaving the pool ahead of its turn)."""
+        if ordered:
+            self.age = max(self.age, node.value)
+
     def _touch(self, node: Node) -> None:
         """Offer a leaf for eviction at its current priority (stale offers are skipped when popped)."""
         if node is self.root:
             return
-        offer = (not node.demoted, node.used, next(self._tie), node)
         if node.kv is not None and not node.device_children:
-            heapq.heappush(self._heap, offer)
+            heapq.heappush(self._heap, (not node.demoted, node.value, next(self._tie), node))
         elif node.kv is None and not node.children:
-            heapq.heappush(self._host_heap, offer)
+            heapq.heappush(self._host_heap, (True, node.value, next(self._tie), node))
         if len(self._heap) + len(self._host_heap) > 4 * self.nodes + 1024:  # mostly stale: one offer per leaf
             self._reoffer()
 
@@ -373,15 +402,16 @@ class ResidentTree:
             self._touch(node)
 
     @staticmethod
-    def _current(offer: tuple[bool, int, int, Node]) -> bool:
-        """Whether a leaf's offer still holds: it is in the tree at this priority."""
-        kept, used, _, node = offer
-        return node.parent is not None and (kept, used) == (not node.demoted, node.used)
+    def _current(offer: tuple[bool, float, int, Node]) -> bool:
+        """Whether a leaf's offer still holds: it is in the tree at this priority (in the host tier, whether
+        demoted or not)."""
+        kept, value, _, node = offer
+        return node.parent is not None and value == node.value and (node.kv is None or kept != node.demoted)
 
     def evict(self, tokens: int) -> None:
         """Make `tokens` more slots free in the pool, or as many as can be: leaves go, demoted first, then
-        least recently used; to the host tier when there is one and the plan did not demote them, else
-        out of the tree (a run's slots are free once no query holds them). Leaves move to the host tier
+        the least valuable; to the host tier when there is one, else out of the tree (a run's slots are
+        free once no query holds them). Leaves move to the host tier
         MOVE_TOKENS (or a sixteenth of a smaller pool) at a time at least: each move is a gather per layer,
         whatever its size (more at once would push out documents a scan still needs: each copied back then
         moves as many out)."""
@@ -401,31 +431,34 @@ class ResidentTree:
                     if not self._current(offer) or node.kv is None or node.device_children or \
                             id(node) in self._moving or id(node) in taken:
                         continue  # (a leaf offered twice at one priority is taken once)
-                    if self.host is not None and (node.pins or not node.demoted):
-                        moving.append(node)  # a pinned node may move to the host tier, not leave the tree
+                    if self.host is not None:
+                        moving.append(node)  # (a pinned node may move to the host tier, not leave the tree)
                         taken.add(id(node))
                         size += len(node.ids)
                     elif not node.pins:
                         size += len(node.ids)
+                        self._gone(node, not node.demoted)
                         self._remove(node)
                 if moving:
                     self._offload(moving)
                 free = self.pool.free
 
     def _offload(self, nodes: list[Node]) -> None:
-        """Move these leaves' KV to the host tier (dropping its older leaves for room), or out of the tree
-        when it has no room for them."""
+        """Move these leaves' KV to the host tier (dropping its leaves worth no more than the most valuable
+        of them, for room), or out of the tree when it has no room for them."""
         self.host.settle()  # copies back still owed are written before any slot is read for the host
-        newest = max(node.used for node in nodes)
+        best = max(node.value for node in nodes)
         room = sum(len(node.ids) for node in nodes)
-        while self._host_heap and self.host.slots - self.host.used < room and self._host_heap[0][1] <= newest:
+        while self._host_heap and self.host.slots - self.host.used < room and self._host_heap[0][1] <= best:
             offer = heapq.heappop(self._host_heap)
             gone = offer[3]
             if self._current(offer) and gone.kv is None and not gone.children and not gone.pins and \
                     id(gone) not in self._moving:
+                self._gone(gone)
                 self._remove(gone)
         homes = self.host.offload([node.kv for node in nodes])
         for node, home in zip(nodes, homes):
+            self._gone(node, not node.demoted)
             if home is None:
                 if not node.pins:  # a pinned node stays in the pool rather than leave the tree
                     self._remove(node)
@@ -479,3 +512,9 @@ class ResidentTree:
             todo.extend(node.children.values())
             out.append(node)
         return out
+
+
+def _slot_cost(node: Node) -> float:
+    """What computing one of the node's tokens again costs, in tokens of weights' work: one, and its
+    attention over the context before it (the middle of the edge), in ATTENTION_SPANs."""
+    return 1.0 + (node.depth + len(node.ids) / 2) / ATTENTION_SPAN

@@ -11,6 +11,7 @@ import torch
 
 from quail.engine.errors import InvalidArgument, NotFound
 from quail.engine.kernels.fp8 import to_fp8
+from quail.engine.kv.host_tier import default_host_bytes
 from quail.engine.kv.pool import RESERVE, default_pool_bytes
 from quail.engine.model.config import ATTENTION, EngineConfig, ModelConfig
 from quail.engine.model.decoder import Decoder
@@ -222,10 +223,15 @@ def _runtime(model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFra
         weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         others = (sharing - 1) * (activations + RESERVE + weights)
         budget = max(0, default_pool_bytes(device, activations) - others) // sharing
+    host = config.kv_host_bytes
+    if host is None:  # the replicas of this host share its memory (a Ray replica sizes its own host's share)
+        host = default_host_bytes(next(model.parameters()).device, config.replicas if config.ray is None else 1)
     runtime = Runtime(model_id, model, tokenizer, frame, config.strategy, config.token_budget, config.decisions,
-                      kv_bytes=budget, kv_host_bytes=config.kv_host_bytes, names=(config.model or DEFAULT_MODEL,))
+                      kv_bytes=budget, kv_host_bytes=host, names=(config.model or DEFAULT_MODEL,))
     if config.replicas > 1:
-        runtime.replicas = Replicas(replace(config, kv_cache_bytes=budget), config.replicas,
+        runtime.replicas = Replicas(replace(config, kv_cache_bytes=budget,
+                                            kv_host_bytes=host if config.ray is None else config.kv_host_bytes),
+                                    config.replicas,
                                     lambda i: replica_device(config.device, i))
     return runtime
 

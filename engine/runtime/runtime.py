@@ -294,8 +294,9 @@ class Runtime:
         as every request over them is: the prompt layout and the texts cache) the resident tree holds now
         (with replicas, the tree of the replica each document was routed to: Replicas.resident_lengths).
         Reads at most `sample` rows, evenly spaced (the same rows every time), looked up without counting in
-        the hit rate (in the host tier too, when it would be copied back); 0 without a tree, texts or anything
-        resident. Thread-safe (the texts cache and the tree lock themselves)."""
+        the hit rate (in the host tier too, when it would be copied back: a document's tokens there count less
+        by what copying them back costs, HostTier.copy_cost; a replica's count as in its pool); 0 without a
+        tree, texts or anything resident. Thread-safe (the texts cache and the tree lock themselves)."""
         tree = self.runner.tree
         if tree is None or not len(texts) or (self.replicas is None and not tree.tokens + tree.host_tokens):
             return 0.0
@@ -307,11 +308,13 @@ class Runtime:
         preamble, *segments = self.segments([self.layout.preamble(), *documents])
         prompts = [np.concatenate([preamble.ids, s.ids]) for s in segments]
         if self.replicas is None:
-            lengths = [tree.resident_length(prompt) for prompt in prompts]
+            found = [tree.resident(prompt) for prompt in prompts]
         else:
             keys = [segments_key((preamble, s)) for s in segments]
-            lengths = self.replicas.resident_lengths(keys, prompts, tree.resident_length)
-        resident = sum(len(s) for s, length in zip(segments, lengths) if length == len(preamble) + len(s))
+            found = [(length, 0) for length in self.replicas.resident_lengths(keys, prompts, tree.resident_length)]
+        copying = tree.host.copy_cost if tree.host is not None else 0.0
+        resident = sum(len(s) - copying * hosted * len(s) / length for s, (length, hosted) in zip(segments, found)
+                       if length == len(preamble) + len(s))
         return resident / sum(len(s) for s in segments)
 
     def letters(self, count: int, names: tuple[str, ...]) -> LabelSet:
