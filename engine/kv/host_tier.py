@@ -1,4 +1,5 @@
-"""The host-RAM tier: KV the device's pool has no room for, kept in pinned host memory until a request continues it.
+"""The lower KV tiers: KV the device's pool has no room for, kept in host memory (or a disk's file) until a request
+continues it.
 
 The resident tree (kv/resident.py) moves its least recently used runs here
 instead of dropping them, and copies them back into the pool when a request
@@ -14,6 +15,9 @@ timed end to end on this machine when the server warms up).
 - On a GPU the copies run on streams of their own, one each way: a run comes back
   while the passes before it still compute, and the pass that reads it waits for it,
   not the host and not the runs going out (a run comes back after its own copy out).
+- The disk tier is the same store in a file of a local disk (`path`; unlinked at
+  once, so nothing is left behind), behind the host tier: runs the host tier has no
+  room for move there (`move`), and come back into the pool from there directly.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from __future__ import annotations
 import bisect
 import math
 import os
+import shutil
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -42,6 +48,7 @@ class HostRun:
 
     extents: list[tuple[int, int]]
     copied: torch.cuda.Event | None = None
+    tier: "HostTier | None" = None  # the tier whose store holds it
 
     def __len__(self) -> int:
         return sum(count for _, count in self.extents)
@@ -60,7 +67,7 @@ class HostRun:
                 head.append((start, at - seen))
                 tail.append((start + at - seen, count - (at - seen)))
             seen += count
-        return HostRun(head, self.copied), HostRun(tail, self.copied)
+        return HostRun(head, self.copied, self.tier), HostRun(tail, self.copied, self.tier)
 
 
 @dataclass
@@ -72,20 +79,23 @@ class _Restore:
 
 
 class HostTier:
-    """Pinned host slots (slots, keys|values, layers, kv_heads, head_dim) for runs of one device pool."""
+    """Host slots (slots, keys|values, layers, kv_heads, head_dim) for runs of one device pool: in memory,
+    pinned as it fills on a GPU; or, given a `path`, in that file (the disk tier)."""
 
-    def __init__(self, pool: KVPool, slots: int) -> None:
+    def __init__(self, pool: KVPool, slots: int, path: Path | None = None) -> None:
         k = pool.keys[0]
         self.pool = pool
         self.slots = slots
         self.bytes_per_token = pool.bytes_per_token
         on_gpu = pool.device.type == "cuda"
-        self.store = _page_aligned((slots, 2, len(pool.keys), k.shape[1], k.shape[2]), k.dtype)
+        shape = (slots, 2, len(pool.keys), k.shape[1], k.shape[2])
+        self.on_disk = path is not None
+        self.store = _in_file(shape, k.dtype, path) if path is not None else _page_aligned(shape, k.dtype)
         slot_bytes = self.store.stride(0) * self.store.element_size()
         whole_pages = PAGE // math.gcd(slot_bytes, PAGE)  # slots a chunk is a multiple of: chunks share no page
         self._chunk_slots = max(1, PIN_CHUNK_BYTES // slot_bytes // whole_pages) * whole_pages
-        self._pinned: set[int] | None = set() if on_gpu else None  # the chunks registered with CUDA
-        if on_gpu:
+        self._pinned: set[int] | None = set() if on_gpu and not self.on_disk else None  # chunks registered
+        if self._pinned is not None:
             weakref.finalize(self, _unpin, self.store, self._pinned, self._chunk_slots)
         self.out = torch.cuda.Stream(pool.device) if on_gpu else None  # copies to the host
         self.back = torch.cuda.Stream(pool.device) if on_gpu else None  # copies back to the device
@@ -123,7 +133,7 @@ class HostTier:
             if length >= count:
                 self._free[i:i + 1] = [(start + count, length - count)] if length > count else []
                 self.used += count
-                return HostRun([(start, count)])
+                return HostRun([(start, count)], tier=self)
         extents, left = [], count
         while left:
             start, length = self._free[0]
@@ -132,7 +142,7 @@ class HostTier:
             extents.append((start, used))
             left -= used
         self.used += count
-        return HostRun(extents)
+        return HostRun(extents, tier=self)
 
     def free(self, run: HostRun) -> None:
         """Give the run's slots back."""
@@ -146,6 +156,22 @@ class HostTier:
                 i -= 1
             self._free.insert(i, (start, count))
         self.used -= len(run)
+
+    def move(self, run: HostRun, to: "HostTier") -> HostRun | None:
+        """The run copied into the store of tier `to` (the disk tier), its slots here given back; None (and it
+        stays here) when `to` has no room. Copies back still owed must have been made (`settle`)."""
+        home = to.take(len(run))
+        if home is None:
+            return None
+        if run.copied is not None:
+            run.copied.synchronize()  # its copy out of the pool has been made
+        data = torch.cat([self.store[start:start + count] for start, count in run.extents])
+        offset = 0
+        for start, count in home.extents:
+            to.store[start:start + count].copy_(data[offset:offset + count])
+            offset += count
+        self.free(run)
+        return home
 
     def offload(self, runs: list[KV]) -> list[HostRun | None]:
         """Copy these runs of the pool into host slots (all in one gather per layer); None for a run there
@@ -258,6 +284,12 @@ def default_host_bytes(device: torch.device, replicas: int = 1) -> int:
     return int(HOST_SHARE * available_host_bytes()) // max(1, replicas)
 
 
+def default_disk_bytes(directory: Path, replicas: int = 1) -> int:
+    """The disk tier a directory gives by default: half its disk's free space now, shared by the `replicas`
+    of this host."""
+    return shutil.disk_usage(directory).free // 2 // max(1, replicas)
+
+
 def available_host_bytes() -> int:
     """Host memory available to new allocations without swapping (Linux's MemAvailable; else the free pages)."""
     try:
@@ -277,3 +309,15 @@ def _page_aligned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     raw = torch.empty(nbytes + PAGE, dtype=torch.uint8)
     offset = -raw.data_ptr() % PAGE
     return raw[offset:offset + nbytes].view(dtype).view(shape)
+
+
+def _in_file(shape: tuple[int, ...], dtype: torch.dtype, path: Path) -> torch.Tensor:
+    """An uninitialized tensor mapped from a new sparse file at `path`, unlinked at once (the mapping keeps it
+    until the tensor goes: nothing is left on the disk, whatever ends the process)."""
+    count = math.prod(shape)
+    with open(path, "xb") as file:
+        file.truncate(count * torch.empty((), dtype=dtype).element_size())
+    try:
+        return torch.from_file(str(path), shared=True, size=count, dtype=dtype).view(shape)
+    finally:
+        path.unlink()

@@ -17,7 +17,9 @@ pinned host memory instead of going (a leaf the plan demoted too: the query that
 demoted it will not read it again, a dashboard's next refresh will), and comes
 back when a request matches it, if copying is cheaper than computing: a node is
 on the device or on the host, and a node on the device has its parent there.
-The host tier drops its own least valuable leaves when it is full.
+The host tier drops its own least valuable leaves when it is full: to the disk
+tier, where there is one (a node there has its children there too), which drops
+its own least valuable leaves in turn.
 
 What a leaf is worth (`Node.value`, greedy-dual by size and frequency):
 - each use (a match or an insert through it) sets it to the tree's age plus
@@ -26,7 +28,7 @@ What a leaf is worth (`Node.value`, greedy-dual by size and frequency):
 - the age rises to the value of each leaf that goes in order of value, so a
   leaf not used for long falls below those used since, whatever it once earned;
 - the pool lets demoted leaves go first, then the least valuable; the host
-  tier, where nothing is demoted, the least valuable.
+  and disk tiers, where nothing is demoted, the least valuable.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ NOTED_MAX = 256  # prompts whose demotions are noted (demote_later) and not yet 
 
 @dataclass(eq=False)
 class Node:
-    """An edge of tokens after `depth` tokens, and its KV: in the pool (`kv`), or in the host tier (`host`;
-    root: neither)."""
+    """An edge of tokens after `depth` tokens, and its KV: in the pool (`kv`), or in a lower tier (`host`: the
+    host tier's or the disk tier's run, as `host.tier` says; root: neither)."""
 
     ids: np.ndarray
     kv: KV | None
@@ -66,6 +68,7 @@ class Node:
     demoted: bool = False
     host: HostRun | None = None
     device_children: int = 0  # children whose KV is in the pool
+    host_children: int = 0  # children whose KV is in the host tier
 
 
 @dataclass
@@ -85,28 +88,34 @@ class Counts:
     looked_up: int = 0
     hit: int = 0
     inserted: int = 0
-    evicted: int = 0  # gone from the tree (from the pool, or from the host tier)
+    evicted: int = 0  # gone from the tree (from the pool, or from a lower tier)
     offloaded: int = 0  # moved from the pool to the host tier
     restored: int = 0  # copied back from the host tier
+    to_disk: int = 0  # moved from the host tier to the disk tier
+    from_disk: int = 0  # copied back from the disk tier
 
 
 class ResidentTree:
     """The radix tree over the pool's runs. Thread-safe: queries match and insert from their threads and the
     scheduler's."""
 
-    def __init__(self, pool: KVPool, host: HostTier | None = None) -> None:
+    def __init__(self, pool: KVPool, host: HostTier | None = None, disk: HostTier | None = None) -> None:
         self.pool = pool
         self.host = host
+        self.disk = disk if host is not None else None  # (behind the host tier)
         self.root = Node(np.empty(0, dtype=np.int32), None, None)
         self.tokens = 0  # tokens of the edges in the pool
         self.host_tokens = 0  # tokens of the edges in the host tier
+        self.disk_tokens = 0  # tokens of the edges in the disk tier
         self.nodes = 0
         self.counts = Counts()
         self.age = 0.0  # the value of the last leaf that went (from the pool or the host tier), at least
-        # Leaves that may go, as (not demoted, value, tie, node): nodes in the pool with no child there, and
-        # nodes in the host tier with no child at all (there, never demoted).
+        # Leaves that may go, as (not demoted, value, tie, node): nodes in the pool with no child there, nodes
+        # in the host tier with no child in the pool or there, nodes in the disk tier with no child (in the
+        # lower tiers, never demoted).
         self._heap: list[tuple[bool, float, int, Node]] = []
         self._host_heap: list[tuple[bool, float, int, Node]] = []
+        self._disk_heap: list[tuple[bool, float, int, Node]] = []
         self._tie = itertools.count()
         self._moving: set[int] = set()  # the nodes (by id) a copy back is for, which stay where they are
         self._claims: dict[bytes, object] = {}
@@ -135,7 +144,7 @@ class ResidentTree:
             path: list[Node] = []
             while length < limit:
                 child = node.children.get(int(ids[length]))
-                if child is None or (child.kv is None and not self.host.restores):
+                if child is None or (child.kv is None and not child.host.tier.restores):
                     break
                 shared = common_length(child.ids, ids[length:limit])
                 self._use(child)
@@ -171,54 +180,68 @@ class ResidentTree:
         tier), changing nothing."""
         return self.resident(ids)[0]
 
-    def resident(self, ids: np.ndarray) -> tuple[int, int]:
-        """How long a prefix of `ids` a match would find now, and how many of its tokens it would copy back
-        from the host tier; changing nothing."""
+    def resident(self, ids: np.ndarray) -> tuple[int, float]:
+        """How long a prefix of `ids` a match would find now, and what copying back the part of it in the
+        lower tiers costs, in tokens computed (HostTier.copy_cost); changing nothing."""
         with self._lock:
-            node, length, hosted = self.root, 0, 0
+            node, length, hosted = self.root, 0, 0.0
             while length < len(ids):
                 child = node.children.get(int(ids[length]))
-                if child is None or (child.kv is None and not self.host.restores):
+                if child is None or (child.kv is None and not child.host.tier.restores):
                     break
                 shared = common_length(child.ids, ids[length:])
                 length += shared
-                hosted += shared if child.kv is None else 0
+                hosted += shared * child.host.tier.copy_cost if child.kv is None else 0
                 if shared < len(child.ids):
                     break
                 node = child
             return length, hosted
 
     def _fetch(self, path: list[Node], child: Node, shared: int) -> tuple[Node, KV]:
-        """`child` (in the host tier, below the nodes of `path`) copied back, cut to its first `shared`
+        """`child` (in a lower tier, below the nodes of `path`) copied back, cut to its first `shared`
         tokens first: the node holding them, and their KV. Into the pool, where the node moves; into a pool
-        of the caller's own when all the pool's slots are held (the node stays in the host tier). The room
+        of the caller's own when all the pool's slots are held (the node stays where it is). The room
         made for it is not made from the path or the child."""
         self.demote_noted()
         if shared < len(child.ids):
             child = self._split(child, shared)
         self._moving = {id(node) for node in (*path, child)}
+        tier = child.host.tier
         try:
-            kv = self.host.restore(child.host)
+            kv = tier.restore(child.host)
         finally:
             self._moving = set()
-        self.counts.restored += len(child.ids)
+        if tier is self.host:
+            self.counts.restored += len(child.ids)
+        else:
+            self.counts.from_disk += len(child.ids)
         if kv.parts[0][0] is self.pool:
-            child.kv, child.host = kv, None
-            self._to_pool(child)
+            self._to_pool(child, kv)
         return child, kv
 
-    def _to_pool(self, node: Node) -> None:
-        """Count a node whose KV came into the pool (from the host tier)."""
+    def _to_pool(self, node: Node, kv: KV) -> None:
+        """A node of a lower tier whose KV is `kv` in the pool now (copied back, or computed again)."""
+        self._leave_tier(node)
+        node.kv, node.host = kv, None
         self.tokens += len(node.ids)
-        self.host_tokens -= len(node.ids)
         node.parent.device_children += 1
         self._touch(node)
 
+    def _leave_tier(self, node: Node) -> None:
+        """Count a node of a lower tier out of it (its run there no longer held by the tree)."""
+        if node.host.tier is self.host:
+            self.host_tokens -= len(node.ids)
+            node.parent.host_children -= 1
+        else:
+            self.disk_tokens -= len(node.ids)
+
     def settle(self) -> None:
-        """Queue the copies back from the host tier that matches have promised (before a pass reads the pool)."""
-        if self.host is not None:
-            with self._lock:
-                self.host.settle()
+        """Queue the copies back from the lower tiers that matches have promised (before a pass reads the
+        pool)."""
+        with self._lock:
+            for tier in (self.host, self.disk):
+                if tier is not None:
+                    tier.settle()
 
     def count(self, looked_up: int, hit: int) -> None:
         """Count a lookup answered by an earlier match (the document prefix its requests share)."""
@@ -272,12 +295,11 @@ class ResidentTree:
         return kv is not None and all(pool is self.pool for pool, _ in kv.parts)
 
     def _promote(self, node: Node, kv: KV | None) -> None:
-        """A node of the host tier whose tokens a pass has just computed again: those (`kv`) are its KV now,
+        """A node of a lower tier whose tokens a pass has just computed again: those (`kv`) are its KV now,
         if they lie in the pool."""
         if self._in_pool(kv):
-            self.host.free(node.host)
-            node.kv, node.host = kv, None
-            self._to_pool(node)
+            node.host.tier.free(node.host)
+            self._to_pool(node, kv)
 
     def _split(self, child: Node, at: int) -> Node:
         """Cut the edge of `child` after `at` tokens; the new upper node."""
@@ -288,6 +310,7 @@ class ResidentTree:
             upper.device_children = 1
         else:
             upper.host, child.host = child.host.split(at)
+            upper.host_children = int(child.host.tier is self.host)
         child.parent.children[int(child.ids[0])] = upper
         child.ids, child.depth, child.parent = child.ids[at:], child.depth + at, upper
         upper.children[int(child.ids[0])] = child
@@ -388,22 +411,26 @@ class ResidentTree:
         """Offer a leaf for eviction at its current priority (stale offers are skipped when popped)."""
         if node is self.root:
             return
-        if node.kv is not None and not node.device_children:
-            heapq.heappush(self._heap, (not node.demoted, node.value, next(self._tie), node))
-        elif node.kv is None and not node.children:
-            heapq.heappush(self._host_heap, (True, node.value, next(self._tie), node))
-        if len(self._heap) + len(self._host_heap) > 4 * self.nodes + 1024:  # mostly stale: one offer per leaf
-            self._reoffer()
+        if node.kv is not None:
+            if not node.device_children:
+                heapq.heappush(self._heap, (not node.demoted, node.value, next(self._tie), node))
+        elif node.host.tier is self.host:
+            if not node.host_children:
+                heapq.heappush(self._host_heap, (True, node.value, next(self._tie), node))
+        elif not node.children:
+            heapq.heappush(self._disk_heap, (True, node.value, next(self._tie), node))
+        if len(self._heap) + len(self._host_heap) + len(self._disk_heap) > 4 * self.nodes + 1024:
+            self._reoffer()  # mostly stale: one offer per leaf
 
     def _reoffer(self) -> None:
         """Offer every leaf once, afresh (`_touch` passes over the other nodes)."""
-        self._heap, self._host_heap = [], []
+        self._heap, self._host_heap, self._disk_heap = [], [], []
         for node in self._all():
             self._touch(node)
 
     @staticmethod
     def _current(offer: tuple[bool, float, int, Node]) -> bool:
-        """Whether a leaf's offer still holds: it is in the tree at this priority (in the host tier, whether
+        """Whether a leaf's offer still holds: it is in the tree at this priority (in a lower tier, whether
         demoted or not)."""
         kept, value, _, node = offer
         return node.parent is not None and value == node.value and (node.kv is None or kept != node.demoted)
@@ -444,18 +471,10 @@ class ResidentTree:
                 free = self.pool.free
 
     def _offload(self, nodes: list[Node]) -> None:
-        """Move these leaves' KV to the host tier (dropping its leaves worth no more than the most valuable
-        of them, for room), or out of the tree when it has no room for them."""
-        self.host.settle()  # copies back still owed are written before any slot is read for the host
-        best = max(node.value for node in nodes)
-        room = sum(len(node.ids) for node in nodes)
-        while self._host_heap and self.host.slots - self.host.used < room and self._host_heap[0][1] <= best:
-            offer = heapq.heappop(self._host_heap)
-            gone = offer[3]
-            if self._current(offer) and gone.kv is None and not gone.children and not gone.pins and \
-                    id(gone) not in self._moving:
-                self._gone(gone)
-                self._remove(gone)
+        """Move these leaves' KV to the host tier (its leaves worth no more than the most valuable of them
+        making room), or out of the tree when it has no room for them."""
+        self.settle()  # copies back still owed are written before any slot of a lower tier is read or reused
+        self._make_room(self.host, sum(len(node.ids) for node in nodes), max(node.value for node in nodes))
         homes = self.host.offload([node.kv for node in nodes])
         for node, home in zip(nodes, homes):
             self._gone(node, not node.demoted)
@@ -468,8 +487,44 @@ class ResidentTree:
             self.host_tokens += len(node.ids)
             self.counts.offloaded += len(node.ids)
             node.parent.device_children -= 1
+            node.parent.host_children += 1
             self._touch(node)
             self._touch(node.parent)
+
+    def _make_room(self, tier: HostTier, room: int, best: float) -> None:
+        """Free `room` slots of a lower tier, as far as its leaves worth no more than `best` go: the host
+        tier's to the disk tier (or out of the tree), the disk tier's out of the tree."""
+        heap = self._host_heap if tier is self.host else self._disk_heap
+        while heap and tier.slots - tier.used < room and heap[0][1] <= best:
+            offer = heapq.heappop(heap)
+            node = offer[3]
+            if not self._current(offer) or node.kv is not None or node.host.tier is not tier or \
+                    id(node) in self._moving:
+                continue
+            if tier is self.host and not node.host_children:
+                self._sink(node)
+            elif tier is self.disk and not node.children and not node.pins:
+                self._gone(node)
+                self._remove(node)
+
+    def _sink(self, node: Node) -> None:
+        """A leaf of the host tier that must make room: to the disk tier (its leaves worth no more making
+        room), else out of the tree (a pinned one stays)."""
+        if self.disk is not None:
+            self._make_room(self.disk, len(node.ids), node.value)
+            home = self.host.move(node.host, self.disk)
+            if home is not None:
+                self._gone(node)
+                self._leave_tier(node)
+                node.host = home
+                self.disk_tokens += len(node.ids)
+                self.counts.to_disk += len(node.ids)
+                self._touch(node)
+                self._touch(node.parent)
+                return
+        if not node.pins:
+            self._gone(node)
+            self._remove(node)
 
     def _remove(self, node: Node) -> None:
         """Take the node and all below it out of the tree."""
@@ -477,6 +532,8 @@ class ResidentTree:
         del parent.children[int(node.ids[0])]
         if node.kv is not None:
             parent.device_children -= 1
+        elif node.host.tier is self.host:
+            parent.host_children -= 1
         todo = [node]
         while todo:
             gone = todo.pop()
@@ -484,8 +541,11 @@ class ResidentTree:
             if gone.kv is not None:
                 self.tokens -= len(gone.ids)
             else:
-                self.host.free(gone.host)
-                self.host_tokens -= len(gone.ids)
+                gone.host.tier.free(gone.host)
+                if gone.host.tier is self.host:
+                    self.host_tokens -= len(gone.ids)
+                else:
+                    self.disk_tokens -= len(gone.ids)
             self.nodes -= 1
             self.counts.evicted += len(gone.ids)
             gone.parent, gone.kv, gone.host = None, None, None
@@ -494,8 +554,7 @@ class ResidentTree:
     def clear(self) -> None:
         """Forget every run no query has pinned (a benchmark measures each query from an empty tree)."""
         with self._lock:
-            if self.host is not None:
-                self.host.settle()  # the host slots of copies owed are free once they are made
+            self.settle()  # the lower tiers' slots of copies owed are free once they are made
             leaves = [node for node in self._all() if not node.children and not node.pins]
             while leaves:
                 parents = {id(leaf.parent): leaf.parent for leaf in leaves}

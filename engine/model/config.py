@@ -75,7 +75,10 @@ class EngineConfig:
     a pass leave free; 0: nothing stays);
     kv_host_bytes: pinned host memory where KV the pool has no room for goes, and from where it is copied
     back when that is faster than computing it (kv/host_tier.py; None: on a GPU half the host memory
-    available at start, shared by this host's replicas, on the CPU none; 0: none); attention: how rows attend to their own
+    available at start, shared by this host's replicas, on the CPU none; 0: none); kv_disk_dir: a
+    local directory where a file takes the KV the host tier has no room for (None: no disk tier),
+    kv_disk_bytes: that file's size (None: half the disk's free space, shared by this host's replicas);
+    attention: how rows attend to their own
     tokens: "buckets" (rows padded per length bucket; cuDNN on a GPU) or "varlen" (one
     flash varlen call, no padding; CUDA in bf16 or fp8 only; None: varlen where it runs,
     else buckets); replicas: runtimes serving the model, one per GPU (the server's own, and the others in
@@ -97,6 +100,8 @@ class EngineConfig:
     compile: bool | None = None
     kv_cache_bytes: int | None = None
     kv_host_bytes: int | None = None
+    kv_disk_dir: str | None = None
+    kv_disk_bytes: int | None = None
     attention: str | None = None
     backend: str | None = None
     replicas: int | None = 1

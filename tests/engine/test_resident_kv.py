@@ -1,5 +1,5 @@
 """The KV pool's slots held by runs, and the resident tree over them: longest prefixes, no copies, eviction order
-(demoted first, then by value), the host tier."""
+(demoted first, then by value), the host and disk tiers."""
 
 from __future__ import annotations
 
@@ -259,6 +259,32 @@ def test_a_prefix_several_statements_read_outlives_a_one_off_scan():
         tree.insert(ids, _run(pool, ids))
         gc.collect()
     assert tree.resident_length(shared) == 0, "unused since, it ages out"
+
+
+def test_leaves_the_host_tier_has_no_room_for_go_to_the_disk_tier_and_come_back_exactly(tmp_path):
+    """Pool, host tier and disk tier of 4 tokens each: leaves pushed out of the pool move to the host tier,
+    and from there to a file on the disk; a match copies one back from the disk into the pool, its keys and
+    values as computed; the file is gone from the directory from the start."""
+    pool = _pool(4)
+    tree = ResidentTree(pool, HostTier(pool, 4), HostTier(pool, 4, tmp_path / "kv.bin"))
+    assert list(tmp_path.iterdir()) == [], "the disk tier's file is unlinked at once"
+    prompts = [np.array([n, n + 1]) for n in (10, 20, 30, 40, 50, 60)]
+    for ids in prompts:
+        tree.insert(ids, _run(pool, ids))
+        gc.collect()
+    assert (tree.tokens, tree.host_tokens, tree.disk_tokens) == (4, 4, 4)
+    assert tree.counts.to_disk == 4 and tree.counts.evicted == 0
+    assert [tree.resident_length(ids) for ids in prompts] == [2] * 6
+    found = tree.match(prompts[0])  # on the disk: copied back into the pool
+    tree.settle()
+    assert found.length == 2 and _tokens(found.kv) == [10, 11] and tree.counts.from_disk == 2
+    del found
+    gc.collect()
+    assert tree.disk_tokens + tree.host_tokens + tree.tokens + tree.counts.evicted == 12
+    assert tree.disk.used == tree.disk_tokens and tree.host.used == tree.host_tokens
+    tree.clear()
+    gc.collect()
+    assert (tree.tokens, tree.host_tokens, tree.disk_tokens, tree.host.used, tree.disk.used) == (0, 0, 0, 0, 0)
 
 
 def test_host_extents_are_split_and_merged_back():
