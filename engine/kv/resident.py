@@ -5,7 +5,7 @@ whichever query computed it (`match`); every prompt a query computes goes in
 (`insert`), its KV by reference (the pool's slots, no copy). When the pool needs
 slots, leaves go: first those the plan has marked as not needed again (a
 filter's rejected documents: `demote`, or `demote_later` once the query has its
-answers), then the least valuable (below); never a
+answers), then the least valuable (kv/leaves.py); never a
 node a running query has pinned (its matched prefixes: they stay findable by
 others while it runs). A node's parent becomes a leaf when its last child goes,
 so a document outlives the questions asked of it. Queries running at once
@@ -20,55 +20,25 @@ on the device or on the host, and a node on the device has its parent there.
 The host tier drops its own least valuable leaves when it is full: to the disk
 tier, where there is one (a node there has its children there too), which drops
 its own least valuable leaves in turn.
-
-What a leaf is worth (`Node.value`, greedy-dual by size and frequency):
-- each use (a match or an insert through it) sets it to the tree's age plus
-  its uses times what recomputing a slot of it costs (deeper tokens attend to
-  more: `_slot_cost`): a prefix many statements read outlives a one-off scan;
-- the age rises to the value of each leaf that goes in order of value, so a
-  leaf not used for long falls below those used since, whatever it once earned;
-- the pool lets demoted leaves go first, then the least valuable; the host
-  and disk tiers, where nothing is demoted, the least valuable.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
 
-from quail.engine.kv.host_tier import HostRun, HostTier
+from quail.engine.kv.host_tier import HostTier
+from quail.engine.kv.leaves import DISK, HOST, POOL, Leaves, Node
 from quail.engine.kv.pool import KVPool
 from quail.engine.kv.runs import KV
 from quail.engine.kv.token_prefix import common_length
 
 
 MOVE_TOKENS = 2048  # the fewest tokens of leaves moved to the host tier at once
-ATTENTION_SPAN = 4096  # tokens of context at which a token's attention costs about what its weights do
 NOTED_MAX = 256  # prompts whose demotions are noted (demote_later) and not yet done, at most: past that, at once
-
-
-@dataclass(eq=False)
-class Node:
-    """An edge of tokens after `depth` tokens, and its KV: in the pool (`kv`), or in a lower tier (`host`: the
-    host tier's or the disk tier's run, as `host.tier` says; root: neither)."""
-
-    ids: np.ndarray
-    kv: KV | None
-    parent: "Node | None"
-    depth: int = 0
-    children: dict[int, "Node"] = field(default_factory=dict)
-    value: float = 0.0
-    uses: int = 0
-    pins: int = 0
-    demoted: bool = False
-    host: HostRun | None = None
-    device_children: int = 0  # children whose KV is in the pool
-    host_children: int = 0  # children whose KV is in the host tier
 
 
 @dataclass
@@ -109,14 +79,9 @@ class ResidentTree:
         self.disk_tokens = 0  # tokens of the edges in the disk tier
         self.nodes = 0
         self.counts = Counts()
-        self.age = 0.0  # the value of the last leaf that went (from the pool or the host tier), at least
-        # Leaves that may go, as (not demoted, value, tie, node): nodes in the pool with no child there, nodes
-        # in the host tier with no child in the pool or there, nodes in the disk tier with no child (in the
-        # lower tiers, never demoted).
-        self._heap: list[tuple[bool, float, int, Node]] = []
-        self._host_heap: list[tuple[bool, float, int, Node]] = []
-        self._disk_heap: list[tuple[bool, float, int, Node]] = []
-        self._tie = itertools.count()
+        # Leaves that may go: nodes in the pool with no child there, nodes in the host tier with no child in the
+        # pool or there, nodes in the disk tier with no child.
+        self.leaves = Leaves()
         self._moving: set[int] = set()  # the nodes (by id) a copy back is for, which stay where they are
         self._claims: dict[bytes, object] = {}
         self._noted: list[Callable[[], Iterable[tuple[np.ndarray, int]]]] = []  # demote_later's, not yet done
@@ -147,7 +112,7 @@ class ResidentTree:
                 if child is None or (child.kv is None and not child.host.tier.restores):
                     break
                 shared = common_length(child.ids, ids[length:limit])
-                self._use(child)
+                self.leaves.use(child)
                 if child.kv is None:
                     if not fetch:
                         length += shared
@@ -271,7 +236,7 @@ class ResidentTree:
                     if not self._in_pool(tail) or (node.kv is None and node is not self.root):
                         return  # not given the KV before `start`, not in the pool, or its parent is in the host tier
                     leaf = Node(np.array(ids[length:]), tail, node, length)
-                    self._use(leaf)
+                    self.leaves.use(leaf)
                     node.children[int(ids[length])] = leaf
                     node.device_children += 1
                     self.tokens += len(leaf.ids)
@@ -282,7 +247,7 @@ class ResidentTree:
                 shared = common_length(child.ids, ids[length:])
                 if shared < len(child.ids):
                     child = self._split(child, shared)  # the part after `shared` is not used by this prompt
-                self._use(child)
+                self.leaves.use(child)
                 if child.kv is None and (node.kv is not None or node is self.root):
                     self._promote(child, run(length, length + shared))
                 length += shared
@@ -396,44 +361,26 @@ class ResidentTree:
                 for ids, after in demotions():
                     self.demote(ids, after)
 
-    def _use(self, node: Node) -> None:
-        """A statement uses the node: its value is the tree's age plus its uses times its slots' cost."""
-        node.uses += 1
-        node.value = self.age + node.uses * _slot_cost(node)
-
-    def _gone(self, node: Node, ordered: bool = True) -> None:
-        """A leaf leaves its tier: the tree ages to its value, where it went in order of value (not a demoted
-        leaf leaving the pool ahead of its turn)."""
-        if ordered:
-            self.age = max(self.age, node.value)
-
     def _touch(self, node: Node) -> None:
         """Offer a leaf for eviction at its current priority (stale offers are skipped when popped)."""
         if node is self.root:
             return
         if node.kv is not None:
             if not node.device_children:
-                heapq.heappush(self._heap, (not node.demoted, node.value, next(self._tie), node))
+                self.leaves.offer(node, POOL)
         elif node.host.tier is self.host:
             if not node.host_children:
-                heapq.heappush(self._host_heap, (True, node.value, next(self._tie), node))
+                self.leaves.offer(node, HOST)
         elif not node.children:
-            heapq.heappush(self._disk_heap, (True, node.value, next(self._tie), node))
-        if len(self._heap) + len(self._host_heap) + len(self._disk_heap) > 4 * self.nodes + 1024:
+            self.leaves.offer(node, DISK)
+        if len(self.leaves) > 4 * self.nodes + 1024:
             self._reoffer()  # mostly stale: one offer per leaf
 
     def _reoffer(self) -> None:
         """Offer every leaf once, afresh (`_touch` passes over the other nodes)."""
-        self._heap, self._host_heap, self._disk_heap = [], [], []
+        self.leaves.clear()
         for node in self._all():
             self._touch(node)
-
-    @staticmethod
-    def _current(offer: tuple[bool, float, int, Node]) -> bool:
-        """Whether a leaf's offer still holds: it is in the tree at this priority (in a lower tier, whether
-        demoted or not)."""
-        kept, value, _, node = offer
-        return node.parent is not None and value == node.value and (node.kv is None or kept != node.demoted)
 
     def evict(self, tokens: int) -> None:
         """Make `tokens` more slots free in the pool, or as many as can be: leaves go, demoted first, then
@@ -448,15 +395,16 @@ class ResidentTree:
                 tokens = max(tokens, min(MOVE_TOKENS, self.pool.slots // 16))
             free = self.pool.free
             target = free + tokens
-            while self._heap and free < target:
+            node: Node | None = self.root
+            while node is not None and free < target:
                 moving: list[Node] = []
                 taken: set[int] = set()
                 size = 0  # tokens of the leaves taken: free once no query holds them (counted again after)
-                while self._heap and free + size < target:
-                    offer = heapq.heappop(self._heap)
-                    node = offer[3]
-                    if not self._current(offer) or node.kv is None or node.device_children or \
-                            id(node) in self._moving or id(node) in taken:
+                while free + size < target:
+                    node = self.leaves.pop(POOL)
+                    if node is None:
+                        break
+                    if node.kv is None or node.device_children or id(node) in self._moving or id(node) in taken:
                         continue  # (a leaf offered twice at one priority is taken once)
                     if self.host is not None:
                         moving.append(node)  # (a pinned node may move to the host tier, not leave the tree)
@@ -464,7 +412,7 @@ class ResidentTree:
                         size += len(node.ids)
                     elif not node.pins:
                         size += len(node.ids)
-                        self._gone(node, not node.demoted)
+                        self.leaves.gone(node, not node.demoted)
                         self._remove(node)
                 if moving:
                     self._offload(moving)
@@ -477,7 +425,7 @@ class ResidentTree:
         self._make_room(self.host, sum(len(node.ids) for node in nodes), max(node.value for node in nodes))
         homes = self.host.offload([node.kv for node in nodes])
         for node, home in zip(nodes, homes):
-            self._gone(node, not node.demoted)
+            self.leaves.gone(node, not node.demoted)
             if home is None:
                 if not node.pins:  # a pinned node stays in the pool rather than leave the tree
                     self._remove(node)
@@ -494,17 +442,17 @@ class ResidentTree:
     def _make_room(self, tier: HostTier, room: int, best: float) -> None:
         """Free `room` slots of a lower tier, as far as its leaves worth no more than `best` go: the host
         tier's to the disk tier (or out of the tree), the disk tier's out of the tree."""
-        heap = self._host_heap if tier is self.host else self._disk_heap
-        while heap and tier.slots - tier.used < room and heap[0][1] <= best:
-            offer = heapq.heappop(heap)
-            node = offer[3]
-            if not self._current(offer) or node.kv is not None or node.host.tier is not tier or \
-                    id(node) in self._moving:
+        kind = HOST if tier is self.host else DISK
+        while tier.slots - tier.used < room:
+            node = self.leaves.pop(kind, at_most=best)
+            if node is None:
+                return
+            if node.kv is not None or node.host.tier is not tier or id(node) in self._moving:
                 continue
-            if tier is self.host and not node.host_children:
+            if kind == HOST and not node.host_children:
                 self._sink(node)
-            elif tier is self.disk and not node.children and not node.pins:
-                self._gone(node)
+            elif kind == DISK and not node.children and not node.pins:
+                self.leaves.gone(node)
                 self._remove(node)
 
     def _sink(self, node: Node) -> None:
@@ -514,7 +462,7 @@ class ResidentTree:
             self._make_room(self.disk, len(node.ids), node.value)
             home = self.host.move(node.host, self.disk)
             if home is not None:
-                self._gone(node)
+                self.leaves.gone(node)
                 self._leave_tier(node)
                 node.host = home
                 self.disk_tokens += len(node.ids)
@@ -523,7 +471,7 @@ class ResidentTree:
                 self._touch(node.parent)
                 return
         if not node.pins:
-            self._gone(node)
+            self.leaves.gone(node)
             self._remove(node)
 
     def _remove(self, node: Node) -> None:
@@ -572,8 +520,3 @@ class ResidentTree:
             out.append(node)
         return out
 
-
-def _slot_cost(node: Node) -> float:
-    """What computing one of the node's tokens again costs, in tokens of weights' work: one, and its
-    attention over the context before it (the middle of the edge), in ATTENTION_SPANs."""
-    return 1.0 + (node.depth + len(node.ids) / 2) / ATTENTION_SPAN
