@@ -1,4 +1,5 @@
-"""The shared-server workload: one `quail serve`, ADBC clients, phases A to G, figures from the server's metrics.
+"""The shared-server workload: one `quail serve`, ADBC clients, phases A to G and late refreshes, figures from the
+server's metrics.
 
     python -m bench.server_load --reviews 5000 --out bench/results/<date>-<device>-server-load-<sha>.json \\
         -- --model dummy:qwen3-4b --tokenizer .offline/tokenizer --device cuda --precision bf16 --token-budget 16384
@@ -13,9 +14,12 @@ its statements one after another on it:
 - E: 5-row statements, one after another, while one statement over `--e-rows` rows runs; against the
   same kind of statements with the server otherwise idle;
 - F: A's statement again (a dashboard refresh), right after A;
-- G: a new question over A's rows, right after F.
-(F and G come first because the phases after them compute more KV than a GPU's
-pool holds: a refresh after those finds what least-recently-used eviction left.)
+- G: a new question over A's rows, right after F;
+- F_late, G_late: the same two again after B to E (a refresh rarely comes right after
+  itself: B to E compute more KV than a GPU's pool holds, so these find what the
+  pool kept and what it moved to the host tier), with the other work's fresh tokens;
+- with `--flush-rows N`: one statement over N more rows (enough to push A's documents
+  out of the host tier too), then F_flushed: A's statement once more.
 The phases start once the server has tokenized the ingested texts
 (`quail_texts_warming` 0), so that none runs beside that tokenizing.
 Each phase reports wall seconds, logical / fresh / cached model tokens (the
@@ -127,8 +131,8 @@ def phase(uri: str, counters: Counters, lanes: list[list[str]]) -> dict:
 
 
 def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:
-    """The phases, each over rows of its own (F and G over A's, right after it), once the server has tokenized
-    the table's texts."""
+    """The phases, each over rows of its own (F and G over A's, right after it, and again after B to E), once
+    the server has tokenized the table's texts."""
     counters.warmed()
     a, nxt = 0, args.a_rows
     n = args.rows
@@ -155,6 +159,13 @@ def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:
     out["E"]["long_running_throughout"] = not long_done.is_set()
     long.join()
     out["E"]["against_idle"] = round(out["E"]["latency_p50_s"] / out["E_idle"]["latency_p50_s"], 2)
+    out["F_late"] = phase(uri, counters, [[statement(a, args.a_rows)]])
+    out["G_late"] = phase(uri, counters, [[statement(a, args.a_rows, QUESTIONS[2])]])
+    out["F_late"]["against_F"] = round(out["F_late"]["wall_s"] / out["F"]["wall_s"], 2)
+    out["F_late"]["other_fresh_tokens"] = sum(out[name]["fresh_tokens"] for name in ("B", "C", "D", "E_idle", "E"))
+    if args.flush_rows:
+        out["flush"] = phase(uri, counters, [[statement(e_short + 5 * args.e_statements + n, args.flush_rows)]])
+        out["F_flushed"] = phase(uri, counters, [[statement(a, args.a_rows)]])
     reference = out["A"]["fresh_tokens_per_s"]
     for name in ("B", "C"):
         out[name]["against_A"] = round(out[name]["fresh_tokens_per_s"] / reference, 3) if reference else None
@@ -175,11 +186,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--e-rows", type=int, default=2000)
     p.add_argument("--e-statements", type=int, default=8)
     p.add_argument("--e-delay", type=float, default=2.0, help="seconds from the long statement to the first short")
+    p.add_argument("--flush-rows", type=int, default=0, help="rows of the statement before F_flushed (0: none)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv[:split])
     serve_args = argv[split + 1:]
     needed = args.a_rows + args.rows * (args.b_statements + 2 * args.clients + 1) + args.d_rows \
-        + 10 * args.e_statements + args.e_rows
+        + 10 * args.e_statements + args.e_rows + args.flush_rows
     if args.reviews < needed:
         p.error(f"the phases read {needed} reviews: pass --reviews {needed} or more")
     port = free_port()

@@ -19,7 +19,7 @@ def _serve(args: argparse.Namespace) -> int:
     engine = EngineConfig(model=args.model, device=args.device, precision=args.precision,
                           token_budget=args.token_budget, tokenizer=args.tokenizer, sol_device=args.sol_device,
                           kv_cache_bytes=args.kv_cache_bytes, kv_host_bytes=args.kv_host_bytes,
-                          attention=args.attention, replicas=None if args.replicas == "auto" else int(args.replicas),
+                          kv_disk_dir=args.kv_disk_dir, kv_disk_bytes=args.kv_disk_bytes, attention=args.attention, replicas=None if args.replicas == "auto" else int(args.replicas),
                           ray=args.ray)
     config = ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), engine=engine,
                           dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
@@ -71,9 +71,15 @@ def parser() -> argparse.ArgumentParser:
                        help="device constants of the speed-of-light figures (default: cpu on the CPU, else none)")
     serve.add_argument("--kv-cache-bytes", type=int, default=None,
                        help="the KV pool, where what queries compute stays for later ones (default 1 GiB on the CPU; on a GPU, 90%% of the memory the weights and a pass leave free)")
-    serve.add_argument("--kv-host-bytes", type=int, default=0,
+    serve.add_argument("--kv-host-bytes", type=int, default=None,
                        help="pinned host memory for KV the pool has no room for, copied back when a query needs it "
-                            "again and copying timed faster than computing at warm-up (default 0: none)")
+                            "again and copying timed faster than computing at warm-up (default: on a GPU, half the "
+                            "host memory available at start, pinned as it fills; on the CPU none; 0: none)")
+    serve.add_argument("--kv-disk-dir", default=None,
+                       help="a local directory where a file (unlinked at once: nothing is left behind) takes the KV "
+                            "the host tier has no room for, copied back when a query needs it again (default: none)")
+    serve.add_argument("--kv-disk-bytes", type=int, default=None,
+                       help="the size of that file (default: half the directory's free disk space)")
     serve.add_argument("--attention", default=None, choices=ATTENTION,
                        help="own-token attention: rows padded per length bucket (cuDNN), or one flash varlen "
                             "call (default: varlen on CUDA in bf16/fp8)")

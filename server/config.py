@@ -52,8 +52,12 @@ class ServerConfig:
             raise ValueError("there must be at least one replica")
         if self.engine.ray is not None and importlib.util.find_spec("ray") is None:
             raise ValueError("replicas on Ray need Ray installed: pip install 'quail-server[ray]'")
-        if self.engine.kv_host_bytes < 0:
+        if self.engine.kv_host_bytes is not None and self.engine.kv_host_bytes < 0:
             raise ValueError("the host KV tier's bytes cannot be negative (0: none)")
+        if self.engine.kv_disk_bytes is not None and self.engine.kv_disk_bytes <= 0:
+            raise ValueError("the disk KV tier's bytes must be positive")
+        if self.engine.kv_disk_dir is not None and not Path(self.engine.kv_disk_dir).is_dir():
+            raise ValueError(f"--kv-disk-dir {self.engine.kv_disk_dir} is not a directory")
         self.limits.check()
         if self.transaction_idle_s <= 0:
             raise ValueError("--transaction-idle must be a positive number of seconds")

@@ -43,6 +43,10 @@ class _TreeCounts:
                                   value=counts.offloaded)
         yield CounterMetricFamily("quail_kv_host_restored_tokens", "Tokens copied back from host memory to the "
                                   "KV pool (instead of computed again)", value=counts.restored)
+        yield CounterMetricFamily("quail_kv_disk_moved_tokens", "Tokens moved from host memory to the disk tier",
+                                  value=counts.to_disk)
+        yield CounterMetricFamily("quail_kv_disk_restored_tokens", "Tokens copied back from the disk tier to the "
+                                  "KV pool (instead of computed again)", value=counts.from_disk)
 
 
 class _DeviceBusy:
@@ -116,6 +120,11 @@ class Metrics:
               registry=self.registry).set_function(lambda: host.capacity_bytes if host else 0)
         Gauge("quail_kv_host_used_bytes", "Bytes of KV the host tier holds", registry=self.registry
               ).set_function(lambda: tree.host_tokens * host.bytes_per_token if host else 0)
+        disk = tree.disk if tree is not None else None
+        Gauge("quail_kv_disk_bytes", "Bytes of the disk tier's file for KV the host tier has no room for",
+              registry=self.registry).set_function(lambda: disk.capacity_bytes if disk else 0)
+        Gauge("quail_kv_disk_used_bytes", "Bytes of KV the disk tier holds", registry=self.registry
+              ).set_function(lambda: tree.disk_tokens * disk.bytes_per_token if disk else 0)
         if texts is not None:
             Gauge("quail_texts_tokens", "Token ids of the texts kept tokenized: documents (as their tables are "
                   "written, and as queries ask) and prompt parts", registry=self.registry).set_function(

@@ -1,26 +1,44 @@
-"""The host-RAM tier: KV the device's pool has no room for, kept in pinned host memory until a request continues it.
+"""The lower KV tiers: KV the device's pool has no room for, kept in host memory (or a disk's file) until a request
+continues it.
 
 The resident tree (kv/resident.py) moves its least recently used runs here
 instead of dropping them, and copies them back into the pool when a request
 matches them, if that is cheaper than computing them again (`restores`: both
-timed end to end on this machine when the server warms up). Host memory is one pinned
-store of token slots, all of a token's layers together, so a run is a few
-contiguous extents: one copy each way per extent. On a GPU the copies run on
-streams of their own, one each way: a run comes back while the passes before it
-still compute, and the pass that reads it waits for it, not the host and not
-the runs going out (a run comes back after its own copy out, no other).
+timed end to end on this machine when the server warms up).
+
+- Host memory is one store of token slots, all of a token's layers together, so a
+  run is a few contiguous extents: one copy each way per extent.
+- The store is reserved, not touched, at start: the operating system gives its pages
+  as slots are first written, and on a GPU each PIN_CHUNK_BYTES of it is pinned
+  (registered with CUDA) the first time a run goes there, so a tier of most of the
+  host's memory costs nothing at start-up and only what it holds.
+- On a GPU the copies run on streams of their own, one each way: a run comes back
+  while the passes before it still compute, and the pass that reads it waits for it,
+  not the host and not the runs going out (a run comes back after its own copy out).
+- The disk tier is the same store in a file of a local disk (`path`; unlinked at
+  once, so nothing is left behind), behind the host tier: runs the host tier has no
+  room for move there (`move`), and come back into the pool from there directly.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
+import os
+import shutil
+import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from quail.engine.kv.pool import KVPool, on_device
 from quail.engine.kv.runs import KV
+
+PIN_CHUNK_BYTES = 256 << 20  # host memory pinned at once, the first time a run goes there
+PAGE = 4096
+HOST_SHARE = 0.5  # of the host memory available at start, the default host tier's (shared by its replicas)
 
 
 @dataclass
@@ -30,6 +48,7 @@ class HostRun:
 
     extents: list[tuple[int, int]]
     copied: torch.cuda.Event | None = None
+    tier: "HostTier | None" = None  # the tier whose store holds it
 
     def __len__(self) -> int:
         return sum(count for _, count in self.extents)
@@ -48,7 +67,7 @@ class HostRun:
                 head.append((start, at - seen))
                 tail.append((start + at - seen, count - (at - seen)))
             seen += count
-        return HostRun(head, self.copied), HostRun(tail, self.copied)
+        return HostRun(head, self.copied, self.tier), HostRun(tail, self.copied, self.tier)
 
 
 @dataclass
@@ -60,16 +79,24 @@ class _Restore:
 
 
 class HostTier:
-    """Pinned host slots (slots, keys|values, layers, kv_heads, head_dim) for runs of one device pool."""
+    """Host slots (slots, keys|values, layers, kv_heads, head_dim) for runs of one device pool: in memory,
+    pinned as it fills on a GPU; or, given a `path`, in that file (the disk tier)."""
 
-    def __init__(self, pool: KVPool, slots: int) -> None:
+    def __init__(self, pool: KVPool, slots: int, path: Path | None = None) -> None:
         k = pool.keys[0]
         self.pool = pool
         self.slots = slots
         self.bytes_per_token = pool.bytes_per_token
         on_gpu = pool.device.type == "cuda"
-        self.store = torch.empty((slots, 2, len(pool.keys), k.shape[1], k.shape[2]), dtype=k.dtype,
-                                 pin_memory=on_gpu)
+        shape = (slots, 2, len(pool.keys), k.shape[1], k.shape[2])
+        self.on_disk = path is not None
+        self.store = _in_file(shape, k.dtype, path) if path is not None else _page_aligned(shape, k.dtype)
+        slot_bytes = self.store.stride(0) * self.store.element_size()
+        whole_pages = PAGE // math.gcd(slot_bytes, PAGE)  # slots a chunk is a multiple of: chunks share no page
+        self._chunk_slots = max(1, PIN_CHUNK_BYTES // slot_bytes // whole_pages) * whole_pages
+        self._pinned: set[int] | None = set() if on_gpu and not self.on_disk else None  # chunks registered
+        if self._pinned is not None:
+            weakref.finalize(self, _unpin, self.store, self._pinned, self._chunk_slots)
         self.out = torch.cuda.Stream(pool.device) if on_gpu else None  # copies to the host
         self.back = torch.cuda.Stream(pool.device) if on_gpu else None  # copies back to the device
         self._free: list[tuple[int, int]] = [(0, slots)] if slots else []  # by first slot, none adjacent
@@ -91,6 +118,13 @@ class HostTier:
         and pool (true until timed)."""
         return self.restore_s is None or self.recompute_s is None or self.restore_s < self.recompute_s
 
+    @property
+    def copy_cost(self) -> float:
+        """What copying a token back costs, as a share of computing it (timed at warm-up; 0 until timed)."""
+        if self.restore_s is None or self.recompute_s is None:
+            return 0.0
+        return min(1.0, self.restore_s / self.recompute_s)
+
     def take(self, count: int) -> HostRun | None:
         """`count` free slots, in one extent where one is long enough; None: fewer are free."""
         if count > self.slots - self.used:
@@ -99,7 +133,7 @@ class HostTier:
             if length >= count:
                 self._free[i:i + 1] = [(start + count, length - count)] if length > count else []
                 self.used += count
-                return HostRun([(start, count)])
+                return HostRun([(start, count)], tier=self)
         extents, left = [], count
         while left:
             start, length = self._free[0]
@@ -108,7 +142,7 @@ class HostTier:
             extents.append((start, used))
             left -= used
         self.used += count
-        return HostRun(extents)
+        return HostRun(extents, tier=self)
 
     def free(self, run: HostRun) -> None:
         """Give the run's slots back."""
@@ -122,6 +156,22 @@ class HostTier:
                 i -= 1
             self._free.insert(i, (start, count))
         self.used -= len(run)
+
+    def move(self, run: HostRun, to: "HostTier") -> HostRun | None:
+        """The run copied into the store of tier `to` (the disk tier), its slots here given back; None (and it
+        stays here) when `to` has no room. Copies back still owed must have been made (`settle`)."""
+        home = to.take(len(run))
+        if home is None:
+            return None
+        if run.copied is not None:
+            run.copied.synchronize()  # its copy out of the pool has been made
+        data = torch.cat([self.store[start:start + count] for start, count in run.extents])
+        offset = 0
+        for start, count in home.extents:
+            to.store[start:start + count].copy_(data[offset:offset + count])
+            offset += count
+        self.free(run)
+        return home
 
     def offload(self, runs: list[KV]) -> list[HostRun | None]:
         """Copy these runs of the pool into host slots (all in one gather per layer); None for a run there
@@ -138,6 +188,7 @@ class HostTier:
             staged[:, 0, layer] = self.pool.keys[layer].index_select(0, index)
             staged[:, 1, layer] = self.pool.values[layer].index_select(0, index)
         extents = [extent for home in homes if home is not None for extent in home.extents]
+        self._pin(extents)
         if self.out is None:
             self._copy_out(staged, extents)
             return homes
@@ -152,6 +203,20 @@ class HostTier:
             if home is not None:
                 home.copied = copied
         return homes
+
+    def _pin(self, extents: list[tuple[int, int]]) -> None:
+        """Pin the chunks of the store these extents lie in that are not pinned yet (on a GPU)."""
+        if self._pinned is None:
+            return
+        size = self._chunk_slots
+        for start, count in extents:
+            for chunk in range(start // size, (start + count - 1) // size + 1):
+                if chunk not in self._pinned:
+                    piece = self.store[chunk * size:(chunk + 1) * size]
+                    error = torch.cuda.cudart().cudaHostRegister(piece.data_ptr(), piece.nbytes, 0)
+                    if error != 0:
+                        raise RuntimeError(f"pinning {piece.nbytes:,} bytes of host memory failed ({error})")
+                    self._pinned.add(chunk)
 
     def _copy_out(self, staged: torch.Tensor, extents: list[tuple[int, int]]) -> None:
         offset = 0
@@ -203,3 +268,56 @@ class HostTier:
         for entry in owed:
             if entry.kv.parts[0][0] is self.pool:
                 self.free(entry.run)
+
+
+def _unpin(store: torch.Tensor, pinned: set[int], chunk_slots: int) -> None:
+    """Unregister a store's pinned chunks (before its memory goes back)."""
+    for chunk in pinned:
+        torch.cuda.cudart().cudaHostUnregister(store[chunk * chunk_slots].data_ptr())
+
+
+def default_host_bytes(device: torch.device, replicas: int = 1) -> int:
+    """The host tier a pool on `device` gets by default: none on the CPU (its pool is in host memory already);
+    on a GPU, HOST_SHARE of the memory the host has available now, shared by the `replicas` of this host."""
+    if device.type != "cuda":
+        return 0
+    return int(HOST_SHARE * available_host_bytes()) // max(1, replicas)
+
+
+def default_disk_bytes(directory: Path, replicas: int = 1) -> int:
+    """The disk tier a directory gives by default: half its disk's free space now, shared by the `replicas`
+    of this host."""
+    return shutil.disk_usage(directory).free // 2 // max(1, replicas)
+
+
+def available_host_bytes() -> int:
+    """Host memory available to new allocations without swapping (Linux's MemAvailable; else the free pages)."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _page_aligned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized tensor whose memory starts at a page boundary (so chunks of whole pages can be pinned
+    one by one)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    raw = torch.empty(nbytes + PAGE, dtype=torch.uint8)
+    offset = -raw.data_ptr() % PAGE
+    return raw[offset:offset + nbytes].view(dtype).view(shape)
+
+
+def _in_file(shape: tuple[int, ...], dtype: torch.dtype, path: Path) -> torch.Tensor:
+    """An uninitialized tensor mapped from a new sparse file at `path`, unlinked at once (the mapping keeps it
+    until the tensor goes: nothing is left on the disk, whatever ends the process)."""
+    count = math.prod(shape)
+    with open(path, "xb") as file:
+        file.truncate(count * torch.empty((), dtype=dtype).element_size())
+    try:
+        return torch.from_file(str(path), shared=True, size=count, dtype=dtype).view(shape)
+    finally:
+        path.unlink()

@@ -5,7 +5,7 @@ whichever query computed it (`match`); every prompt a query computes goes in
 (`insert`), its KV by reference (the pool's slots, no copy). When the pool needs
 slots, leaves go: first those the plan has marked as not needed again (a
 filter's rejected documents: `demote`, or `demote_later` once the query has its
-answers), then the least recently used; never a
+answers), then the least valuable (kv/leaves.py); never a
 node a running query has pinned (its matched prefixes: they stay findable by
 others while it runs). A node's parent becomes a leaf when its last child goes,
 so a document outlives the questions asked of it. Queries running at once
@@ -13,23 +13,25 @@ share what neither has yet: a query `claim`s the documents it will compute,
 and another that needs one of them waits for it instead of computing it too.
 
 With a host tier (kv/host_tier.py), a leaf the pool has no room for moves to
-pinned host memory instead of going (unless the plan demoted it), and comes
+pinned host memory instead of going (a leaf the plan demoted too: the query that
+demoted it will not read it again, a dashboard's next refresh will), and comes
 back when a request matches it, if copying is cheaper than computing: a node is
 on the device or on the host, and a node on the device has its parent there.
-The host tier drops its own least recently used leaves when it is full.
+The host tier drops its own least valuable leaves when it is full: to the disk
+tier, where there is one (a node there has its children there too), which drops
+its own least valuable leaves in turn.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
 
-from quail.engine.kv.host_tier import HostRun, HostTier
+from quail.engine.kv.host_tier import HostTier
+from quail.engine.kv.leaves import DISK, HOST, POOL, Leaves, Node
 from quail.engine.kv.pool import KVPool
 from quail.engine.kv.runs import KV
 from quail.engine.kv.token_prefix import common_length
@@ -37,23 +39,6 @@ from quail.engine.kv.token_prefix import common_length
 
 MOVE_TOKENS = 2048  # the fewest tokens of leaves moved to the host tier at once
 NOTED_MAX = 256  # prompts whose demotions are noted (demote_later) and not yet done, at most: past that, at once
-
-
-@dataclass(eq=False)
-class Node:
-    """An edge of tokens after `depth` tokens, and its KV: in the pool (`kv`), or in the host tier (`host`;
-    root: neither)."""
-
-    ids: np.ndarray
-    kv: KV | None
-    parent: "Node | None"
-    depth: int = 0
-    children: dict[int, "Node"] = field(default_factory=dict)
-    used: int = 0
-    pins: int = 0
-    demoted: bool = False
-    host: HostRun | None = None
-    device_children: int = 0  # children whose KV is in the pool
 
 
 @dataclass
@@ -73,29 +58,30 @@ class Counts:
     looked_up: int = 0
     hit: int = 0
     inserted: int = 0
-    evicted: int = 0  # gone from the tree (from the pool, or from the host tier)
+    evicted: int = 0  # gone from the tree (from the pool, or from a lower tier)
     offloaded: int = 0  # moved from the pool to the host tier
     restored: int = 0  # copied back from the host tier
+    to_disk: int = 0  # moved from the host tier to the disk tier
+    from_disk: int = 0  # copied back from the disk tier
 
 
 class ResidentTree:
     """The radix tree over the pool's runs. Thread-safe: queries match and insert from their threads and the
     scheduler's."""
 
-    def __init__(self, pool: KVPool, host: HostTier | None = None) -> None:
+    def __init__(self, pool: KVPool, host: HostTier | None = None, disk: HostTier | None = None) -> None:
         self.pool = pool
         self.host = host
+        self.disk = disk if host is not None else None  # (behind the host tier)
         self.root = Node(np.empty(0, dtype=np.int32), None, None)
         self.tokens = 0  # tokens of the edges in the pool
         self.host_tokens = 0  # tokens of the edges in the host tier
+        self.disk_tokens = 0  # tokens of the edges in the disk tier
         self.nodes = 0
         self.counts = Counts()
-        self._clock = itertools.count(1)
-        # Leaves that may go, as (not demoted, used, tie, node): nodes in the pool with no child there, and
-        # nodes in the host tier with no child at all.
-        self._heap: list[tuple[bool, int, int, Node]] = []
-        self._host_heap: list[tuple[bool, int, int, Node]] = []
-        self._tie = itertools.count()
+        # Leaves that may go: nodes in the pool with no child there, nodes in the host tier with no child in the
+        # pool or there, nodes in the disk tier with no child.
+        self.leaves = Leaves()
         self._moving: set[int] = set()  # the nodes (by id) a copy back is for, which stay where they are
         self._claims: dict[bytes, object] = {}
         self._noted: list[Callable[[], Iterable[tuple[np.ndarray, int]]]] = []  # demote_later's, not yet done
@@ -118,15 +104,15 @@ class ResidentTree:
         kv is None: a caller that only plans, from its length and node, holds no slots for it)."""
         limit = len(ids) if limit is None else min(limit, len(ids))
         with self._lock:
-            node, length, now = self.root, 0, next(self._clock)
+            node, length = self.root, 0
             parts: list[KV] = []
             path: list[Node] = []
             while length < limit:
                 child = node.children.get(int(ids[length]))
-                if child is None or (child.kv is None and not self.host.restores):
+                if child is None or (child.kv is None and not child.host.tier.restores):
                     break
                 shared = common_length(child.ids, ids[length:limit])
-                child.used = now
+                self.leaves.use(child)
                 if child.kv is None:
                     if not fetch:
                         length += shared
@@ -157,50 +143,70 @@ class ResidentTree:
     def resident_length(self, ids: np.ndarray) -> int:
         """How long a prefix of `ids` a match would find now (counting what it would copy back from the host
         tier), changing nothing."""
+        return self.resident(ids)[0]
+
+    def resident(self, ids: np.ndarray) -> tuple[int, float]:
+        """How long a prefix of `ids` a match would find now, and what copying back the part of it in the
+        lower tiers costs, in tokens computed (HostTier.copy_cost); changing nothing."""
         with self._lock:
-            node, length = self.root, 0
+            node, length, hosted = self.root, 0, 0.0
             while length < len(ids):
                 child = node.children.get(int(ids[length]))
-                if child is None or (child.kv is None and not self.host.restores):
+                if child is None or (child.kv is None and not child.host.tier.restores):
                     break
                 shared = common_length(child.ids, ids[length:])
                 length += shared
+                hosted += shared * child.host.tier.copy_cost if child.kv is None else 0
                 if shared < len(child.ids):
                     break
                 node = child
-            return length
+            return length, hosted
 
     def _fetch(self, path: list[Node], child: Node, shared: int) -> tuple[Node, KV]:
-        """`child` (in the host tier, below the nodes of `path`) copied back, cut to its first `shared`
+        """`child` (in a lower tier, below the nodes of `path`) copied back, cut to its first `shared`
         tokens first: the node holding them, and their KV. Into the pool, where the node moves; into a pool
-        of the caller's own when all the pool's slots are held (the node stays in the host tier). The room
+        of the caller's own when all the pool's slots are held (the node stays where it is). The room
         made for it is not made from the path or the child."""
         self.demote_noted()
         if shared < len(child.ids):
             child = self._split(child, shared)
         self._moving = {id(node) for node in (*path, child)}
+        tier = child.host.tier
         try:
-            kv = self.host.restore(child.host)
+            kv = tier.restore(child.host)
         finally:
             self._moving = set()
-        self.counts.restored += len(child.ids)
+        if tier is self.host:
+            self.counts.restored += len(child.ids)
+        else:
+            self.counts.from_disk += len(child.ids)
         if kv.parts[0][0] is self.pool:
-            child.kv, child.host = kv, None
-            self._to_pool(child)
+            self._to_pool(child, kv)
         return child, kv
 
-    def _to_pool(self, node: Node) -> None:
-        """Count a node whose KV came into the pool (from the host tier)."""
+    def _to_pool(self, node: Node, kv: KV) -> None:
+        """A node of a lower tier whose KV is `kv` in the pool now (copied back, or computed again)."""
+        self._leave_tier(node)
+        node.kv, node.host = kv, None
         self.tokens += len(node.ids)
-        self.host_tokens -= len(node.ids)
         node.parent.device_children += 1
         self._touch(node)
 
+    def _leave_tier(self, node: Node) -> None:
+        """Count a node of a lower tier out of it (its run there no longer held by the tree)."""
+        if node.host.tier is self.host:
+            self.host_tokens -= len(node.ids)
+            node.parent.host_children -= 1
+        else:
+            self.disk_tokens -= len(node.ids)
+
     def settle(self) -> None:
-        """Queue the copies back from the host tier that matches have promised (before a pass reads the pool)."""
-        if self.host is not None:
-            with self._lock:
-                self.host.settle()
+        """Queue the copies back from the lower tiers that matches have promised (before a pass reads the
+        pool)."""
+        with self._lock:
+            for tier in (self.host, self.disk):
+                if tier is not None:
+                    tier.settle()
 
     def count(self, looked_up: int, hit: int) -> None:
         """Count a lookup answered by an earlier match (the document prefix its requests share)."""
@@ -221,7 +227,7 @@ class ResidentTree:
 
         with self._lock:
             self.demote_noted()
-            node, length, now = self.root, 0, next(self._clock)
+            node, length = self.root, 0
             while length < len(ids):
                 child = node.children.get(int(ids[length]))
                 if child is None:
@@ -229,7 +235,8 @@ class ResidentTree:
                     tail = run(length, len(ids))
                     if not self._in_pool(tail) or (node.kv is None and node is not self.root):
                         return  # not given the KV before `start`, not in the pool, or its parent is in the host tier
-                    leaf = Node(np.array(ids[length:]), tail, node, length, used=now)
+                    leaf = Node(np.array(ids[length:]), tail, node, length)
+                    self.leaves.use(leaf)
                     node.children[int(ids[length])] = leaf
                     node.device_children += 1
                     self.tokens += len(leaf.ids)
@@ -240,7 +247,7 @@ class ResidentTree:
                 shared = common_length(child.ids, ids[length:])
                 if shared < len(child.ids):
                     child = self._split(child, shared)  # the part after `shared` is not used by this prompt
-                child.used = now
+                self.leaves.use(child)
                 if child.kv is None and (node.kv is not None or node is self.root):
                     self._promote(child, run(length, length + shared))
                 length += shared
@@ -253,22 +260,22 @@ class ResidentTree:
         return kv is not None and all(pool is self.pool for pool, _ in kv.parts)
 
     def _promote(self, node: Node, kv: KV | None) -> None:
-        """A node of the host tier whose tokens a pass has just computed again: those (`kv`) are its KV now,
+        """A node of a lower tier whose tokens a pass has just computed again: those (`kv`) are its KV now,
         if they lie in the pool."""
         if self._in_pool(kv):
-            self.host.free(node.host)
-            node.kv, node.host = kv, None
-            self._to_pool(node)
+            node.host.tier.free(node.host)
+            self._to_pool(node, kv)
 
     def _split(self, child: Node, at: int) -> Node:
         """Cut the edge of `child` after `at` tokens; the new upper node."""
-        upper = Node(child.ids[:at], None, child.parent, child.depth, used=child.used, pins=child.pins,
-                     demoted=child.demoted)  # every pin through the child runs through its upper part
+        upper = Node(child.ids[:at], None, child.parent, child.depth, value=child.value, uses=child.uses,
+                     pins=child.pins, demoted=child.demoted)  # every pin through the child runs through its upper part
         if child.kv is not None:
             upper.kv, child.kv = child.kv.slice(0, at), child.kv.slice(at, len(child.ids))
             upper.device_children = 1
         else:
             upper.host, child.host = child.host.split(at)
+            upper.host_children = int(child.host.tier is self.host)
         child.parent.children[int(child.ids[0])] = upper
         child.ids, child.depth, child.parent = child.ids[at:], child.depth + at, upper
         upper.children[int(child.ids[0])] = child
@@ -358,30 +365,27 @@ class ResidentTree:
         """Offer a leaf for eviction at its current priority (stale offers are skipped when popped)."""
         if node is self.root:
             return
-        offer = (not node.demoted, node.used, next(self._tie), node)
-        if node.kv is not None and not node.device_children:
-            heapq.heappush(self._heap, offer)
-        elif node.kv is None and not node.children:
-            heapq.heappush(self._host_heap, offer)
-        if len(self._heap) + len(self._host_heap) > 4 * self.nodes + 1024:  # mostly stale: one offer per leaf
-            self._reoffer()
+        if node.kv is not None:
+            if not node.device_children:
+                self.leaves.offer(node, POOL)
+        elif node.host.tier is self.host:
+            if not node.host_children:
+                self.leaves.offer(node, HOST)
+        elif not node.children:
+            self.leaves.offer(node, DISK)
+        if len(self.leaves) > 4 * self.nodes + 1024:
+            self._reoffer()  # mostly stale: one offer per leaf
 
     def _reoffer(self) -> None:
         """Offer every leaf once, afresh (`_touch` passes over the other nodes)."""
-        self._heap, self._host_heap = [], []
+        self.leaves.clear()
         for node in self._all():
             self._touch(node)
 
-    @staticmethod
-    def _current(offer: tuple[bool, int, int, Node]) -> bool:
-        """Whether a leaf's offer still holds: it is in the tree at this priority."""
-        kept, used, _, node = offer
-        return node.parent is not None and (kept, used) == (not node.demoted, node.used)
-
     def evict(self, tokens: int) -> None:
         """Make `tokens` more slots free in the pool, or as many as can be: leaves go, demoted first, then
-        least recently used; to the host tier when there is one and the plan did not demote them, else
-        out of the tree (a run's slots are free once no query holds them). Leaves move to the host tier
+        the least valuable; to the host tier when there is one, else out of the tree (a run's slots are
+        free once no query holds them). Leaves move to the host tier
         MOVE_TOKENS (or a sixteenth of a smaller pool) at a time at least: each move is a gather per layer,
         whatever its size (more at once would push out documents a scan still needs: each copied back then
         moves as many out)."""
@@ -391,41 +395,37 @@ class ResidentTree:
                 tokens = max(tokens, min(MOVE_TOKENS, self.pool.slots // 16))
             free = self.pool.free
             target = free + tokens
-            while self._heap and free < target:
+            node: Node | None = self.root
+            while node is not None and free < target:
                 moving: list[Node] = []
                 taken: set[int] = set()
                 size = 0  # tokens of the leaves taken: free once no query holds them (counted again after)
-                while self._heap and free + size < target:
-                    offer = heapq.heappop(self._heap)
-                    node = offer[3]
-                    if not self._current(offer) or node.kv is None or node.device_children or \
-                            id(node) in self._moving or id(node) in taken:
+                while free + size < target:
+                    node = self.leaves.pop(POOL)
+                    if node is None:
+                        break
+                    if node.kv is None or node.device_children or id(node) in self._moving or id(node) in taken:
                         continue  # (a leaf offered twice at one priority is taken once)
-                    if self.host is not None and (node.pins or not node.demoted):
-                        moving.append(node)  # a pinned node may move to the host tier, not leave the tree
+                    if self.host is not None:
+                        moving.append(node)  # (a pinned node may move to the host tier, not leave the tree)
                         taken.add(id(node))
                         size += len(node.ids)
                     elif not node.pins:
                         size += len(node.ids)
+                        self.leaves.gone(node, not node.demoted)
                         self._remove(node)
                 if moving:
                     self._offload(moving)
                 free = self.pool.free
 
     def _offload(self, nodes: list[Node]) -> None:
-        """Move these leaves' KV to the host tier (dropping its older leaves for room), or out of the tree
-        when it has no room for them."""
-        self.host.settle()  # copies back still owed are written before any slot is read for the host
-        newest = max(node.used for node in nodes)
-        room = sum(len(node.ids) for node in nodes)
-        while self._host_heap and self.host.slots - self.host.used < room and self._host_heap[0][1] <= newest:
-            offer = heapq.heappop(self._host_heap)
-            gone = offer[3]
-            if self._current(offer) and gone.kv is None and not gone.children and not gone.pins and \
-                    id(gone) not in self._moving:
-                self._remove(gone)
+        """Move these leaves' KV to the host tier (its leaves worth no more than the most valuable of them
+        making room), or out of the tree when it has no room for them."""
+        self.settle()  # copies back still owed are written before any slot of a lower tier is read or reused
+        self._make_room(self.host, sum(len(node.ids) for node in nodes), max(node.value for node in nodes))
         homes = self.host.offload([node.kv for node in nodes])
         for node, home in zip(nodes, homes):
+            self.leaves.gone(node, not node.demoted)
             if home is None:
                 if not node.pins:  # a pinned node stays in the pool rather than leave the tree
                     self._remove(node)
@@ -435,8 +435,44 @@ class ResidentTree:
             self.host_tokens += len(node.ids)
             self.counts.offloaded += len(node.ids)
             node.parent.device_children -= 1
+            node.parent.host_children += 1
             self._touch(node)
             self._touch(node.parent)
+
+    def _make_room(self, tier: HostTier, room: int, best: float) -> None:
+        """Free `room` slots of a lower tier, as far as its leaves worth no more than `best` go: the host
+        tier's to the disk tier (or out of the tree), the disk tier's out of the tree."""
+        kind = HOST if tier is self.host else DISK
+        while tier.slots - tier.used < room:
+            node = self.leaves.pop(kind, at_most=best)
+            if node is None:
+                return
+            if node.kv is not None or node.host.tier is not tier or id(node) in self._moving:
+                continue
+            if kind == HOST and not node.host_children:
+                self._sink(node)
+            elif kind == DISK and not node.children and not node.pins:
+                self.leaves.gone(node)
+                self._remove(node)
+
+    def _sink(self, node: Node) -> None:
+        """A leaf of the host tier that must make room: to the disk tier (its leaves worth no more making
+        room), else out of the tree (a pinned one stays)."""
+        if self.disk is not None:
+            self._make_room(self.disk, len(node.ids), node.value)
+            home = self.host.move(node.host, self.disk)
+            if home is not None:
+                self.leaves.gone(node)
+                self._leave_tier(node)
+                node.host = home
+                self.disk_tokens += len(node.ids)
+                self.counts.to_disk += len(node.ids)
+                self._touch(node)
+                self._touch(node.parent)
+                return
+        if not node.pins:
+            self.leaves.gone(node)
+            self._remove(node)
 
     def _remove(self, node: Node) -> None:
         """Take the node and all below it out of the tree."""
@@ -444,6 +480,8 @@ class ResidentTree:
         del parent.children[int(node.ids[0])]
         if node.kv is not None:
             parent.device_children -= 1
+        elif node.host.tier is self.host:
+            parent.host_children -= 1
         todo = [node]
         while todo:
             gone = todo.pop()
@@ -451,8 +489,11 @@ class ResidentTree:
             if gone.kv is not None:
                 self.tokens -= len(gone.ids)
             else:
-                self.host.free(gone.host)
-                self.host_tokens -= len(gone.ids)
+                gone.host.tier.free(gone.host)
+                if gone.host.tier is self.host:
+                    self.host_tokens -= len(gone.ids)
+                else:
+                    self.disk_tokens -= len(gone.ids)
             self.nodes -= 1
             self.counts.evicted += len(gone.ids)
             gone.parent, gone.kv, gone.host = None, None, None
@@ -461,8 +502,7 @@ class ResidentTree:
     def clear(self) -> None:
         """Forget every run no query has pinned (a benchmark measures each query from an empty tree)."""
         with self._lock:
-            if self.host is not None:
-                self.host.settle()  # the host slots of copies owed are free once they are made
+            self.settle()  # the lower tiers' slots of copies owed are free once they are made
             leaves = [node for node in self._all() if not node.children and not node.pins]
             while leaves:
                 parents = {id(leaf.parent): leaf.parent for leaf in leaves}
@@ -479,3 +519,4 @@ class ResidentTree:
             todo.extend(node.children.values())
             out.append(node)
         return out
+

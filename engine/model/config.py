@@ -74,7 +74,11 @@ class EngineConfig:
     (kv/pool.py, kv/resident.py; None: 1 GiB on the CPU, on a GPU 90% of what the weights and
     a pass leave free; 0: nothing stays);
     kv_host_bytes: pinned host memory where KV the pool has no room for goes, and from where it is copied
-    back when that is faster than computing it (kv/host_tier.py; 0: none); attention: how rows attend to their own
+    back when that is faster than computing it (kv/host_tier.py; None: on a GPU half the host memory
+    available at start, shared by this host's replicas, on the CPU none; 0: none); kv_disk_dir: a
+    local directory where a file takes the KV the host tier has no room for (None: no disk tier),
+    kv_disk_bytes: that file's size (None: half the disk's free space, shared by this host's replicas);
+    attention: how rows attend to their own
     tokens: "buckets" (rows padded per length bucket; cuDNN on a GPU) or "varlen" (one
     flash varlen call, no padding; CUDA in bf16 or fp8 only; None: varlen where it runs,
     else buckets); replicas: runtimes serving the model, one per GPU (the server's own, and the others in
@@ -95,7 +99,9 @@ class EngineConfig:
     sol_device: str | None = None
     compile: bool | None = None
     kv_cache_bytes: int | None = None
-    kv_host_bytes: int = 0
+    kv_host_bytes: int | None = None
+    kv_disk_dir: str | None = None
+    kv_disk_bytes: int | None = None
     attention: str | None = None
     backend: str | None = None
     replicas: int | None = 1

@@ -11,6 +11,7 @@ import torch
 
 from quail.engine.errors import InvalidArgument, NotFound
 from quail.engine.kernels.fp8 import to_fp8
+from quail.engine.kv.host_tier import default_disk_bytes, default_host_bytes
 from quail.engine.kv.pool import RESERVE, default_pool_bytes
 from quail.engine.model.config import ATTENTION, EngineConfig, ModelConfig
 from quail.engine.model.decoder import Decoder
@@ -172,6 +173,8 @@ def chosen(config: EngineConfig, runtime: Runtime) -> str:
         choice = "copies back" if tree.host.restores else "computes again"
         host += (f" ({choice}: a pass copied back in {tree.host.restore_s:.3f} s, computed in "
                  f"{tree.host.recompute_s:.3f} s)")
+    if tree is not None and tree.disk is not None:
+        host += f", disk KV tier {tree.disk.capacity_bytes / 2 ** 30:.1f} GiB"
     replicas = "" if runtime.replicas is None else f", {runtime.replicas.count} replicas"
     return (f"{runtime.model_id} on {name}, {config.precision}, token budget {config.token_budget:,}, "
             f"KV pool {pool.capacity_bytes / 2 ** 30:.1f} GiB{host}{replicas}")
@@ -222,12 +225,29 @@ def _runtime(model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFra
         weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         others = (sharing - 1) * (activations + RESERVE + weights)
         budget = max(0, default_pool_bytes(device, activations) - others) // sharing
+    host, disk = _tiers(config, next(model.parameters()).device)
     runtime = Runtime(model_id, model, tokenizer, frame, config.strategy, config.token_budget, config.decisions,
-                      kv_bytes=budget, kv_host_bytes=config.kv_host_bytes, names=(config.model or DEFAULT_MODEL,))
+                      kv_bytes=budget, kv_host_bytes=host, kv_disk=disk, names=(config.model or DEFAULT_MODEL,))
     if config.replicas > 1:
-        runtime.replicas = Replicas(replace(config, kv_cache_bytes=budget), config.replicas,
+        local = config.ray is None
+        runtime.replicas = Replicas(replace(config, kv_cache_bytes=budget,
+                                            kv_host_bytes=host if local else config.kv_host_bytes,
+                                            kv_disk_bytes=disk[1] if local and disk else config.kv_disk_bytes),
+                                    config.replicas,
                                     lambda i: replica_device(config.device, i))
     return runtime
+
+
+def _tiers(config: EngineConfig, device: torch.device) -> tuple[int, tuple[Path, int] | None]:
+    """The host tier's bytes and the disk tier's (directory, bytes; None: none) of a runtime on `device`: as
+    configured, else shares of this host's memory and disk among the replicas it runs (a Ray replica sizes
+    its own host's)."""
+    replicas = config.replicas if config.ray is None else 1
+    host = config.kv_host_bytes if config.kv_host_bytes is not None else default_host_bytes(device, replicas)
+    if config.kv_disk_dir is None:
+        return host, None
+    directory = Path(config.kv_disk_dir)
+    return host, (directory, config.kv_disk_bytes or default_disk_bytes(directory, replicas))
 
 
 def replica_device(device: str, index: int) -> str:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable, ContextManager, Protocol, Sequence
 
 import numpy as np
@@ -159,6 +161,21 @@ def host_tier(pool: KVPool, host_bytes: int) -> HostTier | None:
         return HostTier(pool, host_bytes // pool.bytes_per_token)
     except RuntimeError as err:  # pinning more than the system allows
         raise refused from err
+
+
+def disk_tier(pool: KVPool, directory: Path, disk_bytes: int) -> HostTier:
+    """A file in `directory` of `disk_bytes` for the runs the host tier has no room for; InvalidArgument
+    when the directory is missing or cannot hold it."""
+    if not directory.is_dir():
+        raise InvalidArgument(f"--kv-disk-dir {directory} is not a directory")
+    free = shutil.disk_usage(directory).free
+    if disk_bytes > free:
+        raise InvalidArgument(f"a disk KV tier of {disk_bytes:,} bytes does not fit in {directory} "
+                              f"({free:,} bytes free): lower --kv-disk-bytes")
+    try:
+        return HostTier(pool, disk_bytes // pool.bytes_per_token, directory / f"quail-kv-{os.getpid()}.bin")
+    except (OSError, RuntimeError) as err:
+        raise InvalidArgument(f"a disk KV tier cannot be made in {directory}: {err}") from err
 
 
 def _memory(device: torch.device) -> int:

@@ -6,6 +6,7 @@ import gc
 import time
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -19,7 +20,7 @@ from quail.engine.model.tokenizer import Tokenizer
 from quail.engine.runtime import baselines, decode
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.grammar import GrammarTokens, Schema
-from quail.engine.runtime.model_runner import ModelRunner, host_tier, kv_pool
+from quail.engine.runtime.model_runner import ModelRunner, disk_tier, host_tier, kv_pool
 from quail.engine.runtime.prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.replicas import Replicas, RoutedScoring
@@ -69,7 +70,8 @@ class Runtime:
     `device_of`: a runner on the same device, whose scheduler, KV ledger, pool, resident tree and graphs this
     runtime's runner shares; else a pool of `kv_bytes` holds KV, and what it computes stays there between
     steps and queries, indexed by a resident tree (kv/resident.py; 0: nothing stays), with `kv_host_bytes`
-    of pinned host memory for what the pool has no room for (kv/host_tier.py; 0: none).
+    of pinned host memory for what the pool has no room for (kv/host_tier.py; 0: none), and `kv_disk`
+    (directory, bytes) a file there for what the host tier has no room for (None: none).
     `texts`: the tokenized texts kept between steps and queries (default: a cache of its own).
     `names`: what else queries may call the model (the name it was served by), besides its id and "default".
     """
@@ -77,7 +79,8 @@ class Runtime:
     def __init__(self, model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame,
                  strategy: str | Strategy = "quail", token_budget: int = 4096, decisions: str = "model",
                  device_of: ModelRunner | None = None, kv_bytes: int = 0, kv_host_bytes: int = 0,
-                 texts: SegmentCache | None = None, names: tuple[str, ...] = ()) -> None:
+                 kv_disk: tuple[Path, int] | None = None, texts: SegmentCache | None = None,
+                 names: tuple[str, ...] = ()) -> None:
         if isinstance(strategy, str) and strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
         if decisions not in ("model", "hash"):
@@ -89,7 +92,12 @@ class Runtime:
         self.layout = PromptLayout(frame)
         if device_of is None:
             pool = kv_pool(model, kv_bytes)
-            tree = ResidentTree(pool, host_tier(pool, kv_host_bytes)) if pool.slots else None
+            host = host_tier(pool, kv_host_bytes) if pool.slots else None
+            if kv_disk is not None and host is None:
+                raise InvalidArgument("--kv-disk-dir needs a KV pool and a host tier (--kv-host-bytes): the disk "
+                                      "tier takes what the host tier has no room for")
+            disk = disk_tier(pool, *kv_disk) if kv_disk is not None else None
+            tree = ResidentTree(pool, host, disk) if pool.slots else None
             self.runner = ModelRunner(model, token_budget, pool=pool, tree=tree)
         else:
             self.runner = ModelRunner(model, token_budget, device_of.scheduler, ledger=device_of.ledger,
@@ -294,10 +302,12 @@ class Runtime:
         as every request over them is: the prompt layout and the texts cache) the resident tree holds now
         (with replicas, the tree of the replica each document was routed to: Replicas.resident_lengths).
         Reads at most `sample` rows, evenly spaced (the same rows every time), looked up without counting in
-        the hit rate (in the host tier too, when it would be copied back); 0 without a tree, texts or anything
-        resident. Thread-safe (the texts cache and the tree lock themselves)."""
+        the hit rate (in the lower tiers too, when it would be copied back: a document's tokens there count
+        less by what copying them back costs, HostTier.copy_cost; a replica's count as in its pool); 0 without a
+        tree, texts or anything resident. Thread-safe (the texts cache and the tree lock themselves)."""
         tree = self.runner.tree
-        if tree is None or not len(texts) or (self.replicas is None and not tree.tokens + tree.host_tokens):
+        if tree is None or not len(texts) or (
+                self.replicas is None and not tree.tokens + tree.host_tokens + tree.disk_tokens):
             return 0.0
         rows = np.unique(np.linspace(0, len(texts) - 1, min(sample, len(texts))).astype(np.int64))
         picked = (texts[int(row)].as_py() for row in rows)  # any string type (pyarrow's take lacks string_view)
@@ -307,11 +317,12 @@ class Runtime:
         preamble, *segments = self.segments([self.layout.preamble(), *documents])
         prompts = [np.concatenate([preamble.ids, s.ids]) for s in segments]
         if self.replicas is None:
-            lengths = [tree.resident_length(prompt) for prompt in prompts]
+            found = [tree.resident(prompt) for prompt in prompts]
         else:
             keys = [segments_key((preamble, s)) for s in segments]
-            lengths = self.replicas.resident_lengths(keys, prompts, tree.resident_length)
-        resident = sum(len(s) for s, length in zip(segments, lengths) if length == len(preamble) + len(s))
+            found = [(length, 0.0) for length in self.replicas.resident_lengths(keys, prompts, tree.resident_length)]
+        resident = sum(len(s) * (1 - copying / length) for s, (length, copying) in zip(segments, found)
+                       if length == len(preamble) + len(s))
         return resident / sum(len(s) for s in segments)
 
     def letters(self, count: int, names: tuple[str, ...]) -> LabelSet:

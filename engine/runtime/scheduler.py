@@ -42,7 +42,8 @@ from quail.engine.runtime.requests import Request, document_prefix
 if TYPE_CHECKING:
     import torch
 
-    from quail.engine.kv.resident import Match, Node, ResidentTree
+    from quail.engine.kv.leaves import Node
+    from quail.engine.kv.resident import Match, ResidentTree
     from quail.engine.kv.runs import KV
     from quail.engine.runtime.model_runner import ModelRunner, PassEvents
 

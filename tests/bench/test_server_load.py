@@ -13,15 +13,16 @@ def test_every_phase_runs_and_reads_the_servers_counters(tmp_path):
     out = tmp_path / "load.json"
     server_load.main(["--reviews", "200", "--tokens", "16", "--a-rows", "12", "--b-statements", "2", "--rows", "3",
                       "--clients", "2", "--d-rows", "4", "--e-rows", "24", "--e-statements", "2", "--e-delay", "0.5",
-                      "--out", str(out)])
+                      "--flush-rows", "6", "--out", str(out)])
     phases = json.loads(out.read_text())["phases"]
-    assert set(phases) == {"A", "B", "C", "D", "E_idle", "E", "F", "G"}
+    assert set(phases) == {"A", "B", "C", "D", "E_idle", "E", "F", "G", "F_late", "G_late", "flush", "F_flushed"}
     assert [phases[p]["statements"] for p in ("A", "B", "C", "D", "E")] == [1, 2, 4, 2, 2]
     for name, figures in phases.items():
         assert figures["logical_tokens"] >= figures["fresh_tokens"] > 0, name
         assert figures["logical_tokens"] == figures["fresh_tokens"] + figures["cached_tokens"], name
         assert 0 < figures["device_busy"] <= (1.2 if name == "E" else 1.0), name  # E: the long one's passes too
-    assert phases["B"]["against_A"] > 0 and phases["E"]["against_idle"] > 0
+    assert phases["B"]["against_A"] > 0 and phases["E"]["against_idle"] > 0 and phases["F_late"]["against_F"] > 0
+    assert phases["F_late"]["other_fresh_tokens"] == sum(phases[p]["fresh_tokens"] for p in ("B", "C", "D", "E_idle", "E"))
     latencies = phases["C"]["latencies_s"]
     assert len(latencies) == 4 and latencies == sorted(latencies)
     assert abs(latencies[-1] - phases["C"]["latency_max_s"]) <= 0.001

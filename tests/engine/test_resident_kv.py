@@ -1,5 +1,5 @@
-"""The KV pool's slots held by runs, and the resident tree over them: longest prefixes, no copies, eviction order,
-the host tier."""
+"""The KV pool's slots held by runs, and the resident tree over them: longest prefixes, no copies, eviction order
+(demoted first, then by value), the host and disk tiers."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def test_the_tree_finds_the_longest_prefix_whoever_computed_it_and_copies_nothin
     tree.unpin(planned.node)
 
 
-def test_leaves_go_demoted_first_then_least_recently_used_never_pinned_ones():
+def test_leaves_go_demoted_first_then_least_valuable_never_pinned_ones():
     pool = _pool(12)
     tree = ResidentTree(pool)
     prompts = [np.array([1, 2, n, n]) for n in (10, 20, 30, 40)]  # [1, 2] shared, four leaves of 2
@@ -215,23 +215,76 @@ def test_a_demotion_noted_for_later_is_done_before_the_tree_changes_or_leaves_go
     assert noted == [1, 2, 3], "past NOTED_MAX prompts, every noted one done at once"
 
 
-def test_the_host_tier_drops_its_least_recently_used_leaves_and_the_plans_demoted_ones_skip_it():
+def test_the_host_tier_takes_demoted_leaves_too_and_drops_its_least_valuable():
+    """A demoted leaf leaves the pool first, for the host tier (a later statement may read it again); a full
+    host tier makes room by dropping leaves worth less than those coming in."""
     pool = _pool(6)
     tree = ResidentTree(pool, HostTier(pool, 4))
     prompts = [np.array([n, n + 1]) for n in (10, 20, 30, 40, 50)]
     for ids in prompts[:3]:
         tree.insert(ids, _run(pool, ids))
         gc.collect()
+    tree.match(prompts[0])
+    tree.match(prompts[0])  # three uses: worth the most
     tree.demote(prompts[2], after=0)
     for ids in prompts[3:]:
+        tree.insert(ids, _run(pool, ids))  # room made: the demoted leaf first, then the least valuable
+        gc.collect()
+    assert (tree.counts.evicted, tree.counts.offloaded) == (0, 4)
+    assert tree.resident_length(prompts[2]) == tree.resident_length(prompts[1]) == 2
+    tree.evict(4)  # two more leaves, worth more than the host's two: those make room
+    assert tree.resident_length(prompts[1]) == tree.resident_length(prompts[2]) == 0
+    assert tree.resident_length(prompts[3]) == tree.resident_length(prompts[4]) == 2
+    assert (tree.tokens, tree.host_tokens, tree.counts.evicted, tree.host.used) == (2, 4, 4, 4)
+    assert tree.match(prompts[0]).length == 2, "the most used stays in the pool"
+
+
+def test_a_prefix_several_statements_read_outlives_a_one_off_scan():
+    """A document three statements read stays through a scan of one-off documents passing through the pool
+    (least recently used would have let it go at the scan's fourth document), and then ages out."""
+    pool = _pool(8)
+    tree = ResidentTree(pool)
+    shared = np.array([1, 2])
+    tree.insert(shared, _run(pool, shared))
+    gc.collect()
+    tree.match(shared)
+    tree.match(shared)
+    scan = [np.array([n, n + 1]) for n in range(10, 30, 2)]
+    for ids in scan[:6]:
         tree.insert(ids, _run(pool, ids))
         gc.collect()
-    assert (tree.counts.evicted, tree.counts.offloaded) == (2, 2), "the demoted one went out, not to the host"
-    assert tree.resident_length(prompts[2]) == 0 and tree.resident_length(prompts[0]) == 2
-    tree.evict(4)  # two more leaves for a full host: its least recently used (prompts[0]) makes room
-    assert tree.resident_length(prompts[0]) == 0
-    assert tree.resident_length(prompts[1]) == tree.resident_length(prompts[3]) == 2
-    assert (tree.host_tokens, tree.counts.evicted, tree.host.used) == (4, 4, 4)
+    assert tree.resident_length(shared) == 2
+    assert [tree.resident_length(ids) for ids in scan[:6]] == [0, 0, 0, 2, 2, 2]
+    for ids in scan[6:]:
+        tree.insert(ids, _run(pool, ids))
+        gc.collect()
+    assert tree.resident_length(shared) == 0, "unused since, it ages out"
+
+
+def test_leaves_the_host_tier_has_no_room_for_go_to_the_disk_tier_and_come_back_exactly(tmp_path):
+    """Pool, host tier and disk tier of 4 tokens each: leaves pushed out of the pool move to the host tier,
+    and from there to a file on the disk; a match copies one back from the disk into the pool, its keys and
+    values as computed; the file is gone from the directory from the start."""
+    pool = _pool(4)
+    tree = ResidentTree(pool, HostTier(pool, 4), HostTier(pool, 4, tmp_path / "kv.bin"))
+    assert list(tmp_path.iterdir()) == [], "the disk tier's file is unlinked at once"
+    prompts = [np.array([n, n + 1]) for n in (10, 20, 30, 40, 50, 60)]
+    for ids in prompts:
+        tree.insert(ids, _run(pool, ids))
+        gc.collect()
+    assert (tree.tokens, tree.host_tokens, tree.disk_tokens) == (4, 4, 4)
+    assert tree.counts.to_disk == 4 and tree.counts.evicted == 0
+    assert [tree.resident_length(ids) for ids in prompts] == [2] * 6
+    found = tree.match(prompts[0])  # on the disk: copied back into the pool
+    tree.settle()
+    assert found.length == 2 and _tokens(found.kv) == [10, 11] and tree.counts.from_disk == 2
+    del found
+    gc.collect()
+    assert tree.disk_tokens + tree.host_tokens + tree.tokens + tree.counts.evicted == 12
+    assert tree.disk.used == tree.disk_tokens and tree.host.used == tree.host_tokens
+    tree.clear()
+    gc.collect()
+    assert (tree.tokens, tree.host_tokens, tree.disk_tokens, tree.host.used, tree.disk.used) == (0, 0, 0, 0, 0)
 
 
 def test_host_extents_are_split_and_merged_back():

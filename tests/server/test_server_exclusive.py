@@ -81,8 +81,13 @@ def test_a_server_restarts_on_its_own_port_at_once(tmp_path):
     (("--kv-cache-bytes", str(10 ** 15)), "does not fit in the memory of cpu: lower --kv-cache-bytes"),
     (("--kv-host-bytes", str(10 ** 15)), "does not fit in this machine's memory: lower --kv-host-bytes"),
     (("--kv-host-bytes", "-1"), "the host KV tier's bytes cannot be negative"),
+    (("--kv-disk-dir", "/no/such/dir"), "--kv-disk-dir /no/such/dir is not a directory"),
+    (("--kv-disk-bytes", "0"), "the disk KV tier's bytes must be positive"),
+    (("--kv-disk-dir", "/tmp"), "--kv-disk-dir needs a KV pool and a host tier (--kv-host-bytes)"),
+    (("--kv-host-bytes", "1000000", "--kv-disk-dir", "/tmp", "--kv-disk-bytes", str(10 ** 18)),
+     "lower --kv-disk-bytes"),
 ], ids=["cuda-without-gpu", "unknown-device", "port", "budget", "max-active", "users-file", "dialect", "kv-pool",
-        "kv-host", "kv-host-negative"])
+        "kv-host", "kv-host-negative", "kv-disk-dir", "kv-disk-bytes", "kv-disk-without-host", "kv-disk-too-big"])
 def test_bad_startup_options_are_one_line(tmp_path, args, message):
     refused = _serve("--data-dir", str(tmp_path), "--port", "0", *args)
     assert refused.returncode == 2 and "serving" not in refused.stdout

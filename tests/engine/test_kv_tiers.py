@@ -1,0 +1,92 @@
+"""KV the pool has no room for moves down the tiers (host memory, then a disk directory) and comes back for a
+later statement over the same rows: a dashboard's refresh after other work computes only its questions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import quail
+from quail.engine.runtime.runtime import Runtime
+
+WORDS = ("river", "market", "lantern", "harbor", "orchard", "engine", "violin", "glacier", "meadow", "copper",
+         "signal", "canyon", "pepper", "thunder", "saddle", "marble")
+DOCUMENTS = 8  # a table's rows
+DOCUMENT_WORDS = 60  # about 70 tokens a document
+QUERY = "SELECT id FROM {} WHERE AI_FILTER(PROMPT('Is this about the sea? {{0}}', body), {{'selectivity': 0.5}}) ORDER BY id"
+
+
+def _table(seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table({"id": list(range(DOCUMENTS)),
+                     "body": [" ".join(rng.choice(WORDS, DOCUMENT_WORDS)) + f" (note {seed}-{i})"
+                              for i in range(DOCUMENTS)]})
+
+
+def _session(runtime, pool_tokens: int, host_tokens: int, disk: tuple[Path, int] | None = None) -> quail.Session:
+    """A session over the embedded model with tiers of these many tokens (disk: a directory and tokens)."""
+    per_token = runtime.runner.pool.bytes_per_token
+    small = Runtime(runtime.model_id, runtime.runner.model, runtime.tokenizer, runtime.layout.frame, "quail", 256,
+                    kv_bytes=pool_tokens * per_token, kv_host_bytes=host_tokens * per_token,
+                    kv_disk=(disk[0], disk[1] * per_token) if disk else None)
+    small.decisions = "hash"  # non-trivial row sets (half rejected: their documents demoted); passes still run
+    session = quail.Session(runtime=small)
+    session.register("first", _table(1))
+    session.register("second", _table(2))
+    return session
+
+
+def _run(session: quail.Session, table: str) -> tuple[list[int], int]:
+    result = session.sql(QUERY.format(table)).run()
+    return result.collect().column("id").to_pylist(), result.report.fresh_tokens
+
+
+@pytest.fixture(scope="module")
+def roomy(runtime) -> tuple[list[int], list[int], int]:
+    """The rows of the first table, of the second, and the fresh tokens of the first's refresh, in a pool that
+    holds everything."""
+    session = _session(runtime, 20_000, 0)
+    first, _ = _run(session, "first")
+    second, _ = _run(session, "second")
+    again, questions = _run(session, "first")
+    assert again == first and 0 < len(first) < DOCUMENTS, "some documents rejected"
+    return first, second, questions
+
+
+def test_a_refresh_after_other_work_copies_its_documents_back_from_host_memory(runtime, roomy):
+    """A pool with room for one table's documents but not two, and host memory for both: after a query over
+    the first table, one over the second, the first again computes only what a refresh in a pool holding
+    everything computes (its questions), the documents its filter rejected included, with the same rows."""
+    first_rows, second_rows, questions = roomy
+    tiered = _session(runtime, 1_100, 4_000)
+    tree = tiered.runtime.runner.tree
+    assert _run(tiered, "first")[0] == first_rows
+    assert _run(tiered, "second")[0] == second_rows
+    assert tree.counts.offloaded > 0, "the first table's documents made room for the second's"
+    texts = tiered.catalog.table("first").column("body")
+    assert tiered.runtime.resident_share(texts) == 1.0, "untimed, a copy back counts as resident"
+    tree.host.restore_s, tree.host.recompute_s = 1.0, 4.0  # copying back costs a quarter of computing
+    assert 0.75 <= tiered.runtime.resident_share(texts) < 1.0, "the planner counts host tokens at their copy cost"
+    tree.host.restore_s = tree.host.recompute_s = None
+    rows, fresh = _run(tiered, "first")
+    assert rows == first_rows
+    assert fresh == questions, "every document came back from host memory, rejected ones too"
+    assert tree.counts.restored > 0
+
+
+
+def test_the_same_through_a_disk_tier_when_host_memory_is_short(runtime, roomy, tmp_path):
+    """A host tier of a few hundred tokens, and a disk tier behind it: the first table's documents go down to
+    the disk and come back from there for the refresh, which computes only its questions."""
+    first_rows, second_rows, questions = roomy
+    tiered = _session(runtime, 1_100, 300, (tmp_path, 4_000))
+    tree = tiered.runtime.runner.tree
+    assert _run(tiered, "first")[0] == first_rows
+    assert _run(tiered, "second")[0] == second_rows
+    assert tree.counts.to_disk > 0 and list(tmp_path.iterdir()) == []
+    rows, fresh = _run(tiered, "first")
+    assert rows == first_rows and fresh == questions
+    assert tree.counts.from_disk > 0
