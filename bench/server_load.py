@@ -46,6 +46,7 @@ import urllib.request
 from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as flight_sql
+import pyarrow as pa
 
 from bench.datagen import numbered_reviews
 from quail.clients.server_process import ServerProcess, free_port
@@ -56,6 +57,9 @@ QUESTIONS = ["Does the review {0} complain about the service?", "Is {0} about th
              "Does {0} praise the staff?",
              "Is {0} about noise?", "Does {0} ask for a refund?", "Is {0} sarcastic?", "Does {0} mention a child?",
              "Is {0} about breakfast?", "Does {0} compare two places?", "Is {0} mostly positive?"]
+
+
+INGEST_ROWS = 2_000  # reviews an ingested batch holds
 
 
 def statement(first: int, rows: int, question: str = QUESTIONS[0]) -> str:
@@ -198,7 +202,9 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as data, \
             ServerProcess(data, "--metrics-port", str(port), *serve_args) as server:
         with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
-            cur.adbc_ingest("reviews", numbered_reviews(args.reviews, args.tokens), mode="create")
+            reviews = numbered_reviews(args.reviews, args.tokens)  # in batches: a message stays under 16 MiB
+            cur.adbc_ingest("reviews", pa.Table.from_batches(reviews.to_batches(max_chunksize=INGEST_ROWS)),
+                            mode="create")
         result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(), "serve_args": serve_args,
                   "command": "python -m bench.server_load " + " ".join(argv), **vars(args),
                   "phases": workload(server.uri, Counters(port), args)}

@@ -8,10 +8,11 @@ timed end to end on this machine when the server warms up).
 
 - Host memory is one store of token slots, all of a token's layers together, so a
   run is a few contiguous extents: one copy each way per extent.
-- The store is reserved, not touched, at start: the operating system gives its pages
-  as slots are first written, and on a GPU each PIN_CHUNK_BYTES of it is pinned
-  (registered with CUDA) the first time a run goes there, so a tier of most of the
-  host's memory costs nothing at start-up and only what it holds.
+- The store is reserved, not touched, at start, and on a GPU a thread of its own pins
+  it (registers it with CUDA) PIN_CHUNK_BYTES at a time, in the order runs fill it,
+  ahead of them: a tier of most of the host's memory costs nothing at start-up, and
+  pinning (about a second per GiB, the pages first touched) stays off the passes'
+  path; a run that goes where the thread has not reached yet pins its chunk itself.
 - On a GPU the copies run on streams of their own, one each way: a run comes back
   while the passes before it still compute, and the pass that reads it waits for it,
   not the host and not the runs going out (a run comes back after its own copy out).
@@ -26,6 +27,7 @@ import bisect
 import math
 import os
 import shutil
+import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,8 +97,12 @@ class HostTier:
         whole_pages = PAGE // math.gcd(slot_bytes, PAGE)  # slots a chunk is a multiple of: chunks share no page
         self._chunk_slots = max(1, PIN_CHUNK_BYTES // slot_bytes // whole_pages) * whole_pages
         self._pinned: set[int] | None = set() if on_gpu and not self.on_disk else None  # chunks registered
+        self._pin_lock = threading.Lock()
         if self._pinned is not None:
             weakref.finalize(self, _unpin, self.store, self._pinned, self._chunk_slots)
+            device = pool.device.index if pool.device.index is not None else torch.cuda.current_device()
+            threading.Thread(target=_pin_ahead, args=(weakref.ref(self), -(-slots // self._chunk_slots), device),
+                             name="quail-host-pinning", daemon=True).start()
         self.out = torch.cuda.Stream(pool.device) if on_gpu else None  # copies to the host
         self.back = torch.cuda.Stream(pool.device) if on_gpu else None  # copies back to the device
         self._free: list[tuple[int, int]] = [(0, slots)] if slots else []  # by first slot, none adjacent
@@ -211,18 +217,34 @@ class HostTier:
         size = self._chunk_slots
         for start, count in extents:
             for chunk in range(start // size, (start + count - 1) // size + 1):
-                if chunk not in self._pinned:
-                    piece = self.store[chunk * size:(chunk + 1) * size]
-                    error = torch.cuda.cudart().cudaHostRegister(piece.data_ptr(), piece.nbytes, 0)
-                    if error != 0:
-                        raise RuntimeError(f"pinning {piece.nbytes:,} bytes of host memory failed ({error})")
-                    self._pinned.add(chunk)
+                self.pin_chunk(chunk)
+
+    def pin_chunk(self, chunk: int) -> None:
+        """Pin chunk number `chunk` of the store, unless it is already."""
+        with self._pin_lock:
+            if chunk not in self._pinned:
+                piece = self.store[chunk * self._chunk_slots:(chunk + 1) * self._chunk_slots]
+                error = torch.cuda.cudart().cudaHostRegister(piece.data_ptr(), piece.nbytes, 0)
+                if int(error) != 0:
+                    raise RuntimeError(f"pinning {piece.nbytes:,} bytes of host memory failed ({error})")
+                self._pinned.add(chunk)
 
     def _copy_out(self, staged: torch.Tensor, extents: list[tuple[int, int]]) -> None:
         offset = 0
-        for start, count in extents:
+        for start, count in self._within_chunks(extents):
             self.store[start:start + count].copy_(staged[offset:offset + count], non_blocking=True)
             offset += count
+
+    def _within_chunks(self, extents: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The extents cut where they cross from one pinned chunk into the next: CUDA copies to and from
+        registered host memory only within one registration."""
+        size, out = self._chunk_slots, []
+        for start, count in extents:
+            while count:
+                piece = min(count, size - start % size)
+                out.append((start, piece))
+                start, count = start + piece, count - piece
+        return out
 
     def restore(self, run: HostRun) -> KV:
         """A device run for these host tokens, in pool slots (in a pool of its own when the pool's are all
@@ -241,7 +263,8 @@ class HostTier:
         if not self._owed:
             return
         owed, self._owed = self._owed, []
-        pieces = [self.store[start:start + count] for entry in owed for start, count in entry.run.extents]
+        pieces = [self.store[start:start + count]
+                  for entry in owed for start, count in self._within_chunks(entry.run.extents)]
         if self.back is None:
             staged = torch.cat(pieces)
         else:
@@ -268,6 +291,18 @@ class HostTier:
         for entry in owed:
             if entry.kv.parts[0][0] is self.pool:
                 self.free(entry.run)
+
+
+def _pin_ahead(tier: "weakref.ref[HostTier]", chunks: int, device: int) -> None:
+    """Pin a host tier's chunks one after another, first slots first (as runs fill it), until all are pinned or
+    the tier is gone (its pool on GPU number `device`)."""
+    torch.cuda.set_device(device)
+    for chunk in range(chunks):
+        held = tier()
+        if held is None:
+            return
+        held.pin_chunk(chunk)
+        del held
 
 
 def _unpin(store: torch.Tensor, pinned: set[int], chunk_slots: int) -> None:

@@ -7,10 +7,13 @@
   outlives a one-off scan.
 - The age rises to the value of each leaf that goes in order of value, so a
   leaf not used for long falls below those used since, whatever it once earned.
-- One heap of offers per tier: the pool's lets the plan's demoted leaves go
-  first, then the least valuable; the host and disk tiers', where nothing is
-  demoted, the least valuable. The tree says which leaf lies where (`offer`);
-  an offer the node has since outgrown (used, demoted, moved, gone) is skipped.
+- One heap of offers per tier, the least valuable first. In the pool a leaf the
+  plan demoted (the statement that read it will not again) counts DEMOTED_USES
+  uses less: a document one statement read and rejected goes before anything
+  else, one that several statements read outlives one-off documents even when
+  the last of them rejected it. The host and disk tiers take values as they are.
+- The tree says which leaf lies where (`offer`); an offer the node has since
+  outgrown (used, demoted, moved, gone) is skipped.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from quail.engine.kv.host_tier import HostRun
 from quail.engine.kv.runs import KV
 
 ATTENTION_SPAN = 4096  # tokens of context at which a token's attention costs about what its weights do
+DEMOTED_USES = 2  # the uses one statement's reading of a document counts (its requests' match, its KV's fetch)
 POOL, HOST, DISK = "pool", "host", "disk"
 
 
@@ -53,12 +57,18 @@ def slot_cost(node: Node) -> float:
     return 1.0 + (node.depth + len(node.ids) / 2) / ATTENTION_SPAN
 
 
+def priority(node: Node, tier: str) -> float:
+    """What a leaf of `tier` is worth there: its value, less DEMOTED_USES uses for one the plan demoted in the
+    pool."""
+    return node.value - DEMOTED_USES * slot_cost(node) if tier == POOL and node.demoted else node.value
+
+
 class Leaves:
-    """The tree's age and its leaves' offers, a heap per tier of (not demoted, value, tie, node)."""
+    """The tree's age and its leaves' offers, a heap per tier of (priority, tie, node)."""
 
     def __init__(self) -> None:
         self.age = 0.0
-        self._heaps: dict[str, list[tuple[bool, float, int, Node]]] = {POOL: [], HOST: [], DISK: []}
+        self._heaps: dict[str, list[tuple[float, int, Node]]] = {POOL: [], HOST: [], DISK: []}
         self._tie = itertools.count()
 
     def use(self, node: Node) -> None:
@@ -66,15 +76,13 @@ class Leaves:
         node.uses += 1
         node.value = self.age + node.uses * slot_cost(node)
 
-    def gone(self, node: Node, ordered: bool = True) -> None:
-        """A leaf leaves its tier: the age rises to its value, where it went in order of value (not a demoted
-        leaf leaving the pool ahead of its turn)."""
-        if ordered:
-            self.age = max(self.age, node.value)
+    def gone(self, node: Node, tier: str) -> None:
+        """A leaf leaves `tier` (in order of priority): the age rises to its priority there."""
+        self.age = max(self.age, priority(node, tier))
 
     def offer(self, node: Node, tier: str) -> None:
         """Offer a leaf of `tier` to go at its current priority."""
-        heapq.heappush(self._heaps[tier], (tier != POOL or not node.demoted, node.value, next(self._tie), node))
+        heapq.heappush(self._heaps[tier], (priority(node, tier), next(self._tie), node))
 
     def __len__(self) -> int:
         return sum(len(heap) for heap in self._heaps.values())
@@ -88,11 +96,11 @@ class Leaves:
         node has outgrown are dropped on the way."""
         heap = self._heaps[tier]
         while heap:
-            kept, value, _, node = heap[0]
-            if node.parent is None or value != node.value or (tier == POOL and kept == node.demoted):
+            offered, _, node = heap[0]
+            if node.parent is None or offered != priority(node, tier):
                 heapq.heappop(heap)
-            elif value > at_most and tier != POOL:
+            elif offered > at_most:
                 return None
             else:
-                return heapq.heappop(heap)[3]
+                return heapq.heappop(heap)[2]
         return None

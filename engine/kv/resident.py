@@ -3,9 +3,9 @@
 Every request continues from the longest prefix of its prompt found here,
 whichever query computed it (`match`); every prompt a query computes goes in
 (`insert`), its KV by reference (the pool's slots, no copy). When the pool needs
-slots, leaves go: first those the plan has marked as not needed again (a
-filter's rejected documents: `demote`, or `demote_later` once the query has its
-answers), then the least valuable (kv/leaves.py); never a
+slots, the least valuable leaves go (kv/leaves.py), those the plan has marked as
+not needed again counting less (a filter's rejected documents: `demote`, or
+`demote_later` once the query has its answers); never a
 node a running query has pinned (its matched prefixes: they stay findable by
 others while it runs). A node's parent becomes a leaf when its last child goes,
 so a document outlives the questions asked of it. Queries running at once
@@ -18,8 +18,8 @@ demoted it will not read it again, a dashboard's next refresh will), and comes
 back when a request matches it, if copying is cheaper than computing: a node is
 on the device or on the host, and a node on the device has its parent there.
 The host tier drops its own least valuable leaves when it is full: to the disk
-tier, where there is one (a node there has its children there too), which drops
-its own least valuable leaves in turn.
+tier, where there is one, which also takes what the host tier cannot make room
+for, and drops its own least valuable leaves in turn.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from quail.engine.kv.host_tier import HostTier
+from quail.engine.kv.host_tier import HostRun, HostTier
 from quail.engine.kv.leaves import DISK, HOST, POOL, Leaves, Node
 from quail.engine.kv.pool import KVPool
 from quail.engine.kv.runs import KV
@@ -61,7 +61,7 @@ class Counts:
     evicted: int = 0  # gone from the tree (from the pool, or from a lower tier)
     offloaded: int = 0  # moved from the pool to the host tier
     restored: int = 0  # copied back from the host tier
-    to_disk: int = 0  # moved from the host tier to the disk tier
+    to_disk: int = 0  # moved to the disk tier (from the host tier, or from the pool past a full host tier)
     from_disk: int = 0  # copied back from the disk tier
 
 
@@ -383,9 +383,9 @@ class ResidentTree:
             self._touch(node)
 
     def evict(self, tokens: int) -> None:
-        """Make `tokens` more slots free in the pool, or as many as can be: leaves go, demoted first, then
-        the least valuable; to the host tier when there is one, else out of the tree (a run's slots are
-        free once no query holds them). Leaves move to the host tier
+        """Make `tokens` more slots free in the pool, or as many as can be: the least valuable leaves go
+        (Leaves: demoted ones counting less); to the host tier when there is one, else out of the tree (a
+        run's slots are free once no query holds them). Leaves move to the host tier
         MOVE_TOKENS (or a sixteenth of a smaller pool) at a time at least: each move is a gather per layer,
         whatever its size (more at once would push out documents a scan still needs: each copied back then
         moves as many out)."""
@@ -395,8 +395,7 @@ class ResidentTree:
                 tokens = max(tokens, min(MOVE_TOKENS, self.pool.slots // 16))
             free = self.pool.free
             target = free + tokens
-            node: Node | None = self.root
-            while node is not None and free < target:
+            while free < target:
                 moving: list[Node] = []
                 taken: set[int] = set()
                 size = 0  # tokens of the leaves taken: free once no query holds them (counted again after)
@@ -412,32 +411,59 @@ class ResidentTree:
                         size += len(node.ids)
                     elif not node.pins:
                         size += len(node.ids)
-                        self.leaves.gone(node, not node.demoted)
+                        self.leaves.gone(node, POOL)
                         self._remove(node)
                 if moving:
                     self._offload(moving)
+                if not size:
+                    return  # no leaf left to go (their parents are offered as the leaves below them go)
                 free = self.pool.free
 
     def _offload(self, nodes: list[Node]) -> None:
-        """Move these leaves' KV to the host tier (its leaves worth no more than the most valuable of them
-        making room), or out of the tree when it has no room for them."""
+        """Move these leaves' KV (least valuable first) down, in groups the host tier can hold: to the host
+        tier, its leaves worth no more than a group's most valuable making room (to the disk tier); then to
+        the disk tier; else out of the tree."""
+        group: list[Node] = []
+        for node in nodes:
+            if group and sum(len(n.ids) for n in group) + len(node.ids) > self.host.slots:
+                self._offload_group(group)
+                group = []
+            group.append(node)
+        self._offload_group(group)
+
+    def _offload_group(self, nodes: list[Node]) -> None:
+        """Move the leaves to the host tier, those it has no room for to the disk tier, those neither has room
+        for out of the tree (but a pinned one, which stays in the pool)."""
         self.settle()  # copies back still owed are written before any slot of a lower tier is read or reused
-        self._make_room(self.host, sum(len(node.ids) for node in nodes), max(node.value for node in nodes))
-        homes = self.host.offload([node.kv for node in nodes])
-        for node, home in zip(nodes, homes):
-            self.leaves.gone(node, not node.demoted)
-            if home is None:
-                if not node.pins:  # a pinned node stays in the pool rather than leave the tree
-                    self._remove(node)
+        for tier in (self.host, self.disk):
+            if tier is None or not nodes:
                 continue
-            node.kv, node.host = None, home
-            self.tokens -= len(node.ids)
+            self._make_room(tier, sum(len(node.ids) for node in nodes), max(node.value for node in nodes))
+            homes = tier.offload([node.kv for node in nodes])
+            for node, home in zip(nodes, homes):
+                if home is not None:
+                    self._from_pool(node, home)
+            nodes = [node for node, home in zip(nodes, homes) if home is None]
+        for node in nodes:
+            self.leaves.gone(node, POOL)
+            if not node.pins:
+                self._remove(node)
+
+    def _from_pool(self, node: Node, home: HostRun) -> None:
+        """A leaf of the pool whose KV is `home` in a lower tier now."""
+        self.leaves.gone(node, POOL)
+        node.kv, node.host = None, home
+        self.tokens -= len(node.ids)
+        node.parent.device_children -= 1
+        if home.tier is self.host:
             self.host_tokens += len(node.ids)
             self.counts.offloaded += len(node.ids)
-            node.parent.device_children -= 1
             node.parent.host_children += 1
-            self._touch(node)
-            self._touch(node.parent)
+        else:
+            self.disk_tokens += len(node.ids)
+            self.counts.to_disk += len(node.ids)
+        self._touch(node)
+        self._touch(node.parent)
 
     def _make_room(self, tier: HostTier, room: int, best: float) -> None:
         """Free `room` slots of a lower tier, as far as its leaves worth no more than `best` go: the host
@@ -452,7 +478,7 @@ class ResidentTree:
             if kind == HOST and not node.host_children:
                 self._sink(node)
             elif kind == DISK and not node.children and not node.pins:
-                self.leaves.gone(node)
+                self.leaves.gone(node, DISK)
                 self._remove(node)
 
     def _sink(self, node: Node) -> None:
@@ -462,7 +488,7 @@ class ResidentTree:
             self._make_room(self.disk, len(node.ids), node.value)
             home = self.host.move(node.host, self.disk)
             if home is not None:
-                self.leaves.gone(node)
+                self.leaves.gone(node, HOST)
                 self._leave_tier(node)
                 node.host = home
                 self.disk_tokens += len(node.ids)
@@ -471,7 +497,7 @@ class ResidentTree:
                 self._touch(node.parent)
                 return
         if not node.pins:
-            self.leaves.gone(node)
+            self.leaves.gone(node, HOST)
             self._remove(node)
 
     def _remove(self, node: Node) -> None:

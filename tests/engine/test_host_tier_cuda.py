@@ -57,3 +57,28 @@ def test_runs_come_back_from_pinned_memory_exactly_and_in_order_with_the_passes(
             assert torch.equal(keys, _values(prompts[ids], layer)) and torch.equal(values, -keys)
     assert tree.counts.restored > 10_000
     torch.cuda.synchronize()
+
+
+def test_runs_come_back_exactly_through_the_disk_tier_and_the_host_memory_is_pinned_as_it_fills(tmp_path):
+    """A pool, a host tier and a disk tier of a fifth of the prompts each: prompts pushed through all three
+    come back exactly from wherever they lie; the host tier pinned only the chunks runs went to."""
+    pool = KVPool(LAYERS, HEADS, D, torch.bfloat16, torch.device("cuda"), 8_000)
+    host = HostTier(pool, 8_000)
+    tree = ResidentTree(pool, host, HostTier(pool, 8_000, tmp_path / "kv.bin"))
+    assert not host._pinned, "nothing pinned before a run goes there"
+    rng = np.random.default_rng(1)
+    prompts = [np.concatenate([[1, 2, 3], rng.integers(10, 200, 200)]) for _ in range(120)]
+    for ids in prompts:
+        tree.insert(ids, _run(pool, ids))
+        gc.collect()
+    assert tree.counts.to_disk > 4_000 and tree.disk_tokens > 4_000 and host._pinned
+    for i in rng.permutation(len(prompts))[:40]:
+        found = tree.match(prompts[i])
+        if found.length < len(prompts[i]):
+            continue  # dropped from the disk tier for room
+        tree.settle()
+        for layer in (0, LAYERS - 1):
+            keys, values = found.kv.layer(layer)
+            assert torch.equal(keys, _values(prompts[i], layer)) and torch.equal(values, -keys)
+    assert tree.counts.from_disk > 0 and tree.counts.restored > 0
+    torch.cuda.synchronize()
