@@ -41,6 +41,8 @@ from quail.engine.kv.runs import KV
 PIN_CHUNK_BYTES = 256 << 20  # host memory pinned at once, the first time a run goes there
 PAGE = 4096
 HOST_SHARE = 0.5  # of the host memory available at start, the default host tier's (shared by its replicas)
+CGROUP_MEMORY = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # a container's limit and use
+                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
 
 
 @dataclass
@@ -326,15 +328,27 @@ def default_disk_bytes(directory: Path, replicas: int = 1) -> int:
 
 
 def available_host_bytes() -> int:
-    """Host memory available to new allocations without swapping (Linux's MemAvailable; else the free pages)."""
+    """Host memory this process may still take: Linux's MemAvailable (else the free pages), and no more than its
+    container's memory limit leaves (cgroup v2 or v1), so a tier sized from it fits the container."""
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    meminfo = _read("/proc/meminfo")
+    for line in (meminfo or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            available = int(line.split()[1]) * 1024
+    for limit, usage in CGROUP_MEMORY:
+        allowed, used = _read(limit), _read(usage)
+        if allowed is not None and used is not None and allowed.strip().isdigit():
+            available = min(available, max(0, int(allowed) - int(used)))
+    return available
+
+
+def _read(path: str) -> str | None:
+    """A small file's text (None: it cannot be read)."""
     try:
-        with open("/proc/meminfo") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+        with open(path) as file:
+            return file.read()
     except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        return None
 
 
 def _page_aligned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

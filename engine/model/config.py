@@ -75,7 +75,8 @@ class EngineConfig:
     a pass leave free; 0: nothing stays);
     kv_host_bytes: pinned host memory where KV the pool has no room for goes, and from where it is copied
     back when that is faster than computing it (kv/host_tier.py; None: on a GPU half the host memory
-    available at start, shared by this host's replicas, on the CPU none; 0: none); kv_disk_dir: a
+    available at start, within the container's memory limit, shared by this host's replicas; on the CPU
+    none; 0: none); kv_disk_dir: a
     local directory where a file takes the KV the host tier has no room for (None: no disk tier),
     kv_disk_bytes: that file's size (None: half the disk's free space, shared by this host's replicas);
     attention: how rows attend to their own

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 
 import quail
 from quail.engine.runtime.runtime import Runtime
@@ -90,3 +91,19 @@ def test_the_same_through_a_disk_tier_when_host_memory_is_short(runtime, roomy, 
     rows, fresh = _run(tiered, "first")
     assert rows == first_rows and fresh == questions
     assert tree.counts.from_disk > 0
+
+
+def test_the_default_host_tier_fits_the_containers_memory_limit(tmp_path, monkeypatch):
+    """Half of what the host has available, no more than its container's memory limit leaves (cgroup v2's
+    `max` is no limit), shared by the host's replicas; none for a pool on the CPU."""
+    from quail.engine.kv import host_tier
+
+    limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
+    limit.write_text(f"{4 << 30}\n")
+    usage.write_text(f"{1 << 30}\n")
+    monkeypatch.setattr(host_tier, "CGROUP_MEMORY", ((str(limit), str(usage)),))
+    assert host_tier.available_host_bytes() <= 3 << 30
+    assert host_tier.default_host_bytes(torch.device("cuda"), replicas=2) <= (3 << 30) // 4
+    limit.write_text("max\n")
+    assert host_tier.available_host_bytes() > 0
+    assert host_tier.default_host_bytes(torch.device("cpu")) == 0
