@@ -74,6 +74,8 @@ class Report:
     stages: list[dict[str, Any]]
     ideal: dict[str, int]
     sol_s: float | None
+    host_restored_tokens: int = 0  # of the cached tokens, copied back from the host tier
+    disk_restored_tokens: int = 0  # and from the disk tier
 
     @property
     def sol_fraction(self) -> float | None:

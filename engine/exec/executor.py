@@ -215,7 +215,7 @@ def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], db: DuckDB, runt
         _run_step(step, relations, db, runtime, work)
         done = work.stats.minus(before)
         prompts = done.prompt_tokens
-        cached = f", {done.cached_tokens:,} of {prompts:,} prompt tokens cached" if prompts else ""
+        cached = f", {done.cached_tokens:,} of {prompts:,} prompt tokens cached{_restored(done)}" if prompts else ""
         first, *rest = step.describe()
         lines += [f"{first}  [{relations[step.output].num_rows} rows, {time.perf_counter() - begun:.3f}s{cached}]",
                   *rest]
@@ -235,7 +235,7 @@ def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], db: DuckDB, runt
                         f"{observed:.3f} observed" if observed is not None else ""))
     report = work.report(wall, sol)
     lines.append(f"model: {report['requests']} requests, {report['logical_tokens']} logical tokens, "
-                 f"{report['fresh_tokens']} fresh, {report['cached_tokens']} cached, "
+                 f"{report['fresh_tokens']} fresh, {report['cached_tokens']} cached{_restored(work.stats)}, "
                  f"KV regret {report['kv_regret_tokens']}")
     sol_s, ideal = report["sol_s"], report["ideal"]["fresh_tokens"]
     spared = ideal - report["fresh_tokens"]  # tokens earlier queries' resident KV spared: the query beat its own ideal
@@ -244,6 +244,13 @@ def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], db: DuckDB, runt
                  + (f"; the speed of light is of this query's ideal plan alone, {ideal:,} fresh tokens, of which KV "
                     f"that earlier queries left spared {spared:,}" if sol_s is not None and spared > 0 else ""))
     return pa.table({"plan": pa.array(lines, pa.string())})
+
+
+def _restored(stats: Stats) -> str:
+    """Where the cached tokens were copied back from, where any were (EXPLAIN ANALYZE)."""
+    tiers = [f"{count:,} from {tier}" for count, tier in ((stats.host_restored_tokens, "host memory"),
+                                                         (stats.disk_restored_tokens, "disk")) if count]
+    return f" ({', '.join(tiers)})" if tiers else ""
 
 
 def _join_choice(step: JoinChoice, relations: dict[str, pa.Table], db: DuckDB, runtime: Runtime | None,

@@ -20,7 +20,8 @@ class Stats:
     decoded_tokens: the tokens decoding computed, counted in fresh_tokens too (each sequence's chosen
     tokens fed back, the rest of a prompt the resident tree let go of between its prefill and its
     decoding, a token that ended its sequence computed before it was read); decode_steps: forward
-    passes that carried sequences being decoded.
+    passes that carried sequences being decoded; host_restored_tokens, disk_restored_tokens: resident
+    tokens copied back into the pool from the host tier and from the disk tier (counted cached).
     """
 
     requests: int = 0
@@ -35,6 +36,8 @@ class Stats:
     generated_tokens: int = 0
     decoded_tokens: int = 0
     decode_steps: int = 0
+    host_restored_tokens: int = 0
+    disk_restored_tokens: int = 0
 
     @property
     def physical_tokens(self) -> int:

@@ -129,4 +129,6 @@ class QueryWork:
                 "physical_tokens": stats.physical_tokens, "kv_regret_tokens": max(0, stats.fresh_tokens - ideal.fresh_tokens),
                 "generated_tokens": stats.generated_tokens, "decode_steps": stats.decode_steps,
                 "requests": stats.requests, "forward_passes": stats.forward_passes, "stages": self.stages,
+                "host_restored_tokens": stats.host_restored_tokens,
+                "disk_restored_tokens": stats.disk_restored_tokens,
                 "ideal": ideal.as_dict(), "sol_s": sol(ideal) if sol is not None else None}

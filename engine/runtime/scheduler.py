@@ -661,7 +661,7 @@ class TreeJob:
         self.items: list[Item] = []  # this pass's, with whether each one's children joined it, and its chain
         self.shared: list[bool] = []
         self.chain: list[int] = []
-        self.restored = 0  # tokens this pass's items copied back from the host tier
+        self.restored = 0  # tokens this pass's items copied back from the lower tiers
 
     def _start(self, members: list[int], documents: dict[bytes, Match]) -> int:
         """The members' roots at the frontier's front, longest first; the tokens they plan (counted).
@@ -693,9 +693,12 @@ class TreeJob:
                 break  # the pass has copied back half a pool from the host tier: the rest waits for the next
             node, kv, parent = self.frontier.popleft()
             if isinstance(kv, Fetch):
-                restored = self.runner.tree.counts.restored
+                counts = self.runner.tree.counts
+                host, disk = counts.restored, counts.from_disk
                 kv = kv.run(self.hold)
-                self.restored += self.runner.tree.counts.restored - restored
+                self.stats.host_restored_tokens += counts.restored - host
+                self.stats.disk_restored_tokens += counts.from_disk - disk
+                self.restored += counts.restored - host + counts.from_disk - disk
             fill.add(len(node))
             self.chain.append(0 if parent is None else self.chain[parent] + len(self.items[parent][0]))
             self.items.append((node, kv, parent))

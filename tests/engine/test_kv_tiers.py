@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import quail
+from quail.session import Report
 from quail.engine.runtime.runtime import Runtime
 
 WORDS = ("river", "market", "lantern", "harbor", "orchard", "engine", "violin", "glacier", "meadow", "copper",
@@ -41,8 +42,13 @@ def _session(runtime, pool_tokens: int, host_tokens: int, disk: tuple[Path, int]
 
 
 def _run(session: quail.Session, table: str) -> tuple[list[int], int]:
+    rows, report = _report(session, table)
+    return rows, report.fresh_tokens
+
+
+def _report(session: quail.Session, table: str) -> tuple[list[int], Report]:
     result = session.sql(QUERY.format(table)).run()
-    return result.collect().column("id").to_pylist(), result.report.fresh_tokens
+    return result.collect().column("id").to_pylist(), result.report
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +78,10 @@ def test_a_refresh_after_other_work_copies_its_documents_back_from_host_memory(r
     tree.host.restore_s, tree.host.recompute_s = 1.0, 4.0  # copying back costs a quarter of computing
     assert 0.75 <= tiered.runtime.resident_share(texts) < 1.0, "the planner counts host tokens at their copy cost"
     tree.host.restore_s = tree.host.recompute_s = None
-    rows, fresh = _run(tiered, "first")
+    rows, report = _report(tiered, "first")
     assert rows == first_rows
-    assert fresh == questions, "every document came back from host memory, rejected ones too"
-    assert tree.counts.restored > 0
+    assert report.fresh_tokens == questions, "every document came back from host memory, rejected ones too"
+    assert report.host_restored_tokens == tree.counts.restored > 0 and report.disk_restored_tokens == 0
 
 
 
@@ -88,9 +94,12 @@ def test_the_same_through_a_disk_tier_when_host_memory_is_short(runtime, roomy, 
     assert _run(tiered, "first")[0] == first_rows
     assert _run(tiered, "second")[0] == second_rows
     assert tree.counts.to_disk > 0 and list(tmp_path.iterdir()) == []
-    rows, fresh = _run(tiered, "first")
-    assert rows == first_rows and fresh == questions
-    assert tree.counts.from_disk > 0
+    rows, report = _report(tiered, "first")
+    assert rows == first_rows and report.fresh_tokens == questions
+    assert report.disk_restored_tokens == tree.counts.from_disk > 0
+    _run(tiered, "second")
+    analyzed = tiered.sql("EXPLAIN ANALYZE " + QUERY.format("first")).run().collect().column("plan").to_pylist()
+    assert any("prompt tokens cached (" in line and "from disk" in line for line in analyzed), analyzed
 
 
 def test_the_default_host_tier_fits_the_containers_memory_limit(tmp_path, monkeypatch):
