@@ -424,11 +424,13 @@ class ResidentTree:
         tier, its leaves worth no more than a group's most valuable making room (to the disk tier); then to
         the disk tier; else out of the tree."""
         group: list[Node] = []
+        size = 0
         for node in nodes:
-            if group and sum(len(n.ids) for n in group) + len(node.ids) > self.host.slots:
+            if group and size + len(node.ids) > self.host.slots:
                 self._offload_group(group)
-                group = []
+                group, size = [], 0
             group.append(node)
+            size += len(node.ids)
         self._offload_group(group)
 
     def _offload_group(self, nodes: list[Node]) -> None:
