@@ -1,10 +1,10 @@
 """The lower KV tiers: KV the device's pool has no room for, kept in host memory (or a disk's file) until a request
 continues it.
 
-The resident tree (kv/resident.py) moves its least recently used runs here
-instead of dropping them, and copies them back into the pool when a request
-matches them, if that is cheaper than computing them again (`restores`: both
-timed end to end on this machine when the server warms up).
+The resident tree (kv/resident.py) moves its least valuable runs here instead
+of dropping them, and copies them back into the pool when a request matches
+them, if that is cheaper than computing them again (`restores`: for the host
+tier, both timed end to end on this machine when the server warms up).
 
 - Host memory is one store of token slots, all of a token's layers together, so a
   run is a few contiguous extents: one copy each way per extent.
