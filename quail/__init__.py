@@ -12,8 +12,8 @@ from typing import Any
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "DocumentProvider": "quail.session", "EngineConfig": "quail.session", "Query": "quail.session",
-    "Report": "quail.session", "Result": "quail.session", "Session": "quail.session",
+    "DocumentProvider": "quail.results", "EngineConfig": "quail.session", "Query": "quail.session",
+    "Report": "quail.results", "Result": "quail.results", "Session": "quail.session",
     "RemoteSession": "quail.remote", "connect": "quail.remote",
 }
 

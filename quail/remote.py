@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from quail.planner.dialects import DEFAULT_DIALECT
 
-from .session import DocumentProvider, Report, Result
+from quail.results import DocumentProvider, Report, Result
 
 SESSION_OPTION = "adbc.flight.sql.session.option."
 SESSION_OPTIONS = "adbc.flight.sql.session.options"

@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
-import pyarrow.parquet as pq
 
 from quail.engine.errors import InvalidArgument
 from quail.engine.exec.catalog import MemoryCatalog
@@ -30,80 +27,9 @@ from quail.engine.runtime.runtime import Runtime
 from quail.planner.dialects import DEFAULT_DIALECT
 from quail.planner.explain import explain_lines
 from quail.planner.substrait.consumer import QUERY_TEXT
+from quail.remote import RemoteSession
+from quail.results import DocumentProvider, Report, Result
 from quail.server.query_service import QueryService
-
-
-class DocumentProvider:
-    """A table of documents: an id column and text columns the prompts refer to."""
-
-    def __init__(self, table: pa.Table, id_col: str | None = None) -> None:
-        if id_col is not None and id_col not in table.column_names:
-            raise InvalidArgument(f"id column {id_col!r} is not among {table.column_names}")
-        self.table = table
-        self.id_col = id_col
-
-    @classmethod
-    def from_table(cls, table: pa.Table, id_col: str | None = None) -> "DocumentProvider":
-        return cls(table, id_col)
-
-    @classmethod
-    def from_parquet(cls, path: str | Path, id_col: str | None = None) -> "DocumentProvider":
-        return cls(pq.read_table(path), id_col)
-
-    @classmethod
-    def from_ipc(cls, path: str | Path, id_col: str | None = None) -> "DocumentProvider":
-        with pa.memory_map(str(path)) as source:
-            return cls(ipc.open_file(source).read_all(), id_col)
-
-
-@dataclass
-class Report:
-    """What a query cost: wall time, tokens asked and computed (and generated), and its speed of light."""
-
-    wall_s: float
-    logical_tokens: int
-    fresh_tokens: int
-    cached_tokens: int
-    padded_tokens: int
-    physical_tokens: int
-    kv_regret_tokens: int
-    generated_tokens: int
-    decode_steps: int
-    requests: int
-    forward_passes: int
-    stages: list[dict[str, Any]]
-    ideal: dict[str, int]
-    sol_s: float | None
-    host_restored_tokens: int = 0  # of the cached tokens, copied back from the host tier
-    disk_restored_tokens: int = 0  # and from the disk tier
-
-    @property
-    def sol_fraction(self) -> float | None:
-        return self.sol_s / self.wall_s if self.sol_s is not None and self.wall_s > 0 else None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "sol_fraction": self.sol_fraction}
-
-
-@dataclass
-class Result:
-    """Rows of a finished query and its report."""
-
-    table: pa.Table
-    report: Report
-
-    def collect(self) -> pa.Table:
-        return self.table
-
-    def to_rows(self) -> list[dict[str, Any]]:
-        return self.table.to_pylist()
-
-    def count(self) -> int:
-        return self.table.num_rows
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self.table.schema
 
 
 @dataclass
@@ -132,10 +58,24 @@ class Query:
 
 
 class Session:
-    """Tables registered in memory and one model runtime; a context manager. (`quail.RemoteSession` makes
-    the same calls on a Quail server.)"""
+    """Tables registered in memory and one model runtime; a context manager.
 
-    def __init__(self, config: EngineConfig | None = None, runtime: Runtime | None = None) -> None:
+    - `Session(config, endpoint="grpc://host:port")` is the same calls on a Quail server instead
+      (a `quail.RemoteSession`; the server's flags are its engine's config, so `config` must be left
+      at its defaults there).
+    """
+
+    def __new__(cls, config: EngineConfig | None = None, runtime: Runtime | None = None,
+                endpoint: str | None = None) -> "Session | RemoteSession":
+        if endpoint is None:
+            return super().__new__(cls)
+        if runtime is not None or (config is not None and config != EngineConfig()):
+            raise InvalidArgument("a remote session runs on the server's engine: its config is the server's "
+                                  "(quail serve's flags), not the session's")
+        return RemoteSession(endpoint)
+
+    def __init__(self, config: EngineConfig | None = None, runtime: Runtime | None = None,
+                 endpoint: str | None = None) -> None:
         self.config = settled(config or EngineConfig())
         owned = runtime is None
         self.runtime = runtime or load_runtime(self.config)
