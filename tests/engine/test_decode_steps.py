@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import doctest
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from quail.engine.kernels.paged_decode import gathered, paged_decode
-from quail.engine.runtime import decode, step_graphs
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.scheduler import Row
 
@@ -64,12 +61,6 @@ def test_a_decode_step_gives_the_general_pass_hidden_states_and_kv(runtime):
                                      for run, index in zip(runs, (3, 4, 1))], Stats())
     torch.testing.assert_close(fed_step, stepped, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(fed_general, general, atol=1e-6, rtol=1e-6)
-
-
-def test_step_graph_buckets_and_decoding_waves():
-    for module in (step_graphs, decode):
-        failed, tried = doctest.testmod(module)
-        assert tried and not failed, module
 
 
 def test_a_token_chosen_after_a_prompt_the_tree_let_go_of_follows_the_rest_of_it():

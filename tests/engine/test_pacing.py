@@ -1,13 +1,12 @@
-"""When the owner loop fills the next pass (scheduler.Pacing): the lead's rule, and which gaps it judges.
+"""When the owner loop fills the next pass (scheduler.Pacing): the lead's rule (its doctest runs in
+tests/test_docs.py), and which gaps it judges.
 
 CUDA events stand in as plain objects here (the rule is host logic); on a GPU the shared-server benchmark's
 phase E measures what it is for: a short query joining the pass after the one it arrived in.
 """
 
-import doctest
 from dataclasses import dataclass, field
 
-from quail.engine.runtime import scheduler
 from quail.engine.runtime.model_runner import PassEvents
 from quail.engine.runtime.scheduler import QUIET, Pacing
 
@@ -40,13 +39,6 @@ class Events:
 
 def pass_at(start: float, length: float = 10.0) -> Events:
     return Events(Point(start), Point(start + 0.75 * length), Point(start + length))
-
-
-def test_the_rule_as_documented():
-    runner = doctest.DocTestRunner()
-    for example in doctest.DocTestFinder().find(Pacing.observe, "observe", globs=dict(vars(scheduler))):
-        runner.run(example)
-    assert runner.tries and not runner.failures
 
 
 def test_the_lead_grows_on_gaps_and_shrinks_when_quiet_within_the_layers():

@@ -1,21 +1,8 @@
-"""The replicas' router as its docstrings say (rendezvous placement, documents kept where they went, the
-load bound), and the small rules beside it: which GPU a replica takes, which jobs ride short passes."""
+"""The replicas' router beyond its docstrings' examples (those run in tests/test_docs.py: rendezvous
+placement, which GPU a replica takes, which jobs ride short passes): documents kept where they went, the
+load bound."""
 
-import doctest
-
-import pytest
-
-from quail.engine.runtime import loading, replicas, scheduler
-
-
-@pytest.mark.parametrize("function", [replicas.Router, loading.replica_device, scheduler.pass_tokens],
-                         ids=lambda f: f.__qualname__)
-def test_the_rule_as_documented(function):
-    runner = doctest.DocTestRunner()
-    module = vars(__import__(function.__module__, fromlist=["_"]))
-    for example in doctest.DocTestFinder().find(function, function.__qualname__, globs=dict(module)):
-        runner.run(example)
-    assert runner.tries and not runner.failures
+from quail.engine.runtime import replicas
 
 
 def test_a_document_stays_on_its_replica_until_the_load_bound_moves_it():

@@ -1,17 +1,10 @@
 """What SQL may run in DuckDB (engine/exec/sql_guard.py): statements of the kinds that reach outside the
 database refused, the table limit of a query, a query's verdict its shape's, numbers aside."""
 
-import doctest
-
 import pytest
 
 from quail.engine.errors import InvalidArgument
 from quail.engine.exec import sql_guard
-
-
-def test_doctests():
-    failed, tried = doctest.testmod(sql_guard)
-    assert tried and not failed
 
 
 def test_statements_that_differ_only_in_their_numbers_are_parsed_once():

@@ -2,14 +2,12 @@
 
 import datetime as dt
 import decimal
-import doctest
 
 import pyarrow as pa
 import pytest
 from sqlglot import parse_one
 
 from quail.engine.exec.relational import DuckDB
-from quail.planner import picks
 from quail.planner.picks import picks_of
 
 ROWS = pa.table({
@@ -63,11 +61,6 @@ NOT_PICKS = [
     'SELECT a.id FROM "rows" AS a JOIN "rows" AS b ON a.id = b.id',
     'SELECT count(*) AS n FROM "rows"',
 ]
-
-
-def test_doctests():
-    failed, tried = doctest.testmod(picks)
-    assert tried and not failed
 
 
 @pytest.mark.parametrize("sql", TAKEN)

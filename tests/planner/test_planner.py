@@ -293,16 +293,6 @@ def test_plans_stream_in_chunks_only_when_each_row_stands_alone(store, sql, chun
         is chunked
 
 
-@pytest.mark.parametrize("module", ["quail.planner.ai_calls", "quail.planner.dialects",
-                                    "quail.engine.exec.relational"])
-def test_binding_doctests(module):
-    import doctest
-    import importlib
-
-    failed, tried = doctest.testmod(importlib.import_module(module))
-    assert tried and not failed
-
-
 def test_a_statement_of_too_many_tokens_is_refused_before_it_is_parsed():
     """Planning work grows with a statement's tokens: past MAX_TOKENS the text is refused at once
     (RESOURCE_EXHAUSTED); a CASE of thousands of WHENs parses (each WHEN's THEN found without copying the
