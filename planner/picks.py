@@ -1,5 +1,7 @@
-"""Which statements only pick rows and columns of one relation, so the executor may take them in Arrow
-(engine/exec/picks.py)."""
+"""Which statements only pick rows and columns of one relation.
+
+The executor may take those in Arrow (engine/exec/picks.py).
+"""
 
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ def _serve(args: argparse.Namespace) -> int:
     engine = EngineConfig(model=args.model, device=args.device, precision=args.precision,
                           token_budget=args.token_budget, tokenizer=args.tokenizer, sol_device=args.sol_device,
                           kv_cache_bytes=args.kv_cache_bytes, kv_host_bytes=args.kv_host_bytes,
-                          kv_disk_dir=args.kv_disk_dir, kv_disk_bytes=args.kv_disk_bytes, attention=args.attention, replicas=None if args.replicas == "auto" else int(args.replicas),
+                          kv_disk_dir=args.kv_disk_dir, kv_disk_bytes=args.kv_disk_bytes,
+                          attention=args.attention, replicas=None if args.replicas == "auto" else int(args.replicas),
                           ray=args.ray)
     config = ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), engine=engine,
                           dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,

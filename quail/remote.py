@@ -1,5 +1,6 @@
-"""Quail over Flight SQL: `connect` gives an ADBC connection to a server; a RemoteSession makes a Session's
-calls there.
+"""Quail over Flight SQL: an ADBC connection to a server, and a Session's calls made there.
+
+`connect` gives the connection; a RemoteSession makes a Session's calls on the server.
 
     import quail
     with quail.RemoteSession("grpc://localhost:31337") as session:

@@ -1,5 +1,8 @@
-"""What a query reads and what it gives back, the same in-process and over Flight SQL: documents, rows and a
-report of the work (imported by the remote client without the model stack)."""
+"""What a query reads and what it gives back, in-process and over Flight SQL.
+
+- Documents, rows and a report of the work;
+- imported by the remote client without the model stack.
+"""
 
 from __future__ import annotations
 

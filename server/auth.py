@@ -1,5 +1,6 @@
-"""Authentication and roles: a username and password (Basic, in Handshake) buy a signed, expiring bearer
-token; each user's role says what it may do.
+"""Authentication and roles: a password buys a signed, expiring token; a role says what a user may do.
+
+A username and password (Basic, in Handshake) buy the bearer token.
 
 Every other call must carry `authorization: Bearer <token>`. A token is
 `<payload>.<signature>`: the payload names the user and the expiry time, the

@@ -1,5 +1,6 @@
-"""Prometheus metrics of one server, on an HTTP port: queries, model tokens, speed of light, errors by status;
-on a server with users, for admins only (HTTP Basic).
+"""Prometheus metrics of one server on an HTTP port: queries, model tokens, speed of light, errors.
+
+On a server with users, for admins only (HTTP Basic).
 
 Rates come from the counters (tokens per second: rate(quail_tokens_total[1m]);
 the KV hit rate: rate of quail_kv_hit_tokens_total over rate of quail_kv_looked_up_tokens_total). Each

@@ -1,5 +1,8 @@
-"""Server-side statement state: prepared statements, planned queries awaiting their DoGet, running queries, and
-prepared queries already running (head starts)."""
+"""Server-side statement state, from preparing to the last row.
+
+Prepared statements, planned queries awaiting their DoGet, running queries, and
+prepared queries already running (head starts).
+"""
 
 from __future__ import annotations
 

@@ -37,3 +37,13 @@ def test_examples(name):
     failed, tried = doctest.testmod(importlib.import_module(name),
                                     optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert tried and not failed
+
+
+def test_every_module_opens_with_a_one_line_summary():
+    """A module's docstring is a summary line, then (after a blank line) whatever a newcomer needs next."""
+    unsummarized = []
+    for name in _modules():
+        doc = (importlib.import_module(name).__doc__ or "").strip("\n").split("\n")
+        if not doc[0] or (len(doc) > 1 and doc[1].strip()):
+            unsummarized.append(name)
+    assert not unsummarized, unsummarized

@@ -1,5 +1,7 @@
-"""What a generating AI step asks beyond its prompt (AI_COMPLETE's options, an AI aggregate's): plan facts,
-checked when planned, with nothing of the runtime's."""
+"""What a generating AI step asks beyond its prompt (AI_COMPLETE's options, an AI aggregate's).
+
+Plan facts, checked when planned, with nothing of the runtime's.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Relational work in DuckDB: statements over a connection with Arrow relations registered beside its tables;
-DuckDB's errors become Quail errors.
+"""Relational work in DuckDB, its errors made Quail's.
+
+Statements run over a connection with Arrow relations registered beside its tables.
 
 - `DuckDB` runs one query's statements on one connection (the database's, or the process's in-memory one),
   registering each Arrow relation a statement reads under its name (a relation shadows a table of the

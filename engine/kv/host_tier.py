@@ -1,5 +1,4 @@
-"""The lower KV tiers: KV the device's pool has no room for, kept in host memory (or a disk's file) until a request
-continues it.
+"""The lower KV tiers: what the pool has no room for, in host memory or a disk's file until a request continues it.
 
 The resident tree (kv/resident.py) moves its least valuable runs here instead
 of dropping them, and copies them back into the pool when a request matches

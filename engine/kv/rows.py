@@ -1,5 +1,7 @@
-"""Whole rows of a tensor copied or gathered by index as 8-byte words, which torch's index kernels move faster than
-2-byte ones."""
+"""Whole rows of a tensor copied or gathered by index as 8-byte words.
+
+Torch's index kernels move those faster than 2-byte ones.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The longest common prefix of two token arrays, or of two strings (numpy only: the scheduler and planner import it
-without torch)."""
+"""The longest common prefix of two token arrays, or of two strings.
+
+Numpy only: the scheduler and the planner import it without torch.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""Runtime replicas as Ray actors (`--ray ADDRESS` or `auto`: a local Ray started here), so replicas can live
-on other hosts; Ray restarts an actor whose process dies. Needs the `ray` extra."""
+"""Runtime replicas as Ray actors, so replicas can live on other hosts.
+
+- `--ray ADDRESS`, or `auto`: a local Ray started here; needs the `ray` extra;
+- Ray restarts an actor whose process dies.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""Runtime replicas: the server's own runtime is replica 0, the others run in processes of their own (one per
-GPU); requests (to score, or to continue by decoding) go to the replica that holds their document, and a
-replica's requests are run again on replica 0 when its process dies, while it restarts."""
+"""Runtime replicas, one per GPU: each request goes to the replica that holds its document.
+
+- The server's own runtime is replica 0; the others run in processes of their own.
+- Requests (to score, or to continue by decoding) follow their document.
+- A replica's requests run again on replica 0 when its process dies, while it restarts.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The runtime's request API: segments of token ids with content keys, label sets, requests; what the planner may
-ask of the KV pool."""
+"""The runtime's request API: token segments, label sets, requests, and what the planner may ask of the pool.
+
+Segments are token ids with content keys.
+"""
 
 from __future__ import annotations
 

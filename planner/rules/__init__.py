@@ -1,5 +1,6 @@
-"""The planner's rules over an AI core (planner/core.py), applied in the order of RULES, each a function
-from core to core in a file of its own:
+"""The planner's rules over an AI core (planner/core.py), applied in the order of RULES.
+
+Each is a function from core to core in a file of its own:
 
 1. push_relational_below_ai: a table's relational conditions before its AI filters;
 2. rank_ai_filters: a table's AI filters, the cheapest per row removed first;

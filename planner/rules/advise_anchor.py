@@ -1,5 +1,7 @@
-"""Advice on an AI join's anchor: the query decides which document comes first; the planner says when the
-other would ask the model less."""
+"""Advice on an AI join's anchor: the planner says when the other would ask the model less.
+
+The query decides which document comes first.
+"""
 
 from __future__ import annotations
 

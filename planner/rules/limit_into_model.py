@@ -1,5 +1,7 @@
-"""A LIMIT reaches the model: it stops asking once that many rows have passed the AI filters (without
-filters, only that many rows are asked for their AI values)."""
+"""A LIMIT reaches the model: it stops asking once that many rows have passed.
+
+Without AI filters, only that many rows are asked for their AI values.
+"""
 
 from __future__ import annotations
 
