@@ -40,7 +40,9 @@ PlanQuery = Callable[[exp.Expression, Names, str], PhysicalPlan]  # an answers q
 
 @dataclass(frozen=True)
 class Answered:
-    """A statement with each AI call replaced by the lookup of its answer: `steps` compute the answers into the
+    """A statement with each AI call replaced by the lookup of its answer.
+
+    `steps` compute the answers into the
     relations named `reads`; `tables`: the stored tables the statement reads; `parameters`: its `?` count."""
 
     tree: exp.Expression

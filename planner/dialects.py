@@ -21,7 +21,9 @@ AI_DOTTED = ("IF", "CLASSIFY", "SCORE")
 
 
 class StrictParser(parser.Parser):
-    """Rules every dialect's parser follows here, stricter than sqlglot's own: BETWEEN needs its AND
+    """Rules every dialect's parser follows here, stricter than sqlglot's own.
+
+    BETWEEN needs its AND
     (sqlglot reads `a BETWEEN 1 b AND c` as `a BETWEEN 1 AND b` joined to `c`); each `?` knows where it was
     written (its line and column: parameters bind in that order, not in the tree's)."""
 
@@ -70,7 +72,9 @@ class QuailDuckDB(DuckDB):
 
 
 class QuailBigQuery(BigQuery):
-    """BigQuery, parsed strictly, with `AI.IF(...)` and friends parsed as plain calls (sqlglot maps AI.IF
+    """BigQuery, parsed strictly, with `AI.IF(...)` and friends as plain calls.
+
+    BigQuery, parsed strictly, with `AI.IF(...)` and friends parsed as plain calls (sqlglot maps AI.IF
     to IF)."""
 
     class Parser(StrictParser, BigQuery.Parser):

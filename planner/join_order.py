@@ -34,7 +34,9 @@ MAX_SEARCHED = 10  # tables whose orders the dynamic program searches (2^n subse
 
 @dataclass(frozen=True)
 class Edge:
-    """A join condition over relations `refs` (indices); AI ones carry their token estimates, and the share of
+    """A join condition over relations, with its AI costs.
+
+    A join condition over relations `refs` (indices); AI ones carry their token estimates, and the share of
     the anchor documents' tokens resident in the KV pool."""
 
     refs: frozenset[int]

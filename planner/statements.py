@@ -51,7 +51,9 @@ _AI_WRITES = (exp.Insert, exp.Create)  # statements whose AI calls may all stand
 
 @dataclass(frozen=True)
 class Script:
-    """Several statements in one text (each in the session's dialect), run in order on one connection. It binds
+    """Several statements in one text, run in order on one connection.
+
+    Several statements in one text (each in the session's dialect), run in order on one connection. It binds
     no parameters, and what it returns is known only once it has run."""
 
     texts: tuple[str, ...]

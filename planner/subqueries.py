@@ -39,7 +39,9 @@ class Names:
 
 @dataclass
 class Scope:
-    """The catalog seen by one SELECT: stored tables plus the relations materialized before it; `resident`
+    """The catalog seen by one SELECT.
+
+    Stored tables plus the relations materialized before it; `resident`
     answers what share of a column's documents the KV pool holds (None: the planner does not see the pool);
     `documents`: whether AI steps carry the document tokens they expect resident (EXPLAIN's figure)."""
 

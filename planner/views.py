@@ -30,7 +30,9 @@ MAX_DEPTH = 16  # views reading views
 
 @dataclass(frozen=True)
 class ViewDefinition:
-    """A CREATE VIEW with AI calls, as it will be kept: its name, query text and dialect; `replace`: OR REPLACE,
+    """A CREATE VIEW with AI calls, as it will be kept.
+
+    Its name, query text and dialect; `replace`: OR REPLACE,
     `keep`: IF NOT EXISTS."""
 
     name: str

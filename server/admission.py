@@ -17,7 +17,9 @@ MAX_STATEMENT_BYTES = 1 << 20  # a statement's text, by default
 
 @dataclass(frozen=True)
 class Limits:
-    """max_active: queries running or waiting for the model at once; per query: model requests, their
+    """The server's limits on queries: at once, and each one's work and text.
+
+    max_active: queries running or waiting for the model at once; per query: model requests, their
     prompts' tokens, seconds, the tokens generation may choose, and the bytes of its text (UTF-8)."""
 
     max_active: int = 64

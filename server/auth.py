@@ -44,6 +44,8 @@ MAX_PAIRS = 100_000  # (user, address) pairs with failures remembered
 
 @dataclass(frozen=True)
 class User:
+    """A user of the server: name, password hash, role."""
+
     password: str
     role: str = "read"
 

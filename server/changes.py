@@ -40,7 +40,9 @@ TEMPORARY = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP|TEMPORARY)\b", 
 
 @dataclass
 class Changes:
-    """Runs writes, transaction statements and texts of several statements. `plan` plans one statement of a
+    """Runs writes, transaction statements and texts of several statements.
+
+    `plan` plans one statement of a
     call (text, one row of parameters, call context, catalog); `catalog` gives a call's catalog on a lease."""
 
     database: Database

@@ -100,7 +100,9 @@ def _parsed_stream(fn: Callable, name: str) -> Callable:
 
 
 class FlightService:
-    """Adapts a FlightHandler to the ten FlightService methods; with an authenticator, every call but
+    """The ten FlightService methods over a FlightHandler, logins checked.
+
+    Adapts a FlightHandler to the ten FlightService methods; with an authenticator, every call but
     Handshake (the login) must carry a valid bearer token. `on_error` sees the status of each failed call."""
 
     def __init__(self, handler: FlightHandler, auth: Authenticator | None = None, on_error: OnError = _ignore) -> None:

@@ -11,7 +11,9 @@ T = TypeVar("T")
 
 
 class ReadAhead(Generic[T]):
-    """The items of `items`, made on a thread of `pool` from now on, at most `depth` of them made and not yet
+    """The items of a generator, made on a thread ahead of the reader.
+
+    The items of `items`, made on a thread of `pool` from now on, at most `depth` of them made and not yet
     taken by the reader, the one being made counted: the first (or the end, where there is none) is made
     before anyone reads, each next one while the reader sends the last it took, and nothing past the first
     without a reader. After the last item, the generator's own end (a query's report) runs while the reader

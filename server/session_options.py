@@ -52,7 +52,9 @@ def _text(value: Message) -> str | None:
 
 
 class Sessions:
-    """Options per session over the server's defaults; `allowed` lists each option's valid values. Sessions
+    """Options per session over the server's defaults.
+
+    `allowed` lists each option's valid values. Sessions
     are kept least recently used first: those idle for `idle_s`, and any past `max_count`, end."""
 
     def __init__(self, defaults: Mapping[str, str], allowed: Mapping[str, tuple[str, ...]],

@@ -41,7 +41,9 @@ PLAN_HOLDS_S = 2.0  # a prepared AI query's plan runs it this long after it was 
 
 @dataclass(frozen=True)
 class Kept:
-    """A prepared query's plan and result schema, and what they were made under: the catalog's version,
+    """A prepared query's plan and result schema, and what they were made under.
+
+    The catalog's version,
     the session's dialect, and when (the KV pool its join orders were costed against changes)."""
 
     plan: PhysicalPlan
@@ -59,7 +61,9 @@ class Kept:
 
 @dataclass
 class HeadStart:
-    """A prepared query of no parameters, run from the moment it was prepared: ADBC and JDBC run a statement
+    """A prepared query of no parameters, run from the moment it was prepared.
+
+    ADBC and JDBC run a statement
     right after preparing it, so its first batch is computed while the client asks for its FlightInfo and
     its ticket, and its DoGet reads on from there (`batches`: made ahead of the DoGet, the stream's end
     while the DoGet sends the last batch). `handle`: its running entry, then the ticket of its first
@@ -80,7 +84,9 @@ class HeadStart:
 
 @dataclass
 class PreparedStatement:
-    """A query text and the rows of parameter values last bound to it (None: none bound); `planned`: the
+    """A prepared statement: its text, its last bound parameters, its plan.
+
+    A query text and the rows of parameter values last bound to it (None: none bound); `planned`: the
     plan a query of no parameters got when it was prepared (a client runs it at once: it is not made
     twice); `head`: the handle of its head start, until its first FlightInfo; `transaction`: the
     transaction it was prepared in, which it runs in (None: none); `user`: who prepared it (only they may
@@ -95,7 +101,9 @@ class PreparedStatement:
 
 
 class Held(Generic[T]):
-    """Entries by handle, least recently used first, bounded by count and by their estimated bytes: the
+    """Entries by handle, bounded by count and bytes, least recently used first.
+
+    Entries by handle, least recently used first, bounded by count and by their estimated bytes: the
     least recently used go when a new one would pass either bound."""
 
     def __init__(self, max_count: int, max_bytes: int) -> None:
@@ -130,7 +138,9 @@ class Held(Generic[T]):
 
 @dataclass(frozen=True)
 class Pending:
-    """A planned query awaiting its ticket: its plan and result schema, its text, the transaction it runs in
+    """A planned query awaiting its ticket.
+
+    Its plan and result schema, its text, the transaction it runs in
     (None: none), when its time limit started (its planning's start; None: when the ticket is redeemed), and
     the user who planned it (only they may redeem or cancel it)."""
 
@@ -158,7 +168,9 @@ def _unknown_prepared() -> NotFound:
 
 
 class Statements:
-    """Handles are random 16-byte strings. Prepared statements, planned queries awaiting their ticket, and
+    """The server's statements by handle, each its user's.
+
+    Handles are random 16-byte strings. Prepared statements, planned queries awaiting their ticket, and
     results awaiting theirs are each bounded by count and estimated bytes: the least recently used go
     first (a later use of a handle that went gets NOT_FOUND). A head start not taken up by a DoGet within
     PLAN_HOLDS_S (the client closed its statement, or never ran it) is stopped at the next prepare or

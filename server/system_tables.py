@@ -50,8 +50,9 @@ def queries_table(running: dict[bytes, Running], viewer: str = "-", everyone: bo
 
 
 class WithSystemTables:
-    """A catalog of stored tables plus system tables, each built when a statement reads it (an Arrow relation
-    registered for the statement)."""
+    """A catalog of stored tables plus system tables.
+
+    Each system table is built when a statement reads it (an Arrow relation registered for the statement)."""
 
     def __init__(self, stored: Catalog, system: dict[str, tuple[pa.Schema, Callable[[], pa.Table]]]) -> None:
         self.stored = stored

@@ -47,3 +47,15 @@ def test_every_module_opens_with_a_one_line_summary():
         if not doc[0] or (len(doc) > 1 and doc[1].strip()):
             unsummarized.append(name)
     assert not unsummarized, unsummarized
+
+
+def test_every_public_class_opens_with_a_one_line_summary():
+    unsummarized = []
+    for name in _modules():
+        module = importlib.import_module(name)
+        for attribute, value in vars(module).items():
+            if isinstance(value, type) and value.__module__ == name and not attribute.startswith("_"):
+                doc = (value.__doc__ or "").strip("\n").split("\n")
+                if not doc[0].strip() or (len(doc) > 1 and doc[1].strip()):
+                    unsummarized.append(f"{name}.{attribute}")
+    assert not unsummarized, unsummarized

@@ -229,7 +229,9 @@ def _texts(job: Job, row: int) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Ask:
-    """A yes/no question over rows: args holds one column (list of texts) per PROMPT argument; how its
+    """A yes/no question over rows, and how its answers are decided.
+
+    A yes/no question over rows: args holds one column (list of texts) per PROMPT argument; how its
     answers are decided (`selectivity`, `decide`) and whether rejected rows' documents go first when the KV pool needs room."""
 
     question: Question
@@ -256,7 +258,9 @@ def yes_probabilities(runtime: Runtime, question: Question, args: Sequence[Seque
 
 @dataclass
 class Asking:
-    """Questions whose forward passes are queued on the device (all of them: the host is free to prepare
+    """Questions whose forward passes are queued on the device.
+
+    (all of them: the host is free to prepare
     other work while they run); `read` waits for their answers."""
 
     runtime: Runtime

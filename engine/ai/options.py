@@ -82,7 +82,9 @@ SUMMARIZE = "Summarize the texts in a few sentences."  # AI_SUMMARIZE_AGG's inst
 
 @dataclass(frozen=True)
 class Aggregation:
-    """An AI aggregate: the instruction each prompt states, how answers are generated, and the most texts a
+    """An AI aggregate: its instruction, its generation options, how many texts a prompt takes.
+
+    An AI aggregate: the instruction each prompt states, how answers are generated, and the most texts a
     prompt takes (None: as many as fit the context)."""
 
     instruction: str

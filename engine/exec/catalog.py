@@ -79,7 +79,9 @@ def column_of(table: pa.Table, column: str) -> pa.ChunkedArray | None:
 
 
 class MemoryCatalog:
-    """Tables registered in memory (the in-process Python API's catalog); statements run on a connection of
+    """Tables registered in memory: the in-process Python API's catalog.
+
+    Tables registered in memory (the in-process Python API's catalog); statements run on a connection of
     their own to the process's in-memory DuckDB, each table registered there."""
 
     def __init__(self) -> None:

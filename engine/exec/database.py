@@ -102,7 +102,9 @@ class Database:
 
 
 class DatabaseCatalog:
-    """The tables and views a connection to the database sees (main schema, and its own temporary ones), as the
+    """The tables and views a connection to the database sees.
+
+    (main schema, and its own temporary ones), as the
     planner and executor ask for them: statements run on that connection and read the tables there (no Arrow
     relations to register). The names are read once, when first asked."""
 

@@ -71,7 +71,9 @@ class Column:
 
 @dataclass(frozen=True)
 class AllColumns:
-    """Every column under its stored name (`SELECT r.*`); not where two names differ only in case (DuckDB
+    """Every column under its stored name (`SELECT r.*`).
+
+    Not where two names differ only in case (DuckDB
     renames the second)."""
 
     ROW_BY_ROW: ClassVar[bool] = True
@@ -166,6 +168,8 @@ class IsNull:
 
 @dataclass(frozen=True)
 class Not:
+    """A condition negated."""
+
     term: Condition
 
     def mask(self, named: _Named) -> pa.ChunkedArray | None:
@@ -200,7 +204,9 @@ def _combined(terms: tuple[Condition, ...], named: _Named, how) -> pa.ChunkedArr
 
 @dataclass(frozen=True)
 class Picks:
-    """What a statement that only picks from one relation does (`SELECT r.*, b AS c FROM src AS r WHERE ...`):
+    """What a statement that only picks from one relation does.
+
+    (`SELECT r.*, b AS c FROM src AS r WHERE ...`):
     the rows of `source` that `where` holds for (None: all), then `items` in order."""
 
     source: str

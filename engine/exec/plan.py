@@ -55,7 +55,9 @@ class _OneStep:
 
 @dataclass(frozen=True)
 class SQLStep(_OneStep):
-    """Run one DuckDB statement over named relations (tables and earlier outputs); `picks`: the statement
+    """Run one DuckDB statement over named relations.
+
+    (tables and earlier outputs); `picks`: the statement
     only picks rows and columns of one relation (the executor takes them in Arrow where DuckDB would
     answer as Arrow does: picks.py). `text`: the statement, or what writes it when it is first needed
     (`sql`; it may be called more than once, from several threads): the text of a statement that picks
@@ -169,7 +171,9 @@ class AIFilterChain(_OneStep):
 
 @dataclass(frozen=True)
 class AIAggregate(_OneStep):
-    """Reduce each row's list of texts in each of `columns` (column, aggregation) to the model's answer, a
+    """Reduce each group's list of texts to the model's answer.
+
+    Reduce each row's list of texts in each of `columns` (column, aggregation) to the model's answer, a
     string in the list's place (engine/ai/aggregate.py); a row is a group of the SELECT it comes from."""
 
     ROW_BY_ROW: ClassVar[bool] = True
@@ -270,7 +274,9 @@ _TRANSACTIONS = {"BEGIN": "begin", "START": "begin", "COMMIT": "commit", "END": 
 
 @dataclass(frozen=True)
 class Write:
-    """A statement DuckDB runs when its call comes, not when its rows are fetched: DDL, DML, transaction
+    """A statement DuckDB runs when its call comes: DDL, DML, transaction control, settings.
+
+    A statement DuckDB runs when its call comes, not when its rows are fetched: DDL, DML, transaction
     control, settings. Its result is its RETURNING rows (`returns_rows`), else one row: the rows it changed.
 
     - `sql`: the statement as DuckDB runs it; `kind`: DuckDB's statement type (INSERT, CREATE, ...);

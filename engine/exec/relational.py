@@ -121,7 +121,9 @@ def user_text(message: str) -> str:
 
 @dataclass(frozen=True)
 class Signature:
-    """What DuckDB's binder says of a statement: what it returns (rows, or a count or nothing), whether running
+    """What DuckDB's binder says of a statement, nothing run.
+
+    What DuckDB's binder says of a statement: what it returns (rows, or a count or nothing), whether running
     it changes the database (a sequence's nextval does too), and how many parameters it has."""
 
     schema: pa.Schema
@@ -170,7 +172,9 @@ def statement_schema(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Schema:
 
 
 class DuckDB:
-    """One query's statements, run one after another on a connection (`connection`; by default one of its own
+    """One query's statements, run one after another on a connection.
+
+    (`connection`; by default one of its own
     to the in-memory database, closed at the end). Each Arrow relation is registered the first time a
     statement sees it (again when its name comes to hold another table) and unregistered at the end; every
     statement is checked first (sql_guard.py); DuckDB's errors become Quail errors."""
@@ -231,7 +235,9 @@ class DuckDB:
 
 
 class StatementSchemas:
-    """The output schema of each statement DuckDB bound over relations of given schemas and a catalog at a given
+    """Output schemas of the statements DuckDB bound, remembered by statement and inputs.
+
+    The output schema of each statement DuckDB bound over relations of given schemas and a catalog at a given
     version, the last `size` of them: an output schema is a function of the statement, its inputs' schemas
     and the stored tables', never of their rows, so finding a plan's result schema binds only the
     statements it has not seen (a dashboard's refresh, or the same projection over another range of rows,

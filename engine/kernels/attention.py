@@ -70,7 +70,9 @@ def _buckets(lengths: list[int], starts: np.ndarray) -> tuple[list[tuple[int, in
 
 @dataclass(eq=False)
 class Before:
-    """What a stretch of rows continues: resident KV (`past`) and/or tokens earlier in the same pass
+    """What a stretch of rows continues: resident KV and/or earlier tokens of the pass.
+
+    What a stretch of rows continues: resident KV (`past`) and/or tokens earlier in the same pass
     (`chain`: their packed indices on the device), in that order."""
 
     past: KV | None

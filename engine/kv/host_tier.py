@@ -46,7 +46,9 @@ CGROUP_MEMORY = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
 
 @dataclass
 class HostRun:
-    """A run of tokens in the host store: (first slot, count) extents, in token order; on a GPU, the event
+    """A run of tokens in a lower tier's store, as extents of slots.
+
+    A run of tokens in the host store: (first slot, count) extents, in token order; on a GPU, the event
     that its copy out has been made (`copied`)."""
 
     extents: list[tuple[int, int]]
@@ -82,7 +84,9 @@ class _Restore:
 
 
 class HostTier:
-    """Host slots (slots, keys|values, layers, kv_heads, head_dim) for runs of one device pool: in memory,
+    """Slots for runs of one device pool, in host memory or a disk's file.
+
+    Host slots (slots, keys|values, layers, kv_heads, head_dim) for runs of one device pool: in memory,
     pinned as it fills on a GPU; or, given a `path`, in that file (the disk tier)."""
 
     def __init__(self, pool: KVPool, slots: int, path: Path | None = None) -> None:

@@ -34,7 +34,9 @@ POOL, HOST, DISK = "pool", "host", "disk"
 
 @dataclass(eq=False)
 class Node:
-    """An edge of tokens after `depth` tokens, and its KV: in the pool (`kv`), or in a lower tier (`host`: the
+    """An edge of the resident tree, and where its KV lies.
+
+    An edge of tokens after `depth` tokens, and its KV: in the pool (`kv`), or in a lower tier (`host`: the
     host tier's or the disk tier's run, as `host.tier` says; root: neither)."""
 
     ids: np.ndarray

@@ -43,7 +43,9 @@ NOTED_MAX = 256  # prompts whose demotions are noted (demote_later) and not yet 
 
 @dataclass
 class Match:
-    """The longest resident prefix of a prompt: its length, its KV (None when 0; of the part in the pool
+    """The longest resident prefix of a prompt.
+
+    Its length, its KV (None when 0; of the part in the pool
     only, for a match that left the host tier's part where it is) and the node it ends in."""
 
     length: int
@@ -66,7 +68,9 @@ class Counts:
 
 
 class ResidentTree:
-    """The radix tree over the pool's runs. Thread-safe: queries match and insert from their threads and the
+    """The radix tree over the pool's runs, for all queries and time.
+
+    The radix tree over the pool's runs. Thread-safe: queries match and insert from their threads and the
     scheduler's."""
 
     def __init__(self, pool: KVPool, host: HostTier | None = None, disk: HostTier | None = None) -> None:

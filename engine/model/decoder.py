@@ -105,7 +105,9 @@ class MLP(nn.Module):
 
 
 class LayerParts(Protocol):
-    """What runs a prefill pass's embedding and its layers' token-wise parts (the parts around attention):
+    """What runs a prefill pass's embedding and the token-wise parts of its layers.
+
+    What runs a prefill pass's embedding and its layers' token-wise parts (the parts around attention):
     the model itself, or graphs captured for the pass's size. `finish` need not serve the last layer;
     `attention_out` names where attention may write its output (None: anywhere)."""
 

@@ -63,7 +63,9 @@ class _Independent:
 
 
 class BlockPrefixCache:
-    """KV of full token blocks keyed by a hash of everything up to the block's end, in the pool's slots:
+    """KV of full token blocks keyed by a hash of everything up to each block's end.
+
+    KV of full token blocks keyed by a hash of everything up to the block's end, in the pool's slots:
     bounded by the pool, the least recently used blocks going first when a pass needs slots (`make_room`)."""
 
     def __init__(self, block_size: int = 16) -> None:

@@ -277,7 +277,9 @@ def _gumbel(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tenso
 
 
 class DecodeJob:
-    """Sequences continued a token a pass (the scheduler's Job): each pass takes every running sequence's
+    """Sequences continued a token a pass: the scheduler's Job for decoding.
+
+    Sequences continued a token a pass (the scheduler's Job): each pass takes every running sequence's
     next tokens (one, or the rest of a prompt the tree let go of, in parts of at most a pass) while the
     share admits them; after it, each sequence's run grows by what the pass kept and, where its feed
     ended, the next token is chosen on the device and fed to the next pass from there. The host reads a

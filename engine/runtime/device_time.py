@@ -11,7 +11,9 @@ if TYPE_CHECKING:
 
 
 class DeviceTime:
-    """Seconds the device spent running forward passes. A pass queued on a CUDA stream counts from its
+    """Seconds the device spent running forward passes.
+
+    A pass queued on a CUDA stream counts from its
     start event to its end event, once both have been reached (read from any thread, without waiting for
     the device); a pass on the CPU runs on the caller's thread and counts its own wall time. Busy time over
     wall time is the share of time the device had a pass in hand; the rest it waited between passes, for

@@ -41,7 +41,9 @@ KEPT_SCHEMAS = 64  # the most recently used schemas' grammars a runtime keeps (a
 
 
 class GrammarTokens:
-    """A model's vocabulary as llguidance reads it (built once per runtime: about half a second), and the
+    """A model's vocabulary as llguidance reads it, and the grammars used last over it.
+
+    A model's vocabulary as llguidance reads it (built once per runtime: about half a second), and the
     grammars of the KEPT_SCHEMAS schemas used last over it."""
 
     def __init__(self, tokenizer_json: str, vocab: int, end: int) -> None:

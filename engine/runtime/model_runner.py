@@ -72,7 +72,9 @@ def _reached(event: torch.cuda.Event) -> None:
 
 @dataclass(eq=False)
 class PassEvents:
-    """Points a pass records on the device's stream (CUDA only): its start, the start of layer `mark`, its end,
+    """Points a pass records on the device's stream (CUDA only).
+
+    Its start, the start of layer `mark`, its end,
     the start of each layer the host reached in a pass that work may cut into; and those of the passes cut
     into it."""
 
@@ -103,7 +105,9 @@ def opening_layers(device: torch.device) -> int:
 
 
 class CutIn(Protocol):
-    """Work that may run in a pass of its own inside a pass being queued, between two of its layers: `at` is
+    """Work that may run in a pass of its own between two layers of a pass being queued.
+
+    Work that may run in a pass of its own inside a pass being queued, between two of its layers: `at` is
     called as the host reaches each layer (its event recorded), with what sets the pass's buffers aside."""
 
     def at(self, layer: int, aside: Callable[[], ContextManager[None]]) -> None: ...

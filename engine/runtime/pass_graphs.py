@@ -62,7 +62,9 @@ def bucket(n: int, full: int | None = None) -> int | None:
 
 
 class PassGraphs:
-    """Captured token-wise parts of one model's layers, per size bucket (CUDA): `parts` gives what a pass
+    """Captured token-wise parts of one model's layers, per size bucket (CUDA).
+
+    `parts` gives what a pass
     of n tokens runs them with (Decoder.forward's `parts`). `token_budget`: the passes' budget, whose
     full passes are captured too when it is past SIZES and at most LARGEST_FULL."""
 
@@ -129,7 +131,9 @@ class PassGraphs:
 
 
 class CapturedParts:
-    """A pass of n tokens through its size's graphs (decoder.LayerParts): the tokens' rows first in the
+    """A pass of n tokens through its size's captured graphs.
+
+    A pass of n tokens through its size's graphs (decoder.LayerParts): the tokens' rows first in the
     buffers, the padding rows of the hidden states zeros. Each part reads the buffers, which hold what
     the arguments name (the views `embedded` and `finish` return, and attention's output copied in)."""
 

@@ -28,7 +28,9 @@ LAYOUTS = ("filter", "join")
 
 @dataclass(frozen=True)
 class ChatFrame:
-    """The model's chat template split around the user's message; `turn_end`: what closes the assistant's
+    """The model's chat template, split around the user's message.
+
+    The model's chat template split around the user's message; `turn_end`: what closes the assistant's
     turn (its first non-blank text after the assistant's message; "" without a template)."""
 
     head: str

@@ -86,7 +86,9 @@ def _start_local(gpus: int, attempts: int = START_ATTEMPTS) -> None:
 
 
 class RayReplica:
-    """A replica as a Ray actor (replicas.Replica). Ray restarts its process when it dies (the batches it
+    """A replica as a Ray actor.
+
+    (replicas.Replica). Ray restarts its process when it dies (the batches it
     had fail with ReplicaLost and run elsewhere); the replica counts as down until the restarted actor
     answers."""
 

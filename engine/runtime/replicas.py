@@ -159,7 +159,9 @@ def replica_error(index: int, name: str, text: str) -> QuailError:
 
 
 class ProcessReplica:
-    """A runtime in a process of its own (started with `spawn`), serving many queries at once: each request
+    """A runtime in a process of its own, serving many queries at once.
+
+    A runtime in a process of its own (started with `spawn`), serving many queries at once: each request
     batch is scored on a thread of that process, so its scheduler packs them all into its passes. Restarted
     again after its process ends (`_restart`); jobs it had not answered fail with ReplicaLost."""
 
@@ -296,7 +298,9 @@ class ProcessReplica:
 
 
 class Replicas:
-    """Replicas 1..n-1 of a runtime (0 is the caller's own): processes of their own (ProcessReplica), or Ray
+    """Replicas 1..n-1 of a runtime, and the router over all n.
+
+    Replicas 1..n-1 of a runtime (0 is the caller's own): processes of their own (ProcessReplica), or Ray
     actors where `config.ray` names a cluster (ray_replicas.py); and the router over all n."""
 
     def __init__(self, config: EngineConfig, count: int, devices: Callable[[int], str]) -> None:
@@ -430,7 +434,9 @@ def _start(replica: Replica) -> None:
 
 
 class ReplicaWorker:
-    """The runtime of a replica, where it runs (a process of its own, a Ray actor): loads and warms the
+    """The runtime of a replica, where it runs.
+
+    (a process of its own, a Ray actor): loads and warms the
     model, scores or decodes request batches (on threads of the caller's: its scheduler packs them into shared
     passes), stops a batch its query cancelled."""
 
@@ -517,7 +523,9 @@ def serve_replica(config: EngineConfig, conn) -> None:
 
 @dataclass
 class RoutedScoring:
-    """Answers of requests spread over the replicas (Replicas.launch; log-probabilities or continuations):
+    """Answers of requests spread over the replicas.
+
+    (Replicas.launch; log-probabilities or continuations):
     replica 0's being computed here, the others' as futures. `read` waits for all (checking the query's
     cancellation, which stops the other replicas' jobs too), runs here the requests of a replica that ended
     (`rerun` counts them), and adds what the others computed to the query's counters."""

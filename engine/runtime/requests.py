@@ -94,7 +94,9 @@ def document_prefix(request: Request) -> tuple[int, bytes] | None:
 
 
 class ResidentShare(Protocol):
-    """What the planner may ask of the KV pool (Runtime.resident_share): of the documents a column's texts make
+    """What the planner may ask of the KV pool: a column's documents' resident share.
+
+    What the planner may ask of the KV pool (Runtime.resident_share): of the documents a column's texts make
     as placeholder {placeholder}'s, the share of their tokens whose whole document prefix ([preamble][document],
     what every request over them begins with) is resident now, from 0 to 1."""
 

@@ -34,7 +34,9 @@ STRATEGIES: dict[str, Strategy] = {"quail": tree, "naive": baselines.independent
 
 @dataclass
 class Scoring:
-    """Answers being computed on the device: (request indices, their log-probabilities) per label set,
+    """Answers being computed on the device.
+
+    (request indices, their log-probabilities) per label set,
     every request in one of them."""
 
     groups: list[tuple[list[int], torch.Tensor]]
@@ -59,7 +61,9 @@ class Generated:
 
 
 class Runtime:
-    """One per device, serving every running query: their forward passes are packed together
+    """The model runtime: one per device, serving every running query.
+
+    One per device, serving every running query: their forward passes are packed together
     by the device's scheduler (scheduler.PassScheduler).
 
     `strategy` is how requests become forward passes: a name from STRATEGIES

@@ -56,7 +56,9 @@ CHUNK_ROWS = (64, 8192)  # a chunked plan's first and largest chunks: the first 
 
 @dataclass
 class Row:
-    """New tokens to compute after `past` (None: from position 0) and, where `parent` names one, after
+    """New tokens of a pass, and what they continue.
+
+    New tokens to compute after `past` (None: from position 0) and, where `parent` names one, after
     that earlier row of the same pass (whose past is this row's too); the KV of the first `keep` of them
     is returned (written into the pool). Or, with `slots` (and no past), after the tokens whose KV those
     slots of the runner's pool hold, in order: a decode step, which the runner runs as one when every
@@ -92,7 +94,9 @@ PAD_FACTOR = 2  # attention pads each row to its bucket's longest: padded area â
 
 @dataclass
 class Fill:
-    """A forward pass being filled: new tokens, and each padding bucket's rows and longest row (padded:
+    """A forward pass being filled.
+
+    New tokens, and each padding bucket's rows and longest row (padded:
     attention pads rows per bucket, so the padded area is bounded too)."""
 
     budget: int
@@ -167,7 +171,9 @@ def new_pass(runner: ModelRunner) -> Fill:
 
 @dataclass
 class Share:
-    """A pass as one query fills it: what the pass admits, and this query's `tokens` in it, at most `limit`
+    """A pass as one query fills it.
+
+    What the pass admits, and this query's `tokens` in it, at most `limit`
     (None: no bound of its own). A query adds rows while its share admits them."""
 
     fill: Fill
@@ -183,7 +189,9 @@ class Share:
 
 
 class Job(Protocol):
-    """A query's model work as the scheduler drives it, a pass at a time: rows for a pass, then their
+    """A query's model work as the scheduler drives it, a pass at a time.
+
+    Rows for a pass, then their
     results. `runner` is the query's (its budget, check, pool and tree), `stats` its counters;
     `pass_tokens`: the longest pass it should ride while it waits, None: any (its rows are
     decode steps, each waiting for the pass before it: DECODE_PASS_TOKENS; it is short: `pass_tokens`)."""
@@ -321,7 +329,9 @@ class _CutIn:
 
 
 class PassScheduler:
-    """The device's owner loop: every running query's model work waits here, and each forward pass is
+    """The device's owner loop: every query's rows packed into shared forward passes.
+
+    The device's owner loop: every running query's model work waits here, and each forward pass is
     packed from the rows of many queries (continuous batching across queries).
 
     Fairness: the queries with work lead a pass in turn (round robin) and each
@@ -893,7 +903,9 @@ def _document_match(tree: ResidentTree, request: Request, length: int) -> Match:
 
 @dataclass(eq=False)
 class Fetch:
-    """A resident prefix some of a job's requests continue: its KV is taken from the tree when the first
+    """A resident prefix a job's requests continue, taken from the tree as late as it can be.
+
+    A resident prefix some of a job's requests continue: its KV is taken from the tree when the first
     item continuing it joins a pass (copied back into the pool if the tree moved it to the host tier), not
     when the job starts, so a job holds no more of the pool than its passes read (its prefixes may be
     more than the pool holds). Its node is pinned until then: it stays in the tree."""

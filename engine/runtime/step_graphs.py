@@ -41,7 +41,9 @@ def bucket(n: int) -> int:
 
 
 class StepGraphs:
-    """Captured decode steps of one model over one pool (CUDA): `__call__` runs a step as Decoder.decode
+    """Captured decode steps of one model over one pool (CUDA).
+
+    `__call__` runs a step as Decoder.decode
     does, from host arrays. Its buffers are allocated, and its scratch slot taken, on first use (`usable`)."""
 
     def __init__(self, model: Decoder, pool: KVPool) -> None:

@@ -55,7 +55,9 @@ def import_plan(data: bytes, catalog: Catalog) -> PhysicalPlan:
 
 @dataclass(frozen=True)
 class Rows:
-    """A relation as SQL: a named relation (a step's output, a stored table) or a SELECT with one aliased
+    """A relation as SQL, with its columns' names and types.
+
+    A relation as SQL: a named relation (a step's output, a stored table) or a SELECT with one aliased
     expression per column; its columns' names and types."""
 
     names: list[str]

@@ -76,7 +76,9 @@ class Typed:
 
 @dataclass
 class Scope:
-    """The columns an expression may name, by position (a subquery's also those of the scopes it is in);
+    """The columns an expression may name, by position.
+
+    (a subquery's also those of the scopes it is in);
     after grouping, also the expressions computed already (grouping keys and aggregates: position by their
     `key` in the scope before grouping)."""
 

@@ -75,7 +75,9 @@ def _count(clause: exp.Expression, what: str) -> int:
 
 
 class Queries:
-    """Translates queries to relation trees over the named relations `sources` finds: FROM and joins
+    """Translates queries to Substrait relation trees.
+
+    Translates queries to relation trees over the named relations `sources` finds: FROM and joins
     (ReadRel / ReferenceRel, JoinRel, CrossRel), WHERE and HAVING (FilterRel), GROUP BY, aggregates and
     DISTINCT (AggregateRel), the SELECT list (ProjectRel and emit), ORDER BY (SortRel), LIMIT / OFFSET
     (FetchRel), UNION [ALL] (SetRel); CTEs and derived tables inline, subqueries in expressions."""
