@@ -13,7 +13,8 @@ from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.loading import building_on
 from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.requests import Request
-from quail.engine.runtime.scheduler import Strategy, pack
+from quail.engine.runtime.packing import pack
+from quail.engine.runtime.tree_job import Strategy
 
 
 def hf_model(model: Decoder):

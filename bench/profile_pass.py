@@ -26,7 +26,7 @@ from quail.engine.kv.runs import KV
 from quail.engine.model.config import EngineConfig
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.loading import load_runtime
-from quail.engine.runtime.scheduler import Row
+from quail.engine.runtime.packing import Row
 
 VARIANTS = [("bf16", True, "buckets"), ("bf16", True, "varlen"), ("fp8", True, "varlen")]
 

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from sqlglot import exp
 
 from quail.engine.errors import InvalidArgument
-from quail.engine.runtime.scheduler import CHARS_PER_TOKEN
+from quail.engine.runtime.estimates import CHARS_PER_TOKEN
 from quail.planner.ai_calls import AICall, ai_calls, ai_name, ancestors, bind, contains_ai
 from quail.planner.dialects import position
 from quail.planner.join_order import PLAIN_SELECTIVITY, Edge, Rank, by_tokens

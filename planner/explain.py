@@ -11,7 +11,7 @@ from sqlglot import exp
 from quail.engine.errors import InvalidArgument
 from quail.engine.exec.catalog import Catalog
 from quail.engine.exec.plan import PhysicalPlan, SQLStep
-from quail.engine.runtime.scheduler import CHUNK_ROWS
+from quail.engine.runtime.estimates import CHUNK_ROWS
 
 from quail.planner.substrait.producer import export_plan
 

@@ -29,7 +29,7 @@ from bench.probes.engine_args import add_engine_arguments, engine_config
 from quail.engine.kernels import paged_decode_triton
 from quail.engine.kernels.paged_decode import gathered
 from quail.engine.runtime.counters import Stats
-from quail.engine.runtime.scheduler import Row
+from quail.engine.runtime.packing import Row
 
 from .timing import timed_ms
 

@@ -22,7 +22,7 @@ import torch
 from quail.engine.model.config import EngineConfig
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.loading import load_runtime
-from quail.engine.runtime.scheduler import Row
+from quail.engine.runtime.packing import Row
 
 
 def composition(rng: np.random.Generator, budget: int = 16384) -> list[Row]:

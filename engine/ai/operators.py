@@ -16,7 +16,7 @@ from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.requests import LabelSet, Request, Segment
 from quail.engine.runtime.replicas import RoutedScoring
 from quail.engine.runtime.runtime import Runtime, Scoring
-from quail.engine.runtime.scheduler import step_parts
+from quail.engine.runtime.step_parts import step_parts
 
 
 ANSWERS = ("letters", "names", "text")

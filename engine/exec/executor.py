@@ -22,7 +22,7 @@ from quail.engine.exec.relational import DuckDB, StatementSchemas
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.runtime import Runtime
-from quail.engine.runtime.scheduler import CHARS_PER_TOKEN, CHUNK_ROWS, PROBE_ROWS
+from quail.engine.runtime.estimates import CHARS_PER_TOKEN, CHUNK_ROWS, PROBE_ROWS
 
 
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from quail.engine.ai.options import Aggregation, Generation
 from quail.engine.exec.picks import Picks
-from quail.engine.runtime.scheduler import PROBE_ROWS
+from quail.engine.runtime.estimates import PROBE_ROWS
 
 T = TypeVar("T", covariant=True)
 

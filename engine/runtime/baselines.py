@@ -22,7 +22,8 @@ from quail.engine.kv.runs import KV, end_to_end
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.requests import Request
-from quail.engine.runtime.scheduler import Row, Share, pass_tokens
+from quail.engine.runtime.packing import Row, Share
+from quail.engine.runtime.scheduler import pass_tokens
 
 
 def independent(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:

@@ -27,7 +27,9 @@ from quail.engine.kv.runs import KV
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.fed_tokens import Chosen
 from quail.engine.runtime.requests import Request
-from quail.engine.runtime.scheduler import DECODE_PASS_TOKENS, Row, Share, tree
+from quail.engine.runtime.packing import Row, Share
+from quail.engine.runtime.scheduler import DECODE_PASS_TOKENS
+from quail.engine.runtime.tree_job import tree
 
 if TYPE_CHECKING:
     from quail.engine.runtime.grammar import Schema

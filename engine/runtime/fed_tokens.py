@@ -17,7 +17,7 @@ import torch
 from quail.engine.kv.pool import on_device
 
 if TYPE_CHECKING:
-    from quail.engine.runtime.scheduler import Row
+    from quail.engine.runtime.packing import Row
 
 
 class Chosen:

@@ -24,7 +24,8 @@ from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.fed_tokens import feed_from_device
 from quail.engine.runtime.pass_graphs import PassGraphs
 from quail.engine.runtime.requests import LabelSet
-from quail.engine.runtime.scheduler import PassScheduler, Row
+from quail.engine.runtime.packing import Row
+from quail.engine.runtime.scheduler import PassScheduler
 from quail.engine.runtime.step_graphs import MAX_BATCH, StepGraphs
 
 

@@ -114,7 +114,7 @@ def worth_keeping(edge: int, children: list[RadixNode]) -> bool:
     more rather than continuing a row of its own. A long resident run costs
     its rows a second attention call and a merge; a short one is copied
     before each of its rows on the GPU (attention.Packed), and runs in the
-    same pass as them (scheduler._shares), so keeping it costs ~nothing and
+    same pass as them (tree_job._shares), so keeping it costs ~nothing and
     saves its tokens in every row.
     """
     return edge * len(children) >= sum(len(c) for c in children)

@@ -25,7 +25,7 @@ from quail.engine.runtime.prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.replicas import Replicas, RoutedScoring
 from quail.engine.runtime.requests import LabelSet, Request, Segment, document_prefix, segments_key
-from quail.engine.runtime.scheduler import Strategy, tree
+from quail.engine.runtime.tree_job import Strategy, tree
 from quail.engine.runtime.text_segments import SegmentCache
 
 

@@ -1,4 +1,4 @@
-"""The scheduler: every decision of what runs in which forward pass, and when.
+"""The scheduler: which queries' rows share each forward pass, and when the next pass is filled.
 
 - Which queries' rows share a pass (`PassScheduler`, the device's owner loop): every running query's
   model work waits in one place and each pass is packed from many queries' rows: the SHARING_QUERIES
@@ -8,70 +8,28 @@
   query arriving during a pass joins the next; a short statement or a decode step arriving while the loop
   queues a pass cuts into it between two layers, the host queuing at most AHEAD_LAYERS ahead of the device
   until the pass's mark (`_CutIn`).
-- What fits a pass: a token budget, and padded attention's area at most PAD_FACTOR times it (Fill, pack).
-- In what order a step's requests are computed (`tree`, the quail strategy): each shared prefix once,
-  longest roots first, depth first, short prefixes joined by their children in one pass, prompts longer
-  than a pass in chunks, each request after the resident prefix it continues (`_continued`: whole
-  segments, or a long shared run), a document another running query is computing waited for, not
-  computed twice (`_Hold`).
-- How a step is cut into parts handed to the runtime (`step_parts`): rows ordered by their anchor's text,
-  a head of about HEAD_PASSES passes (the device starts early), then the rest.
-- How many rows the executor sends at a time: PROBE_ROWS (an AI filter chain's probe), CHUNK_ROWS
-  (a streamed plan's chunks).
+- How long a pass may be while short or decoding jobs wait (`pass_tokens`, DECODE_PASS_TOKENS).
+- Beside it: what fits a pass (packing.py), the quail strategy's order of a step's requests
+  (tree_job.py), how a step is cut into parts (step_parts.py), the executor's row counts (estimates.py).
 """
 
 from __future__ import annotations
 
-import bisect
-import math
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, ContextManager, Protocol, Sequence
 
-import numpy as np
-
-from quail.engine.kernels.padding_buckets import padded_shape, width_class
-from quail.engine.kv.token_prefix import common_start
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.device_time import DeviceTime
-from quail.engine.runtime.radix import RadixNode, build, collapse, nodes
-from quail.engine.runtime.requests import Request, document_prefix
+from quail.engine.runtime.packing import Fill, Row, Share
 
 if TYPE_CHECKING:
     import torch
 
-    from quail.engine.kv.leaves import Node
-    from quail.engine.kv.resident import Match, ResidentTree
     from quail.engine.kv.runs import KV
     from quail.engine.runtime.model_runner import ModelRunner, PassEvents
-
-Strategy = Callable[["ModelRunner", Sequence[Request], Stats], "list[torch.Tensor]"]
-
-PROBE_ROWS = 64
-CHARS_PER_TOKEN = 4.0  # for estimates only: English text in a BPE vocabulary
-CHUNK_ROWS = (64, 8192)  # a chunked plan's first and largest chunks: the first rows leave after a pass or two
-
-
-@dataclass
-class Row:
-    """New tokens of a pass, and what they continue.
-
-    New tokens to compute after `past` (None: from position 0) and, where `parent` names one, after
-    that earlier row of the same pass (whose past is this row's too); the KV of the first `keep` of them
-    is returned (written into the pool). Or, with `slots` (and no past), after the tokens whose KV those
-    slots of the runner's pool hold, in order: a decode step, which the runner runs as one when every
-    row of the pass is one. With `fed` (tensor, index), the row's one token is that element of a tensor
-    on the device (a token chosen after an earlier pass, not yet read by the host); `ids` holds a
-    placeholder."""
-
-    ids: np.ndarray
-    past: KV | None = None
-    keep: int = 0
-    parent: int | None = None
-    slots: np.ndarray | None = None
-    fed: tuple[torch.Tensor, int] | None = None
 
 
 DECODE_PASS_TOKENS = 2048  # a pass's budget while a query decodes: its next token waits for the whole pass
@@ -88,41 +46,6 @@ def pass_tokens(tokens: int) -> int | None:
     (2048, None)
     """
     return SHORT_PASS_TOKENS if tokens <= SHORT_PASS_TOKENS else None
-
-PAD_FACTOR = 2  # attention pads each row to its bucket's longest: padded area ≤ PAD_FACTOR × budget
-
-
-@dataclass
-class Fill:
-    """A forward pass being filled.
-
-    New tokens, and each padding bucket's rows and longest row (padded:
-    attention pads rows per bucket, so the padded area is bounded too)."""
-
-    budget: int
-    tokens: int = 0
-    buckets: dict[int, tuple[int, int]] = field(default_factory=dict)
-    padded: bool = True
-
-    def _area(self, length: int) -> int:
-        """The padded attention area with one more row of `length` tokens."""
-        key = width_class(length)
-        rows, width = self.buckets.get(key, (0, 0))
-        others = sum(math.prod(padded_shape(r, w)) for k, (r, w) in self.buckets.items() if k != key)
-        return others + math.prod(padded_shape(rows + 1, max(width, length)))
-
-    def admits(self, length: int) -> bool:
-        """Whether a row of `length` new tokens still fits (an empty pass takes any row)."""
-        if not self.buckets:
-            return True
-        fits = self.tokens + length <= self.budget
-        return fits and (not self.padded or self._area(length) <= PAD_FACTOR * self.budget)
-
-    def add(self, length: int) -> None:
-        key = width_class(length)
-        rows, width = self.buckets.get(key, (0, 0))
-        self.buckets[key] = (rows + 1, max(width, length))
-        self.tokens += length
 
 
 SHARING_QUERIES = 4  # queries whose jobs share a pass equally; later ones take what they leave, in arrival order
@@ -167,25 +90,6 @@ def _first_queries(live: list[_Waiting], group: Sequence[int]) -> list[int]:
 def new_pass(runner: ModelRunner) -> Fill:
     """An empty forward pass of the runner's budget and attention layout."""
     return Fill(runner.token_budget, padded=runner.model.padded_attention)
-
-
-@dataclass
-class Share:
-    """A pass as one query fills it.
-
-    What the pass admits, and this query's `tokens` in it, at most `limit`
-    (None: no bound of its own). A query adds rows while its share admits them."""
-
-    fill: Fill
-    limit: int | None
-    tokens: int = 0
-
-    def admits(self, length: int) -> bool:
-        return (self.limit is None or self.tokens < self.limit) and self.fill.admits(length)
-
-    def add(self, length: int) -> None:
-        self.fill.add(length)
-        self.tokens += length
 
 
 class Job(Protocol):
@@ -331,8 +235,8 @@ class _CutIn:
 class PassScheduler:
     """The device's owner loop: every query's rows packed into shared forward passes.
 
-    The device's owner loop: every running query's model work waits here, and each forward pass is
-    packed from the rows of many queries (continuous batching across queries).
+    Every running query's model work waits here, and each forward pass is packed from the rows of many
+    queries (continuous batching across queries).
 
     Fairness: the queries with work lead a pass in turn (round robin) and each
     takes up to an equal share of its token budget (the leader's runner's)
@@ -576,361 +480,3 @@ class PassScheduler:
 def _tokens(groups: list[tuple[list[Row], Stats]]) -> int:
     """A pass's tokens."""
     return sum(len(row.ids) for rows, _ in groups for row in rows)
-
-
-def pack(lengths: Sequence[int], budget: int, padded: bool = True) -> list[list[int]]:
-    """Consecutive index runs that fit the budget (one row at least).
-
-    The linear layers see packed tokens only; padded attention pads each row to
-    the longest of its bucket, a waste `Fill` bounds.
-    """
-    batches: list[list[int]] = []
-    fill = Fill(budget, padded=padded)
-    for i, length in enumerate(lengths):
-        if not batches or not fill.admits(length):
-            batches.append([])
-            fill = Fill(budget, padded=padded)
-        batches[-1].append(i)
-        fill.add(length)
-    return batches
-
-
-def step_parts(texts: Sequence[tuple[str, ...]], token_budget: int) -> tuple[list[int], list[range]]:
-    """The order in which a step's rows (each given by its prompt's texts, its anchor's first) go to the
-    runtime, and the parts of that order: sorted by text, so rows that share a prefix share a part, then
-    cut by `_parts` (a pass holding about `token_budget` × CHARS_PER_TOKEN characters)."""
-    order = sorted(range(len(texts)), key=texts.__getitem__)
-    shared = [0] + [common_start(texts[a][0], texts[b][0]) for a, b in zip(order, order[1:])]
-    fresh = [ROW_CHARS + sum(map(len, texts[r])) - common for r, common in zip(order, shared)]
-    return order, _parts(fresh, shared, token_budget * CHARS_PER_TOKEN)
-
-
-HEAD_PASSES = 4  # a large step's first part, in forward passes of estimated fresh tokens
-ROW_CHARS = 32  # a row's fresh characters besides its arguments' (the answer cue; a filter's question)
-
-
-def _parts(fresh: Sequence[float], shared: Sequence[int], per_pass: float) -> list[range]:
-    """The rows (their fresh characters given, `per_pass` to a forward pass) in one part, or, when they
-    fill more than 3 × HEAD_PASSES passes, in two: a head of about HEAD_PASSES passes, then the rest. The
-    head ends within half its size of that, before the row sharing the fewest characters with the row
-    before it (`shared`), nearest the target among those. Each part ends in a pass that is rarely full,
-    so a step is cut once: enough to start the device early and tokenize the rest beside it."""
-    total = np.cumsum(fresh, dtype=np.float64)
-    if not len(total) or total[-1] <= 3 * HEAD_PASSES * per_pass:
-        return [range(len(total))] if len(total) else []
-    low, target, high = np.searchsorted(total, np.array([0.5, 1.0, 1.5]) * HEAD_PASSES * per_pass) + 1
-    cuts = range(max(int(low), 1), min(int(high), len(total) - 1) + 1)
-    if not cuts:  # a few rows fill the passes: one part
-        return [range(len(total))]
-    end = min(cuts, key=lambda e: (shared[e], abs(e - target)))
-    return [range(end), range(end, len(total))]
-
-
-Item = tuple[RadixNode, "KV | Fetch | None", "int | None"]  # a node, the resident KV it continues, its parent's row
-
-
-def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
-    """Last hidden state per request, each distinct prefix computed once (TreeJob), its passes shared with
-    the other queries on the device."""
-    job = TreeJob(runner, requests, stats)
-    try:
-        runner.scheduler.run(job)
-    finally:  # done, cancelled or failed: its pins and claims end with it
-        job.hold.release()
-    return job.hidden
-
-
-class TreeJob:
-    """The quail strategy's work on a set of requests, a pass at a time.
-
-    Passes are filled from the front of a frontier that starts as the roots,
-    longest first. A short node's children join its own pass right behind it
-    (`_shares`: they attend to its keys there, copied before each of them);
-    the children of other nodes, and those that did not fit, go to the front
-    once the pass ran, grouped by parent (each parent's KV one run): depth
-    first, so a parent's KV is dropped as soon as its last child ran. With the
-    runner's resident tree, each request continues the longest prefix of its
-    prompt found there (pinned until the first item continuing it joins a pass,
-    and taken from the tree then: copied back if it moved to the host tier, at
-    most half a pool's worth a pass), and every prompt computed goes into it
-    (kv/resident.py). A request whose document another running
-    query has claimed waits for that query to compute it, then continues it;
-    the job claims the others' documents.
-    """
-
-    def __init__(self, runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> None:
-        self.runner, self.requests, self.stats = runner, requests, stats
-        self.hidden: list[torch.Tensor | None] = [None] * len(requests)
-        self.frontier: deque[Item] = deque()
-        self.hold = _Hold(runner.tree, requests)
-        documents: dict[bytes, Match] = {}
-        self.waiting = self.hold.claim(requests, documents)
-        planned = self._start([i for i in range(len(requests)) if i not in self.waiting], documents)
-        # short, unless it waits for another query's documents: then that query's passes bound its wait
-        self.pass_tokens = None if self.waiting else pass_tokens(planned)
-        self.items: list[Item] = []  # this pass's, with whether each one's children joined it, and its chain
-        self.shared: list[bool] = []
-        self.chain: list[int] = []
-        self.restored = 0  # tokens this pass's items copied back from the lower tiers
-
-    def _start(self, members: list[int], documents: dict[bytes, Match]) -> int:
-        """The members' roots at the frontier's front, longest first; the tokens they plan (counted).
-        `documents`: the matches of document prefixes made for them already (`_Hold.claim`; see `_roots`)."""
-        roots = _roots(self.runner.tree, self.requests, members, self.hold, documents)
-        roots = [(_chunked(node, self.runner.token_budget), kv, None) for node, kv in sorted(
-            roots, key=lambda item: len(item[0]), reverse=True)]
-        planned = sum(len(node) for root, *_ in roots for node in [root, *nodes(root)])
-        self.stats.planned_tokens += planned
-        self.frontier.extendleft(reversed(roots))
-        return planned
-
-    def done(self) -> bool:
-        return not self.frontier and not self.items and not self.waiting
-
-    def fill(self, fill: Share) -> None:
-        """Items for the pass from the frontier's front while its share admits them; a node whose children
-        join it pushes them to the front (parent: its index among this job's items). First, the requests
-        waiting for another query's documents that it has computed (or given up) start."""
-        if self.waiting:
-            ready = [i for i, key in self.waiting.items() if not self.hold.waits_for(key)]
-            for i in ready:
-                del self.waiting[i]
-            if ready:
-                self._start(ready, {})
-        while self.frontier and fill.admits(len(self.frontier[0][0])):
-            if self.restored > self.runner.pool.slots // 2 and isinstance(self.frontier[0][1], Fetch) and \
-                    self.frontier[0][1].kv is None:
-                break  # the pass has copied back half a pool from the host tier: the rest waits for the next
-            node, kv, parent = self.frontier.popleft()
-            if isinstance(kv, Fetch):
-                counts = self.runner.tree.counts
-                host, disk = counts.restored, counts.from_disk
-                kv = kv.run(self.hold)
-                self.stats.host_restored_tokens += counts.restored - host
-                self.stats.disk_restored_tokens += counts.from_disk - disk
-                self.restored += counts.restored - host + counts.from_disk - disk
-            fill.add(len(node))
-            self.chain.append(0 if parent is None else self.chain[parent] + len(self.items[parent][0]))
-            self.items.append((node, kv, parent))
-            self.shared.append(bool(node.children) and _shares(self.chain[-1] + len(node), node.children))
-            if self.shared[-1]:
-                self.frontier.extendleft((child, kv, len(self.items) - 1) for child in sorted(node.children, key=len))
-
-    def rows(self, base: int) -> list[Row]:
-        """The items' rows, this job's first at index `base` of the pass: each keeps its KV when children
-        continue it or the tree indexes it."""
-        keeps = self.runner.tree is not None
-        return [Row(self.requests[node.rep].tokens(node.start, node.end), kv,
-                    len(node) if keeps or node.children else 0, None if parent is None else base + parent)
-                for node, kv, parent in self.items]
-
-    def take(self, last: torch.Tensor, kept: list[KV | None]) -> None:
-        """The pass's results for this job's rows: hidden states of the requests that end there, the runs
-        the children continue, the prompts indexed in the tree (and the claims on their documents ended)."""
-        tree = self.runner.tree
-        runs: list[KV | None] = []
-        children: list[Item] = []
-        for (node, kv, parent), h, new, joined in zip(self.items, last, kept, self.shared):
-            for i in node.ends:
-                self.hidden[i] = h
-            base = runs[parent] if parent is not None else kv
-            runs.append(None if new is None or not node.children else new if base is None else base.then(new))
-            if tree is not None:
-                tree.insert(self.requests[node.rep].tokens(0, node.end), new, node.start, base)
-                self.hold.computed(node.rep, node.end)
-            if node.children and not joined:
-                children.extend((child, runs[-1], None) for child in sorted(node.children, key=len, reverse=True))
-        while self.frontier and self.frontier[0][2] is not None:  # children that joined a pass they did not fit in
-            node, _, parent = self.frontier.popleft()
-            children.append((node, runs[parent], None))
-        self.frontier.extendleft(reversed(children))
-        self.items, self.shared, self.chain, self.restored = [], [], [], 0
-        if self.done():
-            self.hold.release()
-
-
-class _Hold:
-    """What a job holds in the resident tree: the nodes it continues (pinned) and the documents it claimed,
-    until it is done (`release`, once)."""
-
-    def __init__(self, tree: ResidentTree | None, requests: Sequence[Request]) -> None:
-        self.tree = tree
-        self.pins: dict[int, Node] = {}  # the node each Fetch (by id) continues, pinned until it has run
-        self.claims: dict[bytes, int] = {}  # each claimed document's prefix length
-        self.prefixes = [document_prefix(r) for r in requests] if tree is not None else []
-
-    def claim(self, requests: Sequence[Request], documents: dict[bytes, Match]) -> dict[int, bytes]:
-        """Claim the documents of the requests that the tree lacks; the requests whose document another
-        job claimed, and that document's key (they wait for it). Each document prefix's match goes into
-        `documents`, its node pinned (as `_roots` takes them)."""
-        waiting: dict[int, bytes] = {}
-        if self.tree is None:
-            return waiting
-        others: set[bytes] = set()  # documents another job claimed
-        for i, (request, prefix) in enumerate(zip(requests, self.prefixes)):
-            if prefix is None:
-                continue
-            length, key = prefix
-            if key not in documents:
-                documents[key] = _document_match(self.tree, request, length)
-                if documents[key].length < length:
-                    if self.tree.claim(key, self):
-                        self.claims[key] = length
-                    else:
-                        others.add(key)
-            if key in others:
-                waiting[i] = key
-        return waiting
-
-    def waits_for(self, key: bytes) -> bool:
-        return self.tree.claimed(key, self)
-
-    def computed(self, request: int, end: int) -> None:
-        """The first `end` tokens of request number `request` are in the tree: its document's claim ends if
-        they hold it."""
-        if self.claims:
-            prefix = self.prefixes[request]
-            if prefix is not None and self.claims.get(prefix[1], end + 1) <= end:
-                del self.claims[prefix[1]]
-                self.tree.release([prefix[1]], self)
-
-    def pin(self, node: Node, fetch: Fetch) -> None:
-        """Pin the node until `fetch` has run, or the job is done."""
-        self.tree.pin(node)
-        self.pins[id(fetch)] = node
-
-    def unpin(self, fetch: Fetch) -> None:
-        self._unpin(id(fetch))
-
-    def _unpin(self, key: int) -> None:
-        node = self.pins.pop(key, None)  # once, whichever thread comes first (dict.pop is atomic)
-        if node is not None:
-            self.tree.unpin(node)
-
-    def release(self) -> None:
-        for key in list(self.pins):
-            self._unpin(key)
-        if self.claims:
-            claims, self.claims = list(self.claims), {}
-            self.tree.release(claims, self)
-
-
-def _chunked(root: RadixNode, budget: int) -> RadixNode:
-    """The tree with every edge longer than `budget` cut into a chain of edges of at most `budget` tokens
-    (in place): a long prompt is computed in chunks, each continuing the KV of the one before, so no
-    forward pass is longer than the budget (its time and memory bounded; cancellation between them)."""
-    for node in [root, *nodes(root)]:
-        while len(node) > budget:
-            tail = RadixNode(node.start + budget, node.end, node.rep, node.children, node.ends)
-            node.end, node.children, node.ends = node.start + budget, [tail], []
-            node = tail
-    return root
-
-
-def _shares(chain: int, children: list[RadixNode]) -> bool:
-    """Whether children attend to a prefix of `chain` tokens computed in their own pass (copied before
-    each of them, as a short resident run is: attention.Packed) rather than to its KV in a later pass:
-    when the copies are no more than the tokens of the children and of all below them. A preamble
-    joins the documents below it; an anchor does not join its partners' short questions."""
-    return chain * len(children) <= sum(child.tokens_below() for child in children)
-
-
-def _roots(tree: ResidentTree | None, requests: Sequence[Request], members: list[int], hold: _Hold,
-           documents: dict[bytes, Match]) -> list[tuple[RadixNode, "KV | Fetch | None"]]:
-    """The first nodes to compute for these members of `requests`, with the KV they continue: one radix
-    tree over those that continue the same resident prefix (or none), cut to what follows it. The tree
-    nodes those prefixes end in are pinned (held by `hold`). A request continues at most all but its
-    last token (its answer is read there), and as far as `_continued` says. `documents` holds the
-    matches of document prefixes made already (`_Hold.claim`), pinned; the others are made here (all
-    unpinned at the end)."""
-    groups: dict[tuple, list[int]] = {}
-    found: dict[tuple, tuple[int, Match | None]] = {}
-    matched: dict[int, Match] = {}  # each match once, its node pinned until the groups' own pins hold it
-    for i in members:
-        request = requests[i]
-        match = _match(tree, request, hold.prefixes[i], documents) if tree is not None else None
-        if match is not None:
-            matched[id(match)] = match
-        length, segments = _continued(request, match.length if match is not None else 0)
-        key = (length, *(s.key for s in request.segments[:segments])) if segments is not None \
-            else (length, id(match.node))
-        found.setdefault(key, (length, match))
-        groups.setdefault(key, []).append(i)
-    out: list[tuple[RadixNode, KV | Fetch | None]] = []
-    for key, group in groups.items():
-        length, match = found[key]
-        kv = None
-        if length:
-            kv = Fetch(requests[group[0]].tokens(0, length))
-            hold.pin(match.node, kv)
-        root = collapse(build([requests[i] for i in group]))
-        for node in nodes(root):
-            node.rep, node.ends = group[node.rep], [group[i] for i in node.ends]
-        todo = list(root.children)  # each continues the resident prefix: all its requests share it
-        while todo:
-            node = todo.pop()
-            node.start = max(node.start, length)
-            if len(node):
-                out.append((node, kv))
-            else:
-                todo.extend(node.children)
-    for match in {**matched, **{id(m): m for m in documents.values()}}.values():
-        tree.unpin(match.node)
-    return out
-
-
-def _match(tree: ResidentTree, request: Request, prefix: tuple[int, bytes] | None,
-           documents: dict[bytes, Match]) -> Match:
-    """The request's longest resident prefix (all but its last token at most). Where the tree lacks part
-    of its document prefix (`prefix`), that is the document's match, looked up once for all the requests
-    reading the document (a join's partners). Every match made here has its node pinned once (`documents`'
-    too: unpin them all)."""
-    if prefix is not None:
-        length, key = prefix
-        if key not in documents:
-            documents[key] = _document_match(tree, request, length)
-        if documents[key].length < length:
-            tree.count(len(request) - 1, documents[key].length)
-            return documents[key]
-    return tree.match(request.tokens(0, len(request)), len(request) - 1, fetch=False, pin=True, with_kv=False)
-
-
-def _document_match(tree: ResidentTree, request: Request, length: int) -> Match:
-    """The resident part of the request's first `length` tokens (its document prefix), pinned, not counted
-    in the hit rate, nothing copied back or held."""
-    return tree.match(request.tokens(0, length), counted=False, fetch=False, pin=True, with_kv=False)
-
-
-@dataclass(eq=False)
-class Fetch:
-    """A resident prefix a job's requests continue, taken from the tree as late as it can be.
-
-    A resident prefix some of a job's requests continue: its KV is taken from the tree when the first
-    item continuing it joins a pass (copied back into the pool if the tree moved it to the host tier), not
-    when the job starts, so a job holds no more of the pool than its passes read (its prefixes may be
-    more than the pool holds). Its node is pinned until then: it stays in the tree."""
-
-    ids: np.ndarray
-    kv: KV | None = None
-
-    def run(self, hold: "_Hold") -> KV:
-        if self.kv is None:
-            self.kv = hold.tree.match(self.ids, counted=False).kv
-            hold.unpin(self)  # the job holds the run itself now
-        return self.kv
-
-
-PARTIAL_TOKENS = 64  # a resident prefix is continued past its last whole segment when it runs this far past it
-
-
-def _continued(request: Request, length: int) -> tuple[int, int | None]:
-    """How much of its resident prefix of `length` tokens a request continues, and in how many whole
-    segments (None: part of the last). The prefix ends at a segment boundary (the preamble, a document,
-    a question) unless it runs at least PARTIAL_TOKENS into the next segment (a long history shared by
-    an agent's traces): a few tokens that the request shares with another's (documents' common first
-    words) are computed again rather than continued, so the many requests continuing one segment
-    continue one run (read once per pass for all of them, radix.worth_keeping) instead of one run
-    each."""
-    segments = bisect.bisect_right(request.offsets, length) - 1
-    boundary = request.offsets[segments]
-    return (length, None) if length - boundary >= PARTIAL_TOKENS else (boundary, segments)

@@ -25,7 +25,7 @@ from quail.engine.model.decoder import Decoder
 from quail.engine.runtime.fed_tokens import feed_from_device
 
 if TYPE_CHECKING:
-    from quail.engine.runtime.scheduler import Row
+    from quail.engine.runtime.packing import Row
 
 MIN_BATCH = 8
 MAX_BATCH = 1024

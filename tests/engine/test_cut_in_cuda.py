@@ -13,7 +13,8 @@ from quail.engine.model.config import ModelConfig  # noqa: E402
 from quail.engine.model.decoder import Decoder  # noqa: E402
 from quail.engine.runtime.counters import Stats  # noqa: E402
 from quail.engine.runtime.model_runner import ModelRunner, go_on  # noqa: E402
-from quail.engine.runtime.scheduler import AHEAD_LAYERS, Row, _CutIn  # noqa: E402
+from quail.engine.runtime.packing import Row  # noqa: E402
+from quail.engine.runtime.scheduler import AHEAD_LAYERS, _CutIn  # noqa: E402
 
 CFG = ModelConfig("qwen3", vocab_size=512, hidden_size=512, num_layers=16, num_heads=8, num_kv_heads=2, head_dim=64,
                   intermediate_size=2048, rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True)

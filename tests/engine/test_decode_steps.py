@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from quail.engine.kernels.paged_decode import gathered, paged_decode
 from quail.engine.runtime.counters import Stats
-from quail.engine.runtime.scheduler import Row
+from quail.engine.runtime.packing import Row
 
 H, HKV, D = 4, 2, 16
 

@@ -15,7 +15,7 @@ from quail.engine.kernels.paged_decode import gathered  # noqa: E402
 from quail.engine.kv.pool import KVPool  # noqa: E402
 from quail.engine.model.config import ModelConfig  # noqa: E402
 from quail.engine.model.decoder import Decoder  # noqa: E402
-from quail.engine.runtime.scheduler import Row  # noqa: E402
+from quail.engine.runtime.packing import Row  # noqa: E402
 from quail.engine.runtime.step_graphs import StepGraphs  # noqa: E402
 
 H, HKV, D = 32, 8, 128

@@ -10,7 +10,7 @@ from quail.engine.model.config import ModelConfig
 from quail.engine.model.decoder import Decoder
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.model_runner import ModelRunner
-from quail.engine.runtime.scheduler import Row
+from quail.engine.runtime.packing import Row
 
 LABELS = torch.tensor([3, 99, 200, 511])
 

@@ -12,13 +12,13 @@ import pytest
 from quail.engine.ai.operators import Question, build_requests, yes_probabilities
 from quail.engine.errors import InvalidArgument
 from quail.engine.kv.token_prefix import common_start
-from quail.engine.runtime import model_runner, scheduler
+from quail.engine.runtime import model_runner, scheduler, step_parts
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.model_runner import ModelRunner
+from quail.engine.runtime.packing import Fill, Share, pack
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.radix import build, collapse, common_prefix, ideal_stats, nodes
 from quail.engine.runtime.requests import LabelSet, Request, Segment
-from quail.engine.runtime.scheduler import Fill, pack
 
 LABELS = LabelSet(("false", "true"), (0, 1), (0, 1))
 
@@ -571,12 +571,12 @@ def test_a_job_that_breaks_its_pass_gets_the_error_and_the_loop_goes_on(runtime)
 def test_a_large_step_is_cut_once_where_rows_share_least():
     fresh = [100.0] * 200
     shared = [50 if i % 10 else 0 for i in range(200)]  # groups of ten rows share a prefix
-    head, rest = scheduler._parts(fresh, shared, per_pass=500.0)
+    head, rest = step_parts._parts(fresh, shared, per_pass=500.0)
     assert head == range(0, 20) and rest == range(20, 200), "about four passes first, cut between groups"
     shared[20] = 50  # the group boundary nearest the target is gone: the next nearest
-    assert scheduler._parts(fresh, shared, per_pass=500.0)[0] in (range(0, 10), range(0, 30))
-    assert scheduler._parts([100.0] * 60, [0] * 60, per_pass=500.0) == [range(0, 60)], "a small step is not cut"
-    assert scheduler._parts([], [], per_pass=500.0) == []
+    assert step_parts._parts(fresh, shared, per_pass=500.0)[0] in (range(0, 10), range(0, 30))
+    assert step_parts._parts([100.0] * 60, [0] * 60, per_pass=500.0) == [range(0, 60)], "a small step is not cut"
+    assert step_parts._parts([], [], per_pass=500.0) == []
 
 
 @pytest.mark.parametrize("a, b", [("", ""), ("abc", "abd"), ("x" * 5000 + "1", "x" * 5000 + "2"), ("ab", "abc"),
@@ -677,7 +677,7 @@ class _Rows:
         self.stats = Stats()
         self.took = 0
 
-    def fill(self, share: scheduler.Share) -> None:
+    def fill(self, share: Share) -> None:
         while self.took < self.count and share.admits(self.length):
             share.add(self.length)
             self.took += 1

@@ -233,7 +233,7 @@ def test_a_generating_query_shows_its_tokens_and_a_cancel_stops_its_decoding(uri
 def test_ai_rows_stream_before_the_query_ends(uri):
     """An AI projection over 100 rows: the client holds the first chunk's rows while the query still
     runs (quail_queries lists it), then the rest arrive, in table order."""
-    from quail.engine.runtime.scheduler import CHUNK_ROWS
+    from quail.engine.runtime.estimates import CHUNK_ROWS
 
     notes = pa.table({"id": list(range(100)), "body": [f"Note {i}." for i in range(100)]})  # short: fewer tokens
     with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
