@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from quail.engine.runtime.model_runner import PassEvents
+from quail.engine.runtime.pass_events import PassEvents
 
 
 class DeviceTime:

@@ -6,7 +6,7 @@ import contextlib
 import itertools
 import os
 import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, ContextManager, Protocol, Sequence
 
@@ -22,6 +22,7 @@ from quail.engine.kv.runs import KV, KVLedger, runs_of
 from quail.engine.model.decoder import Decoder
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.fed_tokens import feed_from_device
+from quail.engine.runtime.pass_events import PassEvents
 from quail.engine.runtime.pass_graphs import PassGraphs
 from quail.engine.runtime.requests import LabelSet
 from quail.engine.runtime.packing import Row
@@ -61,38 +62,6 @@ def _keeping(rows: list[Row], starts: list[int], pool: KVPool, ledger: KVLedger
         pool.write(layer, target, k, v)
 
     return kept, write, (pool, slots) if every else None
-
-
-def _reached(event: torch.cuda.Event) -> None:
-    """Until the device reaches `event`. One already passed is only asked about: waiting lets go of the
-    interpreter's lock, and taking it back may wait behind other threads (statements being planned) while
-    the device runs out of queued work."""
-    if not event.query():
-        event.synchronize()
-
-
-@dataclass(eq=False)
-class PassEvents:
-    """Points a pass records on the device's stream (CUDA only).
-
-    Its start, the start of layer `mark`, its end,
-    the start of each layer the host reached in a pass that work may cut into; and those of the passes cut
-    into it."""
-
-    mark: int
-    start: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(enable_timing=True))
-    marked: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(blocking=True))
-    end: torch.cuda.Event = field(default_factory=lambda: torch.cuda.Event(enable_timing=True))
-    inside: list["PassEvents"] = field(default_factory=list)  # passes cut into this one, between its layers
-    layers: list[torch.cuda.Event] = field(default_factory=list)  # each layer's start, as the host queues them
-
-    def reach_mark(self) -> None:
-        """Until the device starts layer `mark`."""
-        _reached(self.marked)
-
-    def reach_layer(self, layer: int) -> None:
-        """Until the device starts `layer` (one the host has queued)."""
-        _reached(self.layers[layer])
 
 
 OPENING_LAYERS = 4  # layers of a pass the host queues on CUDA before the pass's queries count as under way

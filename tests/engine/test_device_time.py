@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from quail.engine.runtime.device_time import DeviceTime
-from quail.engine.runtime.model_runner import PassEvents
+from quail.engine.runtime.pass_events import PassEvents
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.requests import Request, Segment
 

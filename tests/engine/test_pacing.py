@@ -7,8 +7,8 @@ phase E measures what it is for: a short query joining the pass after the one it
 
 from dataclasses import dataclass, field
 
-from quail.engine.runtime.model_runner import PassEvents
-from quail.engine.runtime.scheduler import QUIET, Pacing
+from quail.engine.runtime.pacing import QUIET, Pacing
+from quail.engine.runtime.pass_events import PassEvents
 
 
 @dataclass
