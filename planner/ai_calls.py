@@ -19,8 +19,8 @@ from typing import Any
 
 from sqlglot import exp
 
+from quail.engine.ai.kinds import DEFAULT_SELECTIVITY, SQL_NAMES
 from quail.engine.ai.options import Generation
-from quail.engine.ai.kinds import SQL_NAMES
 from quail.engine.errors import InvalidArgument
 from quail.engine.runtime.grammar import canonical
 from quail.engine.runtime.prompt import placeholders
@@ -33,7 +33,6 @@ AGGREGATES = {"AI_AGG", "AI_SUMMARIZE_AGG"}  # planned around their SELECT (plan
 KNOWN = set(SQL_NAMES) | NOT_YET | AGGREGATES
 _IGNORED_KWARGS = {"connection_id", "endpoint", "model_params", "model"}
 _GENERATING_IGNORED = {"connection_id", "endpoint", "request_type"}  # where the model runs: here, always
-DEFAULT_SELECTIVITY = 0.2  # an AI filter's expected fraction answered yes, without a hint
 CLASSIFY_TEMPLATE = "Which category does {0} belong to?"
 
 

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
+
+DEFAULT_SELECTIVITY = 0.2  # an AI filter's expected fraction answered yes, without a hint
+YES = 0.5  # P(yes) above this answers yes
+
+
+def answered_yes(probabilities: np.ndarray) -> np.ndarray:
+    """Which P(yes) answer yes (NaN, SQL's unknown, answers neither: compare with np.isnan)."""
+    return probabilities > YES
 
 
 @dataclass(frozen=True)
 class AIKind:
     """One kind of AI step.
 
-    `answer`: "yes_no" (P(yes) > 0.5 decides), "probability" (P(yes) itself),
+    `answer`: "yes_no" (P(yes) > YES decides), "probability" (P(yes) itself),
     "category" (the most probable of the call's categories) or "text" (generated). `value`: the type
     of the column the step adds; None for a filter, which keeps the rows
     answered yes instead. `projected`: the kind of the same SQL call in a

@@ -9,6 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
+from quail.engine.ai.kinds import DEFAULT_SELECTIVITY, answered_yes
 from quail.engine.ai.labels import Branch, branches, name_logprobs
 from quail.engine.errors import InvalidArgument
 from quail.engine.runtime.prompt import LAYOUTS, LETTERS
@@ -231,18 +232,20 @@ def _texts(job: Job, row: int) -> tuple[str, ...]:
 class Ask:
     """A yes/no question over rows, and how its answers are decided.
 
-    A yes/no question over rows: args holds one column (list of texts) per PROMPT argument; how its
-    answers are decided (`selectivity`, `decide`) and whether rejected rows' documents go first when the KV pool needs room."""
+    - `args`: one column (list of texts) per PROMPT argument;
+    - `selectivity`, `decide`: how its answers are decided (by hash, on random weights);
+    - `forget_rejected`: whether rejected rows' documents count less when the KV pool needs room.
+    """
 
     question: Question
     args: Sequence[Sequence[str | None]]
-    selectivity: float = 0.2
+    selectivity: float = DEFAULT_SELECTIVITY
     decide: bool = True
     forget_rejected: bool = False
 
 
 def yes_probabilities(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
-                      work: QueryWork | None = None, selectivity: float = 0.2, decide: bool = True,
+                      work: QueryWork | None = None, selectivity: float = DEFAULT_SELECTIVITY, decide: bool = True,
                       forget_rejected: bool = False) -> np.ndarray:
     """P(yes) per row; args holds one column (list of texts) per PROMPT argument.
 
@@ -288,7 +291,7 @@ def _probabilities(runtime: Runtime, ask: Ask, present: list[int], requests: lis
         else:
             probs[i] = float(np.exp(logp[1]))
     if ask.forget_rejected:
-        passed = [probs[i] > 0.5 for i in present]
+        passed = [bool(answered_yes(probs[i])) for i in present]
         runtime.forget([r for r, ok in zip(requests, passed) if not ok], [r for r, ok in zip(requests, passed) if ok])
     return probs
 

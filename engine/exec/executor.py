@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from quail.engine.ai.aggregate import aggregate
 from quail.engine.ai.completion import complete
-from quail.engine.ai.kinds import KINDS
+from quail.engine.ai.kinds import KINDS, answered_yes
 from quail.engine.ai.operators import Ask, Question, asking_together, classify
 from quail.engine.exec.catalog import Catalog
 from quail.engine.exec.plan import (AIAggregate, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step,
@@ -306,7 +306,7 @@ def _ask(step: AIStep, rows: pa.Table, work: QueryWork | None) -> Ask:
 def _values(step: AIStep, probs: np.ndarray) -> pa.Array:
     if KINDS[step.kind].answer == "probability":
         return pa.array(probs, pa.float64(), from_pandas=True)
-    return pa.array(np.where(np.isnan(probs), None, probs > 0.5).tolist(), pa.bool_())
+    return pa.array(np.where(np.isnan(probs), None, answered_yes(probs)).tolist(), pa.bool_())
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Callable, ClassVar, Generic, Mapping, Protocol, TypeVar, Unio
 
 import pyarrow as pa
 
+from quail.engine.ai.kinds import DEFAULT_SELECTIVITY
 from quail.engine.ai.options import Aggregation, Generation
 from quail.engine.exec.picks import Picks
 from quail.engine.runtime.estimates import PROBE_ROWS
@@ -116,7 +117,7 @@ class AIStep(_OneStep):
     layout: str = "filter"
     labels: tuple[str, ...] = ()
     column: str = ""
-    selectivity: float = 0.2
+    selectivity: float = DEFAULT_SELECTIVITY
     anchor: int = 0
     answers: str = "letters"
     documents: tuple[float, float] | None = field(default=None, compare=False)
