@@ -166,12 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hostile", action="store_true", help="one more client sends bench/hostile.py's calls")
     parser.add_argument("--baseline", default=None, help="a result file of a run without --hostile, to compare")
     args = parser.parse_args(argv)
+    commit = git_commit()  # the code the server starts from (the tree may move on during a long run)
     with tempfile.TemporaryDirectory() as data:
         users = Path(data) / "users"
         users.write_text(f"{HONEST['username']}:{HONEST['password']}:write\n"
                          f"{MALLORY['username']}:{MALLORY['password']}:write\n")
         with ServerProcess(Path(data) / "db", "--users", str(users), "--query-timeout", "60") as server:
-            result = _soak(server, args)
+            result = {"git_commit": commit, **_soak(server, args)}
     if args.baseline:
         base = json.loads(Path(args.baseline).read_text())
         result["baseline"] = {"file": args.baseline, "ai_p99_s": base["calls"]["ai"]["p99_s"],
@@ -213,7 +214,7 @@ def _soak(server: ServerProcess, args: argparse.Namespace) -> dict:
     alive = server.process.poll() is None
     all_calls = [v for values in latencies.values() for v in values]
     return {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(), "git_commit": git_commit(), "clients": args.clients,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(), "clients": args.clients,
         "minutes": args.minutes,
         "command": f"python -m bench.soak --clients {args.clients} --minutes {args.minutes:g}"
                    + (" --hostile" if args.hostile else "") + (f" --baseline {args.baseline}" if args.baseline else ""),
