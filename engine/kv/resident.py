@@ -190,19 +190,20 @@ class ResidentTree:
 
     def _to_pool(self, node: Node, kv: KV) -> None:
         """A node of a lower tier whose KV is `kv` in the pool now (copied back, or computed again)."""
-        self._leave_tier(node)
+        self._count_lower(node, -1)
         node.kv, node.host = kv, None
         self.tokens += len(node.ids)
         node.parent.device_children += 1
         self._touch(node)
 
-    def _leave_tier(self, node: Node) -> None:
-        """Count a node of a lower tier out of it (its run there no longer held by the tree)."""
+    def _count_lower(self, node: Node, sign: int) -> None:
+        """Count a node's run into (+1) or out of (-1) the lower tier it lies in (`node.host.tier`): its
+        tokens, and its parent's children in the host tier."""
         if node.host.tier is self.host:
-            self.host_tokens -= len(node.ids)
-            node.parent.host_children -= 1
+            self.host_tokens += sign * len(node.ids)
+            node.parent.host_children += sign
         else:
-            self.disk_tokens -= len(node.ids)
+            self.disk_tokens += sign * len(node.ids)
 
     def settle(self) -> None:
         """Queue the copies back from the lower tiers that matches have promised (before a pass reads the
@@ -461,12 +462,10 @@ class ResidentTree:
         node.kv, node.host = None, home
         self.tokens -= len(node.ids)
         node.parent.device_children -= 1
+        self._count_lower(node, +1)
         if home.tier is self.host:
-            self.host_tokens += len(node.ids)
             self.counts.offloaded += len(node.ids)
-            node.parent.host_children += 1
         else:
-            self.disk_tokens += len(node.ids)
             self.counts.to_disk += len(node.ids)
         self._touch(node)
         self._touch(node.parent)
@@ -495,9 +494,9 @@ class ResidentTree:
             home = self.host.move(node.host, self.disk)
             if home is not None:
                 self.leaves.gone(node, HOST)
-                self._leave_tier(node)
+                self._count_lower(node, -1)
                 node.host = home
-                self.disk_tokens += len(node.ids)
+                self._count_lower(node, +1)
                 self.counts.to_disk += len(node.ids)
                 self._touch(node)
                 self._touch(node.parent)
@@ -512,8 +511,6 @@ class ResidentTree:
         del parent.children[int(node.ids[0])]
         if node.kv is not None:
             parent.device_children -= 1
-        elif node.host.tier is self.host:
-            parent.host_children -= 1
         todo = [node]
         while todo:
             gone = todo.pop()
@@ -522,10 +519,7 @@ class ResidentTree:
                 self.tokens -= len(gone.ids)
             else:
                 gone.host.tier.free(gone.host)
-                if gone.host.tier is self.host:
-                    self.host_tokens -= len(gone.ids)
-                else:
-                    self.disk_tokens -= len(gone.ids)
+                self._count_lower(gone, -1)  # (its parent's count too: the removed node's, or one going with it)
             self.nodes -= 1
             self.counts.evicted += len(gone.ids)
             gone.parent, gone.kv, gone.host = None, None, None
