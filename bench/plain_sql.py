@@ -11,7 +11,9 @@ its own turn):
   embedded model on the CPU; no AI function is used), through ADBC Flight SQL: one connection
   (`autocommit=True`) and one reused cursor, `cursor.execute(sql)` then `fetchall()`;
 - `roapi`: roapi's Flight SQL frontend (DataFusion) through the same ADBC client code; where its binary
-  is neither beside this Python nor on PATH, the engine is skipped and the result file says why.
+  is neither beside this Python nor on PATH, the engine is skipped and the result file says why;
+- the transport floors (bench/flight_floor.py): Flight SQL servers that answer every statement with one
+  fixed row, on grpcio (Quail's transport) and on Arrow's C++ Flight server; `SELECT 1` round trips only.
 
 What it measures:
 (a) round trips: `SELECT 1` and a one-row point lookup (`SELECT v FROM kv WHERE k = 42`, a 10,000-row
@@ -33,7 +35,8 @@ A statement an engine refuses records its error text and the run goes on.
 The result file (default `bench/results/<date>-cpu-plain-sql-<commit>.json`) holds "device", "date",
 "git_commit", "command", "versions", "rows", "repeat", "seed", "cpus" and "engines": per engine
 "round_trip_ms", "suite_s", "suite_total_s" (null unless every query ran), "agg_10m_s", "agree",
-the setup's timings and any "errors". A Markdown summary is printed.
+the setup's timings and any "errors"; "floors": per transport its "round_trip_ms" of `SELECT 1`. A
+Markdown summary is printed.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bench.flight_floor import TRANSPORTS
 from bench.run import device_name, git_commit, short_device, versions
 from quail.clients.server_process import ServerProcess, free_port
 
@@ -410,6 +414,32 @@ def roapi_engine(data: Data, binary: str) -> Iterator[tuple[Engine, dict[str, An
             process.wait(30)
 
 
+@contextmanager
+def floor_engine(transport: str) -> Iterator[FlightEngine]:
+    """A transport floor (bench/flight_floor.py) in its own process, through ADBC."""
+    process = subprocess.Popen([sys.executable, "-m", "bench.flight_floor", transport], stdout=subprocess.PIPE,
+                               text=True, cwd=Path(__file__).parent.parent)
+    try:
+        engine = FlightEngine(f"grpc://127.0.0.1:{int(process.stdout.readline())}")
+        try:
+            yield engine
+        finally:
+            engine.close()
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def measure_floors(repeat: int) -> dict[str, Any]:
+    """Each transport floor's `SELECT 1` round trip."""
+    floors: dict[str, Any] = {}
+    for transport in TRANSPORTS:
+        print(f"plain_sql: {transport} floor ...", file=sys.stderr, flush=True)
+        with floor_engine(transport) as engine:
+            floors[transport] = {"round_trip_ms": {"select_1": round_trip(engine, ROUND_TRIPS["select_1"], repeat)}}
+    return floors
+
+
 # ---- measuring -----------------------------------------------------------------------------------------
 
 def canonical(value: Any) -> Any:
@@ -578,6 +608,9 @@ def markdown(doc: dict[str, Any]) -> str:
                      + f" | {fmt(added.get('select_1'))} / {fmt(added.get('point_lookup'))} | "
                        f"{fmt(e['suite_total_s'])} | {fmt(e['agg_10m_s'])} | {fmt(e['big_create_s'])} | "
                        f"{e['agree']} |")
+    for transport, floor in doc["floors"].items():
+        trip = floor["round_trip_ms"]["select_1"]
+        lines.append(f"| {transport} floor (no work) | {fmt(trip['p50'])} / {fmt(trip['p90'])} |" + " - |" * 6)
     lines += ["", "| query | " + " | ".join(engines) + " |", "|---" * (len(engines) + 1) + "|"]
     for query in SUITE:
         lines.append(f"| {query} | " + " | ".join(fmt(e["suite_s"][query], 4) for e in engines.values()) + " |")
@@ -614,7 +647,7 @@ def main(argv: list[str] | None = None) -> Path:
                         "roapi": package_version("roapi")},
            "rows": args.rows, "repeat": args.repeat, "seed": args.seed, "cpus": os.cpu_count(),
            "table_rows": {name: table.num_rows for name, table in data.tables.items()},
-           "engines": run_engines(data, args.repeat)}
+           "engines": run_engines(data, args.repeat), "floors": measure_floors(args.repeat)}
     name = f"{now:%Y-%m-%d}-{short_device(device)}-plain-sql-{commit[:7]}.json"
     path = Path(args.out) if args.out else RESULTS / name
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ import json
 
 from bench import plain_sql
 
-TOP = {"device", "date", "git_commit", "command", "versions", "rows", "repeat", "engines"}
+TOP = {"device", "date", "git_commit", "command", "versions", "rows", "repeat", "engines", "floors"}
 PER_ENGINE = {"round_trip_ms", "suite_s", "suite_total_s", "agg_10m_s", "agree", "big_create_s", "errors"}
 
 
@@ -31,3 +31,6 @@ def test_plain_sql_writes_every_engines_figures(tmp_path):
     assert duckdb["round_trip_ms"]["point_lookup"]["p90"] >= duckdb["round_trip_ms"]["point_lookup"]["p50"] > 0
     assert set(engines["quail"]["added_ms_over_duckdb"]) == {"select_1", "point_lookup"}
     assert "skipped" in engines["roapi"] or PER_ENGINE <= set(engines["roapi"])
+    assert set(doc["floors"]) == {"grpcio", "pyarrow"}
+    for floor in doc["floors"].values():  # each floor served its one row to the real driver
+        assert floor["round_trip_ms"]["select_1"]["p90"] >= floor["round_trip_ms"]["select_1"]["p50"] > 0
