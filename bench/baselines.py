@@ -13,6 +13,7 @@ from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.loading import building_on
 from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.requests import Request
+from quail.engine.runtime.scheduler import PassScheduler
 from quail.engine.runtime.packing import pack
 from quail.engine.runtime.tree_job import Strategy
 
@@ -58,7 +59,8 @@ def hf_strategy(model: Decoder) -> Strategy:
     hf = hf_model(model)
 
     @torch.inference_mode()
-    def hf_padded(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
+    def hf_padded(scheduler: PassScheduler, runner: ModelRunner, requests: Sequence[Request],
+                  stats: Stats) -> list[torch.Tensor]:
         hidden: list[torch.Tensor] = []
         device = runner.device
         stats.planned_tokens += sum(len(r) for r in requests)

@@ -21,7 +21,8 @@ from quail.engine.errors import InvalidArgument
 from quail.engine.exec.catalog import MemoryCatalog
 from quail.engine.exec.plan import PhysicalPlan
 from quail.engine.model.config import EngineConfig
-from quail.engine.runtime.loading import load_runtime, settled
+from quail.engine.runtime.loading import settled
+from quail.engine.runtime.serving import serve_runtime
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.runtime import Runtime
 from quail.planner.dialects import DEFAULT_DIALECT
@@ -78,7 +79,7 @@ class Session:
                  endpoint: str | None = None) -> None:
         self.config = settled(config or EngineConfig())
         owned = runtime is None
-        self.runtime = runtime or load_runtime(self.config)
+        self.runtime = runtime or serve_runtime(self.config)
         self._replicas = self.runtime.replicas if owned else None  # stopped by close
         self.service = QueryService.serving(self.runtime, self.config)
         self.catalog = MemoryCatalog()

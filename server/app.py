@@ -14,7 +14,8 @@ import grpc
 
 from quail.engine.errors import Unavailable
 from quail.engine.exec.database import Database, objects
-from quail.engine.runtime.loading import chosen, load_runtime, settled
+from quail.engine.runtime.loading import chosen, settled
+from quail.engine.runtime.serving import serve_runtime
 
 from quail.engine.exec.relational import quoted_name
 from quail.server.auth import Access, Authenticator, load_users
@@ -70,10 +71,10 @@ class QuailServer:
         self._executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="quail-call")
         self._grpc = grpc.server(self._executor, options=_options(config))
         self.port = self._listen(f"{config.host}:{config.port}")
-        self.runtime = load_runtime(engine)
+        self.runtime = serve_runtime(engine)
         self.runtime.warm_up()
         self.chosen = chosen(engine, self.runtime)  # what it runs on, for the startup line
-        self.metrics = Metrics(self.runtime.runner, self.runtime.replicas, self.runtime.texts)
+        self.metrics = Metrics(self.runtime)
         self.auth = Authenticator(users, config.token_ttl_s) if users is not None else None
         self.handler = FlightSQLHandler(self.database, QueryService.serving(self.runtime, engine), config.dialect,
                                         config.limits, self.metrics, Access(users), config.transaction_idle_s)

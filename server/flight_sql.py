@@ -72,8 +72,7 @@ class FlightSQLHandler:
         self.service = service
         self.admission = Admission(limits.max_active)
         self.limits = limits
-        self.metrics = metrics or Metrics(service.runtime.runner, service.runtime.replicas,
-                                          service.runtime.texts)
+        self.metrics = metrics or Metrics(service.runtime)
         self.sessions = Sessions({"dialect": dialect, "catalog": CATALOG_NAME, "schema": SCHEMA_NAME},
                                  {"dialect": tuple(DIALECTS), "catalog": (CATALOG_NAME,), "schema": (SCHEMA_NAME,)})
         self.statements = Statements(limits.work)
@@ -99,7 +98,7 @@ class FlightSQLHandler:
         caller sees them (an admin every user's query text, others only their own)."""
         viewer, everyone = user_of(context), self.access.allows(context, "admin")
         return WithSystemTables(lease.catalog(), {QUERIES: (QUERIES_SCHEMA, lambda: queries_table(
-            self.statements.running(), viewer, everyone, self.service.runtime.runner.scheduler.place))})
+            self.statements.running(), viewer, everyone, self.service.runtime.scheduler.place))})
 
     def _lease(self, context, transaction: bytes | None):
         """The connection a call's statements run on: its transaction's, its session's, or its own

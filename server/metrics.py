@@ -19,9 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from quail.engine.kv.resident import ResidentTree
 from quail.engine.runtime.device_time import DeviceTime
-from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.replicas import Replicas
-from quail.engine.runtime.text_segments import SegmentCache
+from quail.engine.runtime.runtime import Runtime
 
 
 class _TreeCounts:
@@ -100,13 +99,13 @@ class _ReplicaCounts:
 class Metrics:
     """The server's counters, gauges and histograms, in a registry of its own."""
 
-    def __init__(self, runner: ModelRunner, replicas: Replicas | None = None,
-                 texts: SegmentCache | None = None) -> None:
+    def __init__(self, runtime: Runtime) -> None:
+        runner, scheduler, replicas, texts = runtime.runner, runtime.scheduler, runtime.replicas, runtime.texts
         self.registry = CollectorRegistry()
         self.running = Gauge("quail_queries_running", "Queries executing or waiting for the model",
                              registry=self.registry)
         Gauge("quail_queries_waiting", "Queries with model work in the device's scheduler",
-              registry=self.registry).set_function(runner.scheduler.waiting)
+              registry=self.registry).set_function(scheduler.waiting)
         pool, tree = runner.pool, runner.tree
         Gauge("quail_kv_pool_bytes", "Bytes of the device's KV pool", registry=self.registry).set_function(
             lambda: pool.capacity_bytes)
@@ -133,11 +132,11 @@ class Metrics:
         self.warming = Gauge("quail_texts_warming", "Texts of tables just written that the warming thread has "
                              "not tokenized yet (0: every table's texts are as tokenized as they will be)",
                              registry=self.registry)
-        self.registry.register(_DeviceBusy(runner.scheduler.busy))
+        self.registry.register(_DeviceBusy(scheduler.busy))
         if tree is not None:
             self.registry.register(_TreeCounts(tree))
         if replicas is not None:
-            self.registry.register(_ReplicaCounts(replicas, runner.scheduler.busy))
+            self.registry.register(_ReplicaCounts(replicas, scheduler.busy))
         self.queries = Counter("quail_queries", "Queries finished, by gRPC status", ["status"],
                                registry=self.registry)
         self.tokens = Counter("quail_tokens", "Model tokens of finished queries: logical (every prompt in "

@@ -66,3 +66,42 @@ def test_planner_and_server_messages_load_without_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _graph() -> dict[str, set[str]]:
+    """Every module of the three rooms and the quail modules it imports, anywhere in the file (under
+    TYPE_CHECKING and inside functions too); `from package import module` counts as importing the module."""
+    names = {f"quail.{room}.{name}": path for room in ROOMS for name, path in _modules(room)}
+    graph = {}
+    for name, path in names.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("quail."):
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        graph[name] = {m for m in found if m in names and m != name}
+    return graph
+
+
+def _loop_from(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """A chain of imports from `start` back to itself, if there is one."""
+    paths, seen = [[start]], {start}
+    while paths:
+        path = paths.pop()
+        for module in sorted(graph[path[-1]]):
+            if module == start:
+                return path + [start]
+            if module not in seen:
+                seen.add(module)
+                paths.append(path + [module])
+    return None
+
+
+def test_no_module_imports_itself_through_others():
+    """One-way ownership: no import loop, whether the imports run at load time, inside a function or only
+    for type checking (the scheduler drives the model runner, which never sees it)."""
+    graph = _graph()
+    loops = {tuple(loop) for start in graph if (loop := _loop_from(graph, start))}
+    assert not loops, sorted(loops)[:5]

@@ -56,7 +56,7 @@ def phase(seconds: float, fresh: int, busy_s: float | None = None) -> dict:
 
 def busy_seconds(session: quail.Session) -> float | None:
     """The device's busy seconds so far, where the runtime counts them."""
-    busy = getattr(session.runtime.runner.scheduler, "busy", None)
+    busy = getattr(session.runtime.scheduler, "busy", None)
     return None if busy is None else busy.seconds()
 
 

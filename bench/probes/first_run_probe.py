@@ -69,20 +69,20 @@ def main() -> None:
                                 attention=args.attention, kv_cache_bytes=args.kv_cache_bytes)
     session = quail.Session(config)
     passes: list[dict] = []
-    forward = ModelRunner.forward_shared
+    passing = ModelRunner.passing
 
-    def timed(runner, groups, events=None):  # CUDA events around each pass: its GPU span, without a sync
+    def timed(runner, groups, *rest):  # CUDA events around each pass: its GPU span, without a sync
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         host = time.perf_counter()
         start.record()
-        out = forward(runner, groups, events)
+        out = yield from passing(runner, groups, *rest)
         rows = [row for owned, _ in groups for row in owned]
         end.record()
         passes.append({"start": start, "end": end, "host_ms": 1000 * (time.perf_counter() - host),
                        "tokens": sum(len(r.ids) for r in rows), "rows": len(rows)})
         return out
 
-    ModelRunner.forward_shared = timed
+    ModelRunner.passing = timed
     warm_up(session.runtime)
     for name, table in tables.items():
         session.register(name, table)
@@ -90,8 +90,8 @@ def main() -> None:
         runs = []
         for _ in range(args.runs):
             passes.clear()
-            if session.runtime.runner.cache is not None:
-                session.runtime.runner.cache.clear()
+            if session.runtime.runner.tree is not None:
+                session.runtime.runner.tree.clear()
             begun = torch.cuda.Event(enable_timing=True)
             begun.record()
             _, report = run_query(session, query_text(query))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Generator, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -12,6 +12,18 @@ from quail.engine.kernels.fp8 import project, silu_mul_project
 from quail.engine.kernels.paged_decode import paged_decode
 from quail.engine.kv.rows import copy_rows
 from quail.engine.model.config import ModelConfig
+
+
+Result = TypeVar("Result")
+
+
+def to_end(steps: Generator[object, None, Result]) -> Result:
+    """Run a generator to its end, doing nothing between its steps; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 class RMSNorm(nn.Module):
@@ -226,13 +238,24 @@ class Decoder(nn.Module):
                 parts: LayerParts | None = None) -> torch.Tensor:
         """Prefill packed rows, each after the resident KV `rows` names.
 
-        ids and positions: (tokens,); last: the packed index of each row's last
-        token. Returns the final-normed hidden state there. `keep(layer, k, v)`
-        receives each layer's new keys and values (tokens, kv_heads, head_dim)
-        to store (the runner's pool, kv/pool.py). The last layer's output
-        projection and MLP run at those positions only, by the model itself;
-        `parts` runs the embedding and the other token-wise parts (default: the
-        model; a pass's captured graphs, runtime/pass_graphs.py).
+        - ids and positions: (tokens,); last: the packed index of each row's last token. Returns the
+          final-normed hidden state there.
+        - `keep(layer, k, v)` receives each layer's new keys and values (tokens, kv_heads, head_dim) to store
+          (the runner's pool, kv/pool.py).
+        - The last layer's output projection and MLP run at those positions only, by the model itself;
+          `parts` runs the embedding and the other token-wise parts (default: the model; a pass's captured
+          graphs, runtime/pass_graphs.py).
+        """
+        return to_end(self.layer_by_layer(ids, positions, rows, last, keep, parts))
+
+    def layer_by_layer(self, ids: torch.Tensor, positions: torch.Tensor, rows: Rows, last: torch.Tensor,
+                       keep: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
+                       parts: LayerParts | None = None) -> Generator[int, None, torch.Tensor]:
+        """`forward`, a layer at a time: yields each layer's index once its keys and values went to `keep`,
+        before its attention; returns the hidden states.
+
+        - Between two yields the caller may queue other work on the device (another pass: with `parts`'
+          buffers set aside, LayerParts.aside).
         """
         parts = self if parts is None else parts
         x, cos, sin = parts.embedded(ids, positions)
@@ -241,6 +264,7 @@ class Decoder(nn.Module):
             q, k, v = parts.qkv(i, x, cos, sin)
             if keep is not None:
                 keep(i, k, v)
+            yield i
             out = attention(q, k, v, rows, i, self._merge, parts.attention_out())
             if i < final:
                 x = parts.finish(i, x, out)

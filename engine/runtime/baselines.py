@@ -23,13 +23,14 @@ from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.requests import Request
 from quail.engine.runtime.packing import Row, Share
-from quail.engine.runtime.scheduler import pass_tokens
+from quail.engine.runtime.scheduler import PassScheduler, pass_tokens
 
 
-def independent(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
+def independent(scheduler: PassScheduler, runner: ModelRunner, requests: Sequence[Request],
+                stats: Stats) -> list[torch.Tensor]:
     """Last hidden state per request, each prompt computed in full; passes packed by length."""
     job = _Independent(runner, requests, stats)
-    runner.scheduler.run(job)
+    scheduler.run(job)
     return job.hidden
 
 
@@ -119,7 +120,7 @@ class BlockPrefixCache:
                 del self._blocks[key]
 
 
-def block_prefix(runner: ModelRunner, requests: Sequence[Request], stats: Stats,
+def block_prefix(scheduler: PassScheduler, runner: ModelRunner, requests: Sequence[Request], stats: Stats,
                  cache: BlockPrefixCache | None = None) -> list[torch.Tensor]:
     """Last hidden state per request; arrival order, reusing cached blocks from earlier passes.
 
@@ -130,7 +131,7 @@ def block_prefix(runner: ModelRunner, requests: Sequence[Request], stats: Stats,
     continues give their slots back if the pool lacks them.
     """
     job = _BlockPrefix(runner, requests, stats, cache if cache is not None else BlockPrefixCache())
-    runner.scheduler.run(job)
+    scheduler.run(job)
     return job.hidden
 
 

@@ -28,7 +28,7 @@ from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.fed_tokens import Chosen
 from quail.engine.runtime.requests import Request
 from quail.engine.runtime.packing import Row, Share
-from quail.engine.runtime.scheduler import DECODE_PASS_TOKENS
+from quail.engine.runtime.scheduler import DECODE_PASS_TOKENS, PassScheduler
 from quail.engine.runtime.tree_job import tree
 
 if TYPE_CHECKING:
@@ -172,8 +172,8 @@ class _Sequence:
 _PLACEHOLDER = np.zeros(1, dtype=np.int32)  # the ids of a row whose token is fed from the device
 
 
-def generate(runner: ModelRunner, requests: Sequence[Request], decoding: Decoding, text: Text,
-             stats: Stats) -> list[list[int]]:
+def generate(scheduler: PassScheduler, runner: ModelRunner, requests: Sequence[Request], decoding: Decoding,
+             text: Text, stats: Stats) -> list[list[int]]:
     """The tokens decoding gives after each request's prompt (the runner's resident tree holds them
     between prefill and decode), the requests taken in waves (`waves`: the sequences decoding at once keep
     their KV in the pool); ResourceExhausted when a schema's JSON value is not complete within
@@ -182,7 +182,7 @@ def generate(runner: ModelRunner, requests: Sequence[Request], decoding: Decodin
         return [[] for _ in requests]
     room = runner.pool.slots // 2 if runner.pool.slots else None
     return [tokens for wave in waves([len(r) for r in requests], decoding.max_tokens, room)
-            for tokens in _generated(runner, [requests[i] for i in wave], decoding, text, stats)]
+            for tokens in _generated(scheduler, runner, [requests[i] for i in wave], decoding, text, stats)]
 
 
 def waves(prompts: Sequence[int], max_tokens: int, room: int | None) -> list[range]:
@@ -204,10 +204,10 @@ def waves(prompts: Sequence[int], max_tokens: int, room: int | None) -> list[ran
     return out + [range(start, len(prompts))]
 
 
-def _generated(runner: ModelRunner, requests: Sequence[Request], decoding: Decoding, text: Text,
-               stats: Stats) -> list[list[int]]:
+def _generated(scheduler: PassScheduler, runner: ModelRunner, requests: Sequence[Request], decoding: Decoding,
+               text: Text, stats: Stats) -> list[list[int]]:
     """`generate` for one wave."""
-    hidden = tree(runner, requests, stats)
+    hidden = tree(scheduler, runner, requests, stats)
     sequences = []
     for request in requests:
         ids = request.ids()
@@ -220,7 +220,7 @@ def _generated(runner: ModelRunner, requests: Sequence[Request], decoding: Decod
     for j, (sequence, token) in enumerate(zip(sequences, chosen.tolist())):
         sequence.chose(chosen, j, decoding)
         sequence.accept(token, decoding, text, stats)
-    runner.scheduler.run(DecodeJob(runner, sequences, decoding, text, stats))
+    scheduler.run(DecodeJob(runner, sequences, decoding, text, stats))
     if decoding.schema is not None and not all(decoding.schema.accepting(s.matcher) for s in sequences):
         raise ResourceExhausted(f"an answer's JSON was not complete after max_tokens ({decoding.max_tokens:,}) "
                                 f"tokens: allow more")

@@ -21,7 +21,6 @@ from quail.engine.model.hf_weights import (TEMPLATE_FILE, cached_snapshot, chat_
                                            load_directory)
 from quail.engine.model.tokenizer import Tokenizer
 from quail.engine.runtime.prompt import ChatFrame
-from quail.engine.runtime.replicas import Replicas
 from quail.engine.runtime.runtime import Runtime
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -181,8 +180,15 @@ def chosen(config: EngineConfig, runtime: Runtime) -> str:
 
 
 def load_runtime(config: EngineConfig | None = None) -> Runtime:
-    """Load weights, tokenizer and chat template of the configured model and wrap them in a runtime (the
-    config settled for this machine first)."""
+    """Load weights, tokenizer and chat template of the configured model and wrap them in a runtime for this
+    process's device (the config settled for this machine first; its pool and tiers a share of what the
+    device and host have where `config.replicas` share them: serving.py starts the others)."""
+    return load(config)[0]
+
+
+def load(config: EngineConfig | None = None) -> tuple[Runtime, EngineConfig]:
+    """`load_runtime`, and the config as settled and sized: the KV pool's bytes and the tiers' as this runtime
+    took them (what each replica beside it takes)."""
     config = settled(config or EngineConfig())
     if config.precision not in DTYPES:
         raise InvalidArgument(f"precision {config.precision!r} is not available; use one of {', '.join(DTYPES)}")
@@ -216,7 +222,8 @@ def pass_bytes(model: Decoder, token_budget: int) -> int:
     return 3 * token_budget * per_token * model.embed_tokens.weight.element_size()
 
 
-def _runtime(model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame, config: EngineConfig) -> Runtime:
+def _runtime(model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame,
+             config: EngineConfig) -> tuple[Runtime, EngineConfig]:
     budget = config.kv_cache_bytes
     if budget is None:  # replicas sharing a GPU: what it has free, less the others' weights and passes, shared
         device = next(model.parameters()).device
@@ -228,14 +235,9 @@ def _runtime(model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFra
     host, disk = _tiers(config, next(model.parameters()).device)
     runtime = Runtime(model_id, model, tokenizer, frame, config.strategy, config.token_budget, config.decisions,
                       kv_bytes=budget, kv_host_bytes=host, kv_disk=disk, names=(config.model or DEFAULT_MODEL,))
-    if config.replicas > 1:
-        local = config.ray is None
-        runtime.replicas = Replicas(replace(config, kv_cache_bytes=budget,
-                                            kv_host_bytes=host if local else config.kv_host_bytes,
-                                            kv_disk_bytes=disk[1] if local and disk else config.kv_disk_bytes),
-                                    config.replicas,
-                                    lambda i: replica_device(config.device, i))
-    return runtime
+    local = config.ray is None  # a Ray replica sizes its own host's tiers
+    return runtime, replace(config, kv_cache_bytes=budget, kv_host_bytes=host if local else config.kv_host_bytes,
+                            kv_disk_bytes=disk[1] if local and disk else config.kv_disk_bytes)
 
 
 def _tiers(config: EngineConfig, device: torch.device) -> tuple[int, tuple[Path, int] | None]:

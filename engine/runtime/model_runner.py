@@ -8,7 +8,7 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, ContextManager, Protocol, Sequence
+from typing import Callable, ContextManager, Generator, Sequence
 
 import numpy as np
 import torch
@@ -19,14 +19,13 @@ from quail.engine.kv.host_tier import HostTier
 from quail.engine.kv.pool import KVPool, on_device_all, token_bytes
 from quail.engine.kv.resident import ResidentTree
 from quail.engine.kv.runs import KV, KVLedger, runs_of
-from quail.engine.model.decoder import Decoder
+from quail.engine.model.decoder import Decoder, to_end
 from quail.engine.runtime.counters import Stats, causal_pairs
 from quail.engine.runtime.fed_tokens import feed_from_device
 from quail.engine.runtime.pass_events import PassEvents
 from quail.engine.runtime.pass_graphs import PassGraphs
 from quail.engine.runtime.requests import LabelSet
 from quail.engine.runtime.packing import Row
-from quail.engine.runtime.scheduler import PassScheduler
 from quail.engine.runtime.step_graphs import MAX_BATCH, StepGraphs
 
 
@@ -74,36 +73,24 @@ def opening_layers(device: torch.device) -> int:
     return OPENING_LAYERS if device.type == "cuda" else 0
 
 
-class CutIn(Protocol):
-    """Work that may run in a pass of its own between two layers of a pass being queued.
-
-    Work that may run in a pass of its own inside a pass being queued, between two of its layers: `at` is
-    called as the host reaches each layer (its event recorded), with what sets the pass's buffers aside."""
-
-    def at(self, layer: int, aside: Callable[[], ContextManager[None]]) -> None: ...
-
-
 def _per_layer(write: Callable[[int, torch.Tensor, torch.Tensor], None] | None, events: PassEvents | None,
-               opened: Callable[[], None], opening: int, cut_in: CutIn | None,
-               aside: Callable[[], ContextManager[None]]) -> Callable[[int, torch.Tensor, torch.Tensor], None]:
+               opened: Callable[[], None], opening: int) -> Callable[[int, torch.Tensor, torch.Tensor], None]:
     """The model's per-layer hook: `write` the layer's kept KV, record `events.marked` at layer `events.mark`,
-    call `opened` once the host has queued the pass's first `opening` layers, and, with a `cut_in`, record
-    each layer's start in `events.layers` and call `cut_in.at`, with what sets the pass's buffers `aside`."""
+    and call `opened` once the host has queued the pass's first `opening` layers."""
 
     def hook(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if events is not None and layer == events.mark:
             events.marked.record()
         if layer == opening:
             opened()
-        if cut_in is not None:
-            if events is not None:
-                events.layers.append(torch.cuda.Event(blocking=True))
-                events.layers[-1].record()
-            cut_in.at(layer, aside)
         if write is not None:
             write(layer, k, v)
 
     return hook
+
+
+Aside = Callable[[], ContextManager[None]]  # sets a pass's buffers aside while another pass runs through them
+Passing = Generator[tuple[int, Aside], None, tuple[torch.Tensor, list[KV | None]]]
 
 
 def kv_pool(model: Decoder, kv_bytes: int) -> KVPool:
@@ -162,22 +149,24 @@ def _memory(device: torch.device) -> int:
 class ModelRunner:
     """Runs forward passes of a decoder over packed rows and the head cut to label tokens.
 
-    Runners over one model share its `scheduler` (the device's owner loop, which runs every query's
-    passes), KV `ledger` (what running queries hold), KV `pool` (kv/pool.py; default: one of no slots,
-    every pass's kept KV in a pool of its own), resident `tree` (kv/resident.py; None: nothing is
-    kept between steps and queries) and, on CUDA, the captured decode `steps` (step_graphs.py) and small
-    and full passes' layer parts (`passes`, pass_graphs.py). `check` raises to stop a query before its next
-    pass, and `opened` is called once a pass holding its rows is under way (see `for_query`).
+    - Runners over one model share its KV `ledger` (what running queries hold), KV `pool` (kv/pool.py;
+      default: one of no slots, every pass's kept KV in a pool of its own), resident `tree`
+      (kv/resident.py; None: nothing is kept between steps and queries) and, on CUDA, the captured decode
+      `steps` (step_graphs.py) and small and full passes' layer parts (`passes`, pass_graphs.py).
+    - `check` raises to stop a query before its next pass; `opened` is called once a pass holding its rows
+      is under way (see `for_query`).
+    - It runs the passes it is given and knows nothing of who fills them (the scheduler, scheduler.py).
     """
 
-    def __init__(self, model: Decoder, token_budget: int = 4096, scheduler: PassScheduler | None = None,
-                 check: Callable[[], None] = go_on, ledger: KVLedger | None = None, pool: KVPool | None = None,
-                 tree: ResidentTree | None = None, steps: StepGraphs | None = None,
-                 passes: PassGraphs | None = None, opened: Callable[[], None] = go_on) -> None:
+    def __init__(self, model: Decoder, token_budget: int = 4096, check: Callable[[], None] = go_on,
+                 ledger: KVLedger | None = None, pool: KVPool | None = None, tree: ResidentTree | None = None,
+                 steps: StepGraphs | None = None, passes: PassGraphs | None = None,
+                 opened: Callable[[], None] = go_on) -> None:
         self.model = model
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
-        self.scheduler = scheduler or PassScheduler(self)
+        self.layers = model.config.num_layers
+        self.padded = model.padded_attention
         self.check = check
         self.opened = opened
         self.ledger = ledger or KVLedger()
@@ -188,11 +177,11 @@ class ModelRunner:
                        else PassGraphs(model, token_budget))
 
     def for_query(self, check: Callable[[], None], opened: Callable[[], None] = go_on) -> "ModelRunner":
-        """This runner for one query: same model, budget, scheduler, ledger, pool, tree and graphs; `check`
-        before each pass; `opened` once the host has queued the opening layers of a pass holding the query's
-        rows (opening_layers; all of it, for a pass of fewer layers or of decode steps)."""
-        return ModelRunner(self.model, self.token_budget, self.scheduler, check, self.ledger, self.pool, self.tree,
-                           self.steps, self.passes, opened)
+        """This runner for one query: same model, budget, ledger, pool, tree and graphs; `check` before each
+        pass; `opened` once the host has queued the opening layers of a pass holding the query's rows
+        (opening_layers; all of it, for a pass of fewer layers or of decode steps)."""
+        return ModelRunner(self.model, self.token_budget, check, self.ledger, self.pool, self.tree, self.steps,
+                           self.passes, opened)
 
     def _inputs(self, rows: list[Row], layout: Rows) -> tuple[torch.Tensor, ...]:
         """Packed token ids, their positions (after what each row continues), each row's last index."""
@@ -213,17 +202,23 @@ class ModelRunner:
         None on the CPU, where a pass runs on the caller's thread."""
         return PassEvents(mark) if self.device.type == "cuda" else None
 
-    @torch.inference_mode()
     def forward_shared(self, groups: Sequence[tuple[list[Row], Stats]], events: PassEvents | None = None,
-                       opened: Callable[[], None] = go_on, cut_in: CutIn | None = None
-                       ) -> tuple[torch.Tensor, list[KV | None]]:
-        """One pass over the rows of several owners, in order (a row's parent is its index in the pass):
-        each row's last hidden state and kept KV, each owner's work counted in its stats; `events` recorded
-        on the way (queued, not waited for); `opened` called once the host has queued the pass's opening
-        layers (opening_layers; at its end, for a pass of fewer layers or of decode steps); `cut_in.at`
-        called as the host reaches each layer (it may hold the host back, or run a pass of its own inside
-        this one, what this pass holds in captured graphs' buffers set aside meanwhile; not in a pass of
-        decode steps, one launch)."""
+                       opened: Callable[[], None] = go_on) -> tuple[torch.Tensor, list[KV | None]]:
+        """`passing`, with nothing run between its layers."""
+        return to_end(self.passing(groups, events, opened))
+
+    @torch.inference_mode()
+    def passing(self, groups: Sequence[tuple[list[Row], Stats]], events: PassEvents | None = None,
+                opened: Callable[[], None] = go_on) -> Passing:
+        """One pass over the rows of several owners, in order (a row's parent is its index in the pass),
+        queued a layer at a time; returns each row's last hidden state and kept KV.
+
+        - Yields, between two layers, the layer reached and what sets the pass's buffers aside: the points
+          where the caller may run a pass of its own (none in a pass of decode steps, one launch).
+        - Each owner's work is counted in its stats; `events` are recorded on the way (queued, not waited
+          for); `opened` is called once the host has queued the pass's opening layers (opening_layers; at its
+          end, for a pass of fewer layers or of decode steps).
+        """
         rows = [row for owned, _ in groups for row in owned]
         if all(len(r.ids) == 1 and r.slots is not None and r.keep == 1 for r in rows):
             stepped = self._step(groups, rows, events)
@@ -244,9 +239,16 @@ class ModelRunner:
         shared = sum(1 for owned, _ in groups if owned) > 1
         parts = self.passes.parts(len(ids), shared) if self.passes is not None else None
         opening = opening_layers(self.device)
-        hook = _per_layer(write, events, opened, opening, cut_in,
-                          parts.aside if parts is not None else contextlib.nullcontext)
-        hidden = self.model(ids, positions, layout, last, hook, parts)
+        aside = parts.aside if parts is not None else contextlib.nullcontext
+        layers = self.model.layer_by_layer(ids, positions, layout, last, _per_layer(write, events, opened, opening),
+                                           parts)
+        while True:
+            try:
+                layer = next(layers)
+            except StopIteration as done:
+                hidden = done.value
+                break
+            yield layer, aside
         if events is not None:
             events.end.record()
         if len(self.model.layers) <= opening:

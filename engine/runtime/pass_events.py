@@ -38,6 +38,11 @@ class PassEvents:
         """Until the device starts layer `mark`."""
         _reached(self.marked)
 
+    def layer_queued(self) -> None:
+        """Record the start of the next layer, the host having queued the layers before it."""
+        self.layers.append(torch.cuda.Event(blocking=True))
+        self.layers[-1].record()
+
     def reach_layer(self, layer: int) -> None:
         """Until the device starts `layer` (one the host has queued)."""
         _reached(self.layers[layer])

@@ -20,7 +20,8 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from quail.engine.model.config import EngineConfig
 from quail.engine.runtime.counters import Stats
-from quail.engine.runtime.replicas import START_S, ReplicaLost, ReplicaWorker, portable, replica_error, restarting
+from quail.engine.runtime.replica_worker import ReplicaWorker
+from quail.engine.runtime.replicas import START_S, ReplicaLost, portable, replica_error, restarting
 from quail.engine.runtime.requests import Request
 
 if TYPE_CHECKING:

@@ -11,14 +11,13 @@ import hashlib
 import itertools
 import logging
 import multiprocessing
-import os
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -31,7 +30,6 @@ from quail.engine.runtime.requests import Request, document_prefix
 
 if TYPE_CHECKING:
     from quail.engine.runtime.decode import Decoding
-    from quail.engine.runtime.runtime import Generated, Scoring
 
 log = logging.getLogger("quail.replicas")
 
@@ -111,6 +109,12 @@ class ReplicaLost(Unavailable):
     """The replica's process ended before it answered (its requests are run elsewhere)."""
 
 
+class Answers(Protocol):
+    """Answers being computed on this process's device (runtime.Scoring, runtime.Generated)."""
+
+    def read(self) -> list: ...
+
+
 class Replica(Protocol):
     """A runtime serving requests away from the server's process (ProcessReplica, ray_replicas.RayReplica)."""
 
@@ -161,12 +165,13 @@ def replica_error(index: int, name: str, text: str) -> QuailError:
 class ProcessReplica:
     """A runtime in a process of its own, serving many queries at once.
 
-    A runtime in a process of its own (started with `spawn`), serving many queries at once: each request
-    batch is scored on a thread of that process, so its scheduler packs them all into its passes. Restarted
-    again after its process ends (`_restart`); jobs it had not answered fail with ReplicaLost."""
+    A runtime in a process of its own (started with `spawn`, running `serve(config, pipe)`:
+    replica_worker.serve_replica), serving many queries at once: each request batch is scored on a thread of
+    that process, so its scheduler packs them all into its passes. Restarted again after its process ends
+    (`_restart`); jobs it had not answered fail with ReplicaLost."""
 
-    def __init__(self, index: int, config: EngineConfig) -> None:
-        self.index, self.config = index, config
+    def __init__(self, index: int, config: EngineConfig, serve: Callable[[EngineConfig, Any], None]) -> None:
+        self.index, self.config, self.serve = index, config, serve
         self.restarts = 0
         self.up = False
         self.stopped = False
@@ -182,7 +187,7 @@ class ProcessReplica:
         """Start the process and wait until its runtime is warm (RuntimeError when it fails to start)."""
         context = multiprocessing.get_context("spawn")
         ours, theirs = context.Pipe()
-        process = context.Process(target=serve_replica, args=(self.config, theirs), daemon=True,
+        process = context.Process(target=self.serve, args=(self.config, theirs), daemon=True,
                                   name=f"quail-replica-{self.index}")
         process.start()
         theirs.close()
@@ -300,19 +305,14 @@ class ProcessReplica:
 class Replicas:
     """Replicas 1..n-1 of a runtime, and the router over all n.
 
-    Replicas 1..n-1 of a runtime (0 is the caller's own): processes of their own (ProcessReplica), or Ray
-    actors where `config.ray` names a cluster (ray_replicas.py); and the router over all n."""
+    - Replicas 1..n-1 of a runtime (0 is the caller's own), started here: processes of their own
+      (ProcessReplica), or Ray actors (ray_replicas.py); `disconnect` is called once they stopped.
+    - The router over all n."""
 
-    def __init__(self, config: EngineConfig, count: int, devices: Callable[[int], str]) -> None:
-        self.router = Router(count)
-        self.remote: list[Replica]
-        self._disconnect: Callable[[], None] = lambda: None
-        if config.ray is None:
-            self.remote = [ProcessReplica(i, replace(config, device=devices(i), replicas=1)) for i in range(1, count)]
-        else:
-            from quail.engine.runtime import ray_replicas  # Ray is an optional extra
-
-            self.remote, self._disconnect = ray_replicas.replicas(config, count), ray_replicas.disconnect
+    def __init__(self, remote: list[Replica], disconnect: Callable[[], None] = lambda: None) -> None:
+        self.router = Router(len(remote) + 1)
+        self.remote = remote
+        self._disconnect = disconnect
         self.here = Stats()  # what replica 0's share cost
         self.rerun = 0  # requests run here again after their replica ended
         self._lock = threading.Lock()
@@ -356,7 +356,7 @@ class Replicas:
         return out
 
     def launch(self, requests: Sequence[Request], work: QueryWork,
-               scoring: Callable[[Sequence[Request], QueryWork], Scoring | Generated],
+               scoring: Callable[[Sequence[Request], QueryWork], Answers],
                decoding: "Decoding | None" = None
                ) -> RoutedScoring:
         """The requests' answers: each routed (`route`), replica 0's computed here by `scoring` (queued on the
@@ -433,94 +433,6 @@ def _start(replica: Replica) -> None:
         log.exception("replica %d did not start", replica.index)
 
 
-class ReplicaWorker:
-    """The runtime of a replica, where it runs.
-
-    (a process of its own, a Ray actor): loads and warms the
-    model, scores or decodes request batches (on threads of the caller's: its scheduler packs them into shared
-    passes), stops a batch its query cancelled."""
-
-    def __init__(self, config: EngineConfig) -> None:
-        from quail.engine.runtime.loading import load_runtime
-
-        self.runtime = load_runtime(config)
-        self.runtime.warm_up()
-        self.device = config.device
-        self.works: dict[int, QueryWork] = {}
-
-    def ready(self) -> str:
-        return f"{self.runtime.model_id} on {self.device} (pid {os.getpid()})"
-
-    def submit(self, job: int, requests: list[Request], decoding: "Decoding | None" = None,
-               schema: str | None = None) -> tuple[list, Stats]:
-        """The batch's log-probabilities, or with `decoding` (and the JSON `schema` it follows: `portable`) the
-        tokens it gives after each; and what computing them cost here."""
-        self.works[job] = work = QueryWork()
-        try:
-            if decoding is None:
-                return self.runtime.launch(requests, work).read(), work.stats
-            if schema is not None:
-                decoding = replace(decoding, schema=self.runtime.schema(schema))
-            return self.runtime.generate(requests, decoding, work), work.stats
-        finally:
-            self.works.pop(job, None)
-
-    def cancel(self, job: int) -> None:
-        work = self.works.get(job)
-        if work is not None:
-            work.cancel()
-
-    def forget(self, rejected: list[Request], accepted: list[Request]) -> None:
-        self.runtime.forget(rejected, accepted)
-
-    def resident(self, prompts: list[np.ndarray]) -> tuple[list[int], Stats]:
-        """How long a prefix of each prompt the resident tree holds (nothing when there is none), at no cost."""
-        tree = self.runtime.runner.tree
-        return [tree.resident_length(p) if tree is not None else 0 for p in prompts], Stats()
-
-    def busy(self) -> tuple[float, Stats]:
-        """The device's busy seconds so far (DeviceTime), at no cost."""
-        return self.runtime.runner.scheduler.busy.seconds(), Stats()
-
-
-def serve_replica(config: EngineConfig, conn) -> None:
-    """A replica process's life: a ReplicaWorker, ready, then each batch computed on a thread of its own until
-    the pipe closes."""
-    try:
-        worker = ReplicaWorker(config)
-    except BaseException as err:  # noqa: BLE001 — the coordinator reports it
-        conn.send(("failed", f"{type(err).__name__}: {err}"))
-        return
-    conn.send(("ready", worker.ready()))
-    send_lock = threading.Lock()
-
-    def answer(job: int, call: Callable[..., tuple], *args) -> None:
-        """The job's answer and cost, or the error it raised, sent back."""
-        try:
-            message = ("done", job, *call(*args))
-        except BaseException as err:  # noqa: BLE001 — the coordinator raises it in the query
-            message = ("failed", job, type(err).__name__, str(err))
-        with send_lock:
-            conn.send(message)
-
-    with ThreadPoolExecutor(max_workers=64, thread_name_prefix="quail-replica-job") as pool:
-        while True:
-            try:
-                kind, *rest = conn.recv()
-            except (EOFError, OSError):
-                return
-            if kind == "submit":
-                pool.submit(answer, rest[0], worker.submit, *rest)
-            elif kind == "resident":
-                pool.submit(answer, rest[0], worker.resident, *rest[1:])
-            elif kind == "busy":
-                pool.submit(answer, rest[0], worker.busy)
-            elif kind == "cancel":
-                worker.cancel(*rest)
-            elif kind == "forget":
-                worker.forget(*rest)
-
-
 @dataclass
 class RoutedScoring:
     """Answers of requests spread over the replicas.
@@ -531,11 +443,11 @@ class RoutedScoring:
     (`rerun` counts them), and adds what the others computed to the query's counters."""
 
     size: int
-    here: tuple[list[int], Scoring | Generated | None]
+    here: tuple[list[int], Answers | None]
     away: list[tuple[Replica, list[int], Future]]
     requests: Sequence[Request]
     work: QueryWork
-    scoring: Callable[[Sequence[Request], QueryWork], Scoring | Generated]
+    scoring: Callable[[Sequence[Request], QueryWork], Answers]
     rerun: Callable[[int], None]
     read_here: Callable[[], None]  # replica 0's answers have been read
 

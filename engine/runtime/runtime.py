@@ -24,6 +24,7 @@ from quail.engine.runtime.model_runner import ModelRunner, disk_tier, host_tier,
 from quail.engine.runtime.prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.replicas import Replicas, RoutedScoring
+from quail.engine.runtime.scheduler import PassScheduler
 from quail.engine.runtime.requests import LabelSet, Request, Segment, document_prefix, segments_key
 from quail.engine.runtime.tree_job import Strategy, tree
 from quail.engine.runtime.text_segments import SegmentCache
@@ -63,16 +64,17 @@ class Generated:
 class Runtime:
     """The model runtime: one per device, serving every running query.
 
-    One per device, serving every running query: their forward passes are packed together
-    by the device's scheduler (scheduler.PassScheduler).
+    One per device, serving every running query: it builds the device's model runner
+    (model_runner.ModelRunner) and, beside it, the scheduler that packs every query's forward passes
+    together (scheduler.PassScheduler) and drives the runner.
 
     `strategy` is how requests become forward passes: a name from STRATEGIES
     ("quail": the scheduler's `tree`, every common prefix once; "naive" and "prefix": baselines.py)
     or a Strategy function (a benchmark baseline).
     `decisions` is "model" (answers from the model) or "hash" (random weights:
     answers by content hash, forward passes still run in full).
-    `device_of`: a runner on the same device, whose scheduler, KV ledger, pool, resident tree and graphs this
-    runtime's runner shares; else a pool of `kv_bytes` holds KV, and what it computes stays there between
+    `device_of`: a runtime on the same device, whose scheduler, KV ledger, pool, resident tree and graphs this
+    runtime shares; else a pool of `kv_bytes` holds KV, and what it computes stays there between
     steps and queries, indexed by a resident tree (kv/resident.py; 0: nothing stays), with `kv_host_bytes`
     of pinned host memory for what the pool has no room for (kv/host_tier.py; 0: none), and `kv_disk`
     (directory, bytes) a file there for what the host tier has no room for (None: none).
@@ -82,7 +84,7 @@ class Runtime:
 
     def __init__(self, model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame,
                  strategy: str | Strategy = "quail", token_budget: int = 4096, decisions: str = "model",
-                 device_of: ModelRunner | None = None, kv_bytes: int = 0, kv_host_bytes: int = 0,
+                 device_of: Runtime | None = None, kv_bytes: int = 0, kv_host_bytes: int = 0,
                  kv_disk: tuple[Path, int] | None = None, texts: SegmentCache | None = None,
                  names: tuple[str, ...] = ()) -> None:
         if isinstance(strategy, str) and strategy not in STRATEGIES:
@@ -103,10 +105,12 @@ class Runtime:
             disk = disk_tier(pool, *kv_disk) if kv_disk is not None else None
             tree = ResidentTree(pool, host, disk) if pool.slots else None
             self.runner = ModelRunner(model, token_budget, pool=pool, tree=tree)
+            self.scheduler = PassScheduler(self.runner)
         else:
-            self.runner = ModelRunner(model, token_budget, device_of.scheduler, ledger=device_of.ledger,
-                                      pool=device_of.pool, tree=device_of.tree, steps=device_of.steps,
-                                      passes=device_of.passes)
+            shared = device_of.runner
+            self.runner = ModelRunner(model, token_budget, ledger=shared.ledger, pool=shared.pool, tree=shared.tree,
+                                      steps=shared.steps, passes=shared.passes)
+            self.scheduler = device_of.scheduler
         self.strategy = strategy
         self.texts = texts if texts is not None else SegmentCache()
         self.yes_no = self._yes_no_labels()
@@ -120,7 +124,7 @@ class Runtime:
         """Another runtime over the same weights and tokenizer (and the device's scheduler, KV ledger, pool
         and tree, and the tokenized texts), scoring by another strategy."""
         return Runtime(self.model_id, self.runner.model, self.tokenizer, self.layout.frame, strategy,
-                       token_budget or self.runner.token_budget, self.decisions, self.runner, texts=self.texts,
+                       token_budget or self.runner.token_budget, self.decisions, self, texts=self.texts,
                        names=tuple(self.names))
 
     def segments(self, texts: list[str]) -> list[Segment]:
@@ -167,7 +171,7 @@ class Runtime:
     def _scoring(self, requests: Sequence[Request], work: QueryWork) -> "Scoring":
         """The requests' passes queued on this runtime's device (counted already)."""
         strategy = STRATEGIES[self.strategy] if isinstance(self.strategy, str) else self.strategy
-        hidden = strategy(self.runner.for_query(work.check, work.under_way.set), requests, work.stats)
+        hidden = strategy(self.scheduler, self.runner.for_query(work.check, work.under_way.set), requests, work.stats)
         by_labels: dict[LabelSet, list[int]] = {}
         for i, request in enumerate(requests):
             by_labels.setdefault(request.labels, []).append(i)
@@ -203,7 +207,8 @@ class Runtime:
     def _generating(self, decoding: decode.Decoding, requests: Sequence[Request], work: QueryWork) -> "Generated":
         """The requests continued on this runtime's device (counted already)."""
         runner = self.runner.for_query(work.check, work.under_way.set)
-        return Generated(decode.generate(runner, requests, decoding, self.tokenizer.decode, work.stats))
+        return Generated(decode.generate(self.scheduler, runner, requests, decoding, self.tokenizer.decode,
+                                         work.stats))
 
     def schema(self, schema: str) -> Schema:
         """A JSON schema's grammar over this model's vocabulary (decode.Decoding.schema); InvalidArgument when

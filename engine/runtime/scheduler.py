@@ -6,8 +6,10 @@
   what is left; short and decoding queries first, a scan moving at least every other pass (`_share_out`).
 - When the next pass is filled (`Pacing`): while the device runs the last layers of the one before, so a
   query arriving during a pass joins the next; a short statement or a decode step arriving while the loop
-  queues a pass cuts into it between two layers, the host queuing at most AHEAD_LAYERS ahead of the device
-  until the pass's mark (`_CutIn`). The rule of the lead is pacing.py's.
+  queues a pass cuts into it at a point the runner offers between two layers (`ModelRunner.passing`), the
+  host queuing at most AHEAD_LAYERS ahead of the device until the pass's mark (`_CutIn`). The rule of the
+  lead is pacing.py's.
+- It drives the model runner it is given (`Runner`); the runner knows nothing of it.
 - How long a pass may be while short or decoding jobs wait (`pass_tokens`, DECODE_PASS_TOKENS).
 - Beside it: what fits a pass (packing.py), the quail strategy's order of a step's requests
   (tree_job.py), how a step is cut into parts (step_parts.py), the executor's row counts (estimates.py).
@@ -19,7 +21,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ContextManager, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, ContextManager, Generator, Protocol, Sequence
 
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.device_time import DeviceTime
@@ -31,7 +33,33 @@ if TYPE_CHECKING:
     import torch
 
     from quail.engine.kv.runs import KV
-    from quail.engine.runtime.model_runner import ModelRunner
+
+Aside = Callable[[], ContextManager[None]]
+Result = "tuple[torch.Tensor, list[KV | None]]"
+
+
+class Runner(Protocol):
+    """What the scheduler asks of a model runner (model_runner.ModelRunner does it).
+
+    - `token_budget`, `layers`, `padded`: a pass's default budget, the model's layers, whether attention pads.
+    - `check()` raises to stop a query before its next pass; `opened()`: a pass holding its rows is under way.
+    - `passing` queues a pass a layer at a time, yielding (layer, aside) between layers; `forward_shared`
+      queues it whole.
+    """
+
+    token_budget: int
+    layers: int
+    padded: bool
+    check: Callable[[], None]
+    opened: Callable[[], None]
+
+    def pass_events(self, mark: int) -> PassEvents | None: ...
+
+    def passing(self, groups: Sequence[tuple[list[Row], Stats]], events: PassEvents | None,
+                opened: Callable[[], None]) -> Generator[tuple[int, Aside], None, Result]: ...
+
+    def forward_shared(self, groups: Sequence[tuple[list[Row], Stats]], events: PassEvents | None,
+                       opened: Callable[[], None]) -> Result: ...
 
 
 DECODE_PASS_TOKENS = 2048  # a pass's budget while a query decodes: its next token waits for the whole pass
@@ -89,9 +117,9 @@ def _first_queries(live: list[_Waiting], group: Sequence[int]) -> list[int]:
     return [k for k in group if id(live[k].job.stats) in queries]
 
 
-def new_pass(runner: ModelRunner) -> Fill:
+def new_pass(runner: Runner) -> Fill:
     """An empty forward pass of the runner's budget and attention layout."""
-    return Fill(runner.token_budget, padded=runner.model.padded_attention)
+    return Fill(runner.token_budget, padded=runner.padded)
 
 
 class Job(Protocol):
@@ -102,7 +130,7 @@ class Job(Protocol):
     `pass_tokens`: the longest pass it should ride while it waits, None: any (its rows are
     decode steps, each waiting for the pass before it: DECODE_PASS_TOKENS; it is short: `pass_tokens`)."""
 
-    runner: ModelRunner
+    runner: Runner
     stats: Stats
     pass_tokens: int | None
 
@@ -140,14 +168,25 @@ class _CutIn:
         self.loop, self.queue, self.came, self.left, self.events = loop, queue, came, tokens, events
         self.seconds = 0.0  # the host's time in the passes cut in (on the CPU, the device's)
 
-    def at(self, layer: int, aside: Callable[[], ContextManager[None]]) -> None:
+    def through(self, passing: Generator[tuple[int, Aside], None, Result]) -> Result:
+        """The pass queued to its end, the jobs that came meanwhile cut in between its layers; its result."""
+        while True:
+            try:
+                layer, aside = next(passing)
+            except StopIteration as done:
+                return done.value
+            self.at(layer, aside)
+
+    def at(self, layer: int, aside: Aside) -> None:
         """The host reached `layer` of the pass: it waits for the device to start the layer AHEAD_LAYERS
         before it, then the jobs that came meanwhile cut in (with the pass's buffers set `aside`)."""
         if self.left <= 0:
             return
         events = self.events
-        if events is not None and AHEAD_LAYERS <= layer < events.mark:
-            events.reach_layer(layer - AHEAD_LAYERS)
+        if events is not None:
+            events.layer_queued()
+            if AHEAD_LAYERS <= layer < events.mark:
+                events.reach_layer(layer - AHEAD_LAYERS)
         if self.loop._bounded_came != self.came:
             with aside():
                 self.run()
@@ -204,9 +243,9 @@ class PassScheduler:
     leaves at once, its rows with it.
     """
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: Runner) -> None:
         self.runner = runner
-        self.pacing = Pacing(runner.model.config.num_layers)
+        self.pacing = Pacing(runner.layers)
         self.busy = DeviceTime()  # the device's seconds in the passes this loop ran
         self._cond = threading.Condition()
         self._waiting: deque[_Waiting] = deque()
@@ -362,7 +401,9 @@ class PassScheduler:
             for runner in present:
                 runner.opened()
         try:
-            return self.runner.forward_shared(groups, events, opened, cut_in)
+            if cut_in is None:
+                return self.runner.forward_shared(groups, events, opened)
+            return cut_in.through(self.runner.passing(groups, events, opened))
         except BaseException as err:
             for waiting in live:
                 self._end(waiting, err)

@@ -5,7 +5,7 @@
 - Each request after the resident prefix it continues (`_continued`: whole segments, or a long shared
   run), its KV fetched from the tree as late as it can be (`Fetch`).
 - A document another running query is computing is waited for, not computed twice (`_Hold`).
-- The passes are the scheduler's (`runner.scheduler.run(job)`), shared with the other queries.
+- The passes are the scheduler's (`scheduler.run(job)`), shared with the other queries.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.packing import Row, Share
 from quail.engine.runtime.radix import RadixNode, build, collapse, nodes
 from quail.engine.runtime.requests import Request, document_prefix
-from quail.engine.runtime.scheduler import pass_tokens
+from quail.engine.runtime.scheduler import PassScheduler, pass_tokens
 
 if TYPE_CHECKING:
     import torch
@@ -31,17 +31,18 @@ if TYPE_CHECKING:
     from quail.engine.kv.runs import KV
     from quail.engine.runtime.model_runner import ModelRunner
 
-Strategy = Callable[["ModelRunner", Sequence[Request], Stats], "list[torch.Tensor]"]
+Strategy = Callable[[PassScheduler, "ModelRunner", Sequence[Request], Stats], "list[torch.Tensor]"]
 
 Item = tuple[RadixNode, "KV | Fetch | None", "int | None"]  # a node, the resident KV it continues, its parent's row
 
 
-def tree(runner: ModelRunner, requests: Sequence[Request], stats: Stats) -> list[torch.Tensor]:
-    """Last hidden state per request, each distinct prefix computed once (TreeJob), its passes shared with
-    the other queries on the device."""
+def tree(scheduler: PassScheduler, runner: ModelRunner, requests: Sequence[Request],
+         stats: Stats) -> list[torch.Tensor]:
+    """Last hidden state per request, each distinct prefix computed once (TreeJob), its passes the
+    scheduler's, shared with the other queries on the device."""
     job = TreeJob(runner, requests, stats)
     try:
-        runner.scheduler.run(job)
+        scheduler.run(job)
     finally:  # done, cancelled or failed: its pins and claims end with it
         job.hold.release()
     return job.hidden

@@ -11,6 +11,7 @@ from quail.engine.kv.runs import KV
 from quail.engine.runtime.baselines import BlockPrefixCache, block_prefix, independent
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.model_runner import ModelRunner
+from quail.engine.runtime.scheduler import PassScheduler
 
 
 def test_make_room_drops_least_recently_used_blocks_no_row_holds():
@@ -40,11 +41,12 @@ def test_block_cache_gives_its_slots_back_when_the_pool_needs_them(runtime, monk
     monkeypatch.setattr(KVPool, "like", classmethod(lambda cls, of, slots: private.append(slots) or like(of, slots)))
     runner = ModelRunner(runtime.runner.model, token_budget=128, pool=pool)
     cache, stats = BlockPrefixCache(), Stats()
-    cached = block_prefix(runner, requests, stats, cache)
+    scheduler = PassScheduler(runner)
+    cached = block_prefix(scheduler, runner, requests, stats, cache)
     assert not private, "no pass fell back to a pool of its own"
     assert stats.kv_written > 4 * pool.slots, "the run wrote far more than the pool holds"
     assert stats.kv_read >= 16 * (len(requests) - 2), "later passes continued the preamble's cached blocks"
     assert 0 < len(cache) * cache.block_size <= pool.slots
-    naive = independent(runner, requests, Stats())
+    naive = independent(scheduler, runner, requests, Stats())
     logprobs = [runner.answer_logprobs(torch.stack(hidden), runtime.yes_no).numpy() for hidden in (cached, naive)]
     assert np.abs(logprobs[0] - logprobs[1]).max() <= 1e-4

@@ -14,7 +14,7 @@ from quail.engine.model.decoder import Decoder  # noqa: E402
 from quail.engine.runtime.counters import Stats  # noqa: E402
 from quail.engine.runtime.model_runner import ModelRunner, go_on  # noqa: E402
 from quail.engine.runtime.packing import Row  # noqa: E402
-from quail.engine.runtime.scheduler import AHEAD_LAYERS, _CutIn  # noqa: E402
+from quail.engine.runtime.scheduler import AHEAD_LAYERS, PassScheduler, _CutIn  # noqa: E402
 
 CFG = ModelConfig("qwen3", vocab_size=512, hidden_size=512, num_layers=16, num_heads=8, num_kv_heads=2, head_dim=64,
                   intermediate_size=2048, rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True)
@@ -31,7 +31,8 @@ def test_while_work_may_cut_in_the_host_queues_a_pass_a_few_layers_ahead_until_i
     rows = [Row(rng.integers(0, CFG.vocab_size, 1000)) for _ in range(8)]
     mark = CFG.num_layers - 3
     events = runner.pass_events(mark)
-    cut_in = _CutIn(runner.scheduler, [], runner.scheduler._bounded_came, 8000, events)
+    scheduler = PassScheduler(runner)
+    cut_in = _CutIn(scheduler, [], scheduler._bounded_came, 8000, events)
     queued_ahead = []
     at = cut_in.at
 
@@ -40,7 +41,7 @@ def test_while_work_may_cut_in_the_host_queues_a_pass_a_few_layers_ahead_until_i
         queued_ahead.append(sum(not event.query() for event in events.layers))
 
     cut_in.at = watched
-    hidden, _ = runner.forward_shared([(rows, Stats())], events, go_on, cut_in)
+    hidden, _ = cut_in.through(runner.passing([(rows, Stats())], events, go_on))
     want, _ = runner.forward_shared([(rows, Stats())])
     assert len(events.layers) == len(queued_ahead) == CFG.num_layers
     assert max(queued_ahead[:mark]) <= AHEAD_LAYERS, queued_ahead

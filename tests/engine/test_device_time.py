@@ -56,7 +56,7 @@ def test_a_queued_pass_counts_once_it_has_ended_and_passes_count_in_stream_order
 
 
 def test_the_schedulers_passes_count_within_the_time_they_took(runtime):
-    busy = runtime.runner.scheduler.busy
+    busy = runtime.scheduler.busy
     rng = np.random.default_rng(3)
     before, began = busy.seconds(), time.perf_counter()
     runtime.score([Request((Segment.of(rng.integers(1000, 2000, 60), "busy"),), runtime.yes_no) for _ in range(4)],

@@ -195,13 +195,13 @@ def test_the_kv_ledger_counts_kept_kv_until_the_plan_is_done_with_it(runtime, mo
     rng = np.random.default_rng(4)
     anchors = [rng.integers(1000, 2000, 100) for _ in range(6)]
     requests = [request(anchor, [7, 8, p, 9]) for anchor in anchors for p in range(10, 22)]
-    seen, forward = [], ModelRunner.forward_shared
+    seen, forward = [], ModelRunner.passing
 
     def counting(self, groups, *rest):
         seen.append(self.ledger.resident_bytes)
         return forward(self, groups, *rest)
 
-    monkeypatch.setattr(ModelRunner, "forward_shared", counting)
+    monkeypatch.setattr(ModelRunner, "passing", counting)
     quail = runtime.variant("quail", token_budget=256)
     quail.score(requests, QueryWork())
     assert max(seen) > 0, "anchors' KV was resident while their partners ran"
@@ -216,14 +216,14 @@ def test_documents_below_a_shared_preamble_run_depth_first(runtime, monkeypatch)
     documents = [rng.integers(2000, 3000, 100) for _ in range(15)]  # three passes' worth
     requests = [request(preamble, doc, [7, 8, p, 9]) for doc in documents for p in range(10, 16)]
     passes = []
-    forward = type(runtime.runner).forward_shared
+    forward = type(runtime.runner).passing
 
     def recording(self, groups, *rest):
         rows = [row for owned, _ in groups for row in owned]
         passes.append((sum(len(r.ids) >= 100 for r in rows), sum(len(r.ids) <= 4 for r in rows)))
         return forward(self, groups, *rest)
 
-    monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
+    monkeypatch.setattr(type(runtime.runner), "passing", recording)
     work = QueryWork()
     runtime.variant("quail", token_budget=512).score(requests, work)
     assert work.stats.fresh_tokens == ideal_stats(requests).fresh_tokens, "the preamble is computed once"
@@ -289,7 +289,7 @@ def test_long_prompts_run_in_passes_no_longer_than_the_budget(runtime, monkeypat
     shared, alone = rng.integers(1000, 2000, 350), rng.integers(1000, 2000, 450)
     requests = [request(shared, [7, p, 9]) for p in range(10, 13)] + [request(alone, [7, 9])]
     sizes = []
-    forward = type(runtime.runner).forward_shared
+    forward = type(runtime.runner).passing
 
     def recording(self, groups, *rest):
         sizes.append(sum(len(row.ids) for owned, _ in groups for row in owned))
@@ -297,7 +297,7 @@ def test_long_prompts_run_in_passes_no_longer_than_the_budget(runtime, monkeypat
 
     whole = np.array(runtime.variant("quail", token_budget=4096).score(requests))
     runtime.runner.tree.clear()
-    monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
+    monkeypatch.setattr(type(runtime.runner), "passing", recording)
     work = QueryWork()
     chunked = np.array(runtime.variant("quail", token_budget=128).score(requests, work))
     assert max(sizes) <= 128 and len(sizes) >= -(-(350 + 450) // 128)
@@ -306,7 +306,7 @@ def test_long_prompts_run_in_passes_no_longer_than_the_budget(runtime, monkeypat
 
 
 def test_a_prompt_longer_than_the_context_is_refused_before_any_pass(runtime, monkeypatch):
-    monkeypatch.setattr(type(runtime.runner), "forward_shared", lambda *a: pytest.fail("no pass may run"))
+    monkeypatch.setattr(type(runtime.runner), "passing", lambda *a: pytest.fail("no pass may run"))
     too_long = request(np.ones(runtime.config.max_position + 1, dtype=np.int32))
     with pytest.raises(InvalidArgument, match=f"reads at most {runtime.config.max_position:,}"):
         runtime.score([request([1, 2, 3]), too_long], QueryWork())
@@ -320,7 +320,7 @@ def test_a_step_past_the_token_limit_is_refused_before_any_pass(runtime, monkeyp
 
     texts = [f"review {i}: " + "the soup was cold " * 40 for i in range(40)]  # a step in two parts
     work = QueryWork(max_tokens=2000)
-    monkeypatch.setattr(type(runtime.runner), "forward_shared", lambda *a: pytest.fail("no pass may run"))
+    monkeypatch.setattr(type(runtime.runner), "passing", lambda *a: pytest.fail("no pass may run"))
     with pytest.raises(ResourceExhausted, match="more than 2,000 tokens"):
         yes_probabilities(runtime.variant("quail", token_budget=256), Question("Is {0} kind?"), [texts], work)
     assert work.stats.forward_passes == 0 and work.stats.logical_tokens == 0
@@ -330,11 +330,12 @@ def _scores(runtime, requests) -> np.ndarray:
     return np.exp(np.array(runtime.score(requests)))
 
 
-def _nested(inside: list, forward, *args):
-    """`forward(*args)`, counted in `inside` while it runs: a pass that finds it non-empty runs inside another."""
+def _nested(inside: list, passing, *args):
+    """The pass `passing(*args)`, counted in `inside` while it runs: a pass that finds it non-empty runs inside
+    another."""
     inside.append(1)
     try:
-        return forward(*args)
+        return (yield from passing(*args))
     finally:
         inside.pop()
 
@@ -354,7 +355,7 @@ def test_a_short_query_sent_while_a_long_one_s_pass_is_queued_cuts_into_it(runti
     passes: list[tuple[list[str], int]] = []  # each pass's owners, and how many passes it ran inside
     inside = []
     first_in, release = threading.Event(), threading.Event()
-    forward = type(runtime.runner).forward_shared
+    forward = type(runtime.runner).passing
 
     def recording(self, groups, *rest):
         passes.append(([owners.get(id(stats), "?") for owned, stats in groups if owned], len(inside)))
@@ -363,7 +364,7 @@ def test_a_short_query_sent_while_a_long_one_s_pass_is_queued_cuts_into_it(runti
             release.wait(30)
         return _nested(inside, forward, self, groups, *rest)
 
-    monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
+    monkeypatch.setattr(type(runtime.runner), "passing", recording)
     got = {}
 
     def query(name: str, requests) -> None:
@@ -374,7 +375,7 @@ def test_a_short_query_sent_while_a_long_one_s_pass_is_queued_cuts_into_it(runti
     assert first_in.wait(30)
     threads["short"] = threading.Thread(target=query, args=("short", short))
     threads["short"].start()
-    while small.runner.scheduler.waiting() < 2:
+    while small.scheduler.waiting() < 2:
         threading.Event().wait(0.01)
     release.set()
     for thread in threads.values():
@@ -400,7 +401,7 @@ def test_short_queries_cut_into_a_pass_while_they_hold_fewer_tokens_than_it(runt
     owners = {id(work.stats): k for k, work in enumerate(works)}
     passes: list[tuple[list[int], int, int]] = []  # each pass's owners, tokens, and how many passes it ran inside
     inside, threads, got = [], [], {}
-    model, forward = runtime.runner.model, type(runtime.runner).forward_shared
+    model, forward = runtime.runner.model, type(runtime.runner).passing
     finish = type(model).finish
 
     def query(k: int, requests) -> None:
@@ -413,16 +414,16 @@ def test_short_queries_cut_into_a_pass_while_they_hold_fewer_tokens_than_it(runt
 
     def sending(self, layer, *args):
         if len(passes) >= 1 and passes[0][0] == [0] and inside == [1] and len(threads) < len(shorts):
-            waiting = small.runner.scheduler.waiting()  # one short query sent a layer, each in the scheduler
+            waiting = small.scheduler.waiting()  # one short query sent a layer, each in the scheduler
             threads.append(threading.Thread(target=query, args=(len(threads) + 1, shorts[len(threads)])))
             threads[-1].start()
-            while small.runner.scheduler.waiting() == waiting and threads[-1].is_alive():
+            while small.scheduler.waiting() == waiting and threads[-1].is_alive():
                 threading.Event().wait(0.005)
         return finish(self, layer, *args)
 
-    monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
+    monkeypatch.setattr(type(runtime.runner), "passing", recording)
     monkeypatch.setattr(type(model), "finish", sending)
-    busy, before, began = small.runner.scheduler.busy, small.runner.scheduler.busy.seconds(), time.perf_counter()
+    busy, before, began = small.scheduler.busy, small.scheduler.busy.seconds(), time.perf_counter()
     query(0, long)
     for thread in threads:
         thread.join(60)
@@ -448,7 +449,7 @@ def test_a_query_is_under_way_once_the_host_queued_the_opening_layers_of_its_fir
         monkeypatch.setattr(model_runner, "opening_layers", lambda device: opening)
     work, layers, entered = QueryWork(), [], []
     model = runtime.runner.model
-    finish, forward = type(model).finish, type(runtime.runner).forward_shared
+    finish, forward = type(model).finish, type(runtime.runner).passing
 
     def recording(self, layer, *args):
         layers.append((layer, work.under_way.is_set()))
@@ -459,7 +460,7 @@ def test_a_query_is_under_way_once_the_host_queued_the_opening_layers_of_its_fir
         return forward(self, groups, *rest)
 
     monkeypatch.setattr(type(model), "finish", recording)
-    monkeypatch.setattr(type(runtime.runner), "forward_shared", entering)
+    monkeypatch.setattr(type(runtime.runner), "passing", entering)
     runtime.score([request(np.arange(1000, 1040), [7, 9])], work)
     assert work.under_way.is_set() and len(model.layers) > model_runner.OPENING_LAYERS
     assert entered == [False] and len(layers) == len(model.layers), "one pass, not under way before it"
@@ -564,7 +565,7 @@ def test_a_job_that_breaks_its_pass_gets_the_error_and_the_loop_goes_on(runtime)
     """A fault outside any one query's rows (here: filling the pass) ends the queries of that pass with
     it; the scheduler goes on serving the next ones."""
     with pytest.raises(RuntimeError, match="a broken fill"):
-        runtime.runner.scheduler.run(BrokenFill(runtime))
+        runtime.scheduler.run(BrokenFill(runtime))
     assert len(runtime.score([request([1, 2, 3])])) == 1
 
 
@@ -594,10 +595,10 @@ def _beside_a_scan(runtime, monkeypatch, small, scan, works, second) -> list[tup
     owners = {id(work.stats): name for name, work in works.items()}
     passes: list[tuple[list[str], int, bool]] = []
     first_in, release = threading.Event(), threading.Event()
-    forward = type(runtime.runner).forward_shared
+    forward = type(runtime.runner).passing
 
     def recording(self, groups, *rest):
-        bounded = any(waiting.job.pass_tokens is not None for waiting in list(self.scheduler._waiting))
+        bounded = any(waiting.job.pass_tokens is not None for waiting in list(small.scheduler._waiting))
         passes.append(([owners.get(id(stats), "?") for owned, stats in groups if owned],
                        sum(len(row.ids) for owned, _ in groups for row in owned), bounded))
         if len(passes) == 1:
@@ -605,12 +606,12 @@ def _beside_a_scan(runtime, monkeypatch, small, scan, works, second) -> list[tup
             release.wait(30)
         return forward(self, groups, *rest)
 
-    monkeypatch.setattr(type(runtime.runner), "forward_shared", recording)
+    monkeypatch.setattr(type(runtime.runner), "passing", recording)
     threads = [threading.Thread(target=small.score, args=(scan, works["scan"])), threading.Thread(target=second)]
     threads[0].start()
     assert first_in.wait(30)
     threads[1].start()
-    while small.runner.scheduler.waiting() < 2:
+    while small.scheduler.waiting() < 2:
         threading.Event().wait(0.01)
     release.set()
     for thread in threads:
@@ -629,7 +630,7 @@ def test_passes_stay_short_while_a_query_decodes(runtime, monkeypatch):
     monkeypatch.setattr(scheduler, "SHORT_WINDOW_S", 0.0)
     rng = np.random.default_rng(8)
     small = runtime.variant("quail", token_budget=256)
-    small.runner.scheduler._short_until = 0.0  # no window left open by an earlier test's short query
+    small.scheduler._short_until = 0.0  # no window left open by an earlier test's short query
     scan = [request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(12)]
     prompts = [request(rng.integers(2000, 3000, 20), [7, 9]) for _ in range(2)]
     works = {"scan": QueryWork(), "generate": QueryWork()}
@@ -651,12 +652,12 @@ def test_a_short_job_rides_short_passes_beside_a_scan(runtime, monkeypatch):
     monkeypatch.setattr(scheduler, "SHORT_WINDOW_S", 600.0)
     rng = np.random.default_rng(9)
     small = runtime.variant("quail", token_budget=256)
-    small.runner.scheduler._short_until = 0.0  # no window left open by an earlier test's short query
+    small.scheduler._short_until = 0.0  # no window left open by an earlier test's short query
     scan = [request(rng.integers(1000, 2000, 30), [7, 9]) for _ in range(40)]
     short = [request(rng.integers(2000, 3000, 20), [7, 9]) for _ in range(5)]
     works = {"scan": QueryWork(), "short": QueryWork()}
     passes = _beside_a_scan(runtime, monkeypatch, small, scan, works, lambda: small.score(short, works["short"]))
-    small.runner.scheduler._short_until = 0.0
+    small.scheduler._short_until = 0.0
     assert passes[0][1] > 150, "the scan alone fills its passes"
     assert all(tokens <= 160 for _, tokens, _ in passes[1:]), passes
     assert [names for names, _, _ in passes if "short" in names] == [["short"]], "all its rows in one pass"
