@@ -78,7 +78,6 @@ SPANS: list[tuple[str, str | None, list[str]]] = [  # module, class (None: the m
     ("quail.engine.kernels.attention", "Rows", ["build"]),
     ("quail.engine.kernels.attention", None, ["_buckets", "_packed", "_run_arrays", "query_blocks", "on_device",
                                               "on_device_all"]),
-    ("quail.engine.model.decoder", "Decoder", ["forward"]),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Runs a physical plan: relational steps in DuckDB, AI steps through the runtime."""
+"""Runs a physical plan: sequences its steps (relational ones in DuckDB, AI ones by ai_step.py and ai_chain.py)."""
 
 from __future__ import annotations
 
@@ -7,22 +7,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from quail.engine.ai.aggregate import aggregate
-from quail.engine.ai.completion import complete
-from quail.engine.ai.kinds import KINDS, answered_yes
-from quail.engine.ai.operators import Ask, Question, asking_together, classify
+from quail.engine.exec.ai_chain import ai_chain
+from quail.engine.exec.ai_step import ai_step, asking_together, asks_yes_no, record
 from quail.engine.exec.catalog import Catalog
-from quail.engine.exec.plan import (AIAggregate, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step,
-                                   filter_rank)
+from quail.engine.exec.plan import AIAggregate, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step
 from quail.engine.exec.relational import DuckDB, StatementSchemas
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.runtime import Runtime
-from quail.engine.runtime.estimates import CHARS_PER_TOKEN, CHUNK_ROWS, PROBE_ROWS
+from quail.engine.runtime.estimates import CHUNK_ROWS, PROBE_ROWS
 
 
 
@@ -102,7 +98,7 @@ def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
         with ThreadPoolExecutor(1, thread_name_prefix="quail-chunks") as launcher:
             def launched(chunk: dict[str, pa.Table]) -> Callable[[], list[pa.Table]]:
                 work.check()
-                return _asking_together([(first, chunk[first.input])], runtime, work)
+                return asking_together([(first, chunk[first.input])], runtime, work)
 
             coming = launcher.submit(launched, chunks[0])
             try:
@@ -178,10 +174,10 @@ class _Run:
                                                                                      step.params)
 
     def ai_step(self, step: AIStep) -> None:
-        self.relations[step.output] = _ai_step(step, self.relations[step.input], self.runtime, self.work)
+        self.relations[step.output] = ai_step(step, self.relations[step.input], self.runtime, self.work)
 
     def ai_chain(self, step: AIFilterChain) -> None:
-        self.relations[step.output] = _ai_chain(step, self.relations[step.input], self.runtime, self.work)
+        self.relations[step.output] = ai_chain(step, self.relations[step.input], self.runtime, self.work)
 
     def join_choice(self, step: JoinChoice) -> None:
         _join_choice(step, self.relations, self.db, self.runtime, self.work)
@@ -199,7 +195,7 @@ class _Run:
             else:
                 answers = aggregate(self.runtime, aggregation, lists, self.work)
                 if self.work is not None:
-                    _record(self.work, {"operator": "ai_aggregate", "output": step.output, "rows_in": len(lists)})
+                    record(self.work, {"operator": "ai_aggregate", "output": step.output, "rows_in": len(lists)})
             rows = rows.set_column(rows.schema.get_field_index(column), column, pa.array(answers, pa.string()))
         self.relations[step.output] = rows
 
@@ -273,7 +269,7 @@ class _AsksYesNo:
         return False
 
     def ai_step(self, step: AIStep) -> bool:
-        return KINDS[step.kind].answer not in _ANSWERED_ALONE
+        return asks_yes_no(step)
 
     def ai_chain(self, step: AIFilterChain) -> bool:
         return False
@@ -288,27 +284,6 @@ class _AsksYesNo:
 _ASKS_YES_NO = _AsksYesNo()
 
 
-def _question(step: AIStep) -> Question:
-    schema = step.generation.schema if step.generation is not None else None
-    return Question(step.template, step.layout, step.labels, step.anchor, step.answers, schema)
-
-
-def _args(step: AIStep, rows: pa.Table) -> list[list[str | None]]:
-    return [rows.column(c).to_pylist() for c in step.arg_columns]
-
-
-def _ask(step: AIStep, rows: pa.Table, work: QueryWork | None) -> Ask:
-    """A filter's or score's question over the rows."""
-    return Ask(_question(step), _args(step, rows), step.selectivity, decide=KINDS[step.kind].answer == "yes_no",
-               forget_rejected=KINDS[step.kind].keeps_rows)
-
-
-def _values(step: AIStep, probs: np.ndarray) -> pa.Array:
-    if KINDS[step.kind].answer == "probability":
-        return pa.array(probs, pa.float64(), from_pandas=True)
-    return pa.array(np.where(np.isnan(probs), None, answered_yes(probs)).tolist(), pa.bool_())
-
-
 @dataclass
 class _OverEmpty(_Run):
     """Runs a plan's steps over empty relations: its DuckDB statements' output schemas from `schemas`, bound over
@@ -321,144 +296,3 @@ class _OverEmpty(_Run):
         picked = step.picked(self.relations)
         self.relations[step.output] = (picked if picked is not None else self.schemas.output(
             self.db, step.sql, self.relations, self.version, step.params).empty_table())
-
-
-def _ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
-    answer = KINDS[step.kind].answer
-    if answer not in _ANSWERED_ALONE:
-        return _asked_together([(step, rows)], runtime, work)[0]
-    if rows.num_rows and runtime is None:
-        raise RuntimeError("an AI step over rows needs a runtime")
-    answers = pa.array(_ANSWERED_ALONE[answer](runtime, step, _args(step, rows), work) if rows.num_rows else [],
-                       pa.string())
-    return _answered(step, rows, answers, work)
-
-
-_ANSWERED_ALONE = {  # the kinds whose steps are not asked together with others: their answers, by how answered
-    "category": lambda runtime, step, args, work: classify(runtime, _question(step), args, work),
-    "text": lambda runtime, step, args, work: complete(runtime, _question(step), args, step.generation, work),
-}
-
-
-def _asked_together(steps: list[tuple[AIStep, pa.Table]], runtime: Runtime | None,
-                    work: QueryWork | None) -> list[pa.Table]:
-    """Each yes/no step's output over its rows (filters: the rows that pass), the model asked once for
-    all of them (their passes shared)."""
-    return _asking_together(steps, runtime, work)()
-
-
-def _asking_together(steps: list[tuple[AIStep, pa.Table]], runtime: Runtime | None,
-                     work: QueryWork | None) -> Callable[[], list[pa.Table]]:
-    """As _asked_together, the passes queued now; what it returns reads the answers and gives the outputs."""
-    asked = [_ask(step, rows, work) for step, rows in steps if rows.num_rows]
-    if asked and runtime is None:
-        raise RuntimeError("an AI step over rows needs a runtime")
-    asking = asking_together(runtime, asked, work) if asked else None
-    empty = {step.kind: pa.array([], KINDS[step.kind].value or pa.bool_()) for step, _ in steps}
-
-    def outputs() -> list[pa.Table]:
-        probs = iter(asking.read() if asking is not None else [])
-        return [_answered(step, rows, _values(step, next(probs)) if rows.num_rows else empty[step.kind], work)
-                for step, rows in steps]
-    return outputs
-
-
-def _answered(step: AIStep, rows: pa.Table, answers: pa.Array, work: QueryWork | None) -> pa.Table:
-    """The step's output from its answers (a filter keeps the rows answered yes), its stage recorded."""
-    base = rows.drop_columns(list(step.arg_columns))
-    if KINDS[step.kind].keeps_rows:
-        out = base.filter(pc.fill_null(answers, False)) if rows.num_rows else base
-    else:
-        out = base.append_column(step.column, answers)
-    if work is not None and rows.num_rows:
-        stage = {"operator": f"ai_{step.kind}", "output": step.output, "template": step.template,
-                 "rows_in": rows.num_rows}
-        if KINDS[step.kind].answer == "yes_no":
-            yes = int(pc.sum(pc.fill_null(answers, False).cast(pa.int64())).as_py() or 0)
-            stage.update(rows_out=out.num_rows, selectivity_provided=step.selectivity,
-                         selectivity_observed=yes / rows.num_rows)
-        _record(work, stage)
-    return out
-
-
-def _record(work: QueryWork, stage: dict) -> None:
-    """Add an AI operator's stage, or its counts to the stage of the same operator run before (chunks)."""
-    same = next((s for s in work.stages if s["operator"] == stage["operator"] and s["output"] == stage["output"]),
-                None)
-    if same is None:
-        work.stages.append(stage)
-        return
-    same["rows_in"] += stage["rows_in"]
-    if "rows_out" in stage:
-        yes = same["selectivity_observed"] * (same["rows_in"] - stage["rows_in"]) \
-            + stage["selectivity_observed"] * stage["rows_in"]
-        same["rows_out"] += stage["rows_out"]
-        same["selectivity_observed"] = yes / same["rows_in"]
-
-
-def _ai_chain(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
-    """Filter chunks of rows through every filter until `limit` rows have passed (all rows: _reranked)."""
-    if chain.limit is None:
-        return _reranked(chain, rows, runtime, work)
-    expected = float(np.prod([f.selectivity for f in chain.filters]))
-    size = max(chain.limit, int(np.ceil(1.5 * chain.limit / expected)))
-    kept: list[pa.Table] = []
-    start, passed = 0, 0
-    while True:
-        chunk = rows.slice(start, size)
-        for step in chain.filters:
-            chunk = _ai_step(step, chunk, runtime, work)
-        kept.append(chunk)
-        passed += chunk.num_rows
-        start += size
-        if passed >= chain.limit or start >= rows.num_rows:
-            break
-        size *= 2
-    out = pa.concat_tables(kept) if len(kept) > 1 else kept[0]
-    return out.slice(0, chain.limit)
-
-
-def _reranked(chain: AIFilterChain, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
-    """The first PROBE_ROWS rows through the filters in plan order; the rest in the order their observed
-    selectivities rank best, in parts pipelined through the filters: each model call asks the first
-    filter about a new part, the second about the last part's rows that passed the first, and so on,
-    so a later filter's few rows ride in the passes of a part's documents instead of passes of their
-    own. Parts are sized so the KV pool holds the documents of every part in flight (each later
-    filter continues them). A row passes when every filter keeps it, in either order."""
-    sample, observed = rows.slice(0, PROBE_ROWS), []
-    for step in chain.filters:
-        asked = sample.num_rows
-        sample = _ai_step(step, sample, runtime, work)
-        observed.append(sample.num_rows / asked if asked else step.selectivity)
-    order = sorted(range(len(chain.filters)), key=lambda i: filter_rank(chain.filters[i].template, observed[i]))
-    if work is not None and order != sorted(order):
-        work.stages.append({"operator": "ai_filter_rerank", "output": chain.output,
-                            "order": [chain.filters[i].template for i in order],
-                            "selectivity_observed": [round(observed[i], 4) for i in order]})
-    filters = [chain.filters[i] for i in order]
-    rest, kept = rows.slice(PROBE_ROWS), [sample]
-    in_flight = sum(float(np.prod([observed[i] for i in order[:j]])) for j in range(len(order)))
-    cached = _cached_rows(filters[0], rest, runtime) if len(order) > 1 else None
-    size = max(1, int(cached / in_flight)) if cached else max(rest.num_rows, 1)
-    parts = [rest.slice(start, size) for start in range(0, rest.num_rows, size)]
-    waiting: list[pa.Table | None] = [None] * len(filters)  # rows waiting for each filter
-    for turn in range(len(parts) + len(filters) - 1 if parts else 0):
-        waiting[0] = parts[turn] if turn < len(parts) else None
-        now = [j for j, part in enumerate(waiting) if part is not None]
-        passed = _asked_together([(filters[j], waiting[j]) for j in now], runtime, work)
-        waiting = [None] * len(filters)
-        for j, part in zip(now, passed):
-            if j + 1 < len(filters):
-                waiting[j + 1] = part
-            else:
-                kept.append(part)
-    return pa.concat_tables(kept)
-
-
-def _cached_rows(step: AIStep, rows: pa.Table, runtime: Runtime | None) -> int | None:
-    """Rows whose documents the KV pool holds at once (None: nothing is kept), their length estimated from
-    the first document's characters."""
-    if runtime is None or not rows.num_rows:
-        return None
-    chars = pc.mean(pc.utf8_length(rows.column(step.arg_columns[step.anchor]).cast(pa.string()))).as_py()
-    return runtime.rows_cached((chars or 0) / CHARS_PER_TOKEN)

@@ -15,7 +15,7 @@ def test_the_probe_lists_a_statements_spans_and_their_medians(tmp_path):
     listed, medians = text.split("median ms per statement over ")
     spans = [line.split()[-1] for line in listed.splitlines() if line and not line.startswith("cycle")]
     assert spans[:2] == ["FlightSQLHandler.do_action", "QueryService.plan"], "a statement starts at its prepare"
-    for span in ("TreeJob.__init__", "Rows.build", "Decoder.forward", "FlightSQLHandler.do_get", "QueryService.report"):
+    for span in ("TreeJob.__init__", "Rows.build", "PassScheduler._forward", "FlightSQLHandler.do_get", "QueryService.report"):
         assert span in spans, span
     assert medians.startswith("2\n"), "the second half of the timed statements, the last one open-ended"
     assert "cycle" in medians.splitlines()[1], "slowest first"

@@ -36,7 +36,7 @@ def test_filters_reranked_by_observed_selectivity_keep_the_rows(runtime):
 def test_chunked_plans_stream_the_rows_a_whole_run_gives(session, monkeypatch):
     """Chunks of two rows, then four: the same rows in the same order as one run over all rows, and
     each AI operator's stage counts every row once."""
-    from quail.engine.exec import executor
+    from quail.engine.exec import ai_step, executor
     from quail.engine.runtime.query_work import QueryWork
 
     monkeypatch.setattr(executor, "CHUNK_ROWS", (2, 4))
@@ -44,8 +44,8 @@ def test_chunked_plans_stream_the_rows_a_whole_run_gives(session, monkeypatch):
            f"WHERE stars < 5 AND AI_FILTER(PROMPT('{FILTER}', body), {OPTS})")
     query = session.sql(sql)
     assert query.plan.chunked
-    inputs, ask = [], executor._ask
-    monkeypatch.setattr(executor, "_ask", lambda step, rows, *args: (
+    inputs, ask = [], ai_step._ask
+    monkeypatch.setattr(ai_step, "_ask", lambda step, rows, *args: (
         inputs.append((step.kind, rows.num_rows)), ask(step, rows, *args))[1])
     work = QueryWork()
     streamed = list(executor.execute_stream(query.plan, session.catalog, session.runtime, work))
@@ -62,13 +62,13 @@ def test_a_streamed_filter_queues_each_chunk_before_reading_the_one_before(sessi
     passes are queued (the device need not wait for the host between chunks), and the rows are a whole run's."""
     import threading
 
-    from quail.engine.exec import executor
+    from quail.engine.exec import ai_step, executor
 
     monkeypatch.setattr(executor, "CHUNK_ROWS", (2, 4))
     query = session.sql(f"SELECT id, stars FROM reviews WHERE AI_FILTER(PROMPT('{FILTER}', body), {OPTS})")
     assert query.plan.chunked
     queued = [threading.Event() for _ in range(3)]
-    asking, launches = executor.asking_together, iter(range(3))
+    asking, launches = ai_step.model_asking_together, iter(range(3))
 
     class Waiting:
         def __init__(self, *args):
@@ -80,10 +80,10 @@ def test_a_streamed_filter_queues_each_chunk_before_reading_the_one_before(sessi
                 assert queued[self.chunk + 1].wait(60), f"chunk {self.chunk + 1} was not queued before reading"
             return self.asking.read()
 
-    monkeypatch.setattr(executor, "asking_together", Waiting)
+    monkeypatch.setattr(ai_step, "model_asking_together", Waiting)
     streamed = list(executor.execute_stream(query.plan, session.catalog, session.runtime))
     assert all(event.is_set() for event in queued)
-    monkeypatch.setattr(executor, "asking_together", asking)
+    monkeypatch.setattr(ai_step, "model_asking_together", asking)
     whole = executor.execute(query.plan, session.catalog, session.runtime)
     assert pa.Table.from_batches(streamed, whole.schema).to_pylist() == whole.to_pylist()
 
@@ -136,22 +136,23 @@ def test_a_chain_keeps_only_the_documents_still_in_play(session, monkeypatch):
     (two parts in flight), pipelined: each model call asks the first filter about a part and the second
     about the rows of the part before that passed the first, continuing their documents; the documents
     a filter rejected are the first to go when the pool needs room."""
-    from quail.engine.exec import executor
+    from quail.engine.exec import ai_chain, ai_step
 
     tree = session.runtime.runner.tree
     tree.clear()
     asked = build_requests(session.runtime, Question(FILTER), [[b] for b in REVIEWS["body"].to_pylist() if b])
     longest = max(r.prefix(2)[0] for r in asked)
     monkeypatch.setattr(tree.pool, "slots", 4 * longest + 1)
-    monkeypatch.setattr(executor, "PROBE_ROWS", 2)
-    parts, calls, together = [], [], executor._asked_together
+    monkeypatch.setattr(ai_chain, "PROBE_ROWS", 2)
+    parts, calls, together = [], [], ai_step.asked_together
     def counted(steps, *args):  # the model calls of the run (not those of its result schema, over no rows)
         if any(rows.num_rows for _, rows in steps):
             parts.extend(rows.num_rows for _, rows in steps)
             calls.append(len(steps))
         return together(steps, *args)
 
-    monkeypatch.setattr(executor, "_asked_together", counted)
+    monkeypatch.setattr(ai_step, "asked_together", counted)
+    monkeypatch.setattr(ai_chain, "asked_together", counted)
     chain = (f"SELECT id, body FROM reviews WHERE AI_FILTER(PROMPT('{FILTER}', body), {{'selectivity': 0.8}}) "
              f"AND AI_FILTER(PROMPT('Does {{0}} mention the staff or the owner?', body), {{'selectivity': 0.8}})")
     result = session.sql(chain).run()
