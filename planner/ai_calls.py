@@ -28,9 +28,10 @@ from quail.engine.runtime.prompt import placeholders
 from quail.planner.binder import is_unbound
 from quail.planner.dialects import position
 
-NOT_YET = {"AI_SIMILARITY"}
 AGGREGATES = {"AI_AGG", "AI_SUMMARIZE_AGG"}  # planned around their SELECT (planner/aggregates.py), never bound here
-KNOWN = set(SQL_NAMES) | NOT_YET | AGGREGATES
+KNOWN = set(SQL_NAMES) | AGGREGATES
+EMBEDDING = {"AI_EMBED", "AI_SIMILARITY", "AI.EMBED", "AI.SIMILARITY"}  # spelled for DuckDB (embeddings.py)
+DUCKDB_RUNS = EMBEDDING | {"AI_COSINE"}  # the AI_* functions DuckDB runs (engine/exec/embedding_functions.py)
 _IGNORED_KWARGS = {"connection_id", "endpoint", "model_params", "model"}
 _GENERATING_IGNORED = {"connection_id", "endpoint", "request_type"}  # where the model runs: here, always
 CLASSIFY_TEMPLATE = "Which category does {0} belong to?"
@@ -62,7 +63,14 @@ def _function_name(func: exp.Func) -> str:
 
 
 def ai_name(node: exp.Expression) -> str | None:
-    """'AI_FILTER', 'AI.IF', ... when node calls an AI function (known or not), else None."""
+    """'AI_FILTER', 'AI.IF', ... when node calls an AI function of the language model (known or not), else None
+    (the embedding functions are DuckDB's: embeddings.py)."""
+    name = embedding_name(node)
+    return None if name in DUCKDB_RUNS else name
+
+
+def embedding_name(node: exp.Expression) -> str | None:
+    """'AI_FILTER', 'AI.IF', 'AI_EMBED', ... when node calls a function named AI_* or AI.*, else None."""
     if isinstance(node, exp.Dot) and isinstance(node.this, exp.Expression) and node.this.name.upper() == "AI" \
             and isinstance(node.expression, exp.Func):
         return "AI." + _function_name(node.expression).removeprefix("AI_")
@@ -109,8 +117,10 @@ def contains_ai(node: exp.Expression) -> bool:
     return any(ai_name(n) for n in node.walk())
 
 
-def _arguments(name: str, call: exp.Expression, ignored: set[str] = _IGNORED_KWARGS
-               ) -> tuple[list[exp.Expression], dict[str, exp.Expression]]:
+def named_arguments(call: exp.Expression, ignored: set[str] = frozenset()
+                    ) -> tuple[list[exp.Expression], dict[str, exp.Expression]]:
+    """A call's positional arguments in order, and its named ones (`name => value`) by lowercased name,
+    those in `ignored` left out."""
     inner = call.expression if isinstance(call, exp.Dot) else call
     positional, named = [], {}
     for arg in _raw_arguments(inner):
@@ -135,12 +145,10 @@ def bind(call: exp.Expression) -> AICall:
 
 def _bind(call: exp.Expression) -> AICall:
     name = ai_name(call)
-    if name in NOT_YET:
-        raise InvalidArgument(f"{name} is not supported yet{position(call)}")
     if SQL_NAMES[name] == "complete":
         binder = _bind_extract if name == "AI_EXTRACT" else _bind_complete
-        return binder(name, call, *_arguments(name, call, _GENERATING_IGNORED))
-    positional, named = _arguments(name, call)
+        return binder(name, call, *named_arguments(call, _GENERATING_IGNORED))
+    positional, named = named_arguments(call, _IGNORED_KWARGS)
     if "prompt" in named:
         positional.insert(0, named.pop("prompt"))
     if SQL_NAMES[name] == "classify":

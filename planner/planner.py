@@ -47,6 +47,7 @@ from quail.planner.binder import bind_parameters, bind_tables, refuse_reserved
 from quail.planner.core import bind_core
 from quail.planner.correlated import decorrelate
 from quail.planner.dialects import DEFAULT_DIALECT, DIALECTS, normalize, parse_statement, position, written_items
+from quail.planner.embeddings import spell_embeddings
 from quail.planner.emit import aliased_table, emit
 from quail.planner.explain import explain_plan, split_explain
 from quail.planner.join_order import Rank, by_tokens
@@ -85,6 +86,7 @@ def plan_sql(sql: str, catalog: Catalog, dialect: str = DEFAULT_DIALECT,
         return explain_plan(plan_sql(inner, catalog, dialect, params, join_order, rank, rules, resident), mode,
                             catalog)
     tree = expand(parse_statement(sql, dialect), catalog.ai_views())
+    spell_embeddings(tree, dialect, sql)
     return plan_query(name_columns(tree, dialect, sql, every=dialect != "duckdb"), catalog, params, join_order, rank,
                       rules, resident)
 

@@ -37,6 +37,7 @@ from quail.engine.runtime.requests import ResidentShare
 from quail.planner.ai_calls import ai_calls, ancestors
 from quail.planner.binder import python_values, refuse_reserved
 from quail.planner.dialects import DIALECTS, normalize, numbered_parameters, parse_statements, position
+from quail.planner.embeddings import spell_embeddings
 from quail.planner.explain import split_explain
 from quail.planner.join_order import Rank, by_tokens
 from quail.planner.planner import RESULT, answer_statement, name_columns, plan_query, plan_sql
@@ -83,6 +84,7 @@ def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[An
     if len(trees) > 1:
         return Script(tuple(tree.sql(DIALECTS[dialect]) for tree in trees))
     tree = trees[0]
+    spelled = spell_embeddings(tree, dialect, sql)
     views = {} if isinstance(tree, (exp.Transaction, exp.Commit, exp.Rollback)) else catalog.ai_views()
     reads_views = bool(views) and views_mention(sql, views)
     dropped = drop_view(tree, views) if isinstance(tree, exp.Drop) else None
@@ -94,7 +96,7 @@ def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[An
     if reads_views:
         expand(tree, views)
     if not ai_calls(tree):
-        found = sql_guard.statements(sql if dialect == "duckdb" and not reads_views else
+        found = sql_guard.statements(sql if dialect == "duckdb" and not (reads_views or spelled) else
                                      numbered_parameters(normalize(name_columns(tree, dialect, sql, every=True))
                                                          ).sql("duckdb"))
         return _duckdb_statement(*found[0], catalog, params)

@@ -18,8 +18,10 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from quail.engine.errors import InvalidArgument
+from quail.engine.exec import embedding_functions
 from quail.engine.exec.catalog import MemoryCatalog
 from quail.engine.exec.plan import PhysicalPlan
+from quail.engine.exec.relational import memory_database
 from quail.engine.model.config import EngineConfig
 from quail.engine.runtime.loading import settled
 from quail.engine.runtime.serving import serve_runtime
@@ -83,6 +85,7 @@ class Session:
         self._replicas = self.runtime.replicas if owned else None  # stopped by close
         self.service = QueryService.serving(self.runtime, self.config)
         self.catalog = MemoryCatalog()
+        embedding_functions.register(memory_database(), self.runtime.embeddings)
 
     def __enter__(self) -> "Session":
         return self

@@ -73,6 +73,7 @@ class QuailServer:
         self.port = self._listen(f"{config.host}:{config.port}")
         self.runtime = serve_runtime(engine)
         self.runtime.warm_up()
+        self.database.serve_embeddings(self.runtime.embeddings)
         self.chosen = chosen(engine, self.runtime)  # what it runs on, for the startup line
         self.metrics = Metrics(self.runtime)
         self.auth = Authenticator(users, config.token_ttl_s) if users is not None else None

@@ -27,9 +27,10 @@ import pyarrow as pa
 import pyarrow.ipc  # noqa: F401 - pa.ipc
 
 from quail.engine.errors import Unavailable
-from quail.engine.exec import legacy_store
+from quail.engine.exec import embedding_functions, legacy_store
 from quail.engine.exec.catalog import RESERVED, AIView, column_of
 from quail.engine.exec.relational import CONFIG, duckdb_errors, quoted_name, statement_schema
+from quail.engine.runtime.embeddings import Embeddings
 
 FILE = "quail.duckdb"
 VIEWS = "main.__quail_views"  # the views whose definitions call AI functions (planner/views.py)
@@ -84,6 +85,10 @@ class Database:
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A new connection to the database, with a transaction context of its own."""
         return self._db.cursor()
+
+    def serve_embeddings(self, embeddings: Embeddings) -> None:
+        """Let every connection's statements embed texts with `embeddings` (AI_EMBED, AI_SIMILARITY)."""
+        embedding_functions.register(self._db, embeddings)
 
     def ai_views(self) -> dict[str, AIView]:
         """The committed views with AI functions, read once per version."""

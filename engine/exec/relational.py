@@ -24,6 +24,7 @@ import duckdb
 import pyarrow as pa
 from duckdb import _seam  # DuckDB's binder (a statement's output without running it) and its one-step submit
 
+from quail.engine import errors
 from quail.engine.errors import (Aborted, AlreadyExists, Cancelled, InvalidArgument, NotFound, PermissionDenied,
                                  QuailError, ResourceExhausted)
 from quail.engine.exec import sql_guard
@@ -87,6 +88,10 @@ def duckdb_errors(work: QueryWork | None = None) -> Iterator[None]:
 
 def _quail_error(err: duckdb.Error) -> QuailError:
     text = user_text(str(err))
+    raised = _UDF_ERROR.search(text)  # a function of Quail's that DuckDB ran (embedding_functions.py) raised it
+    kind = getattr(errors, raised[1], None) if raised is not None else None
+    if isinstance(kind, type) and issubclass(kind, QuailError):
+        return kind(raised[2])
     if isinstance(err, duckdb.ConstraintException):
         return (AlreadyExists if "Duplicate key" in text else InvalidArgument)(text)
     if isinstance(err, duckdb.CatalogException):
@@ -102,6 +107,7 @@ def _quail_error(err: duckdb.Error) -> QuailError:
     return InvalidArgument(text)
 
 
+_UDF_ERROR = re.compile(r"Python exception occurred while executing the UDF: (\w+): (.*)", re.DOTALL)
 _INTERNAL = re.compile(r'(?:"[^"]*"\.)?"?__quail_\w+"?', re.IGNORECASE)
 
 

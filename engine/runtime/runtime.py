@@ -19,6 +19,7 @@ from quail.engine.model.decoder import Decoder
 from quail.engine.model.tokenizer import Tokenizer
 from quail.engine.runtime import baselines, decode
 from quail.engine.runtime.counters import Stats
+from quail.engine.runtime.embeddings import Embeddings
 from quail.engine.runtime.grammar import GrammarTokens, Schema
 from quail.engine.runtime.model_runner import ModelRunner, disk_tier, host_tier, kv_pool
 from quail.engine.runtime.prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
@@ -80,13 +81,14 @@ class Runtime:
     (directory, bytes) a file there for what the host tier has no room for (None: none).
     `texts`: the tokenized texts kept between steps and queries (default: a cache of its own).
     `names`: what else queries may call the model (the name it was served by), besides its id and "default".
+    `embeddings`: the embedding model AI_EMBED asks (default: the embedded one, loaded on first use).
     """
 
     def __init__(self, model_id: str, model: Decoder, tokenizer: Tokenizer, frame: ChatFrame,
                  strategy: str | Strategy = "quail", token_budget: int = 4096, decisions: str = "model",
                  device_of: Runtime | None = None, kv_bytes: int = 0, kv_host_bytes: int = 0,
                  kv_disk: tuple[Path, int] | None = None, texts: SegmentCache | None = None,
-                 names: tuple[str, ...] = ()) -> None:
+                 names: tuple[str, ...] = (), embeddings: Embeddings | None = None) -> None:
         if isinstance(strategy, str) and strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
         if decisions not in ("model", "hash"):
@@ -113,6 +115,7 @@ class Runtime:
             self.scheduler = device_of.scheduler
         self.strategy = strategy
         self.texts = texts if texts is not None else SegmentCache()
+        self.embeddings = embeddings if embeddings is not None else Embeddings()
         self.yes_no = self._yes_no_labels()
         self.end_of_turn = frozenset(self._single_token((frame.turn_end,))) if frame.turn_end else frozenset()
         self.names = frozenset(n.lower() for n in (model_id, "default", *names))
@@ -125,7 +128,7 @@ class Runtime:
         and tree, and the tokenized texts), scoring by another strategy."""
         return Runtime(self.model_id, self.runner.model, self.tokenizer, self.layout.frame, strategy,
                        token_budget or self.runner.token_budget, self.decisions, self, texts=self.texts,
-                       names=tuple(self.names))
+                       names=tuple(self.names), embeddings=self.embeddings)
 
     def segments(self, texts: list[str]) -> list[Segment]:
         """Each text as a segment of its own, tokenized once (the texts cache)."""

@@ -153,7 +153,7 @@ def test_parameters_become_typed_literals(store):
     ("SELECT AI_CLASSIFY(body, 'a') FROM reviews", InvalidArgument, "list of string literals"),
     ("SELECT AI_CLASSIFY(body, ['a', 'b'], {'answers': 'emoji'}) FROM reviews", InvalidArgument,
      "config must be {'answers': 'letters' | 'names'}"),
-    ("SELECT AI_SIMILARITY(body, 'a note') FROM reviews", InvalidArgument, "not supported yet"),
+    ("SELECT AI_SIMILARITY(body) FROM reviews", InvalidArgument, "compares two values"),
     ("SELECT * FROM reviews WHERE AI_FILTER(PROMPT('{0}', AI_CLASSIFY(body, ['a'])))", InvalidArgument,
      "cannot be nested"),
     ("SELECT * FROM reviews WHERE AI_FILTER(body)", InvalidArgument, "expects PROMPT"),

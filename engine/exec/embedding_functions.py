@@ -1,0 +1,81 @@
+"""AI_EMBED and AI_SIMILARITY as functions DuckDB runs, registered on a DuckDB database.
+
+- `ai_embed(model, text)`: the text's embedding, FLOAT[dims], from the served embedding model.
+- `ai_cosine(a, b)`: the cosine of two FLOAT[] lists (NULL where either is; DuckDB's own
+  list_cosine_similarity refuses a batch in which a NULL list was cast from a NULL array).
+
+- The planner spells every dialect's AI_EMBED and AI_SIMILARITY with it (planner/embeddings.py), so an
+  embedding may stand wherever DuckDB takes an expression: SELECT, WHERE, ORDER BY ... LIMIT, CREATE
+  TABLE AS, UPDATE, views.
+- A NULL text gives NULL, and so does a text of no tokens.
+- DuckDB hands it a batch of rows at a time (Arrow arrays); a constant text is embedded once.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from duckdb import sqltypes
+
+from quail.engine.errors import InvalidArgument
+from quail.engine.runtime.embeddings import Embeddings
+
+EMBED, COSINE = "ai_embed", "ai_cosine"
+
+
+def embedding_array(vectors: list[np.ndarray | None], dims: int) -> pa.FixedSizeListArray:
+    """The embeddings as a fixed-size list array of float32 (None: a NULL row)."""
+    missing = np.array([v is None for v in vectors], dtype=bool)
+    flat = np.zeros((len(vectors), dims), dtype=np.float32)
+    for i, vector in enumerate(vectors):
+        if vector is not None:
+            flat[i] = vector
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), dims,
+                                             mask=pa.array(missing) if missing.any() else None)
+
+
+def cosine(first: pa.ListArray | pa.ChunkedArray, second: pa.ListArray | pa.ChunkedArray) -> pa.Array:
+    """Each row's cosine of two lists of numbers (NULL where either is NULL or all zeros); InvalidArgument where
+    two lists differ in length.
+
+    >>> cosine(pa.array([[1.0, 0.0], None, [3.0, 4.0]]), pa.array([[1.0, 1.0], [1.0, 0.0], [3.0, 4.0]])).to_pylist()
+    [0.7071067690849304, None, 1.0]
+    """
+    first, second = (c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in (first, second))
+    out = np.full(len(first), np.nan, dtype=np.float32)
+    valid = np.asarray(pc.and_(first.is_valid(), second.is_valid()))
+    rows = np.flatnonzero(valid)
+    if len(rows):
+        a, b = (column.take(pa.array(rows)) for column in (first, second))
+        lengths = np.asarray(a.value_lengths())
+        if not np.array_equal(lengths, np.asarray(b.value_lengths())):
+            raise InvalidArgument("AI_SIMILARITY compares embeddings of as many dimensions: these differ")
+        if lengths.min() == lengths.max() and lengths[0] > 0:
+            x = np.asarray(a.flatten(), dtype=np.float64).reshape(len(rows), -1)
+            y = np.asarray(b.flatten(), dtype=np.float64).reshape(len(rows), -1)
+            norms = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[rows] = np.where(norms > 0, (x * y).sum(axis=1) / norms, np.nan)
+    return pa.array(out, mask=np.isnan(out))
+
+
+def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
+    """`ai_embed(model, text)` over `embeddings`, and `ai_cosine(a, b)`, on the connection's database (its
+    cursors see them); ones registered before are replaced."""
+
+    def ai_embed(models: pa.Array, texts: pa.Array) -> pa.FixedSizeListArray:
+        for name in set(models.to_pylist()) - {None}:
+            embeddings.check_model(name)
+        return embedding_array(embeddings.embed(texts.to_pylist()), embeddings.dims)
+
+    floats = duckdb.list_type(sqltypes.FLOAT)
+    for name, function, parameters, returns in (
+            (EMBED, ai_embed, [sqltypes.VARCHAR, sqltypes.VARCHAR], duckdb.array_type(sqltypes.FLOAT, embeddings.dims)),
+            (COSINE, cosine, [floats, floats], sqltypes.FLOAT)):
+        try:
+            con.remove_function(name)
+        except duckdb.InvalidInputException:
+            pass  # none registered yet
+        con.create_function(name, function, parameters, returns, type="arrow", null_handling="special")

@@ -1,0 +1,82 @@
+"""The server's embedding model behind AI_EMBED and AI_SIMILARITY: loaded on first use, each text embedded once.
+
+- The model (model/static_embedding.py) is loaded the first time a statement embeds a text, not at start:
+  a server that never embeds never fetches it.
+- Each text's embedding is kept by its token ids, across queries, the least recently used dropped past
+  `max_bytes`; `computed` and `cached` count texts embedded and texts found kept.
+- A text of no tokens (empty) has no embedding: None.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Callable, Sequence
+
+import numpy as np
+
+from quail.engine.errors import InvalidArgument
+from quail.engine.model.embedded import WORD_EMBEDDINGS, WORD_TOKENIZER, WORDLLAMA
+from quail.engine.model.static_embedding import StaticEmbedding
+
+EMBEDDED_NAME, EMBEDDED_DIMS = "wordllama-l2-supercat-256", 256
+MAX_BYTES = 64 << 20  # embeddings kept across queries
+
+
+def embedded_model() -> StaticEmbedding:
+    """The embedded default: WordLlama's L2 supercat table, 256 dimensions (fetched once: embedded.py)."""
+    files = WORDLLAMA.files()
+    return StaticEmbedding.from_files(EMBEDDED_NAME, files[WORD_EMBEDDINGS], files[WORD_TOKENIZER])
+
+
+class Embeddings:
+    """An embedding model of `dims` dimensions, loaded by `load` on first use, and the embeddings it gave."""
+
+    def __init__(self, load: Callable[[], StaticEmbedding] = embedded_model, name: str = EMBEDDED_NAME,
+                 dims: int = EMBEDDED_DIMS, max_bytes: int = MAX_BYTES) -> None:
+        self.name, self.dims = name, dims
+        self.names = frozenset({name.lower(), "default"})
+        self._load = load
+        self._model: StaticEmbedding | None = None
+        self._kept: OrderedDict[bytes, np.ndarray | None] = OrderedDict()
+        self._room = max(1, max_bytes // (4 * dims))
+        self._lock = threading.Lock()
+        self.computed = 0
+        self.cached = 0
+
+    def model(self) -> StaticEmbedding:
+        """The model, loaded now if it is not yet (what loading raises, a missing download's NotFound say)."""
+        with self._lock:
+            if self._model is None:
+                model = self._load()
+                if model.dims != self.dims:
+                    raise InvalidArgument(f"the embedding model {self.name} gives {model.dims} dimensions, "
+                                          f"not {self.dims}")
+                self._model = model
+            return self._model
+
+    def check_model(self, name: str) -> None:
+        """InvalidArgument unless `name` names this model (its name or 'default')."""
+        if name.lower() not in self.names:
+            raise InvalidArgument(f"AI_EMBED's model {name!r} is not the embedding model served: use "
+                                  f"{self.name!r} or 'default'")
+
+    def embed(self, texts: Sequence[str | None]) -> list[np.ndarray | None]:
+        """Each text's embedding (float32, L2-normalized; None for None, and for a text of no tokens)."""
+        model = self.model()
+        present = [k for k, text in enumerate(texts) if text is not None]
+        ids = model.tokens([texts[k] for k in present])
+        out: list[np.ndarray | None] = [None] * len(texts)
+        with self._lock:
+            for k, row in zip(present, ids):
+                key = row.tobytes()
+                if key in self._kept:
+                    self._kept.move_to_end(key)
+                    self.cached += 1
+                else:
+                    self._kept[key] = model.pooled(row)
+                    self.computed += 1
+                out[k] = self._kept[key]
+            while len(self._kept) > self._room:
+                self._kept.popitem(last=False)
+        return out

@@ -1,0 +1,110 @@
+"""AI_EMBED and AI_SIMILARITY through the real ADBC driver: the Arrow type, stored embeddings equal to
+recomputed ones, semantic top-k and a similarity join against a brute force computed here, every dialect's
+spelling, and bad input."""
+
+from __future__ import annotations
+
+import adbc_driver_manager
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import quail
+
+TOPICS = ["the soup was cold", "the waiter was rude", "great pasta and wine", "the bill was too high",
+          "a lovely terrace view", "the bread was stale", "we waited an hour", "the dessert was delicious"]
+DOCS = pa.table({"id": pa.array(range(48), pa.int64()),
+                 "body": [f"{TOPICS[i % 8]}{'!' * (i // 8)}" if i % 11 else None for i in range(48)]})
+QUERIES = pa.table({"qid": [1, 2, 3], "text": ["cold food", "slow service", "an expensive meal"]})
+DIMS = 256
+
+
+@pytest.fixture(scope="module")
+def uri(server) -> str:
+    with quail.connect(server.uri, dialect="duckdb") as conn, conn.cursor() as cur:
+        cur.adbc_ingest("docs", DOCS, mode="create")
+        cur.adbc_ingest("queries", QUERIES, mode="create")
+    return server.uri
+
+
+def fetch(uri: str, sql: str, dialect: str = "duckdb") -> pa.Table:
+    with quail.connect(uri, dialect=dialect) as conn, conn.cursor() as cur:
+        cur.execute(sql)
+        return cur.fetch_arrow_table()
+
+
+def vectors(uri: str, texts: list[str | None]) -> np.ndarray:
+    """The server's embeddings of the texts, one AI_EMBED each (NaN rows for NULL)."""
+    rows = fetch(uri, "SELECT k, AI_EMBED(t) AS e FROM (VALUES " + ", ".join(
+        f"({k}, {'NULL' if t is None else repr(t)})" for k, t in enumerate(texts)) + ") v(k, t) ORDER BY k")
+    return np.array([e if e is not None else [np.nan] * DIMS for e in rows.column("e").to_pylist()])
+
+
+def brute_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a @ b.T) / np.outer(np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1))
+
+
+def test_ai_embed_is_a_fixed_size_list_of_float32(uri):
+    table = fetch(uri, "SELECT id, AI_EMBED(body) AS e FROM docs ORDER BY id")
+    assert table.schema.field("e").type == pa.list_(pa.float32(), DIMS)
+    embedded = table.column("e").to_pylist()
+    assert [e is None for e in embedded] == [b is None for b in DOCS.column("body").to_pylist()]
+    assert all(abs(np.linalg.norm(e) - 1) < 1e-5 for e in embedded if e is not None)
+
+
+def test_stored_embeddings_give_the_similarities_recomputed_ones_give(uri):
+    with quail.connect(uri, dialect="duckdb") as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE doc_vectors AS SELECT id, AI_EMBED(body) AS v FROM docs")
+    stored = fetch(uri, "SELECT d.id, AI_SIMILARITY(v, 'cold food') AS s FROM doc_vectors d ORDER BY id")
+    recomputed = fetch(uri, "SELECT id, AI_SIMILARITY(body, 'cold food') AS s FROM docs ORDER BY id")
+    assert stored.schema.field("s").type == pa.float32()
+    np.testing.assert_allclose(np.array(stored.column("s").to_pylist(), dtype=float),
+                               np.array(recomputed.column("s").to_pylist(), dtype=float), atol=1e-6)
+    assert fetch(uri, "SELECT typeof(v) AS t FROM doc_vectors LIMIT 1").column("t").to_pylist() == [f"FLOAT[{DIMS}]"]
+
+
+@pytest.mark.parametrize("dialect, sql", [
+    ("duckdb", "SELECT id FROM docs ORDER BY AI_SIMILARITY(body, 'cold food') DESC NULLS LAST, id LIMIT 5"),
+    ("snowflake", "SELECT id FROM docs ORDER BY AI_SIMILARITY(body, 'cold food') DESC NULLS LAST, id LIMIT 5"),
+    ("bigquery", "SELECT id FROM docs ORDER BY AI.SIMILARITY(content1 => body, content2 => 'cold food') DESC "
+                 "NULLS LAST, id LIMIT 5"),
+])
+def test_semantic_top_k_returns_the_brute_force_top_k(uri, dialect, sql):
+    """Ties (the same text, so the same score) broken by id, as the query says."""
+    bodies = DOCS.column("body").to_pylist()
+    scores = brute_cosine(vectors(uri, bodies), vectors(uri, ["cold food"]))[:, 0]
+    ranked = sorted((k for k in range(len(bodies)) if bodies[k] is not None), key=lambda k: (-round(scores[k], 5), k))
+    assert fetch(uri, sql, dialect).column("id").to_pylist() == ranked[:5]
+
+
+def test_a_similarity_join_returns_the_brute_force_pairs(uri):
+    bodies, texts = DOCS.column("body").to_pylist(), QUERIES.column("text").to_pylist()
+    scores = brute_cosine(vectors(uri, bodies), vectors(uri, texts))
+    want = sorted((k, QUERIES.column("qid")[j].as_py()) for k in range(len(bodies)) for j in range(len(texts))
+                  if bodies[k] is not None and scores[k, j] > 0.5)
+    got = fetch(uri, "SELECT d.id, q.qid FROM docs d JOIN queries q ON AI_SIMILARITY(d.body, q.text) > 0.5 "
+                     "ORDER BY 1, 2")
+    assert list(zip(*[got.column(c).to_pylist() for c in ("id", "qid")])) == want and want
+
+
+def test_names_types_and_the_other_spellings(uri):
+    snowflake = fetch(uri, "SELECT AI_SIMILARITY('cold soup', 'cold food'), "
+                           "AI_EMBED('wordllama-l2-supercat-256', 'x') AS e, AI_EMBED('default', 'x') AS f", "snowflake")
+    assert snowflake.schema.names == ["AI_SIMILARITY('cold soup', 'cold food')", "e", "f"]
+    assert snowflake.column("e").to_pylist() == snowflake.column("f").to_pylist()
+    bigquery = fetch(uri, "SELECT AI.EMBED('x', endpoint => 'text-embedding-005').result AS e, "
+                          "AI.SIMILARITY('cold soup', 'cold food') AS s", "bigquery")
+    assert bigquery.column("e").to_pylist() == snowflake.column("e").to_pylist()
+    assert bigquery.column("s").to_pylist() == snowflake.column(0).to_pylist()
+    assert fetch(uri, "SELECT AI_SIMILARITY(NULL, 'x') AS s, AI_EMBED(NULL) AS e").to_pylist() == [{"s": None, "e": None}]
+
+
+@pytest.mark.parametrize("sql, message", [
+    ("SELECT AI_EMBED('another-model', body) FROM docs", "not the embedding model served"),
+    ("SELECT AI_SIMILARITY(body) FROM docs", "compares two values"),
+    ("SELECT AI_EMBED(body, 'a', 'b') FROM docs", "a text, or a model and a text"),
+])
+def test_bad_embedding_calls_are_invalid_arguments(uri, sql, message):
+    with pytest.raises(adbc_driver_manager.ProgrammingError, match=message) as raised:
+        fetch(uri, sql)
+    assert raised.value.status_code == adbc_driver_manager.AdbcStatusCode.INVALID_ARGUMENT
