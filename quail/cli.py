@@ -21,7 +21,7 @@ def _serve(args: argparse.Namespace) -> int:
                           kv_cache_bytes=args.kv_cache_bytes, kv_host_bytes=args.kv_host_bytes,
                           kv_disk_dir=args.kv_disk_dir, kv_disk_bytes=args.kv_disk_bytes,
                           attention=args.attention, replicas=None if args.replicas == "auto" else int(args.replicas),
-                          ray=args.ray)
+                          ray=args.ray, embed_model=args.embed_model)
     config = ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), engine=engine,
                           dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
                           tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
@@ -92,6 +92,11 @@ def parser() -> argparse.ArgumentParser:
                        help="run the other replicas as actors of the Ray cluster at ADDRESS, or of a local one "
                             "started here (auto); needs pip install quail-server[ray] (default: processes of "
                             "this host)")
+    serve.add_argument("--embed-model", default=None, metavar="NAME_OR_PATH",
+                       help="the model AI_EMBED and AI_SIMILARITY embed with: a decoder (HF directory, .gguf file, "
+                            "HF repo id in the local cache, or dummy:qwen3-embedding-0.6b / -4b), its last token's "
+                            "final hidden state as Qwen3-Embedding's, loaded at start on the model's device "
+                            "(default: the embedded static model, 256 dimensions, fetched on first use)")
     serve.add_argument("--dialect", default="snowflake", help="SQL dialect: snowflake, bigquery or duckdb")
     serve.add_argument("--users", default=None, help="file of user:password lines: clients must log in")
     serve.add_argument("--token-ttl", type=float, default=3600.0, help="seconds a login token lasts (default 3600)")

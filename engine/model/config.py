@@ -86,7 +86,10 @@ class EngineConfig:
     processes of their own, requests routed to the one holding their document: runtime/replicas.py; on the
     CPU they share its cores; None: one per CUDA GPU present, settled when the model loads); ray: the
     other replicas are Ray actors of the cluster at this address ("auto": a local Ray started by the
-    server), else processes of this host (None).
+    server), else processes of this host (None); embed_model: the model AI_EMBED and AI_SIMILARITY embed
+    with, a decoder named as `model` is (the final hidden state at a text's last token, as Qwen3-Embedding;
+    "dummy:qwen3-embedding-0.6b" and "dummy:qwen3-embedding-4b" are its shapes), loaded at start on the same
+    device and precision (None: the embedded static model, fetched on first use).
     """
 
     model: str | None = None
@@ -107,6 +110,7 @@ class EngineConfig:
     backend: str | None = None
     replicas: int | None = 1
     ray: str | None = None
+    embed_model: str | None = None
 
     @property
     def compiled(self) -> bool:

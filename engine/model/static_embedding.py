@@ -61,6 +61,10 @@ class StaticEmbedding:
         encoded = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         return [np.minimum(np.asarray(e.ids, dtype=np.int64), len(self.vectors) - 1) for e in encoded]
 
+    def embed_ids(self, rows: list[np.ndarray]) -> list[np.ndarray | None]:
+        """Each text's embedding from its token ids (`pooled`)."""
+        return [self.pooled(ids) for ids in rows]
+
     def pooled(self, ids: np.ndarray) -> np.ndarray | None:
         """The embedding of a text of these token ids: their vectors' mean, L2-normalized (None: no tokens, or
         a mean of zero length)."""

@@ -60,5 +60,9 @@ class Tokenizer:
         encodings = self._backend.encode_batch(texts, add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
 
+    def token_id(self, token: str) -> int | None:
+        """The id of a token of the vocabulary by its text (None: no such token)."""
+        return self._backend.token_to_id(token)
+
     def decode(self, ids) -> str:
         return self._backend.decode(list(map(int, ids)), skip_special_tokens=False)

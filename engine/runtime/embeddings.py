@@ -1,7 +1,8 @@
 """The server's embedding model behind AI_EMBED and AI_SIMILARITY: loaded on first use, each text embedded once.
 
-- The model (model/static_embedding.py) is loaded the first time a statement embeds a text, not at start:
-  a server that never embeds never fetches it.
+- The model: the embedded static one (model/static_embedding.py), loaded the first time a statement embeds
+  a text, not at start (a server that never embeds never fetches it); or a decoder (decoder_embedding.py,
+  `--embed-model`), loaded at start.
 - Each text's embedding is kept by its token ids, across queries, the least recently used dropped past
   `max_bytes`; `computed` and `cached` count texts embedded and texts found kept.
 - A text of no tokens (empty) has no embedding: None.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -23,6 +24,17 @@ EMBEDDED_NAME, EMBEDDED_DIMS = "wordllama-l2-supercat-256", 256
 MAX_BYTES = 64 << 20  # embeddings kept across queries
 
 
+class EmbeddingModel(Protocol):
+    """What embeds texts: a name, dimensions, token ids of texts, and embeddings of token ids (None: none)."""
+
+    name: str
+    dims: int
+
+    def tokens(self, texts: list[str]) -> list[np.ndarray]: ...
+
+    def embed_ids(self, rows: list[np.ndarray]) -> list[np.ndarray | None]: ...
+
+
 def embedded_model() -> StaticEmbedding:
     """The embedded default: WordLlama's L2 supercat table, 256 dimensions (fetched once: embedded.py)."""
     files = WORDLLAMA.files()
@@ -32,19 +44,19 @@ def embedded_model() -> StaticEmbedding:
 class Embeddings:
     """An embedding model of `dims` dimensions, loaded by `load` on first use, and the embeddings it gave."""
 
-    def __init__(self, load: Callable[[], StaticEmbedding] = embedded_model, name: str = EMBEDDED_NAME,
-                 dims: int = EMBEDDED_DIMS, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(self, load: Callable[[], EmbeddingModel] = embedded_model, name: str = EMBEDDED_NAME,
+                 dims: int = EMBEDDED_DIMS, max_bytes: int = MAX_BYTES, names: Sequence[str] = ()) -> None:
         self.name, self.dims = name, dims
-        self.names = frozenset({name.lower(), "default"})
+        self.names = frozenset({name.lower(), "default", *(n.lower() for n in names)})
         self._load = load
-        self._model: StaticEmbedding | None = None
+        self._model: EmbeddingModel | None = None
         self._kept: OrderedDict[bytes, np.ndarray | None] = OrderedDict()
         self._room = max(1, max_bytes // (4 * dims))
         self._lock = threading.Lock()
         self.computed = 0
         self.cached = 0
 
-    def model(self) -> StaticEmbedding:
+    def model(self) -> EmbeddingModel:
         """The model, loaded now if it is not yet (what loading raises, a missing download's NotFound say)."""
         with self._lock:
             if self._model is None:
@@ -65,18 +77,18 @@ class Embeddings:
         """Each text's embedding (float32, L2-normalized; None for None, and for a text of no tokens)."""
         model = self.model()
         present = [k for k, text in enumerate(texts) if text is not None]
-        ids = model.tokens([texts[k] for k in present])
-        out: list[np.ndarray | None] = [None] * len(texts)
+        ids = dict(zip(present, model.tokens([texts[k] for k in present])))
         with self._lock:
-            for k, row in zip(present, ids):
-                key = row.tobytes()
+            kept = {k: self._kept[row.tobytes()] for k, row in ids.items() if row.tobytes() in self._kept}
+        missing = {row.tobytes(): row for k, row in ids.items() if k not in kept}
+        computed = dict(zip(missing, model.embed_ids(list(missing.values()))))  # each distinct text once
+        with self._lock:
+            self._kept.update(computed)
+            for key in (row.tobytes() for row in ids.values()):
                 if key in self._kept:
                     self._kept.move_to_end(key)
-                    self.cached += 1
-                else:
-                    self._kept[key] = model.pooled(row)
-                    self.computed += 1
-                out[k] = self._kept[key]
             while len(self._kept) > self._room:
                 self._kept.popitem(last=False)
-        return out
+            self.computed += len(computed)
+            self.cached += len(ids) - len(computed)
+        return [kept.get(k, computed.get(ids[k].tobytes())) if k in ids else None for k in range(len(texts))]

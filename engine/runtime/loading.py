@@ -20,6 +20,8 @@ from quail.engine.model import gguf_cache
 from quail.engine.model.hf_weights import (TEMPLATE_FILE, cached_snapshot, chat_template, download, is_model_directory,
                                            load_directory)
 from quail.engine.model.tokenizer import Tokenizer
+from quail.engine.runtime.decoder_embedding import DecoderEmbedding
+from quail.engine.runtime.embeddings import Embeddings
 from quail.engine.runtime.prompt import ChatFrame
 from quail.engine.runtime.runtime import Runtime
 
@@ -37,6 +39,8 @@ DUMMY_SHAPES = {
     "qwen3-0.6b": _qwen3(1024, 28, 16, 3072),
     "qwen3-1.7b": _qwen3(2048, 28, 16, 6144),
     "qwen3-4b": _qwen3(2560, 36, 32, 9728),
+    "qwen3-embedding-0.6b": _qwen3(1024, 28, 16, 3072),  # Qwen3-Embedding's shapes are its base models'
+    "qwen3-embedding-4b": _qwen3(2560, 36, 32, 9728),
     "smollm2-135m": ModelConfig(arch="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9,
                                 num_kv_heads=3, head_dim=64, intermediate_size=1536, rope_theta=100000.0,
                                 rms_norm_eps=1e-5, tie_embeddings=True),
@@ -176,7 +180,8 @@ def chosen(config: EngineConfig, runtime: Runtime) -> str:
         host += f", disk KV tier {tree.disk.capacity_bytes / 2 ** 30:.1f} GiB"
     replicas = "" if runtime.replicas is None else f", {runtime.replicas.count} replicas"
     return (f"{runtime.model_id} on {name}, {config.precision}, token budget {config.token_budget:,}, "
-            f"KV pool {pool.capacity_bytes / 2 ** 30:.1f} GiB{host}{replicas}")
+            f"KV pool {pool.capacity_bytes / 2 ** 30:.1f} GiB{host}{replicas}; embeddings "
+            f"{runtime.embeddings.name} ({runtime.embeddings.dims} dimensions)")
 
 
 def load_runtime(config: EngineConfig | None = None) -> Runtime:
@@ -190,6 +195,23 @@ def load(config: EngineConfig | None = None) -> tuple[Runtime, EngineConfig]:
     """`load_runtime`, and the config as settled and sized: the KV pool's bytes and the tiers' as this runtime
     took them (what each replica beside it takes)."""
     config = settled(config or EngineConfig())
+    return _runtime(*_parts(config), config)
+
+
+def load_embeddings(config: EngineConfig) -> Embeddings:
+    """The embedding model AI_EMBED asks: `config.embed_model` loaded now, a decoder on the config's device
+    whose runtime keeps no KV (DecoderEmbedding); None: the embedded static model, loaded on first use."""
+    if config.embed_model is None:
+        return Embeddings()
+    settled_config = settled(replace(config, model=config.embed_model, replicas=1))
+    model_id, model, tokenizer, frame = _parts(settled_config)
+    embedding = DecoderEmbedding(Runtime(model_id, model, tokenizer, frame, "quail", settled_config.token_budget,
+                                         kv_bytes=0, names=(config.embed_model,)))
+    return Embeddings(lambda: embedding, embedding.name, embedding.dims, names=(config.embed_model,))
+
+
+def _parts(config: EngineConfig) -> tuple[str, Decoder, Tokenizer, ChatFrame]:
+    """The configured model's id, weights (on its device, in its precision), tokenizer and chat frame."""
     if config.precision not in DTYPES:
         raise InvalidArgument(f"precision {config.precision!r} is not available; use one of {', '.join(DTYPES)}")
     if config.attention_layout not in ATTENTION:
@@ -202,16 +224,15 @@ def load(config: EngineConfig | None = None) -> tuple[Runtime, EngineConfig]:
         with building_on(config.device, torch.float32):
             model = _dummy(shape)
         tokenizer, frame = _tokenizer_and_frame(config.tokenizer)
-        return _runtime(f"dummy-{shape}", prepare(model, config), tokenizer, frame, config)
+        return f"dummy-{shape}", prepare(model, config), tokenizer, frame
     model_id, path = resolve(config.model)
     if path.is_dir():
         checkpoint = load_directory(path)
         tokenizer, frame = _tokenizer_and_frame(config.tokenizer or path)
-        return _runtime(model_id, prepare(_loaded(checkpoint.config, checkpoint.state_dict), config), tokenizer,
-                        frame, config)
+        return model_id, prepare(_loaded(checkpoint.config, checkpoint.state_dict), config), tokenizer, frame
     gguf = gguf_cache.load(path)
-    return _runtime(model_id, prepare(_loaded(gguf.config, gguf.state_dict), config),
-                    Tokenizer.from_gguf_vocab(gguf.vocab), ChatFrame.from_template(gguf.chat_template), config)
+    return (model_id, prepare(_loaded(gguf.config, gguf.state_dict), config), Tokenizer.from_gguf_vocab(gguf.vocab),
+            ChatFrame.from_template(gguf.chat_template))
 
 
 def pass_bytes(model: Decoder, token_budget: int) -> int:

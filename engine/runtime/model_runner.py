@@ -207,7 +207,6 @@ class ModelRunner:
         """`passing`, with nothing run between its layers."""
         return to_end(self.passing(groups, events, opened))
 
-    @torch.inference_mode()
     def passing(self, groups: Sequence[tuple[list[Row], Stats]], events: PassEvents | None = None,
                 opened: Callable[[], None] = go_on) -> Passing:
         """One pass over the rows of several owners, in order (a row's parent is its index in the pass),
@@ -219,6 +218,12 @@ class ModelRunner:
           for); `opened` is called once the host has queued the pass's opening layers (opening_layers; at its
           end, for a pass of fewer layers or of decode steps).
         """
+        with torch.inference_mode():  # entered once for the pass: a decorator would enter it at every layer
+            return (yield from self._layers(groups, events, opened))
+
+    def _layers(self, groups: Sequence[tuple[list[Row], Stats]], events: PassEvents | None,
+                opened: Callable[[], None]) -> Passing:
+        """`passing`, in the caller's grad mode."""
         rows = [row for owned, _ in groups for row in owned]
         if all(len(r.ids) == 1 and r.slots is not None and r.keep == 1 for r in rows):
             stepped = self._step(groups, rows, events)

@@ -171,10 +171,22 @@ class Runtime:
             return self.replicas.launch(requests, work, self._scoring)
         return self._scoring(requests, work)
 
+    def hidden(self, requests: Sequence[Request], work: QueryWork) -> list[torch.Tensor]:
+        """Each request's final-normed hidden state at its last token (an embedding model's output), its passes
+        on this runtime's scheduler; InvalidArgument for a request longer than the model's context."""
+        self.refuse_too_long(requests)
+        work.count(len(requests))
+        work.spend_tokens(sum(len(r) for r in requests))
+        return self._hidden(requests, work)
+
+    def _hidden(self, requests: Sequence[Request], work: QueryWork) -> list[torch.Tensor]:
+        """The requests' last hidden states, by the runtime's strategy (counted already)."""
+        strategy = STRATEGIES[self.strategy] if isinstance(self.strategy, str) else self.strategy
+        return strategy(self.scheduler, self.runner.for_query(work.check, work.under_way.set), requests, work.stats)
+
     def _scoring(self, requests: Sequence[Request], work: QueryWork) -> "Scoring":
         """The requests' passes queued on this runtime's device (counted already)."""
-        strategy = STRATEGIES[self.strategy] if isinstance(self.strategy, str) else self.strategy
-        hidden = strategy(self.scheduler, self.runner.for_query(work.check, work.under_way.set), requests, work.stats)
+        hidden = self._hidden(requests, work)
         by_labels: dict[LabelSet, list[int]] = {}
         for i, request in enumerate(requests):
             by_labels.setdefault(request.labels, []).append(i)
