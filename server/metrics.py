@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from quail.engine.kv.resident import ResidentTree
 from quail.engine.runtime.device_time import DeviceTime
+from quail.engine.runtime.embeddings import Embeddings
 from quail.engine.runtime.replicas import Replicas
 from quail.engine.runtime.runtime import Runtime
 
@@ -47,6 +48,22 @@ class _TreeCounts:
                                   value=counts.to_disk)
         yield CounterMetricFamily("quail_kv_disk_restored_tokens", "Tokens copied back from the disk tier to the "
                                   "KV pool (instead of computed again)", value=counts.from_disk)
+
+
+class _EmbeddingCounts:
+    """The embedding model's texts as Prometheus counters: computed, kept from before, NULL."""
+
+    def __init__(self, embeddings: Embeddings) -> None:
+        self.embeddings = embeddings
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        counts = self.embeddings.counts()
+        family = CounterMetricFamily("quail_embedded_texts", "Texts AI_EMBED and AI_SIMILARITY asked the embedding "
+                                     "model for: computed, cached (kept from an earlier statement), skipped (NULL)",
+                                     labels=["kind"])
+        for kind, value in (("computed", counts.computed), ("cached", counts.cached), ("skipped", counts.skipped)):
+            family.add_metric([kind], value)
+        yield family
 
 
 class _DeviceBusy:
@@ -133,6 +150,7 @@ class Metrics:
                              "not tokenized yet (0: every table's texts are as tokenized as they will be)",
                              registry=self.registry)
         self.registry.register(_DeviceBusy(scheduler.busy))
+        self.registry.register(_EmbeddingCounts(runtime.embeddings))
         if tree is not None:
             self.registry.register(_TreeCounts(tree))
         if replicas is not None:

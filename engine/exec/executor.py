@@ -16,6 +16,7 @@ from quail.engine.exec.catalog import Catalog
 from quail.engine.exec.plan import AIAggregate, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step
 from quail.engine.exec.relational import DuckDB, StatementSchemas
 from quail.engine.runtime.counters import Stats
+from quail.engine.runtime.embeddings import EmbeddingCounts
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.runtime import Runtime
 from quail.engine.runtime.estimates import CHUNK_ROWS, PROBE_ROWS
@@ -208,10 +209,13 @@ def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], db: DuckDB, runt
     started = time.perf_counter()
     for step in plan.steps:
         begun, before = time.perf_counter(), replace(work.stats)
+        embedded = runtime.embeddings.counts() if runtime is not None else None
         _run_step(step, relations, db, runtime, work)
         done = work.stats.minus(before)
         prompts = done.prompt_tokens
         cached = f", {done.cached_tokens:,} of {prompts:,} prompt tokens cached{_restored(done)}" if prompts else ""
+        if embedded is not None:
+            cached += _embedded(runtime.embeddings.counts().minus(embedded))
         first, *rest = step.describe()
         lines += [f"{first}  [{relations[step.output].num_rows} rows, {time.perf_counter() - begun:.3f}s{cached}]",
                   *rest]
@@ -240,6 +244,15 @@ def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], db: DuckDB, runt
                  + (f"; the speed of light is of this query's ideal plan alone, {ideal:,} fresh tokens, of which KV "
                     f"that earlier queries left spared {spared:,}" if sol_s is not None and spared > 0 else ""))
     return pa.table({"plan": pa.array(lines, pa.string())})
+
+
+def _embedded(counts: EmbeddingCounts) -> str:
+    """The texts the server's embedding model was asked for during a step (EXPLAIN ANALYZE; the server's
+    counts: another statement embedding at the same time adds to them)."""
+    if not (counts.computed or counts.cached or counts.skipped):
+        return ""
+    return (f", texts embedded: {counts.computed:,} computed, {counts.cached:,} kept from before, "
+            f"{counts.skipped:,} NULL")
 
 
 def _restored(stats: Stats) -> str:

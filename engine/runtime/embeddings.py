@@ -4,7 +4,7 @@
   a text, not at start (a server that never embeds never fetches it); or a decoder (decoder_embedding.py,
   `--embed-model`), loaded at start.
 - Each text's embedding is kept by its token ids, across queries, the least recently used dropped past
-  `max_bytes`; `computed` and `cached` count texts embedded and texts found kept.
+  `max_bytes`; `counts()`: texts embedded (computed), found kept (cached), and NULL (skipped).
 - A text of no tokens (empty) has no embedding: None.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -22,6 +23,19 @@ from quail.engine.model.static_embedding import StaticEmbedding
 
 EMBEDDED_NAME, EMBEDDED_DIMS = "wordllama-l2-supercat-256", 256
 MAX_BYTES = 64 << 20  # embeddings kept across queries
+
+
+@dataclass(frozen=True)
+class EmbeddingCounts:
+    """Texts embedded (computed), found kept (cached), and NULL (skipped)."""
+
+    computed: int = 0
+    cached: int = 0
+    skipped: int = 0
+
+    def minus(self, before: EmbeddingCounts) -> EmbeddingCounts:
+        return EmbeddingCounts(self.computed - before.computed, self.cached - before.cached,
+                               self.skipped - before.skipped)
 
 
 class EmbeddingModel(Protocol):
@@ -55,6 +69,7 @@ class Embeddings:
         self._lock = threading.Lock()
         self.computed = 0
         self.cached = 0
+        self.skipped = 0
 
     def model(self) -> EmbeddingModel:
         """The model, loaded now if it is not yet (what loading raises, a missing download's NotFound say)."""
@@ -72,6 +87,11 @@ class Embeddings:
         if name.lower() not in self.names:
             raise InvalidArgument(f"AI_EMBED's model {name!r} is not the embedding model served: use "
                                   f"{self.name!r} or 'default'")
+
+    def counts(self) -> EmbeddingCounts:
+        """Texts embedded, found kept, and NULL, so far."""
+        with self._lock:
+            return EmbeddingCounts(self.computed, self.cached, self.skipped)
 
     def embed(self, texts: Sequence[str | None]) -> list[np.ndarray | None]:
         """Each text's embedding (float32, L2-normalized; None for None, and for a text of no tokens)."""
@@ -91,4 +111,5 @@ class Embeddings:
                 self._kept.popitem(last=False)
             self.computed += len(computed)
             self.cached += len(ids) - len(computed)
+            self.skipped += len(texts) - len(ids)
         return [kept.get(k, computed.get(ids[k].tobytes())) if k in ids else None for k in range(len(texts))]

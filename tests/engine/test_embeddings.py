@@ -88,3 +88,22 @@ def test_cosine_of_lists_null_where_either_is_and_refused_across_sizes():
     assert cosine(a, b).to_pylist() == [0.0, None, None, None]
     with pytest.raises(InvalidArgument, match="as many dimensions"):
         cosine(pa.array([[1.0, 0.0]]), pa.array([[1.0, 0.0, 0.0]]))
+
+
+def test_explain_analyze_and_the_metrics_count_the_texts_embedded(runtime):
+    """A step's line says what the embedding model did meanwhile; the metrics count it for the server."""
+    from prometheus_client import generate_latest
+
+    import quail
+    from quail.server.metrics import Metrics
+
+    session = quail.Session(runtime=runtime)
+    session.register("docs", pa.table({"id": [1, 2, 3], "body": ["counted soup", "counted soup", None]}))
+    metrics = Metrics(runtime)
+    before = runtime.embeddings.counts()
+    lines = session.sql("EXPLAIN ANALYZE SELECT id, AI_SIMILARITY(body, 'counted query') AS s FROM docs",
+                        dialect="duckdb").run().table.column(0).to_pylist()
+    assert "texts embedded: 2 computed, 1 kept from before, 1 NULL" in lines[0]
+    assert runtime.embeddings.counts().minus(before).computed == 2
+    exposed = generate_latest(metrics.registry).decode()
+    assert f'quail_embedded_texts_total{{kind="computed"}} {float(runtime.embeddings.computed)}' in exposed
