@@ -30,7 +30,7 @@ import quail
 from quail.engine.runtime.embeddings import EMBEDDED_NAME
 
 from .embedded_accuracy import INSTALL_HINT, LICENSE, SOURCE, balanced_sample, load_snippets, roc_auc
-from .run import git_commit
+from .run import git_commit, write_json
 
 NEIGHBOURS = 10
 
@@ -94,10 +94,7 @@ def main(argv: list[str] | None = None) -> Path:
         "rows_per_s": {"cold": round(len(texts) / cold_s), "warm": round(len(texts) / warm_s)},
     }
     print(json.dumps({k: v for k, v in doc.items() if k not in ("source", "license")}, indent=1))
-    out = Path(args.out) / f"{doc['date'][:10]}-cpu-wordllama-embedding-accuracy.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    return out
+    return write_json(Path(args.out) / f"{doc['date'][:10]}-cpu-wordllama-embedding-accuracy.json", doc)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.requests import Request, Segment
 from quail.planner.cost import DEVICES, sol_seconds
 
-from .run import git_commit
+from .run import git_commit, write_json
 
 WORDS = ("soup pasta waiter bill terrace bread dessert wine table kitchen service price menu night friend order "
          "cold warm slow quick rude kind great poor fresh stale sweet salty loud quiet").split()
@@ -86,10 +86,8 @@ def main(argv: list[str] | None = None) -> Path:
            "sol_fraction": round(sol / seconds, 3) if sol else None}
     print(json.dumps(doc, indent=1))
     shape = args.model.split(":")[-1].replace("/", "-")
-    out = Path(args.out) / f"{doc['date'][:10]}-{'cpu' if name == 'cpu' else 'gpu'}-embedding-speed-{shape}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    return out
+    return write_json(Path(args.out) / f"{doc['date'][:10]}-{'cpu' if name == 'cpu' else 'gpu'}-embedding-speed-"
+                      f"{shape}.json", doc)
 
 
 if __name__ == "__main__":

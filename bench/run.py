@@ -126,6 +126,13 @@ def warm_up(runtime: Runtime) -> None:
     yes_probabilities(runtime, Question("Is {0} short?"), [["warm-up text"]])
 
 
+def write_json(path: Path, doc: dict) -> Path:
+    """A result document written to `path` (its folder made), indented; the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
