@@ -25,3 +25,12 @@ def test_the_speed_bench_embeds_and_prices_a_tiny_run(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["texts"] == 6 and doc["dims"] == 1024 and doc["embeddings_per_s"] > 0
     assert doc["forward_passes"] >= 1 and doc["sol_device"] == "cpu" and doc["sol_s"] > 0
+
+
+def test_the_query_bench_agrees_with_numpy_on_a_tiny_run(tmp_path):
+    from bench import embedding_queries
+
+    doc = json.loads(embedding_queries.main(["--rows", "60", "--left", "12", "--right", "6",
+                                             "--out", str(tmp_path)]).read_text())
+    assert doc["top_k"]["agree"] and doc["join"]["agree"]
+    assert doc["join"]["pairs_compared"] == 72 and doc["top_k"]["warm_s"] > 0
