@@ -4,7 +4,7 @@
   a text, not at start (a server that never embeds never fetches it); or a decoder (decoder_embedding.py,
   `--embed-model`), loaded at start.
 - Each text's embedding is kept by its token ids, across queries, the least recently used dropped past
-  `max_bytes`; `counts()`: texts embedded (computed), found kept (cached), and NULL (skipped).
+  `max_bytes` (and a short text's token ids by the text, so it is not tokenized again); `counts()`: texts embedded (computed), found kept (cached), and NULL (skipped).
 - A text of no tokens (empty) has no embedding: None.
 """
 
@@ -23,6 +23,7 @@ from quail.engine.model.static_embedding import StaticEmbedding
 
 EMBEDDED_NAME, EMBEDDED_DIMS = "wordllama-l2-supercat-256", 256
 MAX_BYTES = 64 << 20  # embeddings kept across queries
+KEYED_CHARS = 1024  # texts up to this long keep their token ids by their text (longer ones are tokenized again)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ class Embeddings:
         self.names = frozenset({name.lower(), "default", *(n.lower() for n in names)})
         self._load = load
         self._model: EmbeddingModel | None = None
-        self._kept: OrderedDict[bytes, np.ndarray | None] = OrderedDict()
+        self._kept: OrderedDict[bytes, np.ndarray | None] = OrderedDict()  # by token ids
+        self._keys: OrderedDict[str, bytes] = OrderedDict()  # each text's token ids, while kept
         self._room = max(1, max_bytes // (4 * dims))
         self._lock = threading.Lock()
         self.computed = 0
@@ -94,22 +96,31 @@ class Embeddings:
             return EmbeddingCounts(self.computed, self.cached, self.skipped)
 
     def embed(self, texts: Sequence[str | None]) -> list[np.ndarray | None]:
-        """Each text's embedding (float32, L2-normalized; None for None, and for a text of no tokens)."""
+        """Each text's embedding (float32, L2-normalized; None for None, and for a text of no tokens); a text seen
+        before is not tokenized again while its embedding is kept."""
         model = self.model()
         present = [k for k, text in enumerate(texts) if text is not None]
-        ids = dict(zip(present, model.tokens([texts[k] for k in present])))
         with self._lock:
-            kept = {k: self._kept[row.tobytes()] for k, row in ids.items() if row.tobytes() in self._kept}
-        missing = {row.tobytes(): row for k, row in ids.items() if k not in kept}
+            keys = {k: self._keys[texts[k]] for k in present if self._keys.get(texts[k]) in self._kept}
+        unseen = [k for k in present if k not in keys]
+        tokens = dict(zip(unseen, model.tokens([texts[k] for k in unseen])))
+        keys.update((k, row.tobytes()) for k, row in tokens.items())
+        with self._lock:
+            missing = {keys[k]: row for k, row in tokens.items() if keys[k] not in self._kept}
         computed = dict(zip(missing, model.embed_ids(list(missing.values()))))  # each distinct text once
         with self._lock:
             self._kept.update(computed)
-            for key in (row.tobytes() for row in ids.values()):
-                if key in self._kept:
-                    self._kept.move_to_end(key)
-            while len(self._kept) > self._room:
-                self._kept.popitem(last=False)
+            out = [self._kept.get(keys[k]) if k in keys else None for k in range(len(texts))]
+            for k in present:
+                if keys[k] in self._kept:
+                    self._kept.move_to_end(keys[k])
+                if len(texts[k]) <= KEYED_CHARS:
+                    self._keys[texts[k]] = keys[k]
+                    self._keys.move_to_end(texts[k])
+            for kept in (self._kept, self._keys):
+                while len(kept) > self._room:
+                    kept.popitem(last=False)
             self.computed += len(computed)
-            self.cached += len(ids) - len(computed)
-            self.skipped += len(texts) - len(ids)
-        return [kept.get(k, computed.get(ids[k].tobytes())) if k in ids else None for k in range(len(texts))]
+            self.cached += len(present) - len(computed)
+            self.skipped += len(texts) - len(present)
+        return out

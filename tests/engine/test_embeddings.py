@@ -107,3 +107,15 @@ def test_explain_analyze_and_the_metrics_count_the_texts_embedded(runtime):
     assert runtime.embeddings.counts().minus(before).computed == 2
     exposed = generate_latest(metrics.registry).decode()
     assert f'quail_embedded_texts_total{{kind="computed"}} {float(runtime.embeddings.computed)}' in exposed
+
+
+def test_a_text_seen_before_is_not_tokenized_again():
+    model, tokenized = embedded_model(), []
+    tokens = model.tokens
+    model.tokens = lambda texts: (tokenized.extend(texts), tokens(texts))[1]
+    embeddings = Embeddings(lambda: model)
+    first = embeddings.embed(["soup", "wine", "soup"])
+    again = embeddings.embed(["wine", "soup", "bread"])
+    assert tokenized == ["soup", "wine", "soup", "bread"], "only the text not seen before"
+    np.testing.assert_array_equal(again[1], first[0])
+    assert (embeddings.computed, embeddings.cached) == (3, 3)
