@@ -31,6 +31,14 @@ from quail.planner.dialects import DIALECTS, position, written_items
 DEFAULT_MODEL = "default"
 _VECTOR = "CASE WHEN typeof(x) = 'VARCHAR' THEN CAST(ai_embed('default', CAST(x AS VARCHAR)) AS FLOAT[]) " \
           "ELSE CAST(x AS FLOAT[]) END"
+MARGIN = 1e-5  # the pairs' slack below a join's threshold: DuckDB's float cosine against ai_cosine's float64
+_PAIRS = """EXISTS (SELECT 1 FROM (SELECT __sim_l.t AS lt, __sim_r.t AS rt FROM
+  (SELECT t, v FROM (SELECT t, VL AS v FROM (SELECT DISTINCT AL AS t FROM TL) AS __sim_dl WHERE t IS NOT NULL)
+   AS __sim_vl WHERE v IS NOT NULL) AS __sim_l,
+  (SELECT t, v FROM (SELECT t, VR AS v FROM (SELECT DISTINCT AR AS t FROM TR) AS __sim_dr WHERE t IS NOT NULL)
+   AS __sim_vr WHERE v IS NOT NULL) AS __sim_r
+  WHERE list_cosine_similarity(__sim_l.v, __sim_r.v) > 0) AS __sim_p
+ WHERE __sim_p.lt = OL AND __sim_p.rt = OR_ AND CHECK)"""
 _PARAMETERS = {"AI.SIMILARITY": ("content1", "content2"), "AI.EMBED": ("content",)}
 _IGNORED = {"endpoint", "connection_id", "model_params", "task_type", "title"}
 
@@ -41,10 +49,89 @@ def spell_embeddings(tree: exp.Expression, dialect: str, sql: str) -> bool:
     if not any(embedding_name(node) in EMBEDDING for node in tree.walk()):
         return False
     _keep_names(tree, dialect, sql)
+    _prefilter_joins(tree)
     calls = [node for node in tree.walk() if embedding_name(node) in EMBEDDING]
     for call in reversed(calls):  # innermost first: an argument is rewritten before the call around it
         call.replace(_spelled(call))
     return True
+
+
+def _prefilter_joins(tree: exp.Expression) -> None:
+    """Each conjunct `AI_SIMILARITY(a.x, b.y) > t` (>=, or t < ...) of an inner join's ON or of a WHERE, whose
+    arguments read two different tables of the same FROM, asked of pairs found once instead of every pair of
+    rows: the distinct values of each side embedded once, their pairs whose cosine passes (DuckDB's own,
+    vectorized, MARGIN below t) kept, and the exact condition checked on those pairs alone (an EXISTS: the
+    same rows, as a conjunct where NULL and false both reject)."""
+    for select in list(tree.find_all(exp.Select)):
+        tables = _tables(select)
+        conditions = [join.args["on"] for join in select.args.get("joins") or []
+                      if not join.side and (join.kind or "INNER").upper() == "INNER" and join.args.get("on")]
+        if select.args.get("where") is not None:
+            conditions.append(select.args["where"].this)
+        for condition in conditions:
+            for conjunct in list(condition.flatten()) if isinstance(condition, exp.And) else [condition]:
+                found = _threshold(conjunct)
+                if found is None:
+                    continue
+                call, low = found
+                first, second = _arguments(embedding_name(call), call)
+                sides = (_alias(first), _alias(second))
+                if None not in sides and sides[0] != sides[1] and all(side in tables for side in sides):
+                    conjunct.replace(_pairs(conjunct, call, (first, tables[sides[0]]), (second, tables[sides[1]]),
+                                            low))
+
+
+def _tables(select: exp.Select) -> dict[str, exp.Expression]:
+    """The FROM's and the joins' tables and derived tables, by alias (or name)."""
+    sources = [select.args["from_"].this] if select.args.get("from_") is not None else []
+    sources += [join.this for join in select.args.get("joins") or []]
+    return {source.alias_or_name: source for source in sources if isinstance(source, (exp.Table, exp.Subquery))}
+
+
+def _threshold(conjunct: exp.Expression) -> tuple[exp.Expression, float] | None:
+    """The AI_SIMILARITY call of `call > t` (>=, t < call, t <= call) of two arguments, and t - MARGIN."""
+    if isinstance(conjunct, (exp.GT, exp.GTE)):
+        call, bound = conjunct.this, conjunct.expression
+    elif isinstance(conjunct, (exp.LT, exp.LTE)):
+        call, bound = conjunct.expression, conjunct.this
+    else:
+        return None
+    negative = isinstance(bound, exp.Neg)
+    number = bound.this if negative else bound
+    name = embedding_name(call)
+    if name not in ("AI_SIMILARITY", "AI.SIMILARITY") or not (isinstance(number, exp.Literal) and number.is_number) \
+            or len(_arguments(name, call)) != 2:
+        return None
+    return call, (-1 if negative else 1) * float(number.this) - MARGIN
+
+
+def _alias(argument: exp.Expression) -> str | None:
+    """The one table alias every column of the argument names (None: none, several, an unqualified column, or
+    a subquery)."""
+    columns = list(argument.find_all(exp.Column))
+    aliases = {column.table for column in columns}
+    if not columns or "" in aliases or len(aliases) != 1 or argument.find(exp.Query) is not None:
+        return None
+    return aliases.pop()
+
+
+def _pairs(conjunct: exp.Expression, call: exp.Expression, first: tuple[exp.Expression, exp.Expression],
+           second: tuple[exp.Expression, exp.Expression], low: float) -> exp.Expression:
+    """The EXISTS standing for the conjunct (see _prefilter_joins)."""
+    exact = conjunct.copy()  # the exact condition, asked of a pair
+    exact_call = next(node for node in exact.walk() if embedding_name(node) in ("AI_SIMILARITY", "AI.SIMILARITY"))
+    exact_call.replace(exp.Anonymous(this="AI_SIMILARITY", expressions=[exp.column("lt", "__sim_p"),
+                                                                         exp.column("rt", "__sim_p")]))
+    places = {"AL": first[0], "TL": first[1], "VL": _vector(exp.column("t")), "AR": second[0], "TR": second[1],
+              "VR": _vector(exp.column("t")), "OL": first[0], "OR_": second[0], "CHECK": exact}
+    pairs = parse_one(_PAIRS, read="duckdb")
+    for node in list(pairs.find_all(exp.Column, exp.Table)):
+        if node.name in places and not (isinstance(node, exp.Column) and node.table):
+            node.replace(places[node.name].copy())
+    cosine = next(node for node in pairs.walk() if isinstance(node, exp.GT) and
+                  isinstance(node.this, exp.Anonymous) and node.this.name.lower() == "list_cosine_similarity")
+    cosine.set("expression", exp.Literal.number(repr(low)))
+    return pairs
 
 
 def _keep_names(tree: exp.Expression, dialect: str, sql: str) -> None:

@@ -1,7 +1,7 @@
 """AI_EMBED and AI_SIMILARITY as functions DuckDB runs, registered on a DuckDB database.
 
 - `ai_embed(model, text)`: the text's embedding, FLOAT[dims], from the served embedding model.
-- `ai_cosine(a, b)`: the cosine of two FLOAT[] lists (NULL where either is; DuckDB's own
+- `ai_cosine(a, b)`: the cosine of two FLOAT[] lists, a DOUBLE (NULL where either is; DuckDB's own
   list_cosine_similarity refuses a batch in which a NULL list was cast from a NULL array).
 
 - The planner spells every dialect's AI_EMBED and AI_SIMILARITY with it (planner/embeddings.py), so an
@@ -41,10 +41,10 @@ def cosine(first: pa.ListArray | pa.ChunkedArray, second: pa.ListArray | pa.Chun
     two lists differ in length.
 
     >>> cosine(pa.array([[1.0, 0.0], None, [3.0, 4.0]]), pa.array([[1.0, 1.0], [1.0, 0.0], [3.0, 4.0]])).to_pylist()
-    [0.7071067690849304, None, 1.0]
+    [0.7071067811865475, None, 1.0]
     """
     first, second = (c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in (first, second))
-    out = np.full(len(first), np.nan, dtype=np.float32)
+    out = np.full(len(first), np.nan, dtype=np.float64)
     valid = np.asarray(pc.and_(first.is_valid(), second.is_valid()))
     rows = np.flatnonzero(valid)
     if len(rows):
@@ -73,7 +73,7 @@ def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
     floats = duckdb.list_type(sqltypes.FLOAT)
     for name, function, parameters, returns in (
             (EMBED, ai_embed, [sqltypes.VARCHAR, sqltypes.VARCHAR], duckdb.array_type(sqltypes.FLOAT, embeddings.dims)),
-            (COSINE, cosine, [floats, floats], sqltypes.FLOAT)):
+            (COSINE, cosine, [floats, floats], sqltypes.DOUBLE)):
         try:
             con.remove_function(name)
         except duckdb.InvalidInputException:

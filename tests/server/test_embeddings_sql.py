@@ -15,7 +15,7 @@ TOPICS = ["the soup was cold", "the waiter was rude", "great pasta and wine", "t
           "a lovely terrace view", "the bread was stale", "we waited an hour", "the dessert was delicious"]
 DOCS = pa.table({"id": pa.array(range(48), pa.int64()),
                  "body": [f"{TOPICS[i % 8]}{'!' * (i // 8)}" if i % 11 else None for i in range(48)]})
-QUERIES = pa.table({"qid": [1, 2, 3], "text": ["cold food", "slow service", "an expensive meal"]})
+QUERIES = pa.table({"qid": [1, 2, 3, 4], "text": ["cold food", "slow service", "an expensive meal", ""]})
 DIMS = 256
 
 
@@ -57,7 +57,7 @@ def test_stored_embeddings_give_the_similarities_recomputed_ones_give(uri):
         cur.execute("CREATE TABLE doc_vectors AS SELECT id, AI_EMBED(body) AS v FROM docs")
     stored = fetch(uri, "SELECT d.id, AI_SIMILARITY(v, 'cold food') AS s FROM doc_vectors d ORDER BY id")
     recomputed = fetch(uri, "SELECT id, AI_SIMILARITY(body, 'cold food') AS s FROM docs ORDER BY id")
-    assert stored.schema.field("s").type == pa.float32()
+    assert stored.schema.field("s").type == pa.float64()
     np.testing.assert_allclose(np.array(stored.column("s").to_pylist(), dtype=float),
                                np.array(recomputed.column("s").to_pylist(), dtype=float), atol=1e-6)
     assert fetch(uri, "SELECT typeof(v) AS t FROM doc_vectors LIMIT 1").column("t").to_pylist() == [f"FLOAT[{DIMS}]"]
@@ -108,3 +108,20 @@ def test_bad_embedding_calls_are_invalid_arguments(uri, sql, message):
     with pytest.raises(adbc_driver_manager.ProgrammingError, match=message) as raised:
         fetch(uri, sql)
     assert raised.value.status_code == adbc_driver_manager.AdbcStatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("fast, slow", [
+    ("SELECT d.id, q.qid FROM docs d JOIN queries q ON AI_SIMILARITY(d.body, q.text) >= 0.4 AND q.qid < 3",
+     "SELECT d.id, q.qid FROM docs d JOIN queries q ON (AI_SIMILARITY(d.body, q.text) >= 0.4 OR false) AND q.qid < 3"),
+    ("SELECT d.id, q.qid FROM docs d, queries q WHERE 0.4 < AI_SIMILARITY(q.text, d.body)",
+     "SELECT d.id, q.qid FROM docs d, queries q WHERE 0.4 < AI_SIMILARITY(q.text, d.body) OR false"),
+])
+def test_a_similarity_join_asks_pairs_found_once_and_gives_every_pair_s_rows(uri, fast, slow):
+    """The join's condition becomes pairs of distinct values found once (DuckDB's cosine over the two sides'
+    embeddings, a margin below), the exact condition checked on those alone: the rows the pairwise form
+    (under OR, not rewritten) gives, NULL and empty texts included."""
+    plan = "\n".join(fetch(uri, "EXPLAIN " + fast).column(0).to_pylist())
+    assert "list_cosine_similarity" in plan.lower() and "list_cosine_similarity" not in \
+        "\n".join(fetch(uri, "EXPLAIN " + slow).column(0).to_pylist()).lower()
+    rows = sorted(tuple(r.values()) for r in fetch(uri, fast).to_pylist())
+    assert rows and rows == sorted(tuple(r.values()) for r in fetch(uri, slow).to_pylist())
