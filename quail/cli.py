@@ -1,10 +1,11 @@
-"""The `quail` command line: `quail serve` runs a Flight SQL server."""
+"""The `quail` command line: `quail serve` runs a Flight SQL server; `quail load` loads a file into one of its tables."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+import time
 from pathlib import Path
 
 from quail.engine.errors import QuailError
@@ -34,6 +35,29 @@ def _serve(args: argparse.Namespace) -> int:
     from quail.server.app import serve
 
     serve(config)
+    return 0
+
+
+def _load(args: argparse.Namespace) -> int:
+    import pyarrow as pa
+    from adbc_driver_manager import Error as DriverError
+
+    from quail.loader import bar, load
+    from quail.remote import connect
+
+    started = time.monotonic()
+    options = {"username": args.user, "password": args.password} if args.user else {}
+    try:
+        with connect(args.uri, **options) as connection:
+            rows = load(connection, Path(args.file), args.table, args.mode, args.format,
+                        bar(sys.stderr) if sys.stderr.isatty() else lambda share, rows: None)
+    except (DriverError, pa.ArrowException) as err:  # the server's refusal, or a file that does not parse
+        print(f"\nquail: error: nothing was loaded into {args.table}: {str(err).strip().splitlines()[0]}",
+              file=sys.stderr)
+        return 1
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    print(f"loaded {rows:,} rows into {args.table} in {time.monotonic() - started:.1f} s")
     return 0
 
 
@@ -125,6 +149,18 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="server log level on stderr (default info)")
     serve.set_defaults(run=_serve)
+    load = commands.add_parser("load", help="load a CSV, Parquet, JSON lines or Arrow file into a table")
+    load.add_argument("file", help="the file, read here (a .csv, .tsv, .parquet, .jsonl, .json, .arrow or .feather)")
+    load.add_argument("table", help="the table to load it into")
+    load.add_argument("uri", nargs="?", default="grpc://127.0.0.1:8815",
+                      help="the server (default grpc://127.0.0.1:8815; grpc+tls:// for TLS)")
+    load.add_argument("--mode", default="create", choices=["create", "append", "replace"],
+                      help="create the table (default), append to it, or replace it")
+    load.add_argument("--format", default=None, choices=["csv", "parquet", "json", "arrow"],
+                      help="the file's format (default: by its extension)")
+    load.add_argument("--user", default=None, help="log in as this user (a server with --users)")
+    load.add_argument("--password", default=None, help="the user's password")
+    load.set_defaults(run=_load)
     return top
 
 

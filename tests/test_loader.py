@@ -1,0 +1,93 @@
+"""`quail load`: CSV, Parquet, JSON lines and Arrow files loaded into a real server's tables over ADBC, in
+batches; create, append and replace; a file that does not parse or a table that exists loads nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.csv as csv
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+import quail
+from quail import loader
+
+ROWS = pa.table({"id": pa.array(range(3000), pa.int64()), "name": [f"row {i}" for i in range(3000)],
+                 "score": pa.array([i / 7 for i in range(3000)], pa.float64())})
+
+
+def write(path, fmt: str) -> None:
+    if fmt == "csv":
+        csv.write_csv(ROWS, path)
+    elif fmt == "parquet":
+        pq.write_table(ROWS, path, row_group_size=500)
+    elif fmt == "json":
+        path.write_text("".join(json.dumps(row) + "\n" for row in ROWS.to_pylist()))
+    else:
+        feather.write_feather(ROWS, path, chunksize=700)
+
+
+def quail_load(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "quail.cli", "load", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def table_rows(uri: str, table: str) -> list[dict]:
+    with quail.connect(uri, dialect="duckdb") as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT id, name, score FROM {table} ORDER BY id")
+        return cur.fetch_arrow_table().to_pylist()
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".jsonl", ".arrow"])
+def test_each_format_loads_every_row_as_written(server, tmp_path, suffix):
+    path = tmp_path / f"rows{suffix}"
+    write(path, loader.file_format(path))
+    table = f"loaded_{suffix[1:]}"
+    done = quail_load(str(path), table, server.uri)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"loaded 3,000 rows into {table}")
+    assert table_rows(server.uri, table) == ROWS.to_pylist()
+
+
+def test_a_parquet_file_is_read_and_sent_a_batch_at_a_time(tmp_path):
+    """Batch by batch, as they are sent: the share read rises with each (a file larger than memory loads)."""
+    path = tmp_path / "big.parquet"
+    pq.write_table(pa.concat_tables([ROWS] * 60), path, row_group_size=10_000)
+    schema, batches, share = loader.batches(path, "parquet")
+    shares, counted = [], 0
+    for batch in batches:
+        counted += batch.num_rows
+        shares.append(share())
+    assert counted == 180_000 and len(shares) >= 3 and shares == sorted(shares) and shares[0] < 0.5
+    assert shares[-1] == 1.0 and schema.names == ["id", "name", "score"]
+
+
+def test_append_and_replace(server, tmp_path):
+    path = tmp_path / "rows.parquet"
+    write(path, "parquet")
+    assert quail_load(str(path), "modes", server.uri).returncode == 0
+    assert quail_load(str(path), "modes", server.uri, "--mode", "append").returncode == 0
+    assert len(table_rows(server.uri, "modes")) == 6000
+    assert quail_load(str(path), "modes", server.uri, "--mode", "replace").returncode == 0
+    assert table_rows(server.uri, "modes") == ROWS.to_pylist()
+
+
+def test_a_bad_file_or_an_existing_table_loads_nothing_and_says_why(server, tmp_path):
+    good = tmp_path / "rows.csv"
+    write(good, "csv")
+    assert quail_load(str(good), "once", server.uri).returncode == 0
+    again = quail_load(str(good), "once", server.uri)
+    assert again.returncode == 1 and "nothing was loaded into once" in again.stderr and "Traceback" not in again.stderr
+    broken = tmp_path / "broken.csv"
+    broken.write_text("id,name\n1,a\n2,b,extra\n")
+    failed = quail_load(str(broken), "broken", server.uri)
+    assert failed.returncode == 1 and "nothing was loaded into broken" in failed.stderr
+    unknown = quail_load(str(tmp_path / "rows.xyz"), "t", server.uri)
+    assert unknown.returncode == 2 and "--format" in unknown.stderr
+    with quail.connect(server.uri, dialect="duckdb") as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'broken'")
+        assert cur.fetchone() == (0,)
