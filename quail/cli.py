@@ -52,8 +52,8 @@ def _load(args: argparse.Namespace) -> int:
             rows = load(connection, Path(args.file), args.table, args.mode, args.format,
                         bar(sys.stderr) if sys.stderr.isatty() else lambda share, rows: None)
     except (DriverError, pa.ArrowException) as err:  # the server's refusal, or a file that does not parse
-        print(f"\nquail: error: nothing was loaded into {args.table}: {str(err).strip().splitlines()[0]}",
-              file=sys.stderr)
+        reason = str(err).strip().splitlines()[0].split(" Detail: ")[0]  # the driver's own detail: a traceback
+        print(f"\nquail: error: nothing was loaded into {args.table}: {reason}", file=sys.stderr)
         return 1
     if sys.stderr.isatty():
         sys.stderr.write("\n")

@@ -86,8 +86,28 @@ def test_a_bad_file_or_an_existing_table_loads_nothing_and_says_why(server, tmp_
     broken.write_text("id,name\n1,a\n2,b,extra\n")
     failed = quail_load(str(broken), "broken", server.uri)
     assert failed.returncode == 1 and "nothing was loaded into broken" in failed.stderr
+    assert "CSV parse error" in failed.stderr and "Traceback" not in failed.stderr
     unknown = quail_load(str(tmp_path / "rows.xyz"), "t", server.uri)
     assert unknown.returncode == 2 and "--format" in unknown.stderr
     with quail.connect(server.uri, dialect="duckdb") as conn, conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'broken'")
+        assert cur.fetchone() == (0,)
+
+
+def test_a_file_that_fails_after_batches_were_sent_loads_nothing(server, tmp_path, monkeypatch):
+    """The parse error comes after several batches went to the server: the ingest's stream is cut off, and
+    the server writes nothing of it (no table, no partial rows)."""
+    import adbc_driver_manager
+
+    path = tmp_path / "late.csv"
+    csv.write_csv(pa.concat_tables([ROWS] * 30), path)
+    with open(path, "a") as tail:
+        tail.write("5,x,1.0,extra\n")
+    monkeypatch.setattr(loader, "BLOCK_BYTES", 64 << 10)
+    sent = []
+    with quail.connect(server.uri) as conn, pytest.raises(adbc_driver_manager.Error, match="CSV parse error"):
+        loader.load(conn, path, "late", progress=lambda share, rows: sent.append(rows))
+    assert len(sent) > 3, "batches went to the server before the error"
+    with quail.connect(server.uri, dialect="duckdb") as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'late'")
         assert cur.fetchone() == (0,)
