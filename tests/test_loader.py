@@ -47,10 +47,18 @@ def test_each_format_loads_every_row_as_written(server, tmp_path, suffix):
     path = tmp_path / f"rows{suffix}"
     write(path, loader.file_format(path))
     table = f"loaded_{suffix[1:]}"
-    done = quail_load(str(path), table, server.uri)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"loaded 3,000 rows into {table}")
+    with quail.connect(server.uri) as conn:
+        assert loader.load(conn, path, table) == ROWS.num_rows
     assert table_rows(server.uri, table) == ROWS.to_pylist()
+
+
+def test_the_command_loads_a_file_and_says_how_many_rows(server, tmp_path):
+    path = tmp_path / "rows.tsv"
+    csv.write_csv(ROWS, path, csv.WriteOptions(delimiter="\t"))
+    done = quail_load(str(path), "from_command", server.uri)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("loaded 3,000 rows into from_command")
+    assert table_rows(server.uri, "from_command") == ROWS.to_pylist()
 
 
 def test_a_parquet_file_is_read_and_sent_a_batch_at_a_time(tmp_path):
@@ -69,17 +77,19 @@ def test_a_parquet_file_is_read_and_sent_a_batch_at_a_time(tmp_path):
 def test_append_and_replace(server, tmp_path):
     path = tmp_path / "rows.parquet"
     write(path, "parquet")
-    assert quail_load(str(path), "modes", server.uri).returncode == 0
-    assert quail_load(str(path), "modes", server.uri, "--mode", "append").returncode == 0
-    assert len(table_rows(server.uri, "modes")) == 6000
-    assert quail_load(str(path), "modes", server.uri, "--mode", "replace").returncode == 0
+    with quail.connect(server.uri) as conn:
+        loader.load(conn, path, "modes")
+        loader.load(conn, path, "modes", "append")
+        assert len(table_rows(server.uri, "modes")) == 6000
+        loader.load(conn, path, "modes", "replace")
     assert table_rows(server.uri, "modes") == ROWS.to_pylist()
 
 
 def test_a_bad_file_or_an_existing_table_loads_nothing_and_says_why(server, tmp_path):
     good = tmp_path / "rows.csv"
     write(good, "csv")
-    assert quail_load(str(good), "once", server.uri).returncode == 0
+    with quail.connect(server.uri) as conn:
+        loader.load(conn, good, "once")
     again = quail_load(str(good), "once", server.uri)
     assert again.returncode == 1 and "nothing was loaded into once" in again.stderr and "Traceback" not in again.stderr
     broken = tmp_path / "broken.csv"
@@ -87,8 +97,8 @@ def test_a_bad_file_or_an_existing_table_loads_nothing_and_says_why(server, tmp_
     failed = quail_load(str(broken), "broken", server.uri)
     assert failed.returncode == 1 and "nothing was loaded into broken" in failed.stderr
     assert "CSV parse error" in failed.stderr and "Traceback" not in failed.stderr
-    unknown = quail_load(str(tmp_path / "rows.xyz"), "t", server.uri)
-    assert unknown.returncode == 2 and "--format" in unknown.stderr
+    with pytest.raises(ValueError, match="--format"):
+        loader.file_format(tmp_path / "rows.xyz")
     with quail.connect(server.uri, dialect="duckdb") as conn, conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'broken'")
         assert cur.fetchone() == (0,)
