@@ -29,15 +29,16 @@ from quail.planner.ai_calls import EMBEDDING, embedding_name, named_arguments
 from quail.planner.dialects import DIALECTS, position, written_items
 
 DEFAULT_MODEL = "default"
-_VECTOR = "CASE WHEN typeof(x) = 'VARCHAR' THEN CAST(ai_embed('default', CAST(x AS VARCHAR)) AS FLOAT[]) " \
-          "ELSE CAST(x AS FLOAT[]) END"
+SIMILARITY = ("AI_SIMILARITY", "AI.SIMILARITY")
+_VECTOR = "CASE WHEN typeof(X) = 'VARCHAR' THEN CAST(ai_embed('default', CAST(X AS VARCHAR)) AS FLOAT[]) " \
+          "ELSE CAST(X AS FLOAT[]) END"
 MARGIN = 1e-5  # the pairs' slack below a join's threshold: DuckDB's float cosine against ai_cosine's float64
 _PAIRS = """EXISTS (SELECT 1 FROM (SELECT __sim_l.t AS lt, __sim_r.t AS rt FROM
   (SELECT t, v FROM (SELECT t, VL AS v FROM (SELECT DISTINCT AL AS t FROM TL) AS __sim_dl WHERE t IS NOT NULL)
    AS __sim_vl WHERE v IS NOT NULL) AS __sim_l,
   (SELECT t, v FROM (SELECT t, VR AS v FROM (SELECT DISTINCT AR AS t FROM TR) AS __sim_dr WHERE t IS NOT NULL)
    AS __sim_vr WHERE v IS NOT NULL) AS __sim_r
-  WHERE list_cosine_similarity(__sim_l.v, __sim_r.v) > 0) AS __sim_p
+  WHERE list_cosine_similarity(__sim_l.v, __sim_r.v) > LOW) AS __sim_p
  WHERE __sim_p.lt = OL AND __sim_p.rt = OR_ AND CHECK)"""
 _PARAMETERS = {"AI.SIMILARITY": ("content1", "content2"), "AI.EMBED": ("content",)}
 _IGNORED = {"endpoint", "connection_id", "model_params", "task_type", "title"}
@@ -73,12 +74,10 @@ def _prefilter_joins(tree: exp.Expression) -> None:
                 found = _threshold(conjunct)
                 if found is None:
                     continue
-                call, low = found
-                first, second = _arguments(embedding_name(call), call)
+                (first, second), low = found
                 sides = (_alias(first), _alias(second))
                 if None not in sides and sides[0] != sides[1] and all(side in tables for side in sides):
-                    conjunct.replace(_pairs(conjunct, call, (first, tables[sides[0]]), (second, tables[sides[1]]),
-                                            low))
+                    conjunct.replace(_pairs(conjunct, (first, tables[sides[0]]), (second, tables[sides[1]]), low))
 
 
 def _tables(select: exp.Select) -> dict[str, exp.Expression]:
@@ -88,8 +87,8 @@ def _tables(select: exp.Select) -> dict[str, exp.Expression]:
     return {source.alias_or_name: source for source in sources if isinstance(source, (exp.Table, exp.Subquery))}
 
 
-def _threshold(conjunct: exp.Expression) -> tuple[exp.Expression, float] | None:
-    """The AI_SIMILARITY call of `call > t` (>=, t < call, t <= call) of two arguments, and t - MARGIN."""
+def _threshold(conjunct: exp.Expression) -> tuple[list[exp.Expression], float] | None:
+    """The two arguments of the AI_SIMILARITY call of `call > t` (>=, t < call, t <= call), and t - MARGIN."""
     if isinstance(conjunct, (exp.GT, exp.GTE)):
         call, bound = conjunct.this, conjunct.expression
     elif isinstance(conjunct, (exp.LT, exp.LTE)):
@@ -99,10 +98,10 @@ def _threshold(conjunct: exp.Expression) -> tuple[exp.Expression, float] | None:
     negative = isinstance(bound, exp.Neg)
     number = bound.this if negative else bound
     name = embedding_name(call)
-    if name not in ("AI_SIMILARITY", "AI.SIMILARITY") or not (isinstance(number, exp.Literal) and number.is_number) \
-            or len(_arguments(name, call)) != 2:
+    if name not in SIMILARITY or not (isinstance(number, exp.Literal) and number.is_number):
         return None
-    return call, (-1 if negative else 1) * float(number.this) - MARGIN
+    args = _arguments(name, call)
+    return (args, (-1 if negative else 1) * float(number.this) - MARGIN) if len(args) == 2 else None
 
 
 def _alias(argument: exp.Expression) -> str | None:
@@ -115,23 +114,18 @@ def _alias(argument: exp.Expression) -> str | None:
     return aliases.pop()
 
 
-def _pairs(conjunct: exp.Expression, call: exp.Expression, first: tuple[exp.Expression, exp.Expression],
+def _pairs(conjunct: exp.Expression, first: tuple[exp.Expression, exp.Expression],
            second: tuple[exp.Expression, exp.Expression], low: float) -> exp.Expression:
-    """The EXISTS standing for the conjunct (see _prefilter_joins)."""
+    """The EXISTS standing for the conjunct (see _prefilter_joins); `first` and `second`: each argument with
+    the table it reads."""
     exact = conjunct.copy()  # the exact condition, asked of a pair
-    exact_call = next(node for node in exact.walk() if embedding_name(node) in ("AI_SIMILARITY", "AI.SIMILARITY"))
+    exact_call = next(node for node in exact.walk() if embedding_name(node) in SIMILARITY)
     exact_call.replace(exp.Anonymous(this="AI_SIMILARITY", expressions=[exp.column("lt", "__sim_p"),
                                                                          exp.column("rt", "__sim_p")]))
-    places = {"AL": first[0], "TL": first[1], "VL": _vector(exp.column("t")), "AR": second[0], "TR": second[1],
-              "VR": _vector(exp.column("t")), "OL": first[0], "OR_": second[0], "CHECK": exact}
-    pairs = parse_one(_PAIRS, read="duckdb")
-    for node in list(pairs.find_all(exp.Column, exp.Table)):
-        if node.name in places and not (isinstance(node, exp.Column) and node.table):
-            node.replace(places[node.name].copy())
-    cosine = next(node for node in pairs.walk() if isinstance(node, exp.GT) and
-                  isinstance(node.this, exp.Anonymous) and node.this.name.lower() == "list_cosine_similarity")
-    cosine.set("expression", exp.Literal.number(repr(low)))
-    return pairs
+    vector = _vector(exp.column("t"))
+    return _filled(_PAIRS, {"AL": first[0], "TL": first[1], "VL": vector, "AR": second[0], "TR": second[1],
+                            "VR": vector, "OL": first[0], "OR_": second[0], "CHECK": exact,
+                            "LOW": exp.Literal.number(repr(low))})
 
 
 def _keep_names(tree: exp.Expression, dialect: str, sql: str) -> None:
@@ -152,7 +146,7 @@ def _spelled(call: exp.Expression) -> exp.Expression:
     """One embedding call as DuckDB runs it."""
     name = embedding_name(call)
     args = _arguments(name, call)
-    if name == "AI_SIMILARITY" or name == "AI.SIMILARITY":
+    if name in SIMILARITY:
         if len(args) != 2:
             raise InvalidArgument(f"{name} compares two values (texts, or embeddings), not {len(args)}"
                                   f"{position(call)}")
@@ -187,8 +181,14 @@ def _embed(model: exp.Expression, text: exp.Expression) -> exp.Expression:
 
 def _vector(argument: exp.Expression) -> exp.Expression:
     """An argument of AI_SIMILARITY as a FLOAT[] list: embedded when it is a text, else cast."""
-    vector = parse_one(_VECTOR, read="duckdb")
-    for column in list(vector.find_all(exp.Column)):
-        if column.name == "x":
-            column.replace(argument.copy())
-    return vector
+    return _filled(_VECTOR, {"X": argument})
+
+
+def _filled(template: str, places: dict[str, exp.Expression]) -> exp.Expression:
+    """A DuckDB SQL template parsed, each unqualified column or table named by a key of `places` replaced by
+    a copy of its expression."""
+    tree = parse_one(template, read="duckdb")
+    for node in list(tree.find_all(exp.Column, exp.Table)):
+        if node.name in places and not (isinstance(node, exp.Column) and node.table):
+            node.replace(places[node.name].copy())
+    return tree
