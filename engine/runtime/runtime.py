@@ -161,12 +161,7 @@ class Runtime:
         replicas, each request is computed on the one its document is routed to (replicas.py)."""
         if not requests:
             return Scoring([])
-        self.refuse_too_long(requests)
-        work = work if work is not None else QueryWork()
-        work.count(len(requests))
-        work.spend_tokens(sum(len(r) for r in requests))
-        work.requests.extend(requests)
-        work.check()
+        work = self._admitted(requests, work)
         if self.replicas is not None:
             return self.replicas.launch(requests, work, self._scoring)
         return self._scoring(requests, work)
@@ -174,10 +169,18 @@ class Runtime:
     def hidden(self, requests: Sequence[Request], work: QueryWork) -> list[torch.Tensor]:
         """Each request's final-normed hidden state at its last token (an embedding model's output), its passes
         on this runtime's scheduler; InvalidArgument for a request longer than the model's context."""
-        self.refuse_too_long(requests)
+        return self._hidden(requests, self._admitted(requests, work))
+
+    def _admitted(self, requests: Sequence[Request], work: QueryWork | None, extra: int = 0) -> QueryWork:
+        """The query's work (a new one for None) with the requests counted against its limits and added, after
+        refusing any longer than the model's context with `extra` tokens to generate (InvalidArgument)."""
+        self.refuse_too_long(requests, extra=extra)
+        work = work if work is not None else QueryWork()
         work.count(len(requests))
         work.spend_tokens(sum(len(r) for r in requests))
-        return self._hidden(requests, work)
+        work.requests.extend(requests)
+        work.check()
+        return work
 
     def _hidden(self, requests: Sequence[Request], work: QueryWork) -> list[torch.Tensor]:
         """The requests' last hidden states, by the runtime's strategy (counted already)."""
@@ -203,12 +206,7 @@ class Runtime:
         what they all generated."""
         if not requests:
             return []
-        self.refuse_too_long(requests, extra=decoding.max_tokens)
-        work = work if work is not None else QueryWork()
-        work.count(len(requests))
-        work.spend_tokens(sum(len(r) for r in requests))
-        work.requests.extend(requests)
-        work.check()
+        work = self._admitted(requests, work, decoding.max_tokens)
         if self.replicas is not None:
             generated = self.replicas.launch(requests, work, partial(self._generating, decoding), decoding).read()
             work.check()
