@@ -18,7 +18,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -28,16 +27,10 @@ import pyarrow as pa
 
 import quail
 
+from .embedding_speed import texts
 from .run import git_commit, write_json
 
-WORDS = ("soup pasta waiter bill terrace bread dessert wine table kitchen service price menu night friend order "
-         "cold warm slow quick rude kind great poor fresh stale sweet salty loud quiet").split()
 THRESHOLD = 0.8
-
-
-def texts(count: int, words: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(count)]
 
 
 def timed(session: quail.Session, sql: str) -> tuple[float, pa.Table]:
@@ -64,8 +57,8 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
     session = quail.Session()
-    docs = texts(args.rows, 12, seed=0)
-    left, right = texts(args.left, 8, seed=1), texts(args.right, 4, seed=2)
+    docs = texts(args.rows, 12, seed=0, numbered=False)
+    left, right = texts(args.left, 8, seed=1, numbered=False), texts(args.right, 4, seed=2, numbered=False)
     session.register("docs", pa.table({"id": list(range(len(docs))), "body": docs}))
     session.register("l", pa.table({"id": list(range(len(left))), "body": left}))
     session.register("r", pa.table({"id": list(range(len(right))), "body": right}))

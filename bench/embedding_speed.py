@@ -35,10 +35,10 @@ WORDS = ("soup pasta waiter bill terrace bread dessert wine table kitchen servic
          "cold warm slow quick rude kind great poor fresh stale sweet salty loud quiet").split()
 
 
-def texts(count: int, words: int, seed: int) -> list[str]:
-    """Distinct sentences of about `words` words each."""
+def texts(count: int, words: int, seed: int, numbered: bool = True) -> list[str]:
+    """Sentences of `words` words drawn from WORDS; `numbered`: each begins with its number (all distinct)."""
     rng = random.Random(seed)
-    return [f"{k}: " + " ".join(rng.choice(WORDS) for _ in range(words)) for k in range(count)]
+    return [(f"{k}: " if numbered else "") + " ".join(rng.choice(WORDS) for _ in range(words)) for k in range(count)]
 
 
 def main(argv: list[str] | None = None) -> Path:
