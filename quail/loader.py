@@ -71,10 +71,15 @@ def batches(path: Path, fmt: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch], 
         with open(path, "rb") as magic:
             is_file = magic.read(6) == b"ARROW1"
         source = pa.memory_map(str(path))
-        if is_file:
+        if is_file:  # read by offsets, not moving the file's position: the share is of its batches
             reader = ipc.open_file(source)
-            return (reader.schema, (reader.get_batch(k) for k in range(reader.num_record_batches)),
-                    lambda: source.tell() / max(path.stat().st_size, 1))
+            taken = [0]
+
+            def read() -> Iterator[pa.RecordBatch]:
+                for k in range(reader.num_record_batches):
+                    taken[0] = k + 1
+                    yield reader.get_batch(k)
+            return reader.schema, read(), lambda: taken[0] / max(reader.num_record_batches, 1)
         stream = ipc.open_stream(source)
         return stream.schema, iter(stream), lambda: source.tell() / max(path.stat().st_size, 1)
     counted_file = _Counted(path)

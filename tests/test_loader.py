@@ -121,3 +121,10 @@ def test_a_file_that_fails_after_batches_were_sent_loads_nothing(server, tmp_pat
     with quail.connect(server.uri, dialect="duckdb") as conn, conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'late'")
         assert cur.fetchone() == (0,)
+
+
+def test_an_arrow_file_s_progress_is_the_share_of_its_batches_read(tmp_path):
+    path = tmp_path / "rows.arrow"
+    feather.write_feather(ROWS, path, chunksize=600)
+    _, batches, share = loader.batches(path, "arrow")
+    assert [share() for _ in batches] == [0.2, 0.4, 0.6, 0.8, 1.0]
