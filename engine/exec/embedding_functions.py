@@ -52,12 +52,13 @@ def cosine(first: pa.ListArray | pa.ChunkedArray, second: pa.ListArray | pa.Chun
         lengths = np.asarray(a.value_lengths())
         if not np.array_equal(lengths, np.asarray(b.value_lengths())):
             raise InvalidArgument("AI_SIMILARITY compares embeddings of as many dimensions: these differ")
-        if lengths.min() == lengths.max() and lengths[0] > 0:
-            x = np.asarray(a.flatten(), dtype=np.float64).reshape(len(rows), -1)
-            y = np.asarray(b.flatten(), dtype=np.float64).reshape(len(rows), -1)
+        for length in np.unique(lengths[lengths > 0]):  # rows of one length at a time: a matrix each
+            group = np.flatnonzero(lengths == length)
+            x, y = (np.asarray(side.take(pa.array(group)).flatten(), dtype=np.float64).reshape(len(group), -1)
+                    for side in (a, b))
             norms = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
             with np.errstate(invalid="ignore", divide="ignore"):
-                out[rows] = np.where(norms > 0, (x * y).sum(axis=1) / norms, np.nan)
+                out[rows[group]] = np.where(norms > 0, (x * y).sum(axis=1) / norms, np.nan)
     return pa.array(out, mask=np.isnan(out))
 
 

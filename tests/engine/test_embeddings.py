@@ -86,6 +86,8 @@ def test_cosine_of_lists_null_where_either_is_and_refused_across_sizes():
     a = pa.array([[1.0, 0.0], None, [0.0, 0.0], [2.0, 2.0]], pa.list_(pa.float32()))
     b = pa.array([[0.0, 1.0], [1.0, 1.0], [1.0, 1.0], None], pa.list_(pa.float32()))
     assert cosine(a, b).to_pylist() == [0.0, None, None, None]
+    mixed = cosine(pa.array([[1.0, 0.0], [1.0, 0.0, 0.0]]), pa.array([[1.0, 0.0], [0.0, 1.0, 0.0]]))
+    assert mixed.to_pylist() == [1.0, 0.0], "rows of different lengths, each pair alike: each row's cosine"
     with pytest.raises(InvalidArgument, match="as many dimensions"):
         cosine(pa.array([[1.0, 0.0]]), pa.array([[1.0, 0.0, 0.0]]))
 
