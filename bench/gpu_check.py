@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 import quail
-from quail.engine.ai.operators import Question, build_requests
+from quail.engine.ai.asking import Question, build_requests
 from quail.engine.kernels.attention import Rows, attend, attention
 from quail.engine.kv.runs import KV
 from quail.engine.runtime.counters import Stats

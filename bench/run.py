@@ -27,7 +27,7 @@ from typing import Any
 
 
 import quail
-from quail.engine.ai.operators import Question, yes_probabilities
+from quail.engine.ai.asking import Question, yes_probabilities
 from quail.engine.errors import QuailError
 from quail.engine.model.config import ATTENTION
 from quail.engine.runtime.loading import DEFAULT_MODEL

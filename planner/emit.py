@@ -202,8 +202,7 @@ class _Emitter:
                 rows *= call.expected_selectivity
         filters = [s for s in steps if s.kind == "filter"]
         if filters and (relation.limit is not None or len(filters) > 1):
-            chain = AIFilterChain(filters[0].input, filters[-1].output, tuple(filters), relation.limit)
-            steps = [chain] + steps[len(filters):]
+            steps = [AIFilterChain.over(filters, relation.limit)] + steps[len(filters):]
         self.steps.extend(steps)
         if relation.after:
             output = self._name(f"core_{alias}")

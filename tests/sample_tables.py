@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from quail.engine.ai.operators import Question, build_requests, content_hash
+from quail.engine.ai.asking import Question, build_requests, content_hash
 
 REVIEWS = pa.table({
     "id": list(range(8)),

@@ -17,7 +17,7 @@ import pytest
 
 import quail
 from bench import structured_output
-from quail.engine.ai.operators import Question, build_requests
+from quail.engine.ai.asking import Question, build_requests
 from quail.engine.errors import InvalidArgument
 from quail.engine.runtime.decode import Decoding
 

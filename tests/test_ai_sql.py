@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 import quail
-from quail.engine.ai.operators import Question, build_requests, content_hash
+from quail.engine.ai.asking import Question, build_requests, content_hash
 from quail.engine.errors import InvalidArgument
 from quail.engine.exec.executor import execute
 from quail.engine.exec.plan import AIFilterChain

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from quail.engine.ai.completion import decoding as decoding_of
+from quail.engine.ai.complete import decoding as decoding_of
 from quail.engine.ai.options import Aggregation
 from quail.engine.errors import InvalidArgument
 from quail.engine.runtime.query_work import QueryWork

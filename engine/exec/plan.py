@@ -153,6 +153,11 @@ class AIFilterChain(_OneStep):
     filters: tuple[AIStep, ...]
     limit: int | None = None
 
+    @classmethod
+    def over(cls, filters: list[AIStep], limit: int | None) -> "AIFilterChain":
+        """The chain of filters that follow one another, each reading the one before's output."""
+        return cls(filters[0].input, filters[-1].output, tuple(filters), limit)
+
     def describe(self) -> list[str]:
         """One line, then one per filter, indented."""
         head = (f"AI filters until {self.limit} rows pass, in table order" if self.limit is not None else

@@ -505,7 +505,7 @@ class _Importer:
             current = self._named(self._columns(current, wanted))
         asked = self.steps[start:]
         if all(isinstance(s, AIStep) for s in asked) and (limit is not None or len(asked) > 1):
-            self.steps[start:] = [AIFilterChain(asked[0].input, asked[-1].output, tuple(asked), limit)]
+            self.steps[start:] = [AIFilterChain.over(asked, limit)]
         elif limit is not None:
             current = Rows(current.names, current.types, current.select_all(self._alias()).limit(limit))
         return current

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from quail.engine.ai.operators import Question, build_requests, yes_probabilities
+from quail.engine.ai.asking import Question, build_requests, yes_probabilities
 
 STEP = [None if i == 5 else f"Visit {i % 4}: {'the room was cold' if i % 3 else 'lovely staff'} ({i})."
         for i in range(60)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from quail.engine.ai.operators import Question, build_requests
+from quail.engine.ai.asking import Question, build_requests
 from quail.engine.kv.pool import KVPool
 from quail.engine.kv.runs import KV
 from quail.engine.runtime.baselines import BlockPrefixCache, block_prefix, independent

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from quail.engine.ai.operators import Question, build_requests
+from quail.engine.ai.asking import Question, build_requests
 from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.runtime import Runtime
 
@@ -110,7 +110,7 @@ def test_categories_answered_by_name_match_hf(runtime, hf_model):
     """AI_CLASSIFY by name: each name's probability, constrained to the names token by token, as HF
     computes it over the full prompt + name; names sharing first tokens branch deeper in the trie."""
     from quail.engine.ai.labels import branches
-    from quail.engine.ai.operators import _ask_by_name, classify
+    from quail.engine.ai.classify import _ask_by_name, classify
 
     names = ("the food", "the price", "the service", "noise")
     question = Question("What is {0} mostly about?", labels=names, answers="names")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 import quail
-from quail.engine.ai.operators import Question, build_requests
+from quail.engine.ai.asking import Question, build_requests
 from quail.engine.exec.executor import execute
 from quail.engine.exec.plan import AIFilterChain
 from tests.sample_tables import FILTER, JOIN, OPTS, REVIEWS
@@ -44,9 +44,9 @@ def test_chunked_plans_stream_the_rows_a_whole_run_gives(session, monkeypatch):
            f"WHERE stars < 5 AND AI_FILTER(PROMPT('{FILTER}', body), {OPTS})")
     query = session.sql(sql)
     assert query.plan.chunked
-    inputs, ask = [], ai_step._ask
-    monkeypatch.setattr(ai_step, "_ask", lambda step, rows, *args: (
-        inputs.append((step.kind, rows.num_rows)), ask(step, rows, *args))[1])
+    inputs, call = [], ai_step._call
+    monkeypatch.setattr(ai_step, "_call", lambda step, rows: (
+        inputs.append((step.kind, rows.num_rows)), call(step, rows))[1])
     work = QueryWork()
     streamed = list(executor.execute_stream(query.plan, session.catalog, session.runtime, work))
     assert [n for kind, n in inputs if kind == "filter"] == [2, 4], "the filter ran over two chunks"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from quail.engine.ai.operators import Question, build_requests
+from quail.engine.ai.asking import Question, build_requests
 from quail.engine.runtime.decode import Decoding
 from quail.engine.runtime.query_work import QueryWork
 from tests.sample_tables import SUBJECTS, TELL, TELL_TOKENS

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from quail.engine.ai.operators import Question, build_requests, yes_probabilities
+from quail.engine.ai.asking import Question, build_requests, yes_probabilities
 from quail.engine.errors import InvalidArgument
 from quail.engine.kv.token_prefix import common_start
 from quail.engine.runtime import model_runner, scheduler, step_parts

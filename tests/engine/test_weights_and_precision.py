@@ -38,7 +38,7 @@ def saved(request, tmp_path_factory):
 
 
 def _requests(runtime) -> list[Request]:
-    from quail.engine.ai.operators import Question, build_requests
+    from quail.engine.ai.asking import Question, build_requests
 
     return build_requests(runtime, Question("Is {0} a complaint?"), [[t] for t in TEXTS])
 

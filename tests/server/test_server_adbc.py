@@ -12,7 +12,7 @@ import pytest
 
 import quail
 from quail.clients.server_process import ServerProcess
-from quail.engine.ai.operators import Question, build_requests
+from quail.engine.ai.asking import Question, build_requests
 from quail.remote import set_session_options
 from tests.sample_tables import SUBJECTS, TELL, TELL_TOKENS
 

@@ -1,10 +1,17 @@
-"""Generation as an AI operator (AI_COMPLETE, AI.GENERATE): each row's prompt continued in free text."""
+"""AI_COMPLETE's operator (BigQuery's AI.GENERATE, AI_EXTRACT): each row's prompt continued in free text.
+
+- Decoded as the call's options say (`Generation`: max tokens, stop texts, temperature, a JSON schema).
+- Rows with the same prompt are answered once; asked in a call of its own (not shared).
+"""
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from quail.engine.ai.operators import Question, prompts
+import pyarrow as pa
+
+from quail.engine.ai.asking import Question, prompts
+from quail.engine.ai.operator import Alone, Call
 from quail.engine.ai.options import Generation
 from quail.engine.errors import InvalidArgument
 from quail.engine.runtime.decode import Decoding
@@ -36,3 +43,13 @@ def complete(runtime: Runtime, question: Question, args: Sequence[Sequence[str |
     for i, key in zip(present, keys):
         out[i] = decoded.cut(runtime.tokenizer.decode(tokens[key]))
     return out
+
+
+class Complete(Alone):
+    """The generated text per row, a VARCHAR (NULL where an argument is NULL)."""
+
+    def answer(self, runtime: Runtime, call: Call, work: QueryWork | None) -> pa.Array:
+        return pa.array(complete(runtime, call.question, call.args, call.generation, work), pa.string())
+
+
+COMPLETE = Complete()

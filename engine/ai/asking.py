@@ -1,16 +1,22 @@
-"""AI operators: rows become model requests through the prompt layout, answers become values."""
+"""Asking the model about rows: rows become requests through the prompt layout, their passes queued, answers read.
+
+- `Question` and `build_requests`: a row's prompt (documents, question, answer cue).
+- `asking_together`: the requests of several yes/no questions built and queued in one call (passes shared);
+  `Asking.read` waits for P(yes) per row. A row with a NULL argument is not asked (NaN).
+- A prompt longer than the model's context is refused before any pass.
+- Each kind's operator (filter.py, score.py, classify.py, complete.py) turns these answers into values.
+"""
 
 from __future__ import annotations
 
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from quail.engine.ai.kinds import DEFAULT_SELECTIVITY, answered_yes
-from quail.engine.ai.labels import Branch, branches, name_logprobs
+from quail.engine.ai.kinds import DEFAULT_SELECTIVITY
 from quail.engine.errors import InvalidArgument
 from quail.engine.runtime.prompt import LAYOUTS, LETTERS
 from quail.engine.runtime.query_work import QueryWork
@@ -112,7 +118,7 @@ _Part = tuple[dict[int, list[int]], dict[int, list[Request]]]  # a part of a ste
 _Queued = tuple[dict[int, list[int]], dict[int, list[Request]], Scoring | RoutedScoring]  # a part, its passes queued
 
 
-def _answers(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
+def asked_rows(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None
              ) -> list[tuple[list[int], list[Request], list[np.ndarray]]]:
     """Each job's rows without a NULL argument, their requests and their answers (`_launch`, then read)."""
     return _launch(runtime, jobs, work).read()
@@ -234,29 +240,30 @@ class Ask:
 
     - `args`: one column (list of texts) per PROMPT argument;
     - `selectivity`, `decide`: how its answers are decided (by hash, on random weights);
-    - `forget_rejected`: whether rejected rows' documents count less when the KV pool needs room.
+    - `kept`: which rows the step keeps by their P(yes); the others' documents count less when the KV pool needs
+      room (None: every row stays).
     """
 
     question: Question
     args: Sequence[Sequence[str | None]]
     selectivity: float = DEFAULT_SELECTIVITY
     decide: bool = True
-    forget_rejected: bool = False
+    kept: Callable[[np.ndarray], np.ndarray] | None = None
 
 
 def yes_probabilities(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
                       work: QueryWork | None = None, selectivity: float = DEFAULT_SELECTIVITY, decide: bool = True,
-                      forget_rejected: bool = False) -> np.ndarray:
+                      kept: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """P(yes) per row; args holds one column (list of texts) per PROMPT argument.
 
     A row with a NULL argument gets NaN: SQL's unknown. When the runtime decides
     by hash (random weights), the forward pass still runs in full; a decision
     (`decide`) is then yes for a `selectivity` fraction of prompts, and a score
-    the prompt's uniform content hash. `forget_rejected`: a filter's rejected
-    rows leave the query, so their documents go first when the KV pool needs room (unless a
+    the prompt's uniform content hash. `kept`: which rows a filter keeps; the rows it
+    rejects leave the query, so their documents go first when the KV pool needs room (unless a
     row that passed shares them: a join's anchor).
     """
-    return asking_together(runtime, [Ask(question, args, selectivity, decide, forget_rejected)], work).read()[0]
+    return asking_together(runtime, [Ask(question, args, selectivity, decide, kept)], work).read()[0]
 
 
 @dataclass
@@ -290,47 +297,7 @@ def _probabilities(runtime: Runtime, ask: Ask, present: list[int], requests: lis
             probs[i] = float(u < ask.selectivity) if ask.decide else u
         else:
             probs[i] = float(np.exp(logp[1]))
-    if ask.forget_rejected:
-        passed = [bool(answered_yes(probs[i])) for i in present]
+    if ask.kept is not None:
+        passed = ask.kept(probs[present]).tolist()
         runtime.forget([r for r, ok in zip(requests, passed) if not ok], [r for r, ok in zip(requests, passed) if ok])
     return probs
-
-
-def classify(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
-             work: QueryWork | None = None) -> list[str | None]:
-    """The most probable category per row (None where an argument is NULL)."""
-    if question.answers == "names":
-        present, requests, scores = _ask_by_name(runtime, question, args, work)
-    else:
-        present, requests, scores = _answers(runtime, [(question, args)], work)[0]
-    out: list[str | None] = [None] * (len(args[0]) if args else 0)
-    for i, request, logp in zip(present, requests, scores):
-        if runtime.decisions == "hash":
-            index = int(content_hash(request) * len(question.labels))
-        else:
-            index = int(np.argmax(logp))
-        out[i] = question.labels[index]
-    return out
-
-
-def _ask_by_name(runtime: Runtime, question: Question, args: Sequence[Sequence[str | None]],
-                 work: QueryWork | None) -> tuple[list[int], list[Request], list[np.ndarray]]:
-    """Each row's prompt, asked once per branch point of the names' token trie (labels.py):
-    the rows, their prompts, and log P(name) per name."""
-    present, rows = prompts(runtime, question, args)
-    found = branches([list(runtime.tokenizer.encode(name)) for name in question.labels])
-    asked_at = [_branch_ask(runtime, branch) for branch in found]
-    asked = [Request(prompt.segments + path, labels) for prompt in rows for path, labels in asked_at]
-    answers = runtime.score(asked, work)
-    per_row = len(found)
-    scores = [name_logprobs(found, answers[k * per_row:(k + 1) * per_row], len(question.labels))
-              for k in range(len(rows))]
-    return present, rows, scores
-
-
-def _branch_ask(runtime: Runtime, branch: Branch) -> tuple[tuple[Segment, ...], LabelSet]:
-    """What follows every prompt at a branch point: its path as a segment, and the tokens where names part."""
-    ways = tuple(branch.ways)
-    labels = LabelSet(tuple(str(t) for t in ways), ways, tuple(range(len(ways))))
-    path = (Segment.of(np.array(branch.path, dtype=np.int32), runtime.model_id),) if branch.path else ()
-    return path, labels
