@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet --no-deps flightsql-dbapi==0.2.2  # its metadata pins sqlalchemy<2; its DB-API (what the tests use) runs on 2
 	touch $(STAMP)
 
 demo: $(STAMP)

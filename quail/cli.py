@@ -1,4 +1,4 @@
-"""The `quail` command line: `quail serve` runs a Flight SQL server; `quail load` loads a file into one of its tables."""
+"""The `quail` command line: `serve` runs a Flight SQL server, `load` fills a table from a file, `sql` is a shell."""
 
 from __future__ import annotations
 
@@ -43,22 +43,38 @@ def _load(args: argparse.Namespace) -> int:
     from adbc_driver_manager import Error as DriverError
 
     from quail.loader import bar, load
-    from quail.remote import connect
+    from quail.remote import connect, error_reason
 
     started = time.monotonic()
-    options = {"username": args.user, "password": args.password} if args.user else {}
     try:
-        with connect(args.uri, **options) as connection:
+        with connect(args.uri, **_login(args)) as connection:
             rows = load(connection, Path(args.file), args.table, args.mode, args.format,
                         bar(sys.stderr) if sys.stderr.isatty() else lambda share, rows: None)
     except (DriverError, pa.ArrowException) as err:  # the server's refusal, or a file that does not parse
-        reason = str(err).strip().splitlines()[0].split(" Detail: ")[0]  # the driver's own detail: a traceback
-        print(f"\nquail: error: nothing was loaded into {args.table}: {reason}", file=sys.stderr)
+        print(f"\nquail: error: nothing was loaded into {args.table}: {error_reason(err)}", file=sys.stderr)
         return 1
     if sys.stderr.isatty():
         sys.stderr.write("\n")
     print(f"loaded {rows:,} rows into {args.table} in {time.monotonic() - started:.1f} s")
     return 0
+
+
+def _sql(args: argparse.Namespace) -> int:
+    from quail.shell import run
+
+    return run(args, _login(args))
+
+
+def _login(args: argparse.Namespace) -> dict[str, str]:
+    """The ADBC options of --user and --password (asked for on a terminal when not given)."""
+    if not args.user:
+        return {}
+    password = args.password
+    if password is None and sys.stdin.isatty():
+        import getpass
+
+        password = getpass.getpass(f"password for {args.user}: ")
+    return {"username": args.user, "password": password or ""}
 
 
 def _replicas(value: str) -> str:
@@ -161,6 +177,25 @@ def parser() -> argparse.ArgumentParser:
     load.add_argument("--user", default=None, help="log in as this user (a server with --users)")
     load.add_argument("--password", default=None, help="the user's password")
     load.set_defaults(run=_load)
+    shell = commands.add_parser("sql", help="a SQL shell on a server (or run -c SQL / -f FILE and exit)")
+    shell.add_argument("uri", nargs="?", default="grpc://127.0.0.1:8815",
+                       help="the server (default grpc://127.0.0.1:8815; grpc+tls:// for TLS)")
+    script = shell.add_mutually_exclusive_group()
+    script.add_argument("-c", "--command", default=None, help="run these statements and exit (1 on an error)")
+    script.add_argument("-f", "--file", default=None, help="run the statements of this file (- for stdin) and exit")
+    shell.add_argument("--format", default="table", choices=["table", "csv", "json", "arrow"],
+                       help="results as aligned tables (default), CSV, JSON lines or an Arrow IPC stream")
+    shell.add_argument("--max-rows", type=int, default=40, help="rows a table shows at most (default 40; 0: all)")
+    shell.add_argument("--dialect", default=None, help="SQL dialect: snowflake, bigquery or duckdb (default: "
+                       "the server's)")
+    shell.add_argument("--user", default=None, help="log in as this user (a server with --users)")
+    shell.add_argument("--password", default=None, help="the user's password (asked for when not given)")
+    shell.add_argument("--tls-root-certs", default=None, metavar="PEM",
+                       help="trust the server certificates this PEM file signs (e.g. a self-signed one)")
+    shell.add_argument("--tls-skip-verify", action="store_true", help="do not verify the server's certificate")
+    shell.add_argument("--tls-override-hostname", default=None, metavar="NAME",
+                       help="the host name the server's certificate must name")
+    shell.set_defaults(run=_sql)
     return top
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -23,6 +24,8 @@ from quail.planner.dialects import DEFAULT_DIALECT
 
 from quail.results import DocumentProvider, Report, Result
 
+CLIENT_OPTION = "adbc.flight.sql.client_option."
+TLS_OPTIONS = ("tls_root_certs", "tls_skip_verify", "tls_override_hostname")
 SESSION_OPTION = "adbc.flight.sql.session.option."
 SESSION_OPTIONS = "adbc.flight.sql.session.options"
 LAST_QUERY = "quail.last_query"
@@ -43,6 +46,20 @@ def connect(uri: str, dialect: str | None = None, **db_kwargs: str):
     if dialect is not None:
         set_session_options(connection, dialect=dialect)
     return connection
+
+
+def tls_options(root_certs: str | None = None, skip_verify: bool = False,
+                override_hostname: str | None = None) -> dict[str, str]:
+    """The ADBC Flight SQL driver's TLS options: trust what the PEM file `root_certs` signs (a path), verify
+    nothing, or expect this host name in the server's certificate."""
+    options = {"tls_root_certs": Path(root_certs).read_text() if root_certs else None,
+               "tls_skip_verify": "true" if skip_verify else None, "tls_override_hostname": override_hostname}
+    return {CLIENT_OPTION + name: value for name, value in options.items() if value is not None}
+
+
+def error_reason(err: Exception) -> str:
+    """A driver's or Arrow's error as one line: its first, without the driver's own detail (a traceback)."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0].split(" Detail: ")[0]
 
 
 def set_session_options(connection, **options: str) -> None:
