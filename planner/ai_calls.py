@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlglot import exp
 
+from quail.engine.ai.cascade import Targets
 from quail.engine.ai.kinds import DEFAULT_SELECTIVITY, SQL_NAMES
 from quail.engine.ai.options import Generation
 from quail.engine.errors import InvalidArgument
@@ -32,6 +33,7 @@ AGGREGATES = {"AI_AGG", "AI_SUMMARIZE_AGG"}  # planned around their SELECT (plan
 KNOWN = set(SQL_NAMES) | AGGREGATES
 EMBEDDING = {"AI_EMBED", "AI_SIMILARITY", "AI.EMBED", "AI.SIMILARITY"}  # spelled for DuckDB (embeddings.py)
 DUCKDB_RUNS = EMBEDDING | {"AI_COSINE"}  # the AI_* functions DuckDB runs (engine/exec/embedding_functions.py)
+FILTER_OPTIONS = {"selectivity", "anchor", "recall", "precision", "confidence"}
 _IGNORED_KWARGS = {"connection_id", "endpoint", "model_params", "model"}
 _GENERATING_IGNORED = {"connection_id", "endpoint", "request_type"}  # where the model runs: here, always
 CLASSIFY_TEMPLATE = "Which category does {0} belong to?"
@@ -51,6 +53,7 @@ class AICall:
     answers: str = "letters"
     generation: Generation | None = None
     fields: tuple[tuple[str, str], ...] = ()  # AI.GENERATE's output_schema: each field's name and SQL type
+    targets: Targets | None = None  # a cascade's recall / precision targets (AI_FILTER's options)
 
     @property
     def expected_selectivity(self) -> float:
@@ -161,9 +164,12 @@ def _bind(call: exp.Expression) -> AICall:
         raise InvalidArgument(f"{name} takes a prompt and optional options, got {len(positional)} argument(s)"
                               f"{position(call)}")
     template, args = _bind_prompt(name, positional[0], call)
-    selectivity, anchor = _options(name, positional[1], call, len(args)) if len(positional) == 2 else (None, 0)
-    return AICall(name, SQL_NAMES[name], template, args, selectivity=selectivity,
-                  anchor=anchor)
+    selectivity, anchor, targets = (_options(name, positional[1], call, len(args)) if len(positional) == 2
+                                    else (None, 0, None))
+    if targets is not None and SQL_NAMES[name] != "filter":
+        raise InvalidArgument(f"recall and precision targets are AI_FILTER's (a cascade), not {name}'s"
+                              f"{position(call)}")
+    return AICall(name, SQL_NAMES[name], template, args, selectivity=selectivity, anchor=anchor, targets=targets)
 
 
 def _bind_classify(name: str, call: exp.Expression, positional: list[exp.Expression],
@@ -200,25 +206,43 @@ def _classify_config(name: str, config: exp.Expression, call: exp.Expression) ->
     return answers.this
 
 
-def _options(name: str, options: exp.Expression, call: exp.Expression, documents: int) -> tuple[float | None, int]:
-    """{'selectivity': s, 'anchor': k}, either or both: the expected fraction answered yes (0 < s ≤ 1),
-    and the placeholder whose document comes first in the prompt, shared by the requests that name it."""
+def _options(name: str, options: exp.Expression, call: exp.Expression,
+             documents: int) -> tuple[float | None, int, Targets | None]:
+    """{'selectivity': s, 'anchor': k, 'recall': r, 'precision': p, 'confidence': c}, any of them.
+
+    - selectivity: the expected fraction answered yes (0 < s ≤ 1);
+    - anchor: the placeholder whose document comes first in the prompt, shared by the requests that name it;
+    - recall, precision (either or both), confidence (default 0.95): a cascade's targets against the model's
+      answers on every row (engine/ai/cascade.py).
+    """
     pairs = options.expressions if isinstance(options, exp.Struct) else None
     values = {}
     for pair in pairs or []:
         if isinstance(pair, exp.PropertyEQ) and isinstance(pair.expression, exp.Literal):
             values[pair.this.name.lower()] = pair.expression
-    if not pairs or len(values) != len(pairs) or not set(values) <= {"selectivity", "anchor"} or any(
+    if not pairs or len(values) != len(pairs) or not set(values) <= FILTER_OPTIONS or any(
             v.is_string for v in values.values()):
-        raise InvalidArgument(f"{name}'s options must be {{'selectivity': <number>, 'anchor': <placeholder>}}"
-                              f"{position(call)}")
+        raise InvalidArgument(f"{name}'s options must be {{'selectivity': <number>, 'anchor': <placeholder>}}, "
+                              f"with a cascade's {{'recall': <number>, 'precision': <number>, 'confidence': "
+                              f"<number>}}{position(call)}")
     selectivity = float(values["selectivity"].this) if "selectivity" in values else None
     if selectivity is not None and not 0 < selectivity <= 1:
         raise InvalidArgument(f"selectivity must be in (0, 1], not {selectivity}{position(call)}")
     anchor = values["anchor"].this if "anchor" in values else "0"
     if not anchor.isdigit() or int(anchor) >= documents:
         raise InvalidArgument(f"anchor must name a placeholder, 0 to {documents - 1}, not {anchor}{position(call)}")
-    return selectivity, int(anchor)
+    return selectivity, int(anchor), _targets(values, call)
+
+
+def _targets(values: dict[str, exp.Literal], call: exp.Expression) -> Targets | None:
+    """A cascade's targets among the options (None: none given; InvalidArgument: out of range)."""
+    given = {key: float(values[key].this) for key in ("recall", "precision", "confidence") if key in values}
+    if not given:
+        return None
+    try:
+        return Targets(**given)
+    except InvalidArgument as err:
+        raise InvalidArgument(f"{err}{position(call)}") from None
 
 
 def _bind_prompt(name: str, prompt: exp.Expression, call: exp.Expression) -> tuple[str, tuple[exp.Expression, ...]]:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from sqlglot import exp
 
+from quail.engine.ai.cascade import Targets
 from quail.engine.ai.kinds import KINDS
 from quail.engine.errors import InvalidArgument
 from quail.engine.exec.plan import AIFilterChain, AIStep, JoinChoice, SQLStep, Step
@@ -196,12 +197,13 @@ class _Emitter:
             output = self._name("ai")
             steps.append(AIStep(current, output, kind, call.template, names, "filter", call.labels,
                                 column, call.expected_selectivity, call.anchor, call.answers,
-                                self.core.expected_documents(call, rows), call.generation, rows))
+                                self.core.expected_documents(call, rows), call.generation, rows,
+                                _targets(call, kind)))
             current = output
             if kind == "filter":
                 rows *= call.expected_selectivity
         filters = [s for s in steps if s.kind == "filter"]
-        if filters and (relation.limit is not None or len(filters) > 1):
+        if filters and (relation.limit is not None or len(filters) > 1) and not any(s.targets for s in filters):
             steps = [AIFilterChain.over(filters, relation.limit)] + steps[len(filters):]
         self.steps.extend(steps)
         if relation.after:
@@ -399,7 +401,7 @@ class _Emitter:
         layout = "join" if len(condition.refs) > 1 else "filter"
         self.steps.append(AIStep(combos, kept, "filter", call.template, names, layout, (), "",
                                  call.expected_selectivity, call.anchor,
-                                 documents=self._anchor_documents(call, condition.refs)))
+                                 documents=self._anchor_documents(call, condition.refs), targets=call.targets))
         return self._with_answers(tuples, kept, slots, "INNER", [])
 
     def _ai_value(self, tuples: str, relations: list[Relation], refs: frozenset, call: AICall, column: str) -> str:
@@ -408,7 +410,8 @@ class _Emitter:
         answered = self._name("answered")
         self.steps.append(AIStep(combos, answered, KINDS[call.kind].projected, call.template,
                                  names, "join", call.labels, column, call.expected_selectivity,
-                                 call.anchor, call.answers, self._anchor_documents(call, refs), call.generation))
+                                 call.anchor, call.answers, self._anchor_documents(call, refs), call.generation,
+                                 targets=_targets(call, KINDS[call.kind].projected)))
         return self._with_answers(tuples, answered, slots, "LEFT", [_col("__quail_k", column)])
 
     def _anchor_documents(self, call: AICall, refs: frozenset) -> tuple[float, float] | None:
@@ -433,3 +436,11 @@ class _Emitter:
             else:
                 hidden = every
             star.set("except_", [exp.column(_ident(h)) for h in hidden])
+
+
+def _targets(call: AICall, kind: str) -> Targets | None:
+    """A call's cascade targets where it is a condition (a filter); InvalidArgument where it is a value."""
+    if call.targets is not None and kind != "filter":
+        raise InvalidArgument(f"recall and precision targets apply to {call.name} as a condition (WHERE or ON), "
+                              f"not as a value")
+    return call.targets

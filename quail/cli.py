@@ -22,7 +22,7 @@ def _serve(args: argparse.Namespace) -> int:
                           kv_cache_bytes=args.kv_cache_bytes, kv_host_bytes=args.kv_host_bytes,
                           kv_disk_dir=args.kv_disk_dir, kv_disk_bytes=args.kv_disk_bytes,
                           attention=args.attention, replicas=None if args.replicas == "auto" else int(args.replicas),
-                          ray=args.ray, embed_model=args.embed_model)
+                          ray=args.ray, embed_model=args.embed_model, decisions=args.decisions)
     config = ServerConfig(host=args.host, port=args.port, data_dir=Path(args.data_dir), engine=engine,
                           dialect=args.dialect, users_file=optional_path(args.users), token_ttl_s=args.token_ttl,
                           tls_cert=optional_path(args.tls_cert), tls_key=optional_path(args.tls_key),
@@ -84,7 +84,7 @@ def _replicas(value: str) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    from quail.engine.model.config import ATTENTION
+    from quail.engine.model.config import ATTENTION, DECISIONS
     from quail.planner.cost import DEVICES
     from quail.server.admission import MAX_STATEMENT_BYTES
     from quail.server.config import MAX_MESSAGE_BYTES, TRANSACTION_IDLE_S
@@ -137,6 +137,10 @@ def parser() -> argparse.ArgumentParser:
                             "HF repo id in the local cache, or dummy:qwen3-embedding-0.6b / -4b), its last token's "
                             "final hidden state as Qwen3-Embedding's, loaded at start on the model's device "
                             "(default: the embedded static model, 256 dimensions, fetched on first use)")
+    serve.add_argument("--decisions", default="model", choices=DECISIONS,
+                       help="how yes/no questions are answered: by the model (default); for benchmarks, hash (by "
+                            "the prompt's content hash: random weights) or rule (yes where a document holds a word "
+                            "of four letters or more of the question); the passes run in full either way")
     serve.add_argument("--dialect", default="snowflake", help="SQL dialect: snowflake, bigquery or duckdb")
     serve.add_argument("--users", default=None, help="file of user:password lines: clients must log in")
     serve.add_argument("--token-ttl", type=float, default=3600.0, help="seconds a login token lasts (default 3600)")

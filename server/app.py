@@ -167,6 +167,9 @@ def serve(config: ServerConfig) -> None:
     with server.database.cursor() as con:
         log.info("model %s; database %s, %d tables and views", server.chosen, server.database.path.resolve(),
                  len(objects(con)))
+    if config.engine.decisions != "model":
+        log.warning("yes/no questions are answered by %s, not by the model (--decisions: for benchmarks)",
+                    config.engine.decisions)
     print(f"quail: serving {server.location}", flush=True)
     server.wait()
     if not server.close():

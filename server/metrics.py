@@ -168,6 +168,10 @@ class Metrics:
                                  buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800))
         self.sol = Histogram("quail_query_sol_fraction", "Speed-of-light seconds over wall seconds, per query",
                              registry=self.registry, buckets=(0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0))
+        self.cascade_rows = Counter("quail_cascade_rows", "Rows of finished cascades (AI_FILTER with recall or "
+                                    "precision targets), by what decided them: sample (the model, sampled), model "
+                                    "(asked between the thresholds), proxy (accepted or rejected)", ["decided_by"],
+                                    registry=self.registry)
         self.errors = Counter("quail_errors", "Calls that ended in an error, by gRPC status", ["status"],
                               registry=self.registry)
 
@@ -211,6 +215,11 @@ class Metrics:
         self.seconds.observe(report["wall_s"])
         if report["sol_s"] is not None and report["wall_s"] > 0:
             self.sol.observe(report["sol_s"] / report["wall_s"])
+        for stage in report["stages"]:
+            if stage["operator"] == "ai_cascade":
+                self.cascade_rows.labels("sample").inc(stage["sample_rows"])
+                self.cascade_rows.labels("model").inc(stage["asked"])
+                self.cascade_rows.labels("proxy").inc(stage["accepted"] + stage["rejected"])
 
     def query_failed(self, status: grpc.StatusCode) -> None:
         self.queries.labels(status.name).inc()

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -288,6 +289,17 @@ def asking_together(runtime: Runtime, asks: Sequence[Ask], work: QueryWork | Non
     return Asking(runtime, asks, _launch(runtime, [(ask.question, ask.args) for ask in asks], work))
 
 
+def rule_says_yes(template: str, documents: Sequence[str]) -> bool:
+    """The answer of the "rule" decisions: yes when a document holds a word of four letters or more of the
+    question (outside its placeholders), in any case (answers an embedding can learn, for benchmarks).
+
+    >>> rule_says_yes("Does {0} mention kittens?", ["Two KITTENS slept."]), rule_says_yes("Is {0} red?", ["red"])
+    (True, False)
+    """
+    asked = {w.lower() for w in re.findall(r"[A-Za-z]{4,}", re.sub(r"\{\d+\}", " ", template))}
+    return any(w.lower() in asked for text in documents for w in re.findall(r"[A-Za-z]{4,}", text))
+
+
 def _probabilities(runtime: Runtime, ask: Ask, present: list[int], requests: list[Request],
                    answers: list[np.ndarray]) -> np.ndarray:
     probs = np.full(len(ask.args[0]) if ask.args else 0, np.nan)
@@ -295,6 +307,8 @@ def _probabilities(runtime: Runtime, ask: Ask, present: list[int], requests: lis
         if runtime.decisions == "hash":
             u = content_hash(request)
             probs[i] = float(u < ask.selectivity) if ask.decide else u
+        elif runtime.decisions == "rule":
+            probs[i] = float(rule_says_yes(ask.question.template, [col[i] for col in ask.args]))
         else:
             probs[i] = float(np.exp(logp[1]))
     if ask.kept is not None:

@@ -23,11 +23,12 @@ from quail.engine.runtime.runtime import Runtime
 
 def asks_yes_no(step: AIStep) -> bool:
     """Whether the step asks a yes/no question of each row (its passes may be queued before its answers are
-    read: `asking_together`)."""
-    return of(step.kind).shared
+    read: `asking_together`); a cascade asks its own (ai_cascade.py)."""
+    return of(step.kind).shared and step.targets is None
 
 
-def _call(step: AIStep, rows: pa.Table) -> Call:
+def call_of(step: AIStep, rows: pa.Table) -> Call:
+    """The step's question over these rows."""
     schema = step.generation.schema if step.generation is not None else None
     question = Question(step.template, step.layout, step.labels, step.anchor, step.answers, schema)
     return Call(question, [rows.column(c).to_pylist() for c in step.arg_columns], step.selectivity, step.generation)
@@ -40,9 +41,9 @@ def ai_step(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryWo
         return asked_together([(step, rows)], runtime, work)[0]
     if rows.num_rows and runtime is None:
         raise RuntimeError("an AI step over rows needs a runtime")
-    call = _call(step, rows)
+    call = call_of(step, rows)
     answers = kind.answer(runtime, call, work) if rows.num_rows else pa.array([], KINDS[step.kind].value)
-    return _answered(step, rows, call, answers, work)
+    return answered(step, rows, call, answers, work)
 
 
 def asked_together(steps: list[tuple[AIStep, pa.Table]], runtime: Runtime | None,
@@ -55,7 +56,7 @@ def asked_together(steps: list[tuple[AIStep, pa.Table]], runtime: Runtime | None
 def asking_together(steps: list[tuple[AIStep, pa.Table]], runtime: Runtime | None,
                     work: QueryWork | None) -> Callable[[], list[pa.Table]]:
     """As asked_together, the passes queued now; what it returns reads the answers and gives the outputs."""
-    calls = [_call(step, rows) for step, rows in steps]
+    calls = [call_of(step, rows) for step, rows in steps]
     asked = [of(step.kind).ask(call) for (step, rows), call in zip(steps, calls) if rows.num_rows]
     if asked and runtime is None:
         raise RuntimeError("an AI step over rows needs a runtime")
@@ -63,13 +64,13 @@ def asking_together(steps: list[tuple[AIStep, pa.Table]], runtime: Runtime | Non
 
     def outputs() -> list[pa.Table]:
         probs = iter(asking.read() if asking is not None else [])
-        return [_answered(step, rows, call, of(step.kind).values(next(probs)) if rows.num_rows
+        return [answered(step, rows, call, of(step.kind).values(next(probs)) if rows.num_rows
                           else pa.array([], KINDS[step.kind].value or pa.bool_()), work)
                 for (step, rows), call in zip(steps, calls)]
     return outputs
 
 
-def _answered(step: AIStep, rows: pa.Table, call: Call, answers: pa.Array, work: QueryWork | None) -> pa.Table:
+def answered(step: AIStep, rows: pa.Table, call: Call, answers: pa.Array, work: QueryWork | None) -> pa.Table:
     """The step's output from its answers, its stage recorded."""
     kind = of(step.kind)
     out = kind.output(rows.drop_columns(list(step.arg_columns)), answers, step.column)

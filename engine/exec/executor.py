@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from quail.engine.ai.aggregate import aggregate
 from quail.engine.exec.ai_chain import ai_chain
+from quail.engine.exec.ai_cascade import ai_cascade
 from quail.engine.exec.ai_step import ai_step, asking_together, asks_yes_no, record
 from quail.engine.exec.catalog import Catalog
 from quail.engine.exec.plan import AIAggregate, AIFilterChain, AIStep, JoinChoice, PhysicalPlan, SQLStep, Step
@@ -175,7 +176,8 @@ class _Run:
                                                                                      step.params)
 
     def ai_step(self, step: AIStep) -> None:
-        self.relations[step.output] = ai_step(step, self.relations[step.input], self.runtime, self.work)
+        run = ai_step if step.targets is None else ai_cascade
+        self.relations[step.output] = run(step, self.relations[step.input], self.runtime, self.work)
 
     def ai_chain(self, step: AIFilterChain) -> None:
         self.relations[step.output] = ai_chain(step, self.relations[step.input], self.runtime, self.work)
@@ -224,6 +226,9 @@ def analyze(plan: PhysicalPlan, relations: dict[str, pa.Table], db: DuckDB, runt
         if stage["operator"] == "join_order":
             lines.append(f"stage join_order -> {stage['output']}: cores of {stage['rows']} rows, joined in the "
                          f"order {', '.join(stage['chosen'])} (planned: {', '.join(stage['planned'])})")
+            continue
+        if "line" in stage:
+            lines.append(f"stage {stage['operator']} -> {stage['output']}: {stage['line']}")
             continue
         if stage["operator"] == "ai_filter_rerank":
             lines.append(f"stage {stage['operator']} -> {stage['output']}: after {PROBE_ROWS} rows, "

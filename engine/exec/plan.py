@@ -13,6 +13,7 @@ from typing import Callable, ClassVar, Generic, Mapping, Protocol, TypeVar, Unio
 
 import pyarrow as pa
 
+from quail.engine.ai.cascade import Targets
 from quail.engine.ai.kinds import DEFAULT_SELECTIVITY
 from quail.engine.ai.options import Aggregation, Generation
 from quail.engine.exec.picks import Picks
@@ -104,6 +105,8 @@ class AIStep(_OneStep):
     planned without seeing the pool; not part of the step's identity);
     `rows` its estimate of the rows asked (None: not estimated; not part of
     the identity either): a generating step expects at most `max_tokens` a row.
+    `targets`: a filter's recall / precision targets, run as a cascade over all its rows at once
+    (exec/ai_cascade.py: a sample asked, a proxy on embeddings, the model asked only where it cannot decide).
     """
 
     ASKS: ClassVar[int] = 1
@@ -123,10 +126,16 @@ class AIStep(_OneStep):
     documents: tuple[float, float] | None = field(default=None, compare=False)
     generation: Generation | None = None
     rows: float | None = field(default=None, compare=False)
+    targets: Targets | None = None
+
+    def row_by_row(self) -> bool:
+        """Unless a cascade: its sample is drawn from all of its rows."""
+        return self.targets is None
 
     def describe(self) -> list[str]:
         anchor = f", anchor {{{self.anchor}}}" if self.anchor else ""
         how = self.generation.describe() if self.generation is not None else f"selectivity {self.selectivity:g}"
+        how += f", a cascade to {self.targets.describe()}" if self.targets is not None else ""
         expected = "" if self.documents is None else (f"; expects ~{self.documents[1]:,.0f} of "
                                                        f"{self.documents[0]:,.0f} document tokens resident")
         if self.generation is not None and self.rows is not None:

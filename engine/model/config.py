@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+DECISIONS = ("model", "hash", "rule")  # how yes/no answers are decided (runtime.Runtime's `decisions`)
 ATTENTION = ("buckets", "varlen")  # rows padded per length bucket for cuDNN, or one flash varlen call
 
 
@@ -66,7 +67,7 @@ class EngineConfig:
     token-wise parts (None: on CUDA only); strategy: "quail" (share every common prefix) or the baselines
     "naive" and "prefix"; token_budget: new tokens per forward pass (None: 16,384 on a GPU, 1,024 on the CPU);
     "auto" and None are settled for the machine when the model loads (loading.settled);
-    decisions: "model", or "hash" for random weights; tokenizer: an HF tokenizer
+    decisions: "model", or "hash" / "rule" for benchmarks (DECISIONS); tokenizer: an HF tokenizer
     directory (tokenizer.json, chat_template.jinja) for dummy weights (None: the
     embedded model's); sol_device: the device constants the speed of light uses
     ("cpu", "h100-sxm", "h200"; None: "cpu" on the CPU, else none); kv_cache_bytes:

@@ -15,6 +15,7 @@ import torch
 
 from quail.engine.errors import InvalidArgument
 from quail.engine.kv.resident import ResidentTree
+from quail.engine.model.config import DECISIONS
 from quail.engine.model.decoder import Decoder
 from quail.engine.model.tokenizer import Tokenizer
 from quail.engine.runtime import baselines, decode
@@ -72,8 +73,9 @@ class Runtime:
     `strategy` is how requests become forward passes: a name from STRATEGIES
     ("quail": the scheduler's `tree`, every common prefix once; "naive" and "prefix": baselines.py)
     or a Strategy function (a benchmark baseline).
-    `decisions` is "model" (answers from the model) or "hash" (random weights:
-    answers by content hash, forward passes still run in full).
+    `decisions` is "model" (answers from the model), "hash" (random weights:
+    answers by content hash) or "rule" (yes/no answers by a fixed rule over the text, asking.rule_says_yes:
+    answers an embedding can learn, for benchmarks); forward passes run in full in every mode.
     `device_of`: a runtime on the same device, whose scheduler, KV ledger, pool, resident tree and graphs this
     runtime shares; else a pool of `kv_bytes` holds KV, and what it computes stays there between
     steps and queries, indexed by a resident tree (kv/resident.py; 0: nothing stays), with `kv_host_bytes`
@@ -91,8 +93,8 @@ class Runtime:
                  names: tuple[str, ...] = (), embeddings: Embeddings | None = None) -> None:
         if isinstance(strategy, str) and strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
-        if decisions not in ("model", "hash"):
-            raise ValueError(f"decisions must be 'model' or 'hash', not {decisions!r}")
+        if decisions not in DECISIONS:
+            raise ValueError(f"decisions must be one of {', '.join(DECISIONS)}, not {decisions!r}")
         self.decisions = decisions
         self.model_id = model_id
         self.config = model.config

@@ -17,7 +17,8 @@ UNLIMITED = 1 << 62  # a LIMIT at least this large limits nothing
 def limit_into_model(core: AICore) -> AICore:
     """LIMIT n [OFFSET m] as n + m rows for the model, when the first rows passing the filters are the
     answer: a plain projection of one table (no ordering, grouping, DISTINCT, aggregates or window
-    functions) with no condition after its AI filters. The model then sees rows, in table order, only
+    functions) with no condition after its AI filters, and no cascade (whose sample is drawn from every
+    row). The model then sees rows, in table order, only
     until that many have passed; without AI filters, only that many rows reach the model at all.
 
     >>> from quail.planner.rules.examples import show
@@ -40,7 +41,7 @@ def limit_into_model(core: AICore) -> AICore:
         return core
     (relation,) = core.relations
     rows = _rows_needed(core.select)
-    if rows is None or relation.after:
+    if rows is None or relation.after or any(call.targets for call in relation.filters):  # a cascade samples all
         return core
     return replace(core, relations=[replace(relation, limit=rows)])
 

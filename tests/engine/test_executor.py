@@ -44,8 +44,8 @@ def test_chunked_plans_stream_the_rows_a_whole_run_gives(session, monkeypatch):
            f"WHERE stars < 5 AND AI_FILTER(PROMPT('{FILTER}', body), {OPTS})")
     query = session.sql(sql)
     assert query.plan.chunked
-    inputs, call = [], ai_step._call
-    monkeypatch.setattr(ai_step, "_call", lambda step, rows: (
+    inputs, call = [], ai_step.call_of
+    monkeypatch.setattr(ai_step, "call_of", lambda step, rows: (
         inputs.append((step.kind, rows.num_rows)), call(step, rows))[1])
     work = QueryWork()
     streamed = list(executor.execute_stream(query.plan, session.catalog, session.runtime, work))

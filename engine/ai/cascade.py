@@ -1,0 +1,344 @@
+"""Model cascades with a stated guarantee: a labeled sample, a proxy, thresholds, and only the band asked.
+
+- Targets are relative to the model's own answers on every row (the exact query's): with probability
+  >= `confidence` over the sampling, whatever the proxy, the answer's recall (precision) is >= the target.
+  Answer = rows at or above the upper threshold + band and sampled rows the model calls yes: recall is lost
+  only below the lower threshold, precision only above the upper one. Both targets: delta halved (union bound).
+- Sample: `FIT_ROWS` rows (uniform, no replacement) fit the proxy; calibration draws are i.i.d. uniform
+  over the other rows, independent of the proxy: thresholds (and the reported AUC) use held-out rows only.
+- Lower threshold: the j-th smallest of the k positive draws' scores, j the largest with
+  P(Binomial(k, 1 - recall) <= j - 1) <= delta: the order statistic that is an exact lower confidence bound
+  of the positives' (1 - recall) quantile (Wilks 1941; David & Nagaraja, Order Statistics, 2003, sec. 7.2).
+- Upper threshold: above the (f+1)-th highest negative draw, f the most with P(Binomial(k + f, r) <= f)
+  <= delta, r = `false_share`: an exact one-sided test per threshold, its p-value monotone in the
+  threshold, so the top-down fixed sequence needs no multiplicity correction (Bauer 1991; Angelopoulos et
+  al. 2021, Learn then Test). Recall-only accepts nothing unasked, precision-only rejects nothing.
+- SUPG (Kang et al., VLDB 2020) sets such thresholds from importance-sampled draws with normal-approximation
+  (asymptotic) bounds; here uniform draws and exact binomial bounds: valid at any sample size, at the cost
+  of more draws when positives are rare. A weak proxy widens the band towards every row; model work is
+  the sample plus the band, never more than the table (no row is asked twice).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Callable
+
+import numpy as np
+
+from quail.engine.ai.proxy import auc, fit_logistic
+from quail.engine.errors import InvalidArgument
+
+FIT_ROWS = 256  # rows whose embeddings fit the proxy
+CALIBRATION_FACTOR = 40  # draws, as a multiple of the fewest an exact test needs to move a threshold at all
+EMBED_CHUNK = 4096  # rows embedded and scored at a time
+
+
+class Verdict(IntEnum):
+    """What becomes of a row: decided by the proxy, asked of the model, or already labeled in the sample."""
+
+    REJECT = 0
+    ACCEPT = 1
+    ASK = 2
+    LABELED = 3
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Recall and / or precision against the exact answer, each met with probability >= confidence."""
+
+    recall: float | None = None
+    precision: float | None = None
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.recall is None and self.precision is None:
+            raise InvalidArgument("a cascade needs a recall or a precision target")
+        for name, closed in (("recall", True), ("precision", True), ("confidence", False)):
+            value = getattr(self, name)
+            if value is None and closed:
+                continue
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (number and 0.0 < value and (value <= 1.0 if closed else value < 1.0)):
+                raise InvalidArgument(f"{name} must be a number in (0, 1{']' if closed else ')'}, got {value!r}")
+
+    def describe(self) -> str:
+        """The targets as EXPLAIN shows them.
+
+        >>> Targets(recall=0.9).describe()
+        'recall 0.9 at confidence 0.95'
+        """
+        wanted = [f"{name} {value:g}" for name, value in (("recall", self.recall), ("precision", self.precision))
+                  if value is not None]
+        return f"{' and '.join(wanted)} at confidence {self.confidence:g}"
+
+    @property
+    def delta(self) -> float:
+        """Each target's failure probability: 1 - confidence, halved when both are set."""
+        return (1.0 - self.confidence) / ((self.recall is not None) + (self.precision is not None))
+
+
+def binomial_cdf(x: int, n: int, p: float) -> float:
+    """P(Binomial(n, p) <= x).
+
+    >>> round(binomial_cdf(0, 29, 0.1), 4)
+    0.0471
+    >>> binomial_cdf(3, 3, 0.5), binomial_cdf(-1, 3, 0.5)
+    (1.0, 0.0)
+    """
+    if x < 0:
+        return 0.0
+    if x >= n or p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 0.0
+    k = np.arange(x + 1)
+    log_pmf = (math.lgamma(n + 1) - np.array([math.lgamma(i + 1) + math.lgamma(n - i + 1) for i in k])
+               + k * math.log(p) + (n - k) * math.log1p(-p))
+    return float(min(1.0, np.exp(log_pmf).sum()))
+
+
+def binomial_upper_limit(x: int, n: int, delta: float) -> float:
+    """The p with P(Binomial(n, p) <= x) = delta: Clopper-Pearson's one-sided upper bound for x of n.
+
+    >>> round(binomial_upper_limit(0, 29, 0.05), 4)
+    0.0981
+    """
+    if x >= n:
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2.0
+        low, high = (mid, high) if binomial_cdf(x, n, mid) > delta else (low, mid)
+    return high
+
+
+def calibration_draws(targets: Targets) -> int:
+    """CALIBRATION_FACTOR * ln(1/delta) / (1 - target), for the most demanding target below 1.
+
+    ln(1/delta) / (1 - target) positive draws is about the fewest with which an exact test can move a
+    threshold at all; forty times that leaves, at 10% selectivity, four times that many positives. A
+    target of 1 is met only by asking every row: no draws for it.
+
+    >>> calibration_draws(Targets(recall=0.9)), calibration_draws(Targets(recall=1.0))
+    (1199, 0)
+    """
+    needed = [math.log(1.0 / targets.delta) / (1.0 - t)
+              for t in (targets.recall, targets.precision) if t is not None and t < 1.0]
+    return math.ceil(CALIBRATION_FACTOR * max(needed)) if needed else 0
+
+
+def sample_sizes(n_rows: int, targets: Targets) -> tuple[int, int]:
+    """(fit rows, calibration draws); every row labeled, (n_rows, 0), when those would reach the table.
+
+    >>> sample_sizes(100_000, Targets(recall=0.9)), sample_sizes(1_000, Targets(recall=0.9))
+    ((256, 1199), (1000, 0))
+    """
+    draws = calibration_draws(targets)
+    if draws == 0:
+        return 0, 0
+    if FIT_ROWS + draws >= n_rows:
+        return n_rows, 0
+    return FIT_ROWS, draws
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Rows the model labels: `fit` (distinct) trains the proxy; `calibration` draws (may repeat) set thresholds."""
+
+    fit: np.ndarray
+    calibration: np.ndarray
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The distinct rows to ask the model about, in order."""
+        return np.unique(np.concatenate([self.fit, self.calibration]))
+
+
+def draw_sample(n_rows: int, targets: Targets, rng: np.random.Generator) -> Sample:
+    """Fit rows uniform without replacement; calibration draws i.i.d. uniform over the remaining rows."""
+    fit_rows, draws = sample_sizes(n_rows, targets)
+    fit = np.sort(rng.choice(n_rows, size=fit_rows, replace=False))
+    rest = np.setdiff1d(np.arange(n_rows), fit, assume_unique=True)
+    return Sample(fit, rest[rng.integers(0, len(rest), size=draws)] if draws else np.zeros(0, dtype=np.int64))
+
+
+def _most(passes: Callable[[int], bool], limit: int) -> int:
+    """The largest x in [0, limit] with passes(x), for a test that passes up to some x and fails after; -1 if none."""
+    low, high = -1, limit
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if passes(mid) else (low, mid - 1)
+    return low
+
+
+def lower_threshold(positive_scores: np.ndarray, recall: float, delta: float) -> tuple[float, int]:
+    """(threshold, j): rows scoring below the j-th smallest positive draw are rejected; (-inf, 0) rejects none.
+
+    >>> lower_threshold(np.arange(100.0), 0.9, 0.05)
+    (4.0, 5)
+    """
+    k = len(positive_scores)
+    if recall >= 1.0 or k == 0:
+        return -math.inf, 0
+    j = _most(lambda j: binomial_cdf(j - 1, k, 1.0 - recall) <= delta, k)
+    return (float(np.sort(positive_scores)[j - 1]) if j > 0 else -math.inf), max(j, 0)
+
+
+def false_share(targets: Targets) -> float:
+    """The most false rows, as a share of (positives + accepted false rows), that still meet the precision target.
+
+    Precision = kept / (kept + false) and kept >= recall * positives (1 with no recall target), so
+    false <= positives * recall * (1 - precision) / precision suffices.
+
+    >>> round(false_share(Targets(precision=0.9)), 6), round(false_share(Targets(recall=0.9, precision=0.9)), 4)
+    (0.1, 0.0909)
+    """
+    ratio = (targets.recall or 1.0) * (1.0 - targets.precision) / targets.precision
+    return ratio / (1.0 + ratio)
+
+
+def upper_threshold(population: np.ndarray, positive_draws: int, negative_scores: np.ndarray,
+                    share: float, delta: float) -> float:
+    """Accept rows scoring above the (f+1)-th highest negative draw, f the most false draws whose test passes.
+
+    Among draws that are positive or a negative above t (i.i.d. over those rows), the false ones are
+    Binomial(c, false share); a threshold passes when P(Binomial(c, share) <= false draws) <= delta. That
+    p-value grows as t falls, so the top-down fixed sequence over the rows' scores stops at this one.
+    inf: nothing accepted.
+
+    >>> upper_threshold(np.arange(10.0), 40, np.array([8.5, 3.5]), 0.1, 0.05)
+    9.0
+    """
+    if share <= 0.0:
+        return math.inf
+    highest = np.sort(negative_scores)[::-1]
+    f = _most(lambda f: binomial_cdf(f, positive_draws + f, share) <= delta, len(highest))
+    if f < 0:
+        return math.inf
+    if f == len(highest):
+        return float(population.min())
+    above = population[population > highest[f]]
+    return float(above.min()) if len(above) else math.inf
+
+
+@dataclass(frozen=True)
+class Report:
+    """A cascade's accounting: sample, proxy quality, thresholds, who decided, estimates and guaranteed bounds.
+
+    Estimates are the calibration draws' (over the rows outside the fit sample); each bound holds, with
+    the other, with probability >= confidence (1.0 where nothing was decided by the proxy on that side).
+    """
+
+    sample_rows: int
+    fit_rows: int
+    calibration_draws: int
+    auc: float | None
+    lower: float
+    upper: float
+    accepted: int
+    rejected: int
+    asked: int
+    recall_estimate: float
+    recall_bound: float
+    precision_estimate: float
+    precision_bound: float
+    confidence: float
+
+    @property
+    def model_rows(self) -> int:
+        """Rows the model answered: the sample and the band, never more than the table."""
+        return self.sample_rows + self.asked
+
+    def figures(self) -> dict[str, float | int | None]:
+        """The report's fields, thresholds that decide nothing (infinite) as None: a query's stage in JSON."""
+        return {name: None if isinstance(value, float) and math.isinf(value) else value
+                for name, value in self.__dict__.items()}
+
+    def describe(self) -> str:
+        """The report as EXPLAIN ANALYZE shows it: the sample, the proxy, who decided, what is guaranteed."""
+        rows = self.sample_rows + self.accepted + self.rejected + self.asked
+        quality = f"proxy AUC {self.auc:.3f} on held-out sampled rows" if self.auc is not None else "no proxy"
+        return (f"{self.model_rows:,} of {rows:,} rows asked of the model: a sample of {self.sample_rows:,} "
+                f"({self.fit_rows:,} fit the proxy, {self.calibration_draws:,} draws set the thresholds), "
+                f"{self.asked:,} between the thresholds; {quality}; {self.rejected:,} rejected below "
+                f"{self.lower:.4g}, {self.accepted:,} accepted from {self.upper:.4g}; recall estimated "
+                f"{self.recall_estimate:.3f}, at least {self.recall_bound:.3f}, precision estimated "
+                f"{self.precision_estimate:.3f}, at least {self.precision_bound:.3f}, "
+                f"at confidence {self.confidence:g}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Every row's verdict (Verdict codes) and the accounting."""
+
+    verdict: np.ndarray
+    report: Report
+
+    def band(self) -> np.ndarray:
+        """The rows to ask the model."""
+        return np.flatnonzero(self.verdict == Verdict.ASK)
+
+    def answer(self, model_yes: np.ndarray) -> np.ndarray:
+        """The answer's rows as a mask, from the model's yes per row (read only where asked or labeled)."""
+        return (self.verdict == Verdict.ACCEPT) | ((self.verdict >= Verdict.ASK) & model_yes)
+
+
+def decide(scores: np.ndarray, sample: Sample, sample_yes: np.ndarray, targets: Targets) -> Decision:
+    """Thresholds and verdicts from the proxy's scores (every row) and the model's yes for `sample.rows`."""
+    scores = np.asarray(scores, dtype=np.float64)
+    yes = np.zeros(len(scores), dtype=bool)
+    yes[sample.rows] = sample_yes
+    outside = np.ones(len(scores), dtype=bool)
+    outside[sample.fit] = False
+    drawn, drawn_yes = scores[sample.calibration], yes[sample.calibration]
+    lower, j = lower_threshold(drawn[drawn_yes], targets.recall or 1.0, targets.delta)
+    upper = (upper_threshold(scores[outside], int(drawn_yes.sum()), drawn[~drawn_yes], false_share(targets),
+                             targets.delta) if targets.precision else math.inf)
+    lower = min(lower, upper)  # rows both thresholds would decide are accepted: fewer rejections keep recall
+    verdict = np.full(len(scores), Verdict.ASK, dtype=np.int8)
+    verdict[scores < lower] = Verdict.REJECT
+    verdict[scores >= upper] = Verdict.ACCEPT
+    verdict[sample.rows] = Verdict.LABELED
+    k, lost = int(drawn_yes.sum()), int((drawn_yes & (drawn < lower)).sum())
+    false = int((~drawn_yes & (drawn >= upper)).sum())
+    held_out = np.unique(sample.calibration)
+    report = Report(
+        sample_rows=len(sample.rows), fit_rows=len(sample.fit), calibration_draws=len(sample.calibration),
+        auc=auc(scores[held_out], yes[held_out]) if len(held_out) else None, lower=lower, upper=upper,
+        accepted=int((verdict == Verdict.ACCEPT).sum()), rejected=int((verdict == Verdict.REJECT).sum()),
+        asked=int((verdict == Verdict.ASK).sum()),
+        recall_estimate=(k - lost) / k if k else 1.0,
+        recall_bound=1.0 - binomial_upper_limit(j - 1, k, targets.delta) if j else 1.0,
+        precision_estimate=(k - lost) / (k - lost + false) if k - lost + false else 1.0,
+        precision_bound=targets.precision if upper < math.inf else 1.0, confidence=targets.confidence)
+    return Decision(verdict, report)
+
+
+def _asked(ask: Callable[[np.ndarray], np.ndarray], rows: np.ndarray) -> np.ndarray:
+    return np.asarray(ask(rows), dtype=bool) if len(rows) else np.zeros(0, dtype=bool)
+
+
+def run(n_rows: int, targets: Targets, ask: Callable[[np.ndarray], np.ndarray],
+        embed: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator) -> tuple[np.ndarray, Report]:
+    """The whole cascade: the answer's mask over the rows and the report; `ask` gets each row at most once.
+
+    `ask(rows)` gives the model's yes per row (bool, in order); `embed(rows)` their embeddings (rows x dim),
+    asked for the fit rows, then for every row in chunks of EMBED_CHUNK.
+    """
+    sample = draw_sample(n_rows, targets, rng)
+    sample_yes = _asked(ask, sample.rows)
+    scores = np.zeros(n_rows)
+    if len(sample.calibration):
+        proxy = fit_logistic(embed(sample.fit), sample_yes[np.searchsorted(sample.rows, sample.fit)])
+        for start in range(0, n_rows, EMBED_CHUNK):
+            rows = np.arange(start, min(n_rows, start + EMBED_CHUNK))
+            scores[rows] = proxy.score(embed(rows))
+    decision = decide(scores, sample, sample_yes, targets)
+    model_yes = np.zeros(n_rows, dtype=bool)
+    model_yes[sample.rows] = sample_yes
+    band = decision.band()
+    model_yes[band] = _asked(ask, band)
+    return decision.answer(model_yes), decision.report

@@ -1,0 +1,108 @@
+"""AI_FILTER with recall and precision targets over ADBC: a cascade whose rows, set against the exact query's,
+meet what its report promises; bad targets refused up front.
+
+The server answers yes/no by `--decisions rule` (a word of the question in the document): the embedded
+SmolLM2 answers no to nearly every question, so its exact answers would leave a cascade nothing to find;
+the rule's answers are ones an embedding can learn, the forward passes run in full all the same.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+from adbc_driver_manager import Error as DriverError
+
+import quail
+from quail.clients.server_process import ServerProcess
+from quail.engine.ai.asking import rule_says_yes
+
+QUESTION = "Does {0} mention a kitten?"
+PETS = ["kitten", "puppy", "parrot", "goldfish", "hamster", "rabbit", "turtle", "pony"]
+PLACES = ["sofa", "garden", "kitchen", "window", "porch", "bed"]
+ROWS = 1000
+TARGETS = "{'recall': 0.7, 'precision': 0.7, 'confidence': 0.7}"
+
+
+def notes(count: int, seed: int) -> pa.Table:
+    pick = random.Random(seed)
+    return pa.table({"id": list(range(count)),
+                     "body": [f"The {pick.choice(PETS)} slept by the {pick.choice(PLACES)}." for _ in range(count)]})
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory):
+    with ServerProcess(tmp_path_factory.mktemp("data"), "--decisions", "rule") as server:
+        with quail.connect(server.uri) as conn, conn.cursor() as cur:
+            cur.adbc_ingest("notes", notes(ROWS, 1), mode="replace")
+            cur.adbc_ingest("few", notes(40, 2), mode="replace")
+        yield server.uri
+
+
+def rows(uri: str, sql: str) -> list:
+    with quail.connect(uri) as conn, conn.cursor() as cur:
+        cur.execute(sql)
+        return cur.fetchall()
+
+
+def test_the_cascade_keeps_what_its_report_promises(uri):
+    """The rows against the exact query's (the rule's answers, checked against the exact query on a slice):
+    recall and precision at least the reported bounds, the estimates near them, fewer rows asked."""
+    table = notes(ROWS, 1)
+    exact = {i for i, body in enumerate(table["body"].to_pylist()) if rule_says_yes(QUESTION, [body])}
+    sliced = rows(uri, f"SELECT id FROM notes WHERE id < 60 AND AI_FILTER(PROMPT('{QUESTION}', body))")
+    assert {i for (i,) in sliced} == {i for i in exact if i < 60}
+    with quail.RemoteSession(uri) as session:
+        result = session.sql(f"SELECT id FROM notes WHERE AI_FILTER(PROMPT('{QUESTION}', body), {TARGETS}) "
+                             "ORDER BY id").run()
+    got = set(result.table.column("id").to_pylist())
+    (stage,) = [s for s in result.report.stages if s["operator"] == "ai_cascade"]
+    right = len(got & exact)
+    recall, precision = right / len(exact), right / len(got)
+    assert recall >= stage["recall_bound"] and precision >= stage["precision_bound"]
+    assert abs(stage["recall_estimate"] - recall) <= 0.1 and abs(stage["precision_estimate"] - precision) <= 0.1
+    assert stage["sample_rows"] + stage["asked"] + stage["accepted"] + stage["rejected"] == ROWS
+    assert stage["accepted"] + stage["rejected"] > 0, "the proxy decided rows: the model was asked fewer"
+    assert result.report.requests == stage["sample_rows"] + stage["asked"] < ROWS
+    assert stage["auc"] > 0.9, "a word of the question is what an embedding learns"
+
+
+def test_explain_analyze_says_what_the_cascade_did(uri):
+    """A table smaller than the sample: every row labeled by the model, nothing left to the proxy."""
+    plan = [line for (line,) in rows(uri, f"EXPLAIN ANALYZE SELECT id FROM few WHERE "
+                                          f"AI_FILTER(PROMPT('{QUESTION}', body), {TARGETS})")]
+    assert any("a cascade to recall 0.7 and precision 0.7 at confidence 0.7" in line for line in plan)
+    (line,) = [line for line in plan if line.startswith("stage ai_cascade")]
+    assert "40 of 40 rows asked of the model: a sample of 40" in line and "0 rejected" in line
+    expected = [i for i, body in enumerate(notes(40, 2)["body"].to_pylist()) if rule_says_yes(QUESTION, [body])]
+    assert [i for (i,) in rows(uri, f"SELECT id FROM few WHERE AI_FILTER(PROMPT('{QUESTION}', body), "
+                                    f"{TARGETS}) ORDER BY id")] == expected
+
+
+@pytest.mark.parametrize("options, message", [
+    ("{'recall': 1.5}", "recall must be a number in (0, 1]"),
+    ("{'precision': 0}", "precision must be a number in (0, 1]"),
+    ("{'recall': 0.9, 'confidence': 0}", "confidence must be a number in (0, 1)"),
+    ("{'recall': 0.9, 'confidence': 1}", "confidence must be a number in (0, 1)"),
+    ("{'confidence': 0.9}", "a cascade needs a recall or a precision target"),
+    ("{'recall': 0.9, 'speed': 2}", "options must be"),
+])
+def test_bad_targets_are_invalid_arguments(uri, options, message):
+    with pytest.raises(DriverError, match="INVALID_ARGUMENT") as raised:
+        rows(uri, f"SELECT id FROM few WHERE AI_FILTER(PROMPT('{QUESTION}', body), {options})")
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize("sql, message", [
+    (f"SELECT id, AI_FILTER(PROMPT('{QUESTION}', body), {{'recall': 0.9}}) AS k FROM few",
+     "apply to AI_FILTER as a condition"),
+    (f"SELECT id, AI_SCORE(PROMPT('{QUESTION}', body), {{'recall': 0.9}}) AS s FROM few",
+     "targets are AI_FILTER's"),
+    (f"EXPLAIN (FORMAT SUBSTRAIT) SELECT id FROM few WHERE AI_FILTER(PROMPT('{QUESTION}', body), "
+     f"{{'recall': 0.9}})", "a cascade's recall and precision targets are not supported"),
+])
+def test_targets_where_a_cascade_cannot_run_are_refused(uri, sql, message):
+    with pytest.raises(DriverError) as raised:
+        rows(uri, sql)
+    assert message in str(raised.value)
