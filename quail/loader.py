@@ -1,8 +1,9 @@
 """`quail load`: a CSV, Parquet, JSON lines or Arrow file read on the client and ingested into a table over ADBC.
 
-- The file is read a batch at a time (pyarrow's streaming readers) and sent as it is read; nothing reads it
-  on the server (whose file access is off). Parquet and Arrow files larger than memory load; pyarrow's CSV
-  and JSON readers read the text ahead of the batches they give, so those must fit in memory as text.
+- The file is read a batch at a time and sent as it is read; nothing reads it on the server (whose file
+  access is off). Files larger than memory load: Parquet and Arrow by their batches, CSV and JSON lines by
+  pieces of whole lines (about BLOCK_BYTES each) read only when the ingest asks for more, each parsed as
+  the first piece's schema says (a later value that does not fit it is a clear error, and nothing loads).
 - Modes: create (the table must not exist), append, replace.
 - Progress (the share of the file read, and the rows sent) goes to `progress`, a row count at the end.
 """
@@ -24,27 +25,61 @@ FORMATS = {".csv": "csv", ".tsv": "csv", ".parquet": "parquet", ".pq": "parquet"
            ".ndjson": "json", ".json": "json", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
 MODES = ("create", "append", "replace")
 BATCH_ROWS = 65_536  # rows a Parquet batch holds at most (CSV and JSON batches are their readers' blocks)
-BLOCK_BYTES = 8 << 20  # bytes of text a CSV or JSON batch is read from
+BLOCK_BYTES = 8 << 20  # bytes of text a CSV or JSON piece is read from
 
 
-class _Counted(io.RawIOBase):
-    """A file read through, counting the bytes read (the progress of a reader that does not tell)."""
+def _line_end(text: bytes, quoted: bool) -> int:
+    """Where the last whole line of `text` ends (0: none); for CSV, a line end outside quotes (`text` starts
+    outside them: a quote char toggles, and an escaped one, doubled, toggles twice).
 
-    def __init__(self, path: Path) -> None:
-        self.raw = open(path, "rb")
-        self.read_bytes = 0
+    >>> _line_end(b'1,"a\\nb"\\n2,c', True), _line_end(b'1,"a\\nb', True), _line_end(b'{"a": 1}\\n{"a"', False)
+    (8, 0, 9)
+    """
+    end = text.rfind(b"\n")
+    while quoted and end >= 0 and text.count(b'"', 0, end) % 2:
+        end = text.rfind(b"\n", 0, end)
+    return end + 1
 
-    def readable(self) -> bool:
-        return True
 
-    def readinto(self, buffer) -> int:
-        count = self.raw.readinto(buffer)
-        self.read_bytes += count or 0
-        return count
+def _pieces(path: Path, quoted: bool, done: list[int]) -> Iterator[bytes]:
+    """The file's bytes in pieces of whole lines, about BLOCK_BYTES each, read as they are asked for
+    (`done[0]`: the bytes handed out so far)."""
+    with open(path, "rb") as source:
+        carried = b""
+        while block := source.read(BLOCK_BYTES):
+            carried += block
+            end = _line_end(carried, quoted)
+            if end:
+                piece, carried = carried[:end], carried[end:]
+                done[0] += len(piece)
+                yield piece
+        if carried:
+            done[0] += len(carried)
+            yield carried
 
-    def close(self) -> None:
-        self.raw.close()
-        super().close()
+
+def _text_batches(path: Path, fmt: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch], Callable[[], float]]:
+    """A CSV or JSON lines file's batches, a piece of its text parsed at a time as they are asked for: the
+    first piece gives the schema (its header: CSV's column names), every later one is read as that."""
+    done, size = [0], max(path.stat().st_size, 1)
+    pieces = _pieces(path, fmt == "csv", done)
+    first = next(pieces, b"")
+    parse = csv.ParseOptions(delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+    table = csv.read_csv(io.BytesIO(first), parse_options=parse) if fmt == "csv" else json.read_json(io.BytesIO(first))
+    schema = table.schema
+
+    def read(piece: bytes) -> pa.Table:
+        if fmt == "csv":
+            return csv.read_csv(io.BytesIO(piece), read_options=csv.ReadOptions(column_names=schema.names),
+                                parse_options=parse, convert_options=csv.ConvertOptions(column_types=schema))
+        return json.read_json(io.BytesIO(piece), parse_options=json.ParseOptions(
+            explicit_schema=schema, unexpected_field_behavior="error"))
+
+    def every() -> Iterator[pa.RecordBatch]:
+        yield from table.to_batches()
+        for piece in pieces:
+            yield from read(piece).to_batches()
+    return schema, every(), lambda: done[0] / size
 
 
 def file_format(path: Path, given: str | None = None) -> str:
@@ -82,15 +117,7 @@ def batches(path: Path, fmt: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch], 
             return reader.schema, read(), lambda: taken[0] / max(reader.num_record_batches, 1)
         stream = ipc.open_stream(source)
         return stream.schema, iter(stream), lambda: source.tell() / max(path.stat().st_size, 1)
-    counted_file = _Counted(path)
-    size = max(path.stat().st_size, 1)
-    if fmt == "csv":
-        delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-        reader = csv.open_csv(counted_file, read_options=csv.ReadOptions(block_size=BLOCK_BYTES),
-                              parse_options=csv.ParseOptions(delimiter=delimiter))
-    else:
-        reader = json.open_json(counted_file, read_options=json.ReadOptions(block_size=BLOCK_BYTES))
-    return reader.schema, iter(reader), lambda: counted_file.read_bytes / size
+    return _text_batches(path, fmt)
 
 
 def load(connection, path: Path, table: str, mode: str = "create", fmt: str | None = None,

@@ -123,6 +123,27 @@ def test_a_file_that_fails_after_batches_were_sent_loads_nothing(server, tmp_pat
         assert cur.fetchone() == (0,)
 
 
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_text_is_read_only_as_its_batches_are_taken(tmp_path, monkeypatch, fmt):
+    """Pieces of whole lines, each read when the one before was taken (a file larger than memory loads), the
+    rows as written: a quoted CSV value holding a line break stays whole wherever a piece ends."""
+    monkeypatch.setattr(loader, "BLOCK_BYTES", 4 << 10)
+    rows = pa.table({"id": pa.array(range(4000), pa.int64()),
+                     "name": [f"line {i}\nand its \"quoted\" rest" for i in range(4000)]})
+    path = tmp_path / f"rows.{'csv' if fmt == 'csv' else 'jsonl'}"
+    if fmt == "csv":
+        csv.write_csv(rows, path)
+    else:
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows.to_pylist()))
+    schema, batches, share = loader.batches(path, fmt)
+    taken, shares = [], []
+    for batch in batches:
+        taken.append(batch)
+        shares.append(share())
+    assert shares[0] < 0.05 and shares == sorted(shares) and shares[-1] == 1.0
+    assert pa.Table.from_batches(taken, schema).to_pylist() == rows.to_pylist()
+
+
 def test_an_arrow_file_s_progress_is_the_share_of_its_batches_read(tmp_path):
     path = tmp_path / "rows.arrow"
     feather.write_feather(ROWS, path, chunksize=600)
