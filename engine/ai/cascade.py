@@ -32,7 +32,7 @@ from quail.engine.ai.proxy import auc, fit_logistic
 from quail.engine.errors import InvalidArgument
 
 FIT_ROWS = 256  # rows whose embeddings fit the proxy
-CALIBRATION_FACTOR = 40  # draws, as a multiple of the fewest an exact test needs to move a threshold at all
+CALIBRATION_FACTOR = 20  # draws, as a multiple of the fewest an exact test needs to move a threshold at all
 EMBED_CHUNK = 4096  # rows embedded and scored at a time
 
 
@@ -119,11 +119,11 @@ def calibration_draws(targets: Targets) -> int:
     """CALIBRATION_FACTOR * ln(1/delta) / (1 - target), for the most demanding target below 1.
 
     ln(1/delta) / (1 - target) positive draws is about the fewest with which an exact test can move a
-    threshold at all; forty times that leaves, at 10% selectivity, four times that many positives. A
+    threshold at all; twenty times that leaves, at 10% selectivity, twice that many positives. A
     target of 1 is met only by asking every row: no draws for it.
 
     >>> calibration_draws(Targets(recall=0.9)), calibration_draws(Targets(recall=1.0))
-    (1199, 0)
+    (600, 0)
     """
     needed = [math.log(1.0 / targets.delta) / (1.0 - t)
               for t in (targets.recall, targets.precision) if t is not None and t < 1.0]
@@ -133,8 +133,8 @@ def calibration_draws(targets: Targets) -> int:
 def sample_sizes(n_rows: int, targets: Targets) -> tuple[int, int]:
     """(fit rows, calibration draws); every row labeled, (n_rows, 0), when those would reach the table.
 
-    >>> sample_sizes(100_000, Targets(recall=0.9)), sample_sizes(1_000, Targets(recall=0.9))
-    ((256, 1199), (1000, 0))
+    >>> sample_sizes(100_000, Targets(recall=0.9)), sample_sizes(800, Targets(recall=0.9))
+    ((256, 600), (800, 0))
     """
     draws = calibration_draws(targets)
     if draws == 0:

@@ -125,11 +125,12 @@ class Runtime:
         self._preamble_tokens: int | None = None
         self.replicas: Replicas | None = None  # the other replicas requests are routed to (replicas.py)
 
-    def variant(self, strategy: str | Strategy, token_budget: int | None = None) -> "Runtime":
+    def variant(self, strategy: str | Strategy, token_budget: int | None = None,
+                decisions: str | None = None) -> "Runtime":
         """Another runtime over the same weights and tokenizer (and the device's scheduler, KV ledger, pool
-        and tree, and the tokenized texts), scoring by another strategy."""
+        and tree, and the tokenized texts), scoring by another strategy (or deciding another way)."""
         return Runtime(self.model_id, self.runner.model, self.tokenizer, self.layout.frame, strategy,
-                       token_budget or self.runner.token_budget, self.decisions, self, texts=self.texts,
+                       token_budget or self.runner.token_budget, decisions or self.decisions, self, texts=self.texts,
                        names=tuple(self.names), embeddings=self.embeddings)
 
     def segments(self, texts: list[str]) -> list[Segment]:
