@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from typing import Callable
 
@@ -246,11 +246,12 @@ class Report:
     precision_estimate: float
     precision_bound: float
     confidence: float
+    remembered: int = 0  # rows of the sample and the band answered by an earlier cascade (`Known`)
 
     @property
     def model_rows(self) -> int:
-        """Rows the model answered: the sample and the band, never more than the table."""
-        return self.sample_rows + self.asked
+        """Rows the model answered for this query: the sample and the band, less those remembered."""
+        return self.sample_rows + self.asked - self.remembered
 
     def figures(self) -> dict[str, float | int | None]:
         """The report's fields, thresholds that decide nothing (infinite) as None: a query's stage in JSON."""
@@ -267,7 +268,9 @@ class Report:
                 f"{self.lower:.4g}, {self.accepted:,} accepted from {self.upper:.4g}; recall estimated "
                 f"{self.recall_estimate:.3f}, at least {self.recall_bound:.3f}, precision estimated "
                 f"{self.precision_estimate:.3f}, at least {self.precision_bound:.3f}, "
-                f"at confidence {self.confidence:g}")
+                f"at confidence {self.confidence:g}"
+                + (f"; {self.remembered:,} rows' answers and the proxy kept from an earlier query"
+                   if self.remembered else ""))
 
 
 @dataclass(frozen=True)
@@ -317,28 +320,59 @@ def decide(scores: np.ndarray, sample: Sample, sample_yes: np.ndarray, targets: 
     return Decision(verdict, report)
 
 
-def _asked(ask: Callable[[np.ndarray], np.ndarray], rows: np.ndarray) -> np.ndarray:
-    return np.asarray(ask(rows), dtype=bool) if len(rows) else np.zeros(0, dtype=bool)
+@dataclass
+class Known:
+    """What cascades of one question over the same rows learned: each row's answer, and the proxy's scores.
+
+    - `answers`: 1 yes, 0 no, -1 not asked yet; `scores`: every row's, once a proxy was fitted (None before).
+    - The sample is drawn with a seed fixed by the question and the rows, so a later cascade draws the same
+      fit rows and reuses the proxy: only rows no earlier cascade asked go to the model.
+    """
+
+    answers: np.ndarray
+    scores: np.ndarray | None = None
+
+    @classmethod
+    def nothing(cls, n_rows: int) -> "Known":
+        return cls(np.full(n_rows, -1, dtype=np.int8))
+
+    def ask(self, ask: Callable[[np.ndarray], np.ndarray], rows: np.ndarray) -> tuple[np.ndarray, int]:
+        """The model's yes for these rows, asking only those not yet answered; and how many were."""
+        new = rows[self.answers[rows] < 0]
+        if len(new):
+            self.answers[new] = np.asarray(ask(new), dtype=bool)
+        return self.answers[rows] == 1, len(rows) - len(new)
+
+    def scored(self, fit: np.ndarray, fit_yes: np.ndarray, embed: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """Every row's proxy score, the proxy fitted on the `fit` rows' embeddings (once)."""
+        if self.scores is None:
+            proxy = fit_logistic(embed(fit), fit_yes)
+            scores = np.zeros(len(self.answers))
+            for start in range(0, len(scores), EMBED_CHUNK):
+                rows = np.arange(start, min(len(scores), start + EMBED_CHUNK))
+                scores[rows] = proxy.score(embed(rows))
+            self.scores = scores
+        return self.scores
 
 
 def run(n_rows: int, targets: Targets, ask: Callable[[np.ndarray], np.ndarray],
-        embed: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator) -> tuple[np.ndarray, Report]:
+        embed: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator,
+        known: Known | None = None) -> tuple[np.ndarray, Report]:
     """The whole cascade: the answer's mask over the rows and the report; `ask` gets each row at most once.
 
     `ask(rows)` gives the model's yes per row (bool, in order); `embed(rows)` their embeddings (rows x dim),
-    asked for the fit rows, then for every row in chunks of EMBED_CHUNK.
+    asked for the fit rows, then for every row in chunks of EMBED_CHUNK. `known`: what earlier cascades of
+    the same question over the same rows learned (updated here), so their rows are not asked again.
     """
+    known = known if known is not None else Known.nothing(n_rows)
     sample = draw_sample(n_rows, targets, rng)
-    sample_yes = _asked(ask, sample.rows)
+    sample_yes, remembered = known.ask(ask, sample.rows)
     scores = np.zeros(n_rows)
     if len(sample.calibration):
-        proxy = fit_logistic(embed(sample.fit), sample_yes[np.searchsorted(sample.rows, sample.fit)])
-        for start in range(0, n_rows, EMBED_CHUNK):
-            rows = np.arange(start, min(n_rows, start + EMBED_CHUNK))
-            scores[rows] = proxy.score(embed(rows))
+        scores = known.scored(sample.fit, sample_yes[np.searchsorted(sample.rows, sample.fit)], embed)
     decision = decide(scores, sample, sample_yes, targets)
     model_yes = np.zeros(n_rows, dtype=bool)
     model_yes[sample.rows] = sample_yes
     band = decision.band()
-    model_yes[band] = _asked(ask, band)
-    return decision.answer(model_yes), decision.report
+    model_yes[band], more = known.ask(ask, band)
+    return decision.answer(model_yes), replace(decision.report, remembered=remembered + more)

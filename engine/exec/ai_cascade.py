@@ -5,7 +5,9 @@
   server's embedding model, as AI_EMBED's), chooses the thresholds, and asks the model about the sample,
   then the band between the thresholds: the filter's own question, one call each.
 - The sample's seed is fixed by the question and the rows' documents: the same query over the same rows
-  keeps the same rows.
+  keeps the same rows. What a cascade learned (answers, the proxy's scores) is kept in the runtime's memo
+  under the same key, so a later cascade of that question over those rows (other targets too) asks the
+  model only about rows none asked before; a changed row changes the key.
 - Its stages: the filter's (rows in, rows out) and the cascade's report (its figures, and its line of EXPLAIN
   ANALYZE), which the server's metrics count.
 """
@@ -18,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from quail.engine.ai.asking import asking_together
-from quail.engine.ai.cascade import run
+from quail.engine.ai.cascade import Known, run
 from quail.engine.ai.operator import Call, of
 from quail.engine.exec.ai_step import answered, call_of
 from quail.engine.exec.plan import AIStep
@@ -26,12 +28,12 @@ from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.runtime import Runtime
 
 
-def _seed(template: str, texts: list[str]) -> int:
-    """A seed fixed by the question and the documents (never by the answers)."""
-    digest = hashlib.blake2b(template.encode(), digest_size=8)
+def _key(call: Call, texts: list[str]) -> bytes:
+    """What the cascade's sample and answers depend on: the question and the rows' documents, in order."""
+    digest = hashlib.blake2b(repr(call.question).encode(), digest_size=16)
     for text in texts:
         digest.update(len(text).to_bytes(8, "little") + text.encode())
-    return int.from_bytes(digest.digest(), "little")
+    return digest.digest()
 
 
 def ai_cascade(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
@@ -54,7 +56,10 @@ def ai_cascade(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: Quer
 
     yes = np.zeros(rows.num_rows, bool)
     if len(present):
-        kept, report = run(len(present), step.targets, ask, embed, np.random.default_rng(_seed(step.template, texts)))
+        key = _key(call, texts)
+        known = runtime.memo.get(b"cascade " + key, lambda: Known.nothing(len(present)))
+        seed = int.from_bytes(key[:8], "little")
+        kept, report = run(len(present), step.targets, ask, embed, np.random.default_rng(seed), known)
         yes[present[kept]] = True
         if work is not None:
             work.stages.append({"operator": "ai_cascade", "output": step.output, **report.figures(),

@@ -21,6 +21,7 @@ from quail.engine.model.tokenizer import Tokenizer
 from quail.engine.runtime import baselines, decode
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.embeddings import Embeddings
+from quail.engine.runtime.memo import Memo
 from quail.engine.runtime.grammar import GrammarTokens, Schema
 from quail.engine.runtime.model_runner import ModelRunner, disk_tier, host_tier, kv_pool
 from quail.engine.runtime.prompt import FALSE_SPELLINGS, LETTERS, TRUE_SPELLINGS, ChatFrame, PromptLayout
@@ -118,6 +119,7 @@ class Runtime:
         self.strategy = strategy
         self.texts = texts if texts is not None else SegmentCache()
         self.embeddings = embeddings if embeddings is not None else Embeddings()
+        self.memo = Memo()  # what a query computed that a later one over the same rows reuses (a cascade's)
         self.yes_no = self._yes_no_labels()
         self.end_of_turn = frozenset(self._single_token((frame.turn_end,))) if frame.turn_end else frozenset()
         self.names = frozenset(n.lower() for n in (model_id, "default", *names))

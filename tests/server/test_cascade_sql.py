@@ -80,6 +80,25 @@ def test_explain_analyze_says_what_the_cascade_did(uri):
                                     f"{TARGETS}) ORDER BY id")] == expected
 
 
+def test_a_later_cascade_reuses_what_an_earlier_one_learned_until_the_rows_change(uri):
+    """The same question over the same rows: nothing asked again, other targets included; a changed table
+    is asked afresh."""
+    def run(targets: str) -> tuple[list, int, dict]:
+        with quail.RemoteSession(uri) as session:
+            result = session.sql(f"SELECT id FROM few WHERE AI_FILTER(PROMPT('Is {{0}} about a puppy?', body), "
+                                 f"{targets}) ORDER BY id").run()
+        (stage,) = [s for s in result.report.stages if s["operator"] == "ai_cascade"]
+        return result.table.column("id").to_pylist(), result.report.requests, stage
+
+    first, asked, _ = run(TARGETS)
+    assert asked == 40
+    again, asked, stage = run("{'recall': 0.9}")
+    assert (again, asked, stage["remembered"]) == (first, 0, 40)
+    rows(uri, "INSERT INTO few VALUES (40, 'The puppy slept by the bed.')")
+    changed, asked, stage = run(TARGETS)
+    assert (changed, asked, stage["remembered"]) == (first + [40], 41, 0)
+
+
 @pytest.mark.parametrize("options, message", [
     ("{'recall': 1.5}", "recall must be a number in (0, 1]"),
     ("{'precision': 0}", "precision must be a number in (0, 1]"),
