@@ -99,6 +99,17 @@ def test_a_later_cascade_reuses_what_an_earlier_one_learned_until_the_rows_chang
     assert (changed, asked, stage["remembered"]) == (first + [40], 41, 0)
 
 
+@pytest.mark.parametrize("dialect, sql", [
+    ("bigquery", "SELECT id FROM few WHERE AI.IF(('Does ', body, ' mention a kitten?'), STRUCT(0.9 AS recall))"),
+    ("bigquery", "SELECT id FROM few WHERE AI.IF(('Does ', body, ' mention a kitten?'), {'recall': 0.9})"),
+    ("duckdb", f"SELECT id FROM few WHERE AI_FILTER(PROMPT('{QUESTION}', body), {{'recall': 0.9}})"),
+])
+def test_every_dialect_states_targets(uri, dialect, sql):
+    with quail.connect(uri, dialect=dialect) as conn, conn.cursor() as cur:
+        cur.execute("EXPLAIN " + sql)
+        assert any("a cascade to recall 0.9 at confidence 0.95" in line for (line,) in cur.fetchall())
+
+
 @pytest.mark.parametrize("options, message", [
     ("{'recall': 1.5}", "recall must be a number in (0, 1]"),
     ("{'precision': 0}", "precision must be a number in (0, 1]"),
