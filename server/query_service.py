@@ -118,7 +118,7 @@ class QueryService:
     def plan_substrait(self, plan: bytes, catalog: Catalog) -> tuple[PhysicalPlan, pa.Schema]:
         """A serialized Substrait plan's physical plan and result schema."""
         with self.turn():
-            physical = import_plan(plan, catalog)
+            physical = import_plan(plan, catalog, rank_by_sol(self.sol), self.runtime.resident_share)
             return physical, result_schema(physical, catalog, schemas=self.schemas)
 
     def substrait(self, text: str, catalog: Catalog, dialect: str, params: Sequence[Any] | None = None) -> bytes:

@@ -1,4 +1,13 @@
-"""A Substrait plan as a physical plan: relations become DuckDB SQL steps, Quail's AI functions AI steps."""
+"""A Substrait plan as one SQL query, planned as a query's text is: the same binding, rules, steps and errors.
+
+- Each relation becomes a SELECT over its input's. A filter, columns, a sort or an aggregate over a plain
+  SELECT (no grouping, order or limit; no window, aggregate or AI call among its columns) extends that
+  SELECT itself, a limit any SELECT without one: the planner sees a query's conditions and AI calls together.
+- A plan relation that a ReferenceRel reads becomes a CTE; the root's names are the final SELECT's columns.
+- Quail's AI functions become its SQL calls (to_sql.py): the planner binds them, applies its rules
+  (planner/rules/) and emits their steps. A call's layout is advisory: the planner asks in the join layout
+  when the documents come from two tables, else in the filter layout.
+"""
 
 from __future__ import annotations
 
@@ -13,27 +22,25 @@ from substrait.algebra_pb2 import (AggregateRel, CrossRel, Expression, FetchRel,
 from substrait.plan_pb2 import Plan
 from substrait.type_pb2 import Type
 
-from quail.engine.ai.options import Generation
-from quail.engine.ai.kinds import KINDS
 from quail.engine.errors import InvalidArgument, NotFound, Unimplemented
 from quail.engine.exec.catalog import Catalog
-from quail.engine.exec.plan import AIFilterChain, AIStep, PhysicalPlan, SQLStep, Step
-from quail.engine.runtime.prompt import LAYOUTS
+from quail.engine.exec.plan import PhysicalPlan
+from quail.engine.runtime.requests import ResidentShare
 
+from quail.planner.ai_calls import contains_ai
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
-from quail.planner.planner import RESULT
-from quail.planner.streaming import stream_in_chunks
+from quail.planner.join_order import Rank, by_tokens
+from quail.planner.planner import plan_query
 from quail.planner.substrait.expressions import field_position
-from quail.planner.substrait.functions import AI_FUNCTIONS, AI_URN, declared_functions
+from quail.planner.substrait.functions import declared_functions
 from quail.planner.substrait.to_sql import Field, SQLExpressions
-from quail.planner.substrait.types import STRINGS, from_arrow, kind, of
+from quail.planner.substrait.types import from_arrow
 
 QUERY_TEXT = "<Substrait plan>"  # a Substrait plan's query text where queries are listed
-_AI_KINDS = {name: kind_ for kind_, name in AI_FUNCTIONS.items()}
-_ANSWERS = ("letters", "names", "text")
 _JOIN_SIDES = {JoinRel.JOIN_TYPE_INNER: None, JoinRel.JOIN_TYPE_LEFT: "LEFT", JoinRel.JOIN_TYPE_RIGHT: "RIGHT",
                JoinRel.JOIN_TYPE_OUTER: "FULL"}
 _SET_OPS = {SetRel.SET_OP_UNION_ALL: False, SetRel.SET_OP_UNION_DISTINCT: True}
+_CLAUSES = ("group", "having", "qualify", "order", "limit", "offset", "distinct")  # a SELECT with one is not plain
 
 
 def parse_plan(data: bytes) -> Plan:
@@ -48,17 +55,18 @@ def parse_plan(data: bytes) -> Plan:
     return plan
 
 
-def import_plan(data: bytes, catalog: Catalog) -> PhysicalPlan:
-    """The physical plan of a serialized Substrait plan over the catalog's tables."""
-    return stream_in_chunks(_Importer(parse_plan(data), catalog).physical())
+def import_plan(data: bytes, catalog: Catalog, rank: Rank = by_tokens,
+                resident: ResidentShare | None = None) -> PhysicalPlan:
+    """The physical plan of a serialized Substrait plan over the catalog's tables: its query planned as SQL
+    (`rank`, `resident`: as plan_query's, so a server prices it as it prices a statement's text)."""
+    return plan_query(_Importer(parse_plan(data), catalog).query(), catalog, rank=rank, resident=resident)
 
 
 @dataclass(frozen=True)
 class Rows:
     """A relation as SQL, with its columns' names and types.
 
-    A relation as SQL: a named relation (a step's output, a stored table) or a SELECT with one aliased
-    expression per column; its columns' names and types."""
+    A named relation (a stored table, a CTE) or a SELECT with one aliased expression per column."""
 
     names: list[str]
     types: list[Type]
@@ -78,27 +86,25 @@ class Rows:
         return _select(self.fields(alias), self.names).from_(self.source(alias))
 
 
-@dataclass(frozen=True)
-class _AICall:
-    """A call of an AI function, its arguments checked."""
-
-    kind: str
-    template: str
-    layout: str
-    answers: str
-    anchor: int
-    selectivity: float
-    labels: tuple[str, ...]
-    documents: list[Expression]
-    generation: Generation | None = None
-
-
 def _ident(name: str) -> exp.Identifier:
     return exp.to_identifier(name, quoted=True)
 
 
 def _select(fields: list[Field], names: list[str]) -> exp.Select:
-    return exp.select(*(exp.alias_(f.sql, _ident(n)) for f, n in zip(fields, names)))
+    return exp.select(*_aliased(fields, names))
+
+
+def _aliased(fields: list[Field], names: list[str]) -> list[exp.Expression]:
+    return [exp.alias_(f.sql, _ident(n)) for f, n in zip(fields, names)]
+
+
+def _plain(query: exp.Select) -> bool:
+    """Whether a relation over the SELECT may extend it (a WHERE, columns, an ORDER BY, a GROUP BY) reading its
+    columns' expressions in place of the columns: no clause acts after its WHERE, no column is a window, an
+    aggregate or an AI call (which reading it twice would ask twice)."""
+    return not any(query.args.get(k) for k in _CLAUSES) and not any(
+        isinstance(n, (exp.Window, exp.AggFunc)) for e in query.expressions for n in e.walk()) and not any(
+        contains_ai(e) for e in query.expressions)
 
 
 def _unique(names: list[str]) -> list[str]:
@@ -115,115 +121,60 @@ def _unique(names: list[str]) -> list[str]:
     return out
 
 
-def _common(rel: Rel) -> RelCommon | None:
-    body = getattr(rel, rel.WhichOneof("rel_type") or "", None)
-    return body.common if body is not None and "common" in body.DESCRIPTOR.fields_by_name else None
-
-
-def _mapping(common: RelCommon, width: int) -> list[int]:
-    """The positions a relation's emit outputs (all `width` of them without one)."""
-    mapping = list(common.emit.output_mapping) if common.HasField("emit") else list(range(width))
-    if any(not 0 <= i < width for i in mapping):
-        raise InvalidArgument(f"an emit names a field beyond the {width} of its relation")
-    return mapping
-
-
-def _references(message: Message) -> set[int]:
-    """The input positions the plain field references inside a message read."""
-    found = set()
-    if isinstance(message, Expression):
-        position = field_position(message)
-        if position is not None:
-            return {position}
-    for descriptor, value in message.ListFields():
-        if descriptor.message_type is not None:
-            for item in ([value] if isinstance(value, Message) else value):
-                found |= _references(item)
-    return found
-
-
 class _Importer:
-    """Lowers a plan's relations to steps.
-
-    Each plan relation becomes one step (none when it is already a named
-    relation), named by its hint alias when it has a free one, in the plan's
-    order. An ai_filter FilterRel becomes an AI filter step, nested ones (or ones
-    under a FetchRel) an AI filter chain; a ProjectRel's ai_bool, ai_score and
-    ai_classify expressions become AI steps adding their columns. A document
-    argument that is a string column nothing else keeps is read as it is; any
-    other is first cast to text by a SQL step.
-    """
+    """Lowers a plan's root relation to one SELECT, the plan relations it reads (ReferenceRels) its CTEs."""
 
     def __init__(self, plan: Plan, catalog: Catalog) -> None:
         self.plan = plan
         self.catalog = catalog
-        self.functions = declared_functions(plan)
-        self.sql = SQLExpressions(self.functions, self._subquery)
-        self.steps: list[Step] = []
-        self.tables: list[str] = []
-        self.used: set[str] = set()
+        self.sql = SQLExpressions(declared_functions(plan), self._subquery)
+        self.ctes: list[tuple[str, exp.Select]] = []
         self.done: dict[int, Rows] = {}
         self.active: set[int] = set()
         self.aliases = 0
-        self.nested = 0  # how deep in subquery expressions the relations being lowered are
         self._rels: dict[str, Callable[[Message], Rows]] = {
             "read": self._read, "reference": lambda r: self._plan_rel(r.subtree_ordinal), "filter": self._filter,
             "project": self._project, "join": self._join, "cross": self._cross, "aggregate": self._aggregate,
             "sort": self._sort, "fetch": self._fetch, "set": self._set,
         }
 
-    def physical(self) -> PhysicalPlan:
+    def query(self) -> exp.Select:
+        """The root relation as a SELECT naming its columns as the root does, the plan relations it reads
+        before it as CTEs."""
         roots = [r.root for r in self.plan.relations if r.WhichOneof("rel_type") == "root"]
         if len(roots) != 1:
             raise InvalidArgument(f"a Substrait plan needs one root relation, this one has {len(roots)}")
         (root,) = roots
-        for ordinal, relation in enumerate(self.plan.relations):  # in the plan's order: the steps keep theirs
-            if relation.WhichOneof("rel_type") == "rel":
-                self._plan_rel(ordinal)
         rows = self.rel(root.input)
         names = list(root.names)
         if len(names) != len(rows.names):
             raise InvalidArgument(f"the plan's root names {len(names)} columns; its relation gives {len(rows.names)}")
-        if rows.name in self.tables:  # the result is a step's output, never a stored table
-            rows = Rows(rows.names, rows.types, rows.select_all(self._alias()))
-        common = _common(root.input)
-        result = self._materialize(rows, names, (common.hint.alias if common else "") or RESULT, "result")
-        return PhysicalPlan(tuple(self.steps), tuple(self.tables), result.name)
-
-    # -- names and steps -------------------------------------------------------------------
+        query = rows.query.copy() if rows.query is not None else rows.select_all(self._alias())
+        query.set("expressions", [exp.alias_(e.unalias(), _ident(n)) for e, n in zip(query.expressions, names)])
+        for name, body in self.ctes:
+            query = query.with_(_ident(name), as_=body, copy=False)
+        return query
 
     def _alias(self) -> str:
+        """A fresh name for a derived table or a CTE (never a stored table's)."""
         self.aliases += 1
+        while self.catalog.has(f"__s{self.aliases}"):
+            self.aliases += 1
         return f"__s{self.aliases}"
 
-    def _claim(self, wanted: str, stem: str) -> str:
-        """A step output name: `wanted` when it is free, else a fresh one."""
-        name, n = wanted, 0
-        while not name or name.lower() in self.used or self.catalog.has(name):
-            n += 1
-            name = f"__quail_{stem}_{n}"
-        self.used.add(name.lower())
-        return name
-
-    def _named(self, rows: Rows, stem: str = "step") -> Rows:
-        """The rows as a named relation (their SELECT a SQL step of its own)."""
-        return rows if rows.name is not None else self._materialize(rows, rows.names, "", stem)
-
-    def _materialize(self, rows: Rows, names: list[str], wanted: str, stem: str) -> Rows:
-        """The rows as a relation named `wanted` (when free) with these column names."""
-        if rows.name is not None and names == rows.names:
-            return rows
-        alias = self._alias()
-        query = rows.query.copy() if rows.query is not None else rows.select_all(alias)
-        query.set("expressions", [exp.alias_(e.unalias(), _ident(n)) for e, n in zip(query.expressions, names)])
-        name = self._claim(wanted, stem)
-        self.steps.append(SQLStep(query.sql("duckdb"), name))
-        return Rows(names, rows.types, name=name)
+    def _open(self, rows: Rows) -> tuple[exp.Select, list[Field]]:
+        """A SELECT of the rows that a relation over them may extend, and its columns as that relation reads
+        them: the rows' own SELECT when it is plain (its columns' expressions), else one reading the rows."""
+        query = rows.query.copy() if rows.query is not None and _plain(rows.query) else rows.select_all(self._alias())
+        return query, [Field(e.unalias(), t) for e, t in zip(query.expressions, rows.types)]
 
     def _emitted(self, rows: Rows, common: RelCommon) -> Rows:
         """The columns a relation's emit chooses."""
-        mapping = _mapping(common, len(rows.names))
-        if mapping == list(range(len(rows.names))):
+        width = len(rows.names)
+        mapping = list(common.emit.output_mapping) if common.HasField("emit") else list(range(width))
+        if any(not 0 <= i < width for i in mapping):
+            raise InvalidArgument(f"an emit names a field beyond the {width} of its relation")
+        if mapping == list(range(width)):
             return rows
         query = rows.query.copy() if rows.query is not None else rows.select_all(self._alias())
         names = _unique([rows.names[i] for i in mapping])
@@ -232,16 +183,12 @@ class _Importer:
         return Rows(names, [rows.types[i] for i in mapping], query)
 
     def _subquery(self, rel: Rel) -> tuple[exp.Select, list[Type]]:
-        """A subquery expression's relation as one SELECT (no steps: it may read the enclosing query's columns)."""
-        self.nested += 1
-        try:
-            rows = self.rel(rel)
-        finally:
-            self.nested -= 1
+        """A subquery expression's relation as one SELECT (it may read the enclosing query's columns)."""
+        rows = self.rel(rel)
         return (rows.query if rows.query is not None else rows.select_all(self._alias())), rows.types
 
     def _plan_rel(self, ordinal: int) -> Rows:
-        """The step computing a plan relation that a ReferenceRel reads."""
+        """The CTE computing a plan relation that a ReferenceRel reads."""
         if ordinal in self.done:
             return self.done[ordinal]
         if not 0 <= ordinal < len(self.plan.relations) or self.plan.relations[ordinal].WhichOneof("rel_type") != "rel":
@@ -249,12 +196,10 @@ class _Importer:
         if ordinal in self.active:
             raise InvalidArgument(f"plan relation {ordinal} references itself")
         self.active.add(ordinal)
-        rel = self.plan.relations[ordinal].rel
-        rows = self.rel(rel)
-        common = _common(rel)
-        hinted = list(common.hint.output_names) if common else []
-        names = hinted if len(hinted) == len(rows.names) and _unique(hinted) == hinted else rows.names
-        self.done[ordinal] = self._materialize(rows, names, common.hint.alias if common else "", "rel")
+        rows = self.rel(self.plan.relations[ordinal].rel)
+        name = self._alias()
+        self.ctes.append((name, rows.query if rows.query is not None else rows.select_all(self._alias())))
+        self.done[ordinal] = Rows(rows.names, rows.types, name=name)
         return self.done[ordinal]
 
     # -- relations -------------------------------------------------------------------------
@@ -272,9 +217,7 @@ class _Importer:
         known = [p.lower() for p in prefix] in ([], [SCHEMA_NAME], [CATALOG_NAME, SCHEMA_NAME])
         if not known or not self.catalog.has(name):
             raise NotFound(f"table {'.'.join(names)!r} does not exist")
-        if name.lower() not in (t.lower() for t in self.tables):
-            self.tables.append(name)
-        return next(t for t in self.tables if t.lower() == name.lower())
+        return name
 
     def _read(self, read: ReadRel) -> Rows:
         if read.WhichOneof("read_type") != "named_table":
@@ -300,24 +243,19 @@ class _Importer:
         return self._emitted(rows, read.common)
 
     def _where(self, rows: Rows, condition: Expression) -> Rows:
-        alias = self._alias()
-        return Rows(rows.names, rows.types, rows.select_all(alias).where(self.sql.sql(condition, rows.fields(alias))))
+        query, fields = self._open(rows)
+        return Rows(rows.names, rows.types, query.where(self.sql.sql(condition, fields), copy=False))
 
     def _filter(self, node: FilterRel) -> Rows:
-        if self._ai_call(node.condition) is not None:
-            return self._ai_filters(node, None)
         return self._emitted(self._where(self.rel(node.input), node.condition), node.common)
 
     def _project(self, node: ProjectRel) -> Rows:
-        if any(self._ai_call(e) is not None for e in node.expressions):
-            return self._ai_project(node)
         rows = self.rel(node.input)
-        alias = self._alias()
-        fields = rows.fields(alias)
-        values = [self.sql.expression(e, fields) for e in node.expressions]
+        query, fields = self._open(rows)
+        values = [Field(*self.sql.expression(e, fields)) for e in node.expressions]
         names = _unique(rows.names + [f"expr_{k}" for k in range(len(values))])
-        query = _select(fields + [Field(v, t) for v, t in values], names).from_(rows.source(alias))
-        return self._emitted(Rows(names, rows.types + [t for _, t in values], query), node.common)
+        query.set("expressions", _aliased(fields + values, names))
+        return self._emitted(Rows(names, rows.types + [v.type for v in values], query), node.common)
 
     def _joined(self, left: Rows, right: Rows, join: Callable[[str, str, list[Field]], exp.Join]) -> Rows:
         la, ra = self._alias(), self._alias()
@@ -351,8 +289,7 @@ class _Importer:
         if len(node.groupings) > 1:
             raise Unimplemented("Substrait import: several grouping sets are not supported")
         rows = self.rel(node.input)
-        alias = self._alias()
-        fields = rows.fields(alias)
+        query, fields = self._open(rows)
         references = list(node.groupings[0].expression_references) if node.groupings else []
         if any(not 0 <= r < len(node.grouping_expressions) for r in references):
             raise InvalidArgument("a grouping names a grouping expression the AggregateRel does not have")
@@ -366,22 +303,20 @@ class _Importer:
         names = _unique([rows.names[field_position(k)] if field_position(k) is not None else f"group_{i}"
                          for i, k in enumerate(keys)] + [f"measure_{i}" for i in range(len(measures))])
         values = [Field(v, t) for v, t in grouped + measures]
-        query = _select(values, names).from_(rows.source(alias))
+        query.set("expressions", _aliased(values, names))
         if grouped:
-            query = query.group_by(*(v.copy() for v, _ in grouped))
+            query = query.group_by(*(v.copy() for v, _ in grouped), copy=False)
         return self._emitted(Rows(names, [v.type for v in values], query), node.common)
 
     def _sort(self, node: SortRel) -> Rows:
         rows = self.rel(node.input)
-        alias = self._alias()
-        keys = [self.sql.ordered(s, rows.fields(alias)) for s in node.sorts]
-        return self._emitted(Rows(rows.names, rows.types, rows.select_all(alias).order_by(*keys)), node.common)
+        query, fields = self._open(rows)
+        keys = [self.sql.ordered(s, fields) for s in node.sorts]
+        return self._emitted(Rows(rows.names, rows.types, query.order_by(*keys, copy=False)), node.common)
 
     def _fetch(self, node: FetchRel) -> Rows:
         count = self._count(node.count_expr, "count") if node.HasField("count_expr") else None
         offset = self._count(node.offset_expr, "offset") if node.HasField("offset_expr") else 0
-        if count is not None and not offset and self._is_ai_filter(node.input):
-            return self._emitted(self._ai_filters(node.input.filter, count), node.common)
         rows = self.rel(node.input)
         merge = rows.query is not None and not any(rows.query.args.get(k) for k in ("limit", "offset"))
         query = rows.query.copy() if merge else rows.select_all(self._alias())
@@ -414,152 +349,3 @@ class _Importer:
         query = exp.select(*(exp.alias_(f.sql, _ident(n)) for f, n in zip(first.fields(alias), first.names)))
         query = query.from_(exp.Subquery(this=union, alias=exp.TableAlias(this=_ident(alias))))
         return self._emitted(Rows(first.names, first.types, query), node.common)
-
-    # -- AI functions ----------------------------------------------------------------------
-
-    def _ai_call(self, expression: Expression) -> _AICall | None:
-        """The AI function call an expression is (its arguments checked), None when it is none."""
-        function = expression.scalar_function
-        declared = self.functions.get(function.function_reference) if expression.HasField("scalar_function") else None
-        if declared is None or declared.urn != AI_URN or declared.base not in _AI_KINDS:
-            return None
-        if self.nested:
-            raise Unimplemented("Substrait import: AI functions inside subquery expressions are not supported")
-        args = function.arguments
-        generating = _AI_KINDS[declared.base] == "complete"
-        if len(args) != 7 + generating:
-            raise InvalidArgument(f"{declared.base} takes {7 + generating} arguments (template, layout, answers, "
-                                  f"anchor, selectivity, labels, documents{', generation' if generating else ''}), "
-                                  f"not {len(args)}")
-        template, anchor, selectivity = (_literal(args[i], name, declared.base) for i, name in
-                                         ((0, "string"), (3, "i32"), (4, "fp64")))
-        layout, answers = args[1].enum, args[2].enum
-        labels = tuple(v.string for v in args[5].value.literal.list.values)
-        documents = list(args[6].value.nested.list.values)
-        listed = (args[5].value.literal.WhichOneof("literal_type") in ("list", "empty_list"),
-                  args[6].value.nested.WhichOneof("nested_type") == "list")
-        generation = Generation.from_json(_literal(args[7], "string", declared.base)) if generating else None
-        call = _AICall(_AI_KINDS[declared.base], template, layout, answers, anchor, selectivity, labels, documents,
-                       generation)
-        problems = [layout not in LAYOUTS and f"layout {layout!r}", answers not in _ANSWERS and f"answers {answers!r}",
-                    not listed[0] and "labels (a list literal)",
-                    not (listed[1] and documents) and "documents (a nested list of expressions)",
-                    not 0 <= anchor < len(documents) and f"anchor {anchor}",
-                    not 0 < selectivity <= 1 and f"selectivity {selectivity}",
-                    (call.kind == "classify") != bool(labels) and "labels (classify only)",
-                    generating != (answers == "text") and f"answers {answers!r} for {declared.base}"]
-        problems = [p for p in problems if p]
-        if problems:
-            raise InvalidArgument(f"{declared.base}: bad {', '.join(problems)}")
-        return call
-
-    def _is_ai_filter(self, rel: Rel) -> bool:
-        return rel.HasField("filter") and self._ai_call(rel.filter.condition) is not None
-
-    def _ask(self, call: _AICall, current: Rows, inputs: list[str], keep: set[str], output: str, column: str) -> Rows:
-        """One AI step over a named relation, whose field references name the columns `inputs` names. Documents
-        that are string columns nothing else needs (`keep`: names needed later) are read directly and dropped
-        by the step; others first become text columns."""
-        positions = [field_position(d) for d in call.documents]
-        if any(p is not None and not 0 <= p < len(inputs) for p in positions):
-            raise InvalidArgument(f"an AI function's document names a field beyond the {len(inputs)} of its input")
-        types = dict(zip(current.names, current.types))
-        names = [inputs[p] if p is not None else None for p in positions]
-        if None not in names and len(set(names)) == len(names) and not keep & set(names) and \
-                all(kind(types[n]) in STRINGS for n in names):
-            args = names
-        else:
-            current, args = self._as_text(current, call.documents, inputs)
-        name = self._claim(output, "ai")
-        self.steps.append(AIStep(current.name, name, call.kind, call.template, tuple(args), call.layout, call.labels,
-                                 column, call.selectivity, call.anchor, call.answers, generation=call.generation))
-        kept = [i for i, n in enumerate(current.names) if n not in args]
-        return Rows([current.names[i] for i in kept] + ([column] if column else []),
-                    [current.types[i] for i in kept] + ([from_arrow(KINDS[call.kind].value)] if column else []),
-                    name=name)
-
-    def _as_text(self, current: Rows, documents: list[Expression], inputs: list[str]) -> tuple[Rows, list[str]]:
-        """A SQL step adding the documents, cast to text, as columns; their names."""
-        alias = self._alias()
-        fields = current.fields(alias)
-        by_name = dict(zip(current.names, fields))
-        names = _unique(current.names + [f"__quail_doc_{k}" for k in range(len(documents))])
-        texts = [Field(exp.cast(self.sql.sql(d, [by_name.get(n) for n in inputs]), "VARCHAR"), of("string"))
-                 for d in documents]
-        query = _select(fields + texts, names).from_(current.source(alias))
-        return self._named(Rows(names, current.types + [t.type for t in texts], query)), names[len(current.names):]
-
-    def _ai_filters(self, top: FilterRel, limit: int | None) -> Rows:
-        """Nested AI FilterRels, innermost first, as AI filter steps: one chain when they follow one another
-        directly and are several or under a limit; otherwise (a SQL step between them) a LIMIT after them."""
-        stack = [top]
-        while self._is_ai_filter(stack[-1].input):
-            stack.append(stack[-1].input.filter)
-        current = self._named(self.rel(stack[-1].input))
-        start = len(self.steps)
-        for node in reversed(stack):
-            call = self._ai_call(node.condition)
-            mapping = _mapping(node.common, len(current.names))
-            wanted = [current.names[i] for i in mapping]
-            current = self._ask(call, current, current.names, set(wanted), node.common.hint.alias, "")
-            current = self._named(self._columns(current, wanted))
-        asked = self.steps[start:]
-        if all(isinstance(s, AIStep) for s in asked) and (limit is not None or len(asked) > 1):
-            self.steps[start:] = [AIFilterChain.over(asked, limit)]
-        elif limit is not None:
-            current = Rows(current.names, current.types, current.select_all(self._alias()).limit(limit))
-        return current
-
-    def _columns(self, rows: Rows, names: list[str]) -> Rows:
-        """The named rows' columns of these names, in this order."""
-        if names == rows.names:
-            return rows
-        if any(n not in rows.names for n in names):
-            raise InvalidArgument(f"an AI relation's emit keeps a column its step drops: {names}")
-        alias = self._alias()
-        fields = {n: f for n, f in zip(rows.names, rows.fields(alias))}
-        unique = _unique(names)
-        query = _select([fields[n] for n in names], unique).from_(rows.source(alias))
-        return Rows(unique, [fields[n].type for n in names], query)
-
-    def _ai_project(self, node: ProjectRel) -> Rows:
-        """A ProjectRel with AI expressions: an AI step per AI expression, then its other expressions and emit."""
-        current = self._named(self.rel(node.input))
-        base = len(current.names)
-        mapping = _mapping(node.common, base + len(node.expressions))
-        hinted = list(node.common.hint.output_names)
-        calls = {k: self._ai_call(e) for k, e in enumerate(node.expressions)}
-        asks = [k for k, call in calls.items() if call is not None]
-        originals, columns = list(current.names), {}
-        for k in asks:  # each AI value's column: named as the hint names its output, else afresh
-            wanted = hinted[mapping.index(base + k)] if len(hinted) == len(mapping) and base + k in mapping else ""
-            columns[k] = _unique([*originals, *columns.values(), wanted or f"__quail_value_{k}"])[-1]
-        for k in asks:
-            needed = {i for i in mapping if i < base}.union(*(_references(e) for j, e in enumerate(node.expressions)
-                                                              if j != k))
-            output = node.common.hint.alias if k == asks[-1] else ""
-            current = self._ask(calls[k], current, originals, {originals[i] for i in needed if i < base}, output,
-                                columns[k])
-        alias = self._alias()
-        fields = {n: f for n, f in zip(current.names, current.fields(alias))}
-        inputs = [fields.get(n) for n in originals]
-        chosen = []
-        for m in mapping:
-            if m < base:
-                chosen.append((originals[m], fields[originals[m]]))
-            elif m - base in columns:
-                chosen.append((columns[m - base], fields[columns[m - base]]))
-            else:
-                chosen.append((f"expr_{m - base}", Field(*self.sql.expression(node.expressions[m - base], inputs))))
-        names = _unique([n for n, _ in chosen])
-        if names == current.names and all(m < base or m - base in columns for m in mapping):
-            return current
-        query = _select([f for _, f in chosen], names).from_(current.source(alias))
-        return Rows(names, [f.type for _, f in chosen], query)
-
-
-def _literal(argument: Message, kind_: str, function: str) -> object:
-    literal = argument.value.literal
-    if argument.WhichOneof("arg_type") != "value" or literal.WhichOneof("literal_type") != kind_:
-        raise InvalidArgument(f"{function}: expected a {kind_} literal argument")
-    return getattr(literal, kind_)

@@ -1,21 +1,29 @@
-"""Substrait expressions back to DuckDB SQL (sqlglot trees) over an input's columns, with their types."""
+"""Substrait expressions back to DuckDB SQL (sqlglot trees) over an input's columns, with their types.
+
+- Standard functions become DuckDB's operators and functions.
+- Quail's AI functions become Quail's own SQL calls (AI_FILTER(PROMPT('...', ...), {...}), AI_SCORE,
+  AI_CLASSIFY, AI_COMPLETE), which the planner binds as it binds a query's; a call's layout is advisory.
+"""
 
 from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Callable
+from typing import Any, Callable, NamedTuple, Sequence
 
 from sqlglot import exp
-from substrait.algebra_pb2 import AggregateFunction, AggregationPhase, Expression, Rel, SortField
+from substrait.algebra_pb2 import AggregateFunction, AggregationPhase, Expression, FunctionArgument, Rel, SortField
 from substrait.type_pb2 import Type
 
+from quail.engine.ai.kinds import DEFAULT_SELECTIVITY, KINDS
+from quail.engine.ai.options import Generation
 from quail.engine.errors import InvalidArgument, Unimplemented
+from quail.engine.runtime.prompt import LAYOUTS
 
 from quail.planner.substrait.expressions import SORT_DIRECTIONS, field_position
-from quail.planner.substrait.functions import AI_URN, CLASSIFY_JSON, Declared
-from quail.planner.substrait.types import INTEGERS, kind, of, to_sql
+from quail.planner.substrait.functions import AI_FUNCTIONS, AI_URN, CLASSIFY_JSON, Declared
+from quail.planner.substrait.types import INTEGERS, from_arrow, kind, of, to_sql
 
 E = Expression
 STANDARD_URN = "extension:io.substrait:"
@@ -29,6 +37,11 @@ _LITERAL_TYPES = {"boolean": "bool", "i8": "i8", "i16": "i16", "i32": "i32", "i6
 _DIRECTIONS = {direction: order for order, direction in SORT_DIRECTIONS.items()} | {
     SortField.SORT_DIRECTION_UNSPECIFIED: (False, False)}
 EPOCH = datetime.date(1970, 1, 1)
+_AI_KINDS = {name: kind_ for kind_, name in AI_FUNCTIONS.items()}  # Substrait name → kind
+_AI_SQL = {"filter": "AI_FILTER", "bool": "AI_FILTER", "score": "AI_SCORE", "classify": "AI_CLASSIFY",
+           "complete": "AI_COMPLETE"}
+_ANSWERS = ("letters", "names", "text")
+_GENERATION_OPTIONS = ("max_tokens", "temperature", "top_p", "stop")
 
 
 @dataclass(frozen=True)
@@ -168,6 +181,8 @@ class SQLExpressions:
     def _function(self, expression: Expression, fields: list[Field]) -> tuple[exp.Expression, Type]:
         function = expression.scalar_function
         declared = self.declared(function.function_reference)
+        if declared.urn == AI_URN and declared.base in _AI_KINDS:
+            return self._ai(declared.base, function.arguments, fields)
         if any(a.WhichOneof("arg_type") != "value" for a in function.arguments):
             raise Unimplemented(f"Substrait import: {declared.name} with enumeration or type arguments "
                                 f"is not supported here")
@@ -179,6 +194,21 @@ class SQLExpressions:
             raise Unimplemented(f"Substrait import: the function {declared.name} of {declared.urn or 'no URN'} "
                                 f"is not supported here")
         return self._standard(declared, function, args), function.output_type
+
+    def _ai(self, name: str, args: Sequence[FunctionArgument], fields: list[Field]) -> tuple[exp.Expression, Type]:
+        """ai_<kind>(...) as Quail's SQL call of PROMPT(template, documents...), its options those that differ
+        from the defaults; its value typed as the kind's."""
+        question = _question(name, args)
+        prompt = exp.Anonymous(this="PROMPT", expressions=[exp.Literal.string(question.template),
+                                                           *(self.sql(d, fields) for d in question.documents)])
+        value = from_arrow(KINDS[KINDS[question.kind].projected].value)
+        if question.kind == "classify":
+            return _classify(prompt, question), value
+        if question.generation is not None:
+            return _complete(prompt, question.generation), value
+        options = {"selectivity": question.selectivity} if question.selectivity != DEFAULT_SELECTIVITY else {}
+        options |= {"anchor": question.anchor} if question.anchor else {}
+        return exp.Anonymous(this=_AI_SQL[question.kind], expressions=[prompt, *_struct(options)]), value
 
     def _standard(self, declared: Declared, function: E.ScalarFunction,
                   args: list[tuple[exp.Expression, Type]]) -> exp.Expression:
@@ -214,6 +244,91 @@ def _one(values: list[exp.Expression], declared: Declared) -> exp.Expression:
     if len(values) != 1:
         raise InvalidArgument(f"Substrait import: {declared.name} takes one argument, not {len(values)}")
     return values[0]
+
+
+class _Question(NamedTuple):
+    """An AI function call's arguments, checked."""
+
+    kind: str
+    template: str
+    answers: str
+    anchor: int
+    selectivity: float
+    labels: list[str]
+    documents: list[Expression]
+    generation: Generation | None
+
+
+def _question(name: str, args: Sequence[FunctionArgument]) -> _Question:
+    """The arguments of ai_<kind>(template, layout, answers, anchor, selectivity, labels, documents[, generation]);
+    InvalidArgument naming those that are bad. The layout is checked, then left to the planner."""
+    kind_ = _AI_KINDS[name]
+    generating = kind_ == "complete"
+    if len(args) != 7 + generating:
+        raise InvalidArgument(f"{name} takes {7 + generating} arguments (template, layout, answers, anchor, "
+                              f"selectivity, labels, documents{', generation' if generating else ''}), "
+                              f"not {len(args)}")
+    template, anchor, selectivity = (_literal(args[i], type_, name) for i, type_ in
+                                     ((0, "string"), (3, "i32"), (4, "fp64")))
+    layout, answers = args[1].enum, args[2].enum
+    labels = [v.string for v in args[5].value.literal.list.values]
+    documents = list(args[6].value.nested.list.values)
+    listed = (args[5].value.literal.WhichOneof("literal_type") in ("list", "empty_list"),
+              args[6].value.nested.WhichOneof("nested_type") == "list")
+    problems = [layout not in LAYOUTS and f"layout {layout!r}", answers not in _ANSWERS and f"answers {answers!r}",
+                not listed[0] and "labels (a list literal)",
+                not (listed[1] and documents) and "documents (a nested list of expressions)",
+                not 0 <= anchor < len(documents) and f"anchor {anchor}",
+                not 0 < selectivity <= 1 and f"selectivity {selectivity}",
+                (kind_ == "classify") != bool(labels) and "labels (classify only)",
+                generating != (answers == "text") and f"answers {answers!r} for {name}"]
+    problems = [p for p in problems if p]
+    if problems:
+        raise InvalidArgument(f"{name}: bad {', '.join(problems)}")
+    generation = Generation.from_json(_literal(args[7], "string", name)) if generating else None
+    return _Question(kind_, template, answers, anchor, selectivity, labels, documents, generation)
+
+
+def _literal(argument: FunctionArgument, type_: str, function: str) -> Any:
+    literal = argument.value.literal
+    if argument.WhichOneof("arg_type") != "value" or literal.WhichOneof("literal_type") != type_:
+        raise InvalidArgument(f"{function}: expected a {type_} literal argument")
+    return getattr(literal, type_)
+
+
+def _constant(value: Any) -> exp.Expression:
+    """An option's value as SQL: a text, a number or a list of texts."""
+    if isinstance(value, (list, tuple)):
+        return exp.Array(expressions=[_constant(v) for v in value])
+    return exp.Literal.string(value) if isinstance(value, str) else exp.Literal.number(value)
+
+
+def _struct(options: dict[str, Any]) -> list[exp.Expression]:
+    """An options object ({'key': value, ...}) as a call's last argument; none when there are no options."""
+    pairs = [exp.PropertyEQ(this=exp.to_identifier(k), expression=_constant(v)) for k, v in options.items()]
+    return [exp.Struct(expressions=pairs)] if pairs else []
+
+
+def _classify(prompt: exp.Expression, question: _Question) -> exp.Expression:
+    """The label AI_CLASSIFY(prompt, [labels][, {'answers': 'names'}]) chooses: its value's :labels[0]."""
+    if question.anchor:
+        raise Unimplemented("Substrait import: ai_classify with an anchor other than 0 is not supported")
+    call = exp.Anonymous(this="AI_CLASSIFY", expressions=[
+        prompt, exp.Array(expressions=[exp.Literal.string(label) for label in question.labels]),
+        *_struct({"answers": question.answers} if question.answers != "letters" else {})])
+    path = exp.JSONPath(expressions=[exp.JSONPathRoot(), exp.JSONPathKey(this="labels"), exp.JSONPathSubscript(this=0)])
+    return exp.JSONExtractScalar(this=call, expression=path)
+
+
+def _complete(prompt: exp.Expression, generation: Generation) -> exp.Expression:
+    """AI_COMPLETE([model,] prompt[, options]): the generation's options that differ from the defaults, its
+    schema as the response_format (the answer then text, as ai_complete's is)."""
+    defaults = Generation()
+    options = {k: getattr(generation, k) for k in _GENERATION_OPTIONS if getattr(generation, k) != getattr(defaults, k)}
+    options |= {"response_format": generation.schema} if generation.schema is not None else {}
+    model = [exp.Literal.string(generation.model)] if generation.model is not None else []
+    call = exp.Anonymous(this="AI_COMPLETE", expressions=[*model, prompt, *_struct(options)])
+    return exp.cast(call, "VARCHAR") if generation.schema is not None else call
 
 
 def _classify_json(label: exp.Expression) -> exp.Expression:

@@ -1,10 +1,12 @@
 """Substrait export and import of optimized plans.
 
 Relational plans round-trip through bytes and run in DuckDB with the original
-SQL's rows; AI plans run against the real model (hash decisions, so row sets
-are non-trivial) with the original plan's rows and AI steps; the AI extension
-YAML declares what the plans call; errors are clear; and a real server returns
-`EXPLAIN (FORMAT SUBSTRAIT)` plans and runs them for the ADBC driver.
+SQL's rows; AI plans, planned again as SQL when imported, run against the real
+model (hash decisions, so row sets are non-trivial) asking the original plan's
+questions for its rows; hand-written plans get the SQL query's steps, the
+planner's rules included; the AI extension YAML declares what the plans call;
+errors are clear; and a real server returns `EXPLAIN (FORMAT SUBSTRAIT)` plans
+and runs them for the ADBC driver.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import pyarrow.flight as flight
 import pytest
 import yaml
 from google.protobuf.message import Message
-from substrait.algebra_pb2 import (ConsistentPartitionWindowRel, Expression, FilterRel, FunctionArgument, ProjectRel,
-                                   ReadRel, Rel, RelCommon, RelRoot)
+from substrait.algebra_pb2 import (ConsistentPartitionWindowRel, Expression, FetchRel, FilterRel, FunctionArgument,
+                                   ProjectRel, ReadRel, Rel, RelCommon, RelRoot)
 from substrait.extensions.extensions_pb2 import SimpleExtensionDeclaration, SimpleExtensionURN
 from substrait.plan_pb2 import Plan, PlanRel
 from substrait.type_pb2 import NamedStruct, Type
@@ -29,11 +31,12 @@ from substrait_extensions import extensions as standard_extensions
 from quail.engine.errors import InvalidArgument, NotFound, Unimplemented
 from quail.engine.exec.catalog import MemoryCatalog
 from quail.engine.exec.executor import execute
-from quail.engine.exec.plan import AIFilterChain, AIStep, JoinChoice
+from quail.engine.exec.plan import AIFilterChain, AIStep, JoinChoice, PhysicalPlan
+from quail.planner.ai_calls import CLASSIFY_TEMPLATE
 from quail.planner.planner import plan_sql
 from quail.planner.substrait.consumer import import_plan, parse_plan
-from quail.planner.substrait.expressions import field_ref
-from quail.planner.substrait.functions import AI_URN, AI_YAML
+from quail.planner.substrait.expressions import field_ref, literal
+from quail.planner.substrait.functions import AI_FUNCTIONS, AI_URN, AI_YAML
 from quail.planner.substrait.producer import export_plan
 from quail.server import sql_messages as sql
 
@@ -42,9 +45,9 @@ PEOPLE = pa.table({"id": pa.array([1, 2, 3, 4, 5], pa.int64()), "name": ["ann", 
                    "city_id": [10, 20, 10, None, 30]})
 CITIES = pa.table({"id": [10, 20, 40], "city": ["Oslo", "Rome", "Lima"]})
 REVIEWS = pa.table({"id": list(range(8)),
-                    "body": ["Great pasta, friendly staff.", "Cold soup, rude waiter.", "Far too expensive.", None,
-                             "Lovely garden terrace.", "Booking online was a nightmare.", "Best espresso in town.",
-                             "Noisy room, thin walls."],
+                    "body": ["Great pasta, friendly staff.", "Cold soup from a rude waiter: nothing to discuss.",
+                             "Far too expensive.", None, "Lovely garden terrace.", "Booking online was a nightmare.",
+                             "Best espresso in town.", "Noisy room, thin walls."],
                     "stars": [5, 1, 2, 3, 4, 1, 5, 2]})
 ASPECTS = pa.table({"id": [0, 1], "aspect": ["the food", "the price"]})
 O = "{'selectivity': 0.5}"
@@ -225,15 +228,10 @@ def session(hash_session):
     return hash_session(reviews=REVIEWS, aspects=ASPECTS)
 
 
-def asked(steps) -> list:
-    """The AI steps in order, a chain as its input, output and limit then its filters."""
-    out: list = []
-    for step in steps:
-        if isinstance(step, AIFilterChain):
-            out += [(step.input, step.output, step.limit), *step.filters]
-        elif isinstance(step, AIStep):
-            out.append(step)
-    return out
+def ai_steps(plan: PhysicalPlan) -> list[AIStep]:
+    """A plan's AI steps, a chain's filters each (a join chosen at run time: its planned order's)."""
+    steps = [s for step in plan.steps for s in step.planned()]
+    return [a for s in steps for a in (s.filters if isinstance(s, AIFilterChain) else [s]) if isinstance(a, AIStep)]
 
 
 @pytest.mark.parametrize("query, shape", [
@@ -257,51 +255,111 @@ def asked(steps) -> list:
 ], ids=["filter", "chain-limit", "join", "classify", "classify-label", "score", "bool", "left-join", "right-join",
         "correlated-not-exists", "join-choice", "complete"])
 def test_ai_plan_round_trip(session, query, shape):
+    """The imported plan is planned again as SQL: it asks the same questions and gives the query's rows. The
+    layout is advisory: an AI join exported over its row combinations (one relation) is asked in the filter
+    layout, so its rows are compared where decisions do not read the prompt's layout (by rule)."""
     planned = session.sql(query)
     assert any(isinstance(s, shape) for s in planned.plan.steps)
-    want = planned.run().table
     message = export_plan(planned.plan, session.catalog)
     data = message.SerializeToString()
     assert parse_plan(data) == message and AI_URN in {u.urn for u in message.extension_urns}
     imported = import_plan(data, session.catalog)
-    assert asked(imported.steps) == asked([s for step in planned.plan.steps for s in step.planned()]), "the same AI steps, fields and all"
-    assert imported.chunked == planned.plan.chunked
-    got = session.execute_substrait(data).table
+    asked, replanned = ai_steps(planned.plan), ai_steps(imported)
+    assert {(a.kind, a.template) for a in replanned} == {(a.kind, a.template) for a in asked}
+    assert {a.layout for a in replanned} == {"filter"}
+    decisions = "hash" if all(a.layout == "filter" for a in asked) else "rule"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(session.runtime, "decisions", decisions)
+        want, got = planned.run().table, session.execute_substrait(data).table
     assert got.schema.names == want.schema.names and columns(got) == columns(want)
     assert columns(want), "a non-trivial row set"
 
 
-def hand_written(session, query: str, relation: Callable[[Rel, list[Expression]], Rel], names: list[str]) -> Plan:
-    """A plan of one relation over the stored reviews (`relation` of its ReadRel and of the query's AI calls,
-    each made to read the stored body column itself)."""
+def pieces(message: Plan) -> tuple[Rel, dict[str, Expression]]:
+    """A plan's ReadRel of the stored reviews, and its function calls by name (an AI call by its template), each
+    AI call made to read the stored body column (field 1 of the read) itself."""
+    names = {d.extension_function.function_anchor: d.extension_function.name.split(":")[0] for d in message.extensions}
+    reads, calls = [], {}
+    todo: list[Message] = [message]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, Rel) and node.HasField("read"):
+            reads.append(node)
+        if isinstance(node, Expression) and node.HasField("scalar_function"):
+            call = node.scalar_function
+            if names[call.function_reference] in AI_FUNCTIONS.values():
+                call.arguments[6].value.nested.list.values[0].CopyFrom(field_ref(1))
+            calls[call.arguments[0].value.literal.string or names[call.function_reference]] = node
+        todo += [item for descriptor, value in node.ListFields() if descriptor.message_type is not None
+                 for item in ([value] if isinstance(value, Message) else value)]
+    return reads[0], calls
+
+
+def hand_written(session, query: str, relation: Callable[[Rel, dict[str, Expression]], Rel], names: list[str]) -> Plan:
+    """A plan of one relation over the stored reviews (`relation` of its ReadRel and of the calls of the query's
+    plan, by name: pieces)."""
     message = parse_plan(session.substrait(query))
-    calls = [e for r in message.relations[1:] if r.HasField("rel")
-             for e in ([r.rel.filter.condition] if r.rel.HasField("filter") else r.rel.project.expressions)]
-    for call in calls:
-        call.scalar_function.arguments[6].value.nested.list.values[0].CopyFrom(field_ref(1))
-    read = message.relations[0].rel.project.input
+    read, calls = pieces(message)
     del message.relations[:]
     message.relations.append(PlanRel(root=RelRoot(input=relation(read, calls), names=names)))
     return message
 
 
+def emit(*positions: int) -> RelCommon:
+    return RelCommon(emit=RelCommon.Emit(output_mapping=positions))
+
+
+def shape(plan: PhysicalPlan) -> list[tuple]:
+    """A plan's steps: an AI step's kind and question, a chain's questions in order and limit, whether a SQL
+    step filters rows."""
+    return [("chain", [f.template for f in s.filters], s.limit) if isinstance(s, AIFilterChain) else
+            (s.kind, s.template) if isinstance(s, AIStep) else ("sql", " WHERE " in s.sql) for s in plan.steps]
+
+
+def classified(calls: dict[str, Expression]) -> Expression:
+    """ai_classify_json of the ai_classify call itself: AI_CLASSIFY's value in one expression."""
+    value = Expression()
+    value.CopyFrom(calls["ai_classify_json"])
+    value.scalar_function.arguments[0].value.CopyFrom(calls[CLASSIFY_TEMPLATE])
+    return value
+
+
+KIND, SHORT = "Is {0} kind?", "Is {0} short?"
+TWO_FILTERS = f"AI_FILTER(PROMPT('{KIND}', body)) AND AI_FILTER(PROMPT('{SHORT}', body), {{'selectivity': 0.4}})"
+
+
 @pytest.mark.parametrize("query, relation, steps", [
     (f"SELECT id, body FROM reviews WHERE AI_FILTER(PROMPT('Is {{0}} a complaint?', body), {O})",
-     lambda read, calls: Rel(filter=FilterRel(input=read, condition=calls[0],
-                                              common=RelCommon(emit=RelCommon.Emit(output_mapping=[0, 1])))),
-     ["SQLStep", "AIStep", "SQLStep"]),
+     lambda read, calls: Rel(filter=FilterRel(input=read, condition=calls["Is {0} a complaint?"], common=emit(0, 1))),
+     [("sql", False), ("filter", "Is {0} a complaint?"), ("sql", False)]),
     ("SELECT id, AI_SCORE(PROMPT('Is {0} kind?', body)) AS s, AI_FILTER(PROMPT('Is {0} long?', body)) AS b "
      "FROM reviews",
-     lambda read, calls: Rel(project=ProjectRel(input=read, expressions=calls,
-                                                common=RelCommon(emit=RelCommon.Emit(output_mapping=[0, 3, 4])))),
-     ["SQLStep", "AIStep", "SQLStep", "AIStep", "SQLStep"]),
-], ids=["filter-keeps-its-document", "two-ai-values-in-one-project"])
+     lambda read, calls: Rel(project=ProjectRel(input=read, expressions=[calls[KIND], calls["Is {0} long?"]],
+                                                common=emit(0, 3, 4))),
+     [("sql", False), ("score", KIND), ("bool", "Is {0} long?"), ("sql", False)]),
+    ("SELECT id, AI_CLASSIFY(body, ['food', 'price']) AS c FROM reviews",
+     lambda read, calls: Rel(project=ProjectRel(input=read, expressions=[classified(calls)], common=emit(0, 3))),
+     [("sql", False), ("classify", CLASSIFY_TEMPLATE), ("sql", False)]),
+    (f"SELECT id FROM reviews WHERE {TWO_FILTERS} AND stars > 1",
+     lambda read, calls: Rel(filter=FilterRel(condition=calls["gt"], common=emit(0), input=Rel(filter=FilterRel(
+         condition=calls[SHORT], input=Rel(filter=FilterRel(input=read, condition=calls[KIND])))))),
+     [("sql", True), ("chain", [KIND, SHORT], None), ("sql", False)]),
+    (f"SELECT id FROM reviews WHERE {TWO_FILTERS} LIMIT 2",
+     lambda read, calls: Rel(fetch=FetchRel(count_expr=literal("i64", 2).expression, common=emit(0), input=Rel(
+         filter=FilterRel(condition=calls[KIND], input=Rel(filter=FilterRel(input=read, condition=calls[SHORT])))))),
+     [("sql", False), ("chain", [KIND, SHORT], 2), ("sql", False)]),
+], ids=["filter-keeps-its-document", "two-ai-values-in-one-project", "classify-value",
+        "relational-condition-above-ai-filters", "limit-above-ai-filters"])
 def test_hand_written_ai_plans(session, query, relation, steps):
-    """AI calls reading a stored string column that stays in the output: the importer casts it to a document
-    column first, one step per call; the rows are the SQL query's."""
-    want = session.sql(query).run().table
+    """A hand-written plan is planned as its SQL query is, in whatever order its relations are written: the
+    rules run on it (a relational condition above AI filters runs before the model, in the first statement;
+    the AI filters are asked cheapest first, as one chain; a limit above them stops the chain once enough
+    rows passed). The same steps as SQL's, streamed alike; the same rows."""
+    planned = session.sql(query)
+    want = planned.run().table
     message = hand_written(session, query, relation, want.schema.names)
-    assert [type(s).__name__ for s in import_plan(message.SerializeToString(), session.catalog).steps] == steps
+    imported = import_plan(message.SerializeToString(), session.catalog)
+    assert shape(imported) == shape(planned.plan) == steps and imported.chunked == planned.plan.chunked
     assert sorted(columns(session.execute_substrait(message.SerializeToString()).table)) == sorted(columns(want))
 
 
