@@ -17,6 +17,8 @@
   (asymptotic) bounds; here uniform draws and exact binomial bounds: valid at any sample size, at the cost
   of more draws when positives are rare. A weak proxy widens the band towards every row; model work is
   the sample plus the band, never more than the table (no row is asked twice).
+- Classification (AI_CLASSIFY) with an accuracy target shares the sample, the tests and `Known`:
+  engine/ai/cascade_classify.py.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ EMBED_CHUNK = 4096  # rows embedded and scored at a time
 
 
 class Verdict(IntEnum):
-    """What becomes of a row: decided by the proxy, asked of the model, or already labeled in the sample."""
+    """What becomes of a row: decided by the proxy, asked of the model, or already labeled in the sample.
+
+    A classification's proxy decides by ACCEPT (its category is the row's); it never rejects.
+    """
 
     REJECT = 0
     ACCEPT = 1
@@ -47,16 +52,24 @@ class Verdict(IntEnum):
 
 @dataclass(frozen=True)
 class Targets:
-    """Recall and / or precision against the exact answer, each met with probability >= confidence."""
+    """A filter's recall and / or precision, or a classification's accuracy, each met with probability >= confidence.
+
+    One class for both, so that options parse alike and a plan step carries one field; `kind` says which
+    operator the targets are for, and a filter's targets never mix with a classification's.
+    """
 
     recall: float | None = None
     precision: float | None = None
     confidence: float = 0.95
+    accuracy: float | None = None  # share of rows whose category is the model's (AI_CLASSIFY)
 
     def __post_init__(self) -> None:
-        if self.recall is None and self.precision is None:
-            raise InvalidArgument("a cascade needs a recall or a precision target")
-        for name, closed in (("recall", True), ("precision", True), ("confidence", False)):
+        if self.recall is None and self.precision is None and self.accuracy is None:
+            raise InvalidArgument("a cascade needs a recall, a precision or an accuracy target")
+        if self.accuracy is not None and (self.recall is not None or self.precision is not None):
+            raise InvalidArgument("accuracy is a classification's target, recall and precision a filter's: "
+                                  "not both")
+        for name, closed in (("recall", True), ("precision", True), ("accuracy", True), ("confidence", False)):
             value = getattr(self, name)
             if value is None and closed:
                 continue
@@ -70,14 +83,26 @@ class Targets:
         >>> Targets(recall=0.9).describe()
         'recall 0.9 at confidence 0.95'
         """
-        wanted = [f"{name} {value:g}" for name, value in (("recall", self.recall), ("precision", self.precision))
-                  if value is not None]
+        wanted = [f"{name} {value:g}" for name, value in self._given()]
         return f"{' and '.join(wanted)} at confidence {self.confidence:g}"
+
+    def _given(self) -> list[tuple[str, float]]:
+        return [(name, value) for name, value in (("recall", self.recall), ("precision", self.precision),
+                                                  ("accuracy", self.accuracy)) if value is not None]
+
+    @property
+    def kind(self) -> str:
+        """The AI function kind (engine/ai/kinds.py) the targets are for: "filter" or "classify".
+
+        >>> Targets(accuracy=0.9).kind, Targets(precision=0.8).kind
+        ('classify', 'filter')
+        """
+        return "classify" if self.accuracy is not None else "filter"
 
     @property
     def delta(self) -> float:
-        """Each target's failure probability: 1 - confidence, halved when both are set."""
-        return (1.0 - self.confidence) / ((self.recall is not None) + (self.precision is not None))
+        """Each target's failure probability: 1 - confidence, halved when both recall and precision are set."""
+        return (1.0 - self.confidence) / len(self._given())
 
 
 def binomial_cdf(x: int, n: int, p: float) -> float:
@@ -122,11 +147,10 @@ def calibration_draws(targets: Targets) -> int:
     threshold at all; twenty times that leaves, at 10% selectivity, twice that many positives. A
     target of 1 is met only by asking every row: no draws for it.
 
-    >>> calibration_draws(Targets(recall=0.9)), calibration_draws(Targets(recall=1.0))
+    >>> calibration_draws(Targets(recall=0.9)), calibration_draws(Targets(accuracy=1.0))
     (600, 0)
     """
-    needed = [math.log(1.0 / targets.delta) / (1.0 - t)
-              for t in (targets.recall, targets.precision) if t is not None and t < 1.0]
+    needed = [math.log(1.0 / targets.delta) / (1.0 - t) for _, t in targets._given() if t < 1.0]
     return math.ceil(CALIBRATION_FACTOR * max(needed)) if needed else 0
 
 
@@ -165,7 +189,7 @@ def draw_sample(n_rows: int, targets: Targets, rng: np.random.Generator) -> Samp
     return Sample(fit, rest[rng.integers(0, len(rest), size=draws)] if draws else np.zeros(0, dtype=np.int64))
 
 
-def _most(passes: Callable[[int], bool], limit: int) -> int:
+def largest_passing(passes: Callable[[int], bool], limit: int) -> int:
     """The largest x in [0, limit] with passes(x), for a test that passes up to some x and fails after; -1 if none."""
     low, high = -1, limit
     while low < high:
@@ -183,7 +207,7 @@ def lower_threshold(positive_scores: np.ndarray, recall: float, delta: float) ->
     k = len(positive_scores)
     if recall >= 1.0 or k == 0:
         return -math.inf, 0
-    j = _most(lambda j: binomial_cdf(j - 1, k, 1.0 - recall) <= delta, k)
+    j = largest_passing(lambda j: binomial_cdf(j - 1, k, 1.0 - recall) <= delta, k)
     return (float(np.sort(positive_scores)[j - 1]) if j > 0 else -math.inf), max(j, 0)
 
 
@@ -214,18 +238,59 @@ def upper_threshold(population: np.ndarray, positive_draws: int, negative_scores
     """
     if share <= 0.0:
         return math.inf
-    highest = np.sort(negative_scores)[::-1]
-    f = _most(lambda f: binomial_cdf(f, positive_draws + f, share) <= delta, len(highest))
+    return threshold_above(population, negative_scores,
+                           lambda f: binomial_cdf(f, positive_draws + f, share) <= delta)[0]
+
+
+def threshold_above(population: np.ndarray, false_scores: np.ndarray,
+                    passes: Callable[[int], bool]) -> tuple[float, int]:
+    """(t, f): the lowest t among the population's scores with at most f false draws at or above it, f the
+    most false draws (at most all of them) that `passes` (monotone: passes up to some f, fails after);
+    (inf, -1) when none passes: nothing at or above.
+
+    >>> threshold_above(np.arange(10.0), np.array([8.5, 3.5, 1.0]), lambda f: f <= 1)
+    (4.0, 1)
+    """
+    highest = np.sort(false_scores)[::-1]
+    f = largest_passing(passes, len(highest))
     if f < 0:
-        return math.inf
+        return math.inf, f
     if f == len(highest):
-        return float(population.min())
+        return float(population.min()), f
     above = population[population > highest[f]]
-    return float(above.min()) if len(above) else math.inf
+    return (float(above.min()) if len(above) else math.inf), f
+
+
+class Accounting:
+    """What every cascade's report tells alike: the rows the model answered, its figures, its opening words."""
+
+    sample_rows: int
+    fit_rows: int
+    calibration_draws: int
+    asked: int
+    remembered: int
+
+    @property
+    def model_rows(self) -> int:
+        """Rows the model answered for this query: the sample and the band, less those remembered."""
+        return self.sample_rows + self.asked - self.remembered
+
+    def figures(self) -> dict[str, float | int | None]:
+        """The report's fields, thresholds that decide nothing (infinite) as None: a query's stage in JSON."""
+        return {name: None if isinstance(value, float) and math.isinf(value) else value
+                for name, value in self.__dict__.items()}
+
+    def _opening(self, rows: int, draws_set: str) -> str:
+        return (f"{self.model_rows:,} of {rows:,} rows asked of the model: a sample of {self.sample_rows:,} "
+                f"({self.fit_rows:,} fit the proxy, {self.calibration_draws:,} draws set {draws_set})")
+
+    def _closing(self) -> str:
+        return (f"; {self.remembered:,} rows' answers and the proxy kept from an earlier query"
+                if self.remembered else "")
 
 
 @dataclass(frozen=True)
-class Report:
+class Report(Accounting):
     """A cascade's accounting: sample, proxy quality, thresholds, who decided, estimates and guaranteed bounds.
 
     Estimates are the calibration draws' (over the rows outside the fit sample); each bound holds, with
@@ -248,29 +313,16 @@ class Report:
     confidence: float
     remembered: int = 0  # rows of the sample and the band answered by an earlier cascade (`Known`)
 
-    @property
-    def model_rows(self) -> int:
-        """Rows the model answered for this query: the sample and the band, less those remembered."""
-        return self.sample_rows + self.asked - self.remembered
-
-    def figures(self) -> dict[str, float | int | None]:
-        """The report's fields, thresholds that decide nothing (infinite) as None: a query's stage in JSON."""
-        return {name: None if isinstance(value, float) and math.isinf(value) else value
-                for name, value in self.__dict__.items()}
-
     def describe(self) -> str:
         """The report as EXPLAIN ANALYZE shows it: the sample, the proxy, who decided, what is guaranteed."""
         rows = self.sample_rows + self.accepted + self.rejected + self.asked
         quality = f"proxy AUC {self.auc:.3f} on held-out sampled rows" if self.auc is not None else "no proxy"
-        return (f"{self.model_rows:,} of {rows:,} rows asked of the model: a sample of {self.sample_rows:,} "
-                f"({self.fit_rows:,} fit the proxy, {self.calibration_draws:,} draws set the thresholds), "
-                f"{self.asked:,} between the thresholds; {quality}; {self.rejected:,} rejected below "
-                f"{self.lower:.4g}, {self.accepted:,} accepted from {self.upper:.4g}; recall estimated "
+        return (self._opening(rows, "the thresholds") + f", {self.asked:,} between the thresholds; {quality}; "
+                f"{self.rejected:,} rejected below {self.lower:.4g}, {self.accepted:,} accepted from "
+                f"{self.upper:.4g}; recall estimated "
                 f"{self.recall_estimate:.3f}, at least {self.recall_bound:.3f}, precision estimated "
                 f"{self.precision_estimate:.3f}, at least {self.precision_bound:.3f}, "
-                f"at confidence {self.confidence:g}"
-                + (f"; {self.remembered:,} rows' answers and the proxy kept from an earlier query"
-                   if self.remembered else ""))
+                f"at confidence {self.confidence:g}" + self._closing())
 
 
 @dataclass(frozen=True)
@@ -285,8 +337,9 @@ class Decision:
         return np.flatnonzero(self.verdict == Verdict.ASK)
 
     def answer(self, model_yes: np.ndarray) -> np.ndarray:
-        """The answer's rows as a mask, from the model's yes per row (read only where asked or labeled)."""
-        return (self.verdict == Verdict.ACCEPT) | ((self.verdict >= Verdict.ASK) & model_yes)
+        """The answer's rows as a mask, from the model's yes per row (bool or `Known`'s codes; read only
+        where asked or labeled)."""
+        return (self.verdict == Verdict.ACCEPT) | ((self.verdict >= Verdict.ASK) & (np.asarray(model_yes) == 1))
 
 
 def decide(scores: np.ndarray, sample: Sample, sample_yes: np.ndarray, targets: Targets) -> Decision:
@@ -324,7 +377,9 @@ def decide(scores: np.ndarray, sample: Sample, sample_yes: np.ndarray, targets: 
 class Known:
     """What cascades of one question over the same rows learned: each row's answer, and the proxy's scores.
 
-    - `answers`: 1 yes, 0 no, -1 not asked yet; `scores`: every row's, once a proxy was fitted (None before).
+    - `answers`: a filter's 1 yes, 0 no, a classification's category index; -1 not asked yet.
+    - `scores`: every row's, once a proxy was fitted (None before): a filter's score, a classification's
+      PREDICTION record (engine/ai/proxy.py: its category and confidence).
     - The sample is drawn with a seed fixed by the question and the rows, so a later cascade draws the same
       fit rows and reuses the proxy: only rows no earlier cascade asked go to the model.
     """
@@ -333,26 +388,46 @@ class Known:
     scores: np.ndarray | None = None
 
     @classmethod
-    def nothing(cls, n_rows: int) -> "Known":
-        return cls(np.full(n_rows, -1, dtype=np.int8))
+    def nothing(cls, n_rows: int, dtype: type = np.int8) -> "Known":
+        """Nothing known yet: int8 answers for a filter; a classification's need room for its categories."""
+        return cls(np.full(n_rows, -1, dtype=dtype))
 
-    def ask(self, ask: Callable[[np.ndarray], np.ndarray], rows: np.ndarray) -> tuple[np.ndarray, int]:
-        """The model's yes for these rows, asking only those not yet answered; and how many were."""
+    def answered(self, ask: Callable[[np.ndarray], np.ndarray], rows: np.ndarray) -> tuple[np.ndarray, int]:
+        """The model's answers (codes) for these rows, asking only those not yet answered; and how many were."""
         new = rows[self.answers[rows] < 0]
         if len(new):
-            self.answers[new] = np.asarray(ask(new), dtype=bool)
-        return self.answers[rows] == 1, len(rows) - len(new)
+            self.answers[new] = np.asarray(ask(new)).astype(self.answers.dtype)
+        return self.answers[rows], len(rows) - len(new)
 
-    def scored(self, fit: np.ndarray, fit_yes: np.ndarray, embed: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        """Every row's proxy score, the proxy fitted on the `fit` rows' embeddings (once)."""
+    def scored(self, fit: np.ndarray, fit_answers: np.ndarray, embed: Callable[[np.ndarray], np.ndarray],
+               proxy: Callable[[np.ndarray, np.ndarray], Callable[[np.ndarray], np.ndarray]]) -> np.ndarray:
+        """Every row's proxy output, `proxy(embeddings, answers)` fitted on the `fit` rows (once)."""
         if self.scores is None:
-            proxy = fit_logistic(embed(fit), fit_yes)
-            scores = np.zeros(len(self.answers))
-            for start in range(0, len(scores), EMBED_CHUNK):
-                rows = np.arange(start, min(len(scores), start + EMBED_CHUNK))
-                scores[rows] = proxy.score(embed(rows))
-            self.scores = scores
+            predict, n_rows = proxy(embed(fit), fit_answers), len(self.answers)
+            self.scores = np.concatenate([predict(embed(np.arange(start, min(n_rows, start + EMBED_CHUNK))))
+                                          for start in range(0, n_rows, EMBED_CHUNK)])
         return self.scores
+
+
+Decide = Callable[[np.ndarray | None, Sample, np.ndarray], Decision]  # (scores or None, sample, its answers)
+
+
+def cascade(n_rows: int, targets: Targets, ask: Callable[[np.ndarray], np.ndarray],
+            embed: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator, known: Known,
+            proxy: Callable[[np.ndarray, np.ndarray], Callable[[np.ndarray], np.ndarray]],
+            decide_with: Decide) -> tuple[np.ndarray, Accounting]:
+    """Any cascade's course: ask the sample, fit the proxy (when there are draws), decide, ask the band."""
+    sample = draw_sample(n_rows, targets, rng)
+    sample_answers, remembered = known.answered(ask, sample.rows)
+    scores = None
+    if len(sample.calibration):
+        scores = known.scored(sample.fit, sample_answers[np.searchsorted(sample.rows, sample.fit)], embed, proxy)
+    decision = decide_with(scores, sample, sample_answers)
+    answers = np.full(n_rows, -1, dtype=known.answers.dtype)
+    answers[sample.rows] = sample_answers
+    band = decision.band()
+    answers[band], more = known.answered(ask, band)
+    return decision.answer(answers), replace(decision.report, remembered=remembered + more)
 
 
 def run(n_rows: int, targets: Targets, ask: Callable[[np.ndarray], np.ndarray],
@@ -364,15 +439,10 @@ def run(n_rows: int, targets: Targets, ask: Callable[[np.ndarray], np.ndarray],
     asked for the fit rows, then for every row in chunks of EMBED_CHUNK. `known`: what earlier cascades of
     the same question over the same rows learned (updated here), so their rows are not asked again.
     """
-    known = known if known is not None else Known.nothing(n_rows)
-    sample = draw_sample(n_rows, targets, rng)
-    sample_yes, remembered = known.ask(ask, sample.rows)
-    scores = np.zeros(n_rows)
-    if len(sample.calibration):
-        scores = known.scored(sample.fit, sample_yes[np.searchsorted(sample.rows, sample.fit)], embed)
-    decision = decide(scores, sample, sample_yes, targets)
-    model_yes = np.zeros(n_rows, dtype=bool)
-    model_yes[sample.rows] = sample_yes
-    band = decision.band()
-    model_yes[band], more = known.ask(ask, band)
-    return decision.answer(model_yes), replace(decision.report, remembered=remembered + more)
+    if targets.kind != "filter":
+        raise InvalidArgument(f"a filter's cascade takes recall or precision targets, not {targets.describe()}")
+    return cascade(n_rows, targets, lambda rows: np.asarray(ask(rows), dtype=bool), embed, rng,
+                   known if known is not None else Known.nothing(n_rows),
+                   lambda x, answers: fit_logistic(x, answers == 1).score,
+                   lambda scores, sample, answers: decide(np.zeros(n_rows) if scores is None else scores, sample,
+                                                          answers == 1, targets))

@@ -3,6 +3,8 @@
 - `fit_logistic` runs Newton's method with step halving on the penalised log-loss, each step by
   conjugate gradients (matrix-vector products only): a few hundred rows of 256-dimension embeddings fit
   in milliseconds; the penalty keeps the fit finite when the rows are separable or of one class.
+- `fit_one_vs_rest` fits one such regression per category seen among the rows (a classification's proxy):
+  its prediction is the category of the highest sigmoid, its confidence that sigmoid over their sum.
 - `auc` is the rank statistic (Mann-Whitney U over n1 * n0), tied scores counting one half.
 - numpy only: nothing here imports torch.
 """
@@ -84,6 +86,44 @@ def fit_logistic(embeddings: np.ndarray, labels: np.ndarray, penalty: float = PE
             break
         theta, current = theta - size * step, trial
     return Logistic(theta[:-1], float(theta[-1]))
+
+
+PREDICTION = np.dtype([("label", np.int32), ("confidence", np.float64)])  # a classification proxy's, per row
+
+
+@dataclass(frozen=True)
+class OneVsRest:
+    """A fitted classification proxy: a logistic regression per category seen in its rows, none for the others."""
+
+    labels: np.ndarray  # the categories seen, ascending
+    proxies: tuple[Logistic, ...]
+
+    def predict(self, embeddings: np.ndarray) -> np.ndarray:
+        """Per row (PREDICTION records) the category of the highest sigmoid, and that sigmoid over their sum.
+
+        The sigmoids normalised (as scikit-learn's one-vs-rest probabilities) rather than a softmax of the
+        logits: each is its own regression's probability of its category, so the share is a probability
+        over the categories seen. Unseen categories have none: they are never predicted.
+        """
+        logits = np.stack([proxy.score(embeddings) for proxy in self.proxies], axis=1)
+        chance = 1.0 / (1.0 + np.exp(-np.clip(logits, -500.0, 500.0)))
+        best = chance.argmax(axis=1)
+        out = np.empty(len(logits), PREDICTION)
+        out["label"] = self.labels[best]
+        out["confidence"] = chance[np.arange(len(logits)), best] / chance.sum(axis=1)
+        return out
+
+
+def fit_one_vs_rest(embeddings: np.ndarray, labels: np.ndarray, penalty: float = PENALTY) -> OneVsRest:
+    """A logistic regression (`fit_logistic`) per category among `labels`: that category against the rest.
+
+    >>> x = np.array([[0.0], [1.0], [2.0], [3.0], [4.0], [5.0]])
+    >>> proxy = fit_one_vs_rest(x, np.array([0, 0, 2, 2, 5, 5]))
+    >>> [(int(p["label"]), round(float(p["confidence"]), 2)) for p in proxy.predict(np.array([[-3.0], [9.0]]))]
+    [(0, 0.75), (5, 0.75)]
+    """
+    seen = np.unique(np.asarray(labels))
+    return OneVsRest(seen, tuple(fit_logistic(embeddings, np.asarray(labels) == label, penalty) for label in seen))
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float | None:

@@ -5,6 +5,8 @@
   from the binomial spread of that count (a method that keeps its promise fails it with probability < ALPHA).
 - Plain thresholding on the sample (no correction) fails the same check.
 - The whole cascade on synthetic embeddings: model work never exceeds the table, a row is asked once.
+- The same for a classification's accuracy target (engine/ai/cascade_classify.py): fixed model categories,
+  proxies fed in as (category, confidence) per row, and the whole cascade with `Known` reused.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import time
 import numpy as np
 import pytest
 
-from quail.engine.ai.cascade import Targets, Verdict, binomial_cdf, decide, draw_sample, run
-from quail.engine.ai.proxy import auc, fit_logistic
+from quail.engine.ai.cascade import Known, Targets, Verdict, binomial_cdf, decide, draw_sample, run, threshold_above
+from quail.engine.ai.cascade_classify import classify, decide_labels
+from quail.engine.ai.proxy import auc, fit_logistic, fit_one_vs_rest
 from quail.engine.errors import InvalidArgument
 
 ROWS = 20_000
@@ -170,3 +173,134 @@ def test_auc_hand_cases():
     scores, labels = rng.integers(0, 5, 200).astype(float), rng.random(200) < 0.4
     pairs = scores[labels][:, None] - scores[~labels][None, :]
     assert auc(scores, labels) == pytest.approx(((pairs > 0) + 0.5 * (pairs == 0)).mean())
+
+
+LABELS = 4
+MODEL = np.random.default_rng(10).choice(LABELS, ROWS, p=[0.4, 0.3, 0.2, 0.1])  # the model's category per row
+ACCURACY = Targets(accuracy=0.9)
+
+
+def _classifiers() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(category, confidence) per row: right where `right`, confidence higher there by `spread` (logits)."""
+    rng = np.random.default_rng(11)
+    wrong = (MODEL + rng.integers(1, LABELS, ROWS)) % LABELS
+
+    def proxy(right_share: float, spread: float) -> tuple[np.ndarray, np.ndarray]:
+        right = rng.random(ROWS) < right_share
+        logits = spread * (right - 0.5) + rng.standard_normal(ROWS)
+        return np.where(right, MODEL, wrong), 1.0 / (1.0 + np.exp(-logits))
+
+    misleading = proxy(0.8, 3.0)
+    misleading[0][:300], misleading[1][:300] = wrong[:300], 1.0  # the most confident are all wrong
+    return {"useless": (rng.integers(0, LABELS, ROWS), rng.random(ROWS)), "weak": proxy(0.6, 1.0),
+            "strong": proxy(0.8, 3.0), "at the target": proxy(0.9, 0.0), "misleading": misleading,
+            "perfect": (MODEL.copy(), np.ones(ROWS))}
+
+
+CLASSIFIERS = _classifiers()
+
+
+def classified(proxy: str, seed: int, naive: bool = False) -> np.ndarray:
+    """Each row's category by the cascade; `naive`: the lowest threshold whose draws' error share is within
+    1 - accuracy (no bound)."""
+    predicted, confidence = CLASSIFIERS[proxy]
+    sample = draw_sample(ROWS, ACCURACY, np.random.default_rng(seed))
+    if not naive:
+        return decide_labels(predicted, confidence, sample, MODEL[sample.rows], ACCURACY).answer(MODEL)
+    drawn = sample.calibration
+    outside = np.setdiff1d(np.arange(ROWS), sample.fit)
+    wrong = confidence[drawn][predicted[drawn] != MODEL[drawn]]
+    tau, _ = threshold_above(confidence[outside], wrong, lambda x: x <= (1.0 - ACCURACY.accuracy) * len(drawn))
+    accepted = confidence >= tau
+    accepted[sample.rows] = False
+    return np.where(accepted, predicted, MODEL)
+
+
+@pytest.mark.parametrize("proxy", CLASSIFIERS)
+def test_the_accuracy_target_is_met_in_the_confidence_share_of_runs(proxy):
+    successes = sum((classified(proxy, seed) == MODEL).mean() >= ACCURACY.accuracy for seed in range(RUNS))
+    assert successes >= least_successes(RUNS, ACCURACY.confidence), (proxy, successes)
+
+
+def test_plain_thresholding_on_the_draws_misses_the_accuracy_target():
+    successes = sum((classified("strong", seed, naive=True) == MODEL).mean() >= ACCURACY.accuracy
+                    for seed in range(RUNS))
+    assert successes < least_successes(RUNS, ACCURACY.confidence)
+
+
+@pytest.mark.parametrize("options", [dict(accuracy=0.0), dict(accuracy=1.5), dict(accuracy=-0.1),
+                                     dict(accuracy="0.9"), dict(accuracy=float("nan")), dict(accuracy=True),
+                                     dict(accuracy=0.9, confidence=1.0), dict(accuracy=0.9, recall=0.9),
+                                     dict(accuracy=0.9, precision=0.9)])
+def test_bad_accuracy_targets_are_invalid_arguments(options):
+    with pytest.raises(InvalidArgument):
+        Targets(**options)
+
+
+def test_targets_say_which_cascade_they_are_for():
+    assert (Targets(accuracy=0.9).kind, Targets(recall=0.9, precision=0.8).kind) == ("classify", "filter")
+    assert Targets(accuracy=0.9).describe() == "accuracy 0.9 at confidence 0.95"
+    with pytest.raises(InvalidArgument):
+        classify(10, 2, Targets(recall=0.9), lambda rows: rows % 2, lambda rows: np.zeros((len(rows), 1)),
+                 np.random.default_rng(0))
+    with pytest.raises(InvalidArgument):
+        run(10, ACCURACY, lambda rows: rows % 2 == 0, lambda rows: np.zeros((len(rows), 1)), np.random.default_rng(0))
+
+
+def _classify(embeddings: np.ndarray, labels: np.ndarray, targets: Targets = ACCURACY, known: Known | None = None):
+    asked = np.zeros(len(labels), dtype=int)
+
+    def ask(rows: np.ndarray) -> np.ndarray:
+        asked[rows] += 1
+        return labels[rows]
+
+    answer, report = classify(len(labels), LABELS, targets, ask, lambda rows: embeddings[rows],
+                              np.random.default_rng(7), known)
+    assert asked.max() <= 1 and asked.sum() == report.model_rows <= len(labels)
+    assert report.accepted + report.asked + report.sample_rows == len(labels)
+    assert (answer == labels).mean() >= targets.accuracy and report.accuracy_bound >= targets.accuracy
+    return answer, report
+
+
+def test_a_useless_classifier_sends_almost_every_row_to_the_model():
+    rng = np.random.default_rng(12)
+    labels = rng.integers(0, LABELS, 10_000)
+    _, report = _classify(rng.standard_normal((10_000, 32)), labels)
+    assert report.model_rows >= 0.85 * len(labels) and report.agreement < 0.35
+    assert "proxy agreement" in report.describe() and report.figures()["accuracy_bound"] == report.accuracy_bound
+
+
+def _separated(rng: np.random.Generator, labels: np.ndarray) -> np.ndarray:
+    embeddings = rng.standard_normal((len(labels), 32))
+    embeddings[np.arange(len(labels)), labels] += 6.0
+    return embeddings
+
+
+def test_a_perfect_classifier_sends_few_rows_and_known_answers_are_not_asked_again():
+    rng = np.random.default_rng(13)
+    labels = rng.choice(LABELS, 10_000, p=[0.4, 0.3, 0.2, 0.1])
+    embeddings, known = _separated(rng, labels), Known.nothing(len(labels), np.int32)
+    answer, report = _classify(embeddings, labels, known=known)
+    assert report.asked < 0.02 * len(labels) and report.agreement > 0.99 and report.remembered == 0
+    again, repeated = _classify(embeddings, labels, known=known)
+    assert repeated.model_rows == 0 and repeated.remembered == report.sample_rows + report.asked
+    assert (again == answer).all() and repeated.threshold == report.threshold
+
+
+def test_an_accuracy_of_one_asks_every_row_and_a_small_table_is_labeled_whole():
+    rng = np.random.default_rng(14)
+    labels = rng.integers(0, LABELS, 500)
+    _, report = _classify(np.zeros((500, 4)), labels, Targets(accuracy=1.0))
+    assert (report.sample_rows, report.asked, report.accuracy_bound) == (0, 500, 1.0)
+    sample = draw_sample(500, ACCURACY, np.random.default_rng(0))
+    labeling = decide_labels(np.zeros(500, int), np.ones(500), sample, labels[sample.rows], ACCURACY)
+    assert (labeling.verdict == Verdict.LABELED).all() and (labeling.answer(labels) == labels).all()
+
+
+def test_one_vs_rest_never_predicts_an_unseen_category():
+    rng = np.random.default_rng(15)
+    labels = rng.choice([0, 2, 3], 300)
+    proxy = fit_one_vs_rest(_separated(rng, labels), labels)
+    predicted = proxy.predict(_separated(rng, np.arange(400) % LABELS))
+    assert set(predicted["label"]) <= {0, 2, 3}
+    assert ((predicted["confidence"] > 0) & (predicted["confidence"] <= 1)).all()
