@@ -34,6 +34,7 @@ KNOWN = set(SQL_NAMES) | AGGREGATES
 EMBEDDING = {"AI_EMBED", "AI_SIMILARITY", "AI.EMBED", "AI.SIMILARITY"}  # spelled for DuckDB (embeddings.py)
 DUCKDB_RUNS = EMBEDDING | {"AI_COSINE"}  # the AI_* functions DuckDB runs (engine/exec/embedding_functions.py)
 FILTER_OPTIONS = {"selectivity", "anchor", "recall", "precision", "confidence"}
+CLASSIFY_OPTIONS = {"answers", "accuracy", "confidence"}
 _IGNORED_KWARGS = {"connection_id", "endpoint", "model_params", "model"}
 _GENERATING_IGNORED = {"connection_id", "endpoint", "request_type"}  # where the model runs: here, always
 CLASSIFY_TEMPLATE = "Which category does {0} belong to?"
@@ -191,19 +192,23 @@ def _bind_classify(name: str, call: exp.Expression, positional: list[exp.Express
         template, args = _bind_parts(source.expressions)
     else:
         template, args = CLASSIFY_TEMPLATE, (source,)
-    answers = _classify_config(name, positional[2], call) if len(positional) == 3 else "letters"
-    return AICall(name, "classify", template, args, labels, answers=answers)
+    answers, targets = _classify_config(name, positional[2], call) if len(positional) == 3 else ("letters", None)
+    return AICall(name, "classify", template, args, labels, answers=answers, targets=targets)
 
 
-def _classify_config(name: str, config: exp.Expression, call: exp.Expression) -> str:
-    """{'answers': 'letters' | 'names'}: how the model names its category (default: by letter)."""
+def _classify_config(name: str, config: exp.Expression, call: exp.Expression) -> tuple[str, Targets | None]:
+    """{'answers': 'letters' | 'names', 'accuracy': a, 'confidence': c}, any of them: how the model names its
+    category (default: by letter), and a cascade's accuracy target (engine/ai/cascade_classify.py)."""
     pairs = config.expressions if isinstance(config, exp.Struct) else None
     values = {p.this.name.lower(): p.expression for p in pairs or [] if isinstance(p, exp.PropertyEQ)}
-    answers = values.get("answers")
-    if not pairs or set(values) != {"answers"} or len(pairs) != 1 or not (
-            isinstance(answers, exp.Literal) and answers.is_string and answers.this in ("letters", "names")):
-        raise InvalidArgument(f"{name}'s config must be {{'answers': 'letters' | 'names'}}{position(call)}")
-    return answers.this
+    answers = values.get("answers", exp.Literal.string("letters"))
+    numbers = [values[k] for k in ("accuracy", "confidence") if k in values]
+    if not pairs or len(values) != len(pairs) or not set(values) <= CLASSIFY_OPTIONS or not (
+            isinstance(answers, exp.Literal) and answers.is_string and answers.this in ("letters", "names")) or any(
+            not isinstance(n, exp.Literal) or n.is_string for n in numbers):
+        raise InvalidArgument(f"{name}'s config must be {{'answers': 'letters' | 'names'}}, with a cascade's "
+                              f"{{'accuracy': <number>, 'confidence': <number>}}{position(call)}")
+    return answers.this, _targets(values, call)
 
 
 def _options(name: str, options: exp.Expression, call: exp.Expression,
@@ -236,7 +241,7 @@ def _options(name: str, options: exp.Expression, call: exp.Expression,
 
 def _targets(values: dict[str, exp.Literal], call: exp.Expression) -> Targets | None:
     """A cascade's targets among the options (None: none given; InvalidArgument: out of range)."""
-    given = {key: float(values[key].this) for key in ("recall", "precision", "confidence") if key in values}
+    given = {key: float(values[key].this) for key in ("recall", "precision", "accuracy", "confidence") if key in values}
     if not given:
         return None
     try:

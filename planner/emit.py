@@ -439,8 +439,9 @@ class _Emitter:
 
 
 def _targets(call: AICall, kind: str) -> Targets | None:
-    """A call's cascade targets where it is a condition (a filter); InvalidArgument where it is a value."""
-    if call.targets is not None and kind != "filter":
+    """A call's cascade targets where they are its kind's: a filter's (a condition), a classification's;
+    InvalidArgument where a filter's are on a value."""
+    if call.targets is not None and kind != call.targets.kind:
         raise InvalidArgument(f"recall and precision targets apply to {call.name} as a condition (WHERE or ON), "
                               f"not as a value")
     return call.targets

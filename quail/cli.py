@@ -140,7 +140,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--decisions", default="model", choices=DECISIONS,
                        help="how yes/no questions are answered: by the model (default); for benchmarks, hash (by "
                             "the prompt's content hash: random weights) or rule (yes where a document holds a word "
-                            "of four letters or more of the question); the passes run in full either way")
+                            "of four letters or more of the question; a category, the first whose words it holds); the passes run in full either way")
     serve.add_argument("--dialect", default="snowflake", help="SQL dialect: snowflake, bigquery or duckdb")
     serve.add_argument("--users", default=None, help="file of user:password lines: clients must log in")
     serve.add_argument("--token-ttl", type=float, default=3600.0, help="seconds a login token lasts (default 3600)")

@@ -169,8 +169,9 @@ class Metrics:
         self.sol = Histogram("quail_query_sol_fraction", "Speed-of-light seconds over wall seconds, per query",
                              registry=self.registry, buckets=(0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0))
         self.cascade_rows = Counter("quail_cascade_rows", "Rows of finished cascades (AI_FILTER with recall or "
-                                    "precision targets), by what decided them: sample (the model, sampled), model "
-                                    "(asked between the thresholds), proxy (accepted or rejected)", ["decided_by"],
+                                    "precision targets, AI_CLASSIFY with an accuracy target), by what decided them: "
+                                    "sample (the model, sampled), model (asked where the proxy could not decide), "
+                                    "proxy (accepted or rejected by it)", ["decided_by"],
                                     registry=self.registry)
         self.errors = Counter("quail_errors", "Calls that ended in an error, by gRPC status", ["status"],
                               registry=self.registry)
@@ -219,7 +220,7 @@ class Metrics:
             if stage["operator"] == "ai_cascade":
                 self.cascade_rows.labels("sample").inc(stage["sample_rows"])
                 self.cascade_rows.labels("model").inc(stage["asked"])
-                self.cascade_rows.labels("proxy").inc(stage["accepted"] + stage["rejected"])
+                self.cascade_rows.labels("proxy").inc(stage["accepted"] + stage.get("rejected", 0))
 
     def query_failed(self, status: grpc.StatusCode) -> None:
         self.queries.labels(status.name).inc()

@@ -289,6 +289,11 @@ def asking_together(runtime: Runtime, asks: Sequence[Ask], work: QueryWork | Non
     return Asking(runtime, asks, _launch(runtime, [(ask.question, ask.args) for ask in asks], work))
 
 
+def _words(text: str) -> set[str]:
+    """The words of four letters or more, in lower case."""
+    return {word.lower() for word in re.findall(r"[A-Za-z]{4,}", text)}
+
+
 def rule_says_yes(template: str, documents: Sequence[str]) -> bool:
     """The answer of the "rule" decisions: yes when a document holds a word of four letters or more of the
     question (outside its placeholders), in any case (answers an embedding can learn, for benchmarks).
@@ -296,8 +301,18 @@ def rule_says_yes(template: str, documents: Sequence[str]) -> bool:
     >>> rule_says_yes("Does {0} mention kittens?", ["Two KITTENS slept."]), rule_says_yes("Is {0} red?", ["red"])
     (True, False)
     """
-    asked = {w.lower() for w in re.findall(r"[A-Za-z]{4,}", re.sub(r"\{\d+\}", " ", template))}
-    return any(w.lower() in asked for text in documents for w in re.findall(r"[A-Za-z]{4,}", text))
+    return bool(_words(re.sub(r"\{\d+\}", " ", template)) & set().union(*map(_words, documents)))
+
+
+def rule_category(labels: Sequence[str], documents: Sequence[str]) -> int:
+    """The category of the "rule" decisions: the first whose words (four letters or more) a document holds,
+    else the last.
+
+    >>> rule_category(["kitten", "puppy", "other"], ["The puppy slept."]), rule_category(["kitten", "other"], ["x"])
+    (1, 1)
+    """
+    held = set().union(*map(_words, documents))
+    return next((k for k, label in enumerate(labels) if _words(label) & held), len(labels) - 1)
 
 
 def _probabilities(runtime: Runtime, ask: Ask, present: list[int], requests: list[Request],

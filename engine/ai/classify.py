@@ -2,7 +2,7 @@
 
 - Categories answered by letter: one pass per row, the letters' logits read at the answer cue.
 - Categories answered by name: the names' token trie asked at each branch point (labels.py), log P(name) summed.
-- Random weights choose a category by the prompt's content hash. Asked in a call of its own (not shared).
+- Random weights choose a category by the prompt's content hash ("rule" decisions: asking.rule_category). Asked in a call of its own (not shared).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from quail.engine.ai.asking import Question, asked_rows, content_hash, prompts
+from quail.engine.ai.asking import Question, asked_rows, content_hash, prompts, rule_category
 from quail.engine.ai.labels import Branch, branches, name_logprobs
 from quail.engine.ai.operator import Alone, Call
 from quail.engine.runtime.query_work import QueryWork
@@ -41,6 +41,8 @@ def classify(runtime: Runtime, question: Question, args: Sequence[Sequence[str |
     for i, request, logp in zip(present, requests, scores):
         if runtime.decisions == "hash":
             index = int(content_hash(request) * len(question.labels))
+        elif runtime.decisions == "rule":
+            index = rule_category(question.labels, [col[i] for col in args])
         else:
             index = int(np.argmax(logp))
         out[i] = question.labels[index]

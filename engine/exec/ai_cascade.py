@@ -1,9 +1,11 @@
-"""A cascade's execution: an AI filter with recall / precision targets, the model asked only where a proxy cannot.
+"""A cascade's execution: an AI filter with recall / precision targets, or an AI classification with an accuracy
+target, the model asked only where a proxy cannot decide.
 
 - The rows with no NULL argument are the cascade's rows (a NULL argument answers neither: the row is not kept).
-- engine/ai/cascade.py draws the sample, fits the proxy on the embeddings of each row's documents (the
-  server's embedding model, as AI_EMBED's), chooses the thresholds, and asks the model about the sample,
-  then the band between the thresholds: the filter's own question, one call each.
+- engine/ai/cascade.py (a classification's: cascade_classify.py) draws the sample, fits the proxy on the
+  embeddings of each row's documents (the server's embedding model, as AI_EMBED's), chooses the thresholds,
+  and asks the model about the sample, then the rows the proxy cannot decide: the step's own question, one
+  call each.
 - The sample's seed is fixed by the question and the rows' documents: the same query over the same rows
   keeps the same rows. What a cascade learned (answers, the proxy's scores) is kept in the runtime's memo
   under the same key, so a later cascade of that question over those rows (other targets too) asks the
@@ -15,12 +17,16 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 
 from quail.engine.ai.asking import asking_together
 from quail.engine.ai.cascade import Known, run
+from quail.engine.ai.cascade_classify import classify as classify_cascade
+from quail.engine.ai.kinds import KINDS
 from quail.engine.ai.operator import Call, of
 from quail.engine.exec.ai_step import answered, call_of
 from quail.engine.exec.plan import AIStep
@@ -37,31 +43,65 @@ def _key(call: Call, texts: list[str]) -> bytes:
 
 
 def ai_cascade(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: QueryWork | None) -> pa.Table:
-    """The rows the cascade keeps, in their order."""
+    """The step's output over its rows, as a cascade: a filter's rows kept, a classification's categories."""
     if rows.num_rows and runtime is None:
         raise RuntimeError("an AI step over rows needs a runtime")
-    call, operator = call_of(step, rows), of(step.kind)
+    call = call_of(step, rows)
     present = np.array([i for i in range(rows.num_rows) if all(col[i] is not None for col in call.args)], np.int64)
     texts = ["\n".join(col[i] for col in call.args) for i in present]
 
-    def ask(chosen: np.ndarray) -> np.ndarray:
-        """The model's yes for these of the cascade's rows."""
-        picked = Call(call.question, [[col[i] for i in present[chosen]] for col in call.args], call.selectivity)
-        return operator.kept(asking_together(runtime, [operator.ask(picked)], work).read()[0])
+    def picked(chosen: np.ndarray) -> Call:
+        """The step's question over these of the cascade's rows."""
+        return Call(call.question, [[col[i] for i in present[chosen]] for col in call.args], call.selectivity)
 
     def embed(chosen: np.ndarray) -> np.ndarray:
         """The embeddings of these rows' documents (zeros where a text has none: an empty one)."""
         vectors = runtime.embeddings.embed([texts[i] for i in chosen])
         return np.stack([v if v is not None else np.zeros(runtime.embeddings.dims, np.float32) for v in vectors])
 
-    yes = np.zeros(rows.num_rows, bool)
+    cascade = _CASCADES[step.kind]
+    answers = np.full(rows.num_rows, cascade.none, object)
     if len(present):
         key = _key(call, texts)
-        known = runtime.memo.get(b"cascade " + key, lambda: Known.nothing(len(present)))
-        seed = int.from_bytes(key[:8], "little")
-        kept, report = run(len(present), step.targets, ask, embed, np.random.default_rng(seed), known)
-        yes[present[kept]] = True
+        known = runtime.memo.get(f"cascade {step.kind} ".encode() + key, lambda: cascade.nothing(len(present)))
+        chosen, report = cascade.run(step, len(present), lambda rows_: cascade.ask(runtime, step, picked(rows_), work),
+                                     embed, np.random.default_rng(int.from_bytes(key[:8], "little")), known)
+        answers[present] = cascade.values(step, chosen)
         if work is not None:
             work.stages.append({"operator": "ai_cascade", "output": step.output, **report.figures(),
                                 "line": report.describe()})
-    return answered(step, rows, call, pa.array(yes), work)
+    return answered(step, rows, call, pa.array(answers.tolist(), KINDS[step.kind].value or pa.bool_()), work)
+
+
+@dataclass(frozen=True)
+class _Cascade:
+    """How a kind's cascade asks the model, runs, and turns its choices into the step's values."""
+
+    none: object  # a row's value where an argument is NULL
+    nothing: Callable[[int], Known]
+    ask: Callable[[Runtime, AIStep, Call, QueryWork | None], np.ndarray]
+    run: Callable[..., tuple[np.ndarray, object]]
+    values: Callable[[AIStep, np.ndarray], np.ndarray]
+
+
+def _yes(runtime: Runtime, step: AIStep, asked: Call, work: QueryWork | None) -> np.ndarray:
+    """The model's yes per row."""
+    operator = of(step.kind)
+    return operator.kept(asking_together(runtime, [operator.ask(asked)], work).read()[0])
+
+
+def _categories(runtime: Runtime, step: AIStep, asked: Call, work: QueryWork | None) -> np.ndarray:
+    """The model's category per row, as its index among the step's labels."""
+    index = {label: k for k, label in enumerate(step.labels)}
+    return np.array([index[label] for label in of(step.kind).answer(runtime, asked, work).to_pylist()], np.int32)
+
+
+_CASCADES = {
+    "filter": _Cascade(False, Known.nothing, _yes,
+                       lambda step, n, ask, embed, rng, known: run(n, step.targets, ask, embed, rng, known),
+                       lambda step, kept: kept),
+    "classify": _Cascade(None, lambda n: Known.nothing(n, np.int32), _categories,
+                         lambda step, n, ask, embed, rng, known: classify_cascade(
+                             n, len(step.labels), step.targets, ask, embed, rng, known),
+                         lambda step, labels: np.array(step.labels, object)[labels]),
+}

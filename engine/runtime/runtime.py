@@ -75,7 +75,7 @@ class Runtime:
     ("quail": the scheduler's `tree`, every common prefix once; "naive" and "prefix": baselines.py)
     or a Strategy function (a benchmark baseline).
     `decisions` is "model" (answers from the model), "hash" (random weights:
-    answers by content hash) or "rule" (yes/no answers by a fixed rule over the text, asking.rule_says_yes:
+    answers by content hash) or "rule" (answers by a fixed rule over the text, asking.rule_says_yes and rule_category:
     answers an embedding can learn, for benchmarks); forward passes run in full in every mode.
     `device_of`: a runtime on the same device, whose scheduler, KV ledger, pool, resident tree and graphs this
     runtime shares; else a pool of `kv_bytes` holds KV, and what it computes stays there between

@@ -16,13 +16,19 @@ from adbc_driver_manager import Error as DriverError
 
 import quail
 from quail.clients.server_process import ServerProcess
-from quail.engine.ai.asking import rule_says_yes
+from quail.engine.ai.asking import rule_category, rule_says_yes
 
 QUESTION = "Does {0} mention a kitten?"
 PETS = ["kitten", "puppy", "parrot", "goldfish", "hamster", "rabbit", "turtle", "pony"]
 PLACES = ["sofa", "garden", "kitchen", "window", "porch", "bed"]
 ROWS = 1000
 TARGETS = "{'recall': 0.7, 'precision': 0.7, 'confidence': 0.7}"
+PET_LABELS = ["kitten", "puppy", "parrot", "other"]
+
+
+def pet(options: str) -> str:
+    """The category AI_CLASSIFY gives a note's pet, with these options (", {...}", or "")."""
+    return f"AI_CLASSIFY(body, {PET_LABELS}{options}):labels[0]::string"
 
 
 def notes(count: int, seed: int) -> pa.Table:
@@ -66,6 +72,22 @@ def test_the_cascade_keeps_what_its_report_promises(uri):
     assert stage["accepted"] + stage["rejected"] > 0, "the proxy decided rows: the model was asked fewer"
     assert result.report.requests == stage["sample_rows"] + stage["asked"] < ROWS
     assert stage["auc"] > 0.9, "a word of the question is what an embedding learns"
+
+
+def test_a_classification_cascade_keeps_its_accuracy(uri):
+    """AI_CLASSIFY with an accuracy target: its categories against the exact query's (the rule's, checked on a
+    slice) at least as accurate as the reported bound, fewer rows asked."""
+    exact = [PET_LABELS[rule_category(PET_LABELS, [body])] for body in notes(ROWS, 1)["body"].to_pylist()]
+    sliced = rows(uri, f"SELECT {pet('')} FROM notes WHERE id < 40 ORDER BY id")
+    assert [label for (label,) in sliced] == exact[:40]
+    with quail.RemoteSession(uri) as session:
+        targeted = pet(", {'accuracy': 0.8, 'confidence': 0.8}")
+        result = session.sql(f"SELECT id, {targeted} AS label FROM notes ORDER BY id").run()
+    got = result.table.column("label").to_pylist()
+    (stage,) = [s for s in result.report.stages if s["operator"] == "ai_cascade"]
+    accuracy = sum(a == b for a, b in zip(got, exact)) / ROWS
+    assert accuracy >= stage["accuracy_bound"] and abs(stage["accuracy_estimate"] - accuracy) <= 0.1
+    assert stage["accepted"] > 0 and result.report.requests == stage["sample_rows"] + stage["asked"] < ROWS
 
 
 def test_explain_analyze_says_what_the_cascade_did(uri):
@@ -115,7 +137,8 @@ def test_every_dialect_states_targets(uri, dialect, sql):
     ("{'precision': 0}", "precision must be a number in (0, 1]"),
     ("{'recall': 0.9, 'confidence': 0}", "confidence must be a number in (0, 1)"),
     ("{'recall': 0.9, 'confidence': 1}", "confidence must be a number in (0, 1)"),
-    ("{'confidence': 0.9}", "a cascade needs a recall or a precision target"),
+    ("{'confidence': 0.9}", "a cascade needs a recall, a precision or an accuracy target"),
+    ("{'accuracy': 0.9}", "options must be"),
     ("{'recall': 0.9, 'speed': 2}", "options must be"),
 ])
 def test_bad_targets_are_invalid_arguments(uri, options, message):
@@ -129,6 +152,8 @@ def test_bad_targets_are_invalid_arguments(uri, options, message):
      "apply to AI_FILTER as a condition"),
     (f"SELECT id, AI_SCORE(PROMPT('{QUESTION}', body), {{'recall': 0.9}}) AS s FROM few",
      "targets are AI_FILTER's"),
+    ("SELECT id, AI_CLASSIFY(body, ['a', 'b'], {'recall': 0.9}) AS c FROM few", "config must be"),
+    ("SELECT id, AI_CLASSIFY(body, ['a', 'b'], {'accuracy': 1.5}) AS c FROM few", "accuracy must be a number"),
     (f"EXPLAIN (FORMAT SUBSTRAIT) SELECT id FROM few WHERE AI_FILTER(PROMPT('{QUESTION}', body), "
      f"{{'recall': 0.9}})", "a cascade's recall and precision targets are not supported"),
 ])
