@@ -1,5 +1,6 @@
-"""A cascade's execution: an AI filter with recall / precision targets, or an AI classification with an accuracy
-target, the model asked only where a proxy cannot decide.
+"""A cascade's execution: a filter or a classification with targets, the model asked only where a proxy cannot.
+
+- The targets: a filter's recall and / or precision, a classification's accuracy, each with its confidence.
 
 - The rows with no NULL argument are the cascade's rows (a NULL argument answers neither: the row is not kept).
 - engine/ai/cascade.py (a classification's: cascade_classify.py) draws the sample, fits the proxy on the
