@@ -26,8 +26,8 @@ def test_the_probe_lists_a_statements_spans_and_their_medians(tmp_path):
 def test_the_probe_times_statements_beside_a_long_one(tmp_path):
     out = tmp_path / "timeline.txt"
     statement_timeline.main(["--out", str(out), "--reviews", "200", "--row-tokens", "16", "--rows", "2",
-                             "--statements", "6", "--warm-rows", "6", "--beside-rows", "120"])
+                             "--statements", "6", "--warm-rows", "6", "--beside-rows", "60"])
     head, text = out.read_text().split("\n\n", 1)
-    assert "beside a statement of 120 rows" in head
+    assert "beside a statement of 60 rows" in head
     medians = text.split("median ms per statement over ")[1]
     assert statement_timeline.WAITED in medians and statement_timeline.COMPUTED in medians

@@ -7,9 +7,9 @@ from bench.stress import run
 
 
 def test_a_short_stress_run_finds_nothing():
-    outcome = run(clients=4, statements=5, seed=4)
+    outcome = run(clients=3, statements=4, seed=4)
     assert outcome.clean(), outcome.findings
-    assert outcome.answered >= 12 and outcome.cancelled >= 1, outcome
+    assert outcome.answered >= 8 and outcome.cancelled >= 1, outcome
     assert outcome.kv["quail_kv_evicted_tokens_total"] > 0, "the pool was too small for the statements"
 
 
