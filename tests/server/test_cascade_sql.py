@@ -21,7 +21,7 @@ from quail.engine.ai.asking import rule_category, rule_says_yes
 QUESTION = "Does {0} mention a kitten?"
 PETS = ["kitten", "puppy", "parrot", "goldfish", "hamster", "rabbit", "turtle", "pony"]
 PLACES = ["sofa", "garden", "kitchen", "window", "porch", "bed"]
-ROWS = 1000
+ROWS = 600
 TARGETS = "{'recall': 0.7, 'precision': 0.7, 'confidence': 0.7}"
 PET_LABELS = ["kitten", "puppy", "parrot", "other"]
 
