@@ -142,10 +142,12 @@ def server(tmp_path_factory):
 # left running one of them alone at the end.
 HF_FIXTURES = ("hf_model", "hf_p_yes", "hf_generate")
 HF_GROUP = "files using hf_model, hf_p_yes or hf_generate"
-LONGEST_FIRST = (HF_GROUP, "tests/server/test_replicas.py", "tests/server/test_server_cancel.py", "tests/engine/test_scheduler.py",
-                 "tests/test_ai_sql.py", "tests/test_ai_complete.py", "tests/test_ai_agg.py",
-                 "tests/server/test_server_exclusive.py", "tests/bench/test_fuzz.py",
-                 "tests/server/test_server_limits.py", "tests/planner/test_substrait.py",
+LONGEST_FIRST = (HF_GROUP, "tests/server/test_server_cancel.py", "tests/engine/test_scheduler.py",
+                 "tests/server/test_server_exclusive.py", "tests/test_ai_sql.py", "tests/server/test_replicas.py",
+                 "tests/bench/test_stress.py", "tests/planner/test_substrait.py", "tests/test_ai_complete.py",
+                 "tests/bench/test_statement_timeline.py", "tests/test_ai_agg.py", "tests/bench/test_fuzz.py",
+                 "tests/server/test_cascade_sql.py", "tests/test_shell.py",
+                 "tests/server/test_server_limits.py",
                  "tests/engine/test_ai_operators.py", "tests/engine/test_executor.py", "tests/bench/test_bench.py",
                  "tests/server/test_server_security.py", "tests/bench/test_server_load.py", "tests/test_demo.py")
 

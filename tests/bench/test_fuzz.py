@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench.fuzz import Fuzzer
 
-SECONDS = 8
+SECONDS = 6
 
 
 def test_a_fuzzing_run_finds_nothing(tmp_path):
