@@ -38,6 +38,7 @@ from quail.engine.kv.pool import KVPool, on_device
 from quail.engine.kv.runs import KV
 
 PIN_CHUNK_BYTES = 256 << 20  # host memory pinned at once, the first time a run goes there
+STAGE_BYTES = 1 << 30  # KV staged on the device per gather of an offload (a larger eviction goes in groups)
 PAGE = 4096
 HOST_SHARE = 0.5  # of the host memory available at start, the default host tier's (shared by its replicas)
 CGROUP_MEMORY = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # a container's limit and use
@@ -185,9 +186,21 @@ class HostTier:
         return home
 
     def offload(self, runs: list[KV]) -> list[HostRun | None]:
-        """Copy these runs of the pool into host slots (all in one gather per layer); None for a run there
-        is no room for. The pool's slots may be freed at once: the gather reads them before any later pass
+        """Copy these runs of the pool into host slots, in groups of at most STAGE_BYTES of KV (one gather per
+        layer each: the device stages a group, never all of a large eviction at once); None for a run there
+        is no room for. The pool's slots may be freed at once: the gathers read them before any later pass
         writes there."""
+        per_slot = self.store[0].numel() * self.store.element_size()
+        homes, group, size = [], [], 0
+        for kv in runs:
+            if group and (size + len(kv)) * per_slot > STAGE_BYTES:
+                homes += self._offload_group(group)
+                group, size = [], 0
+            group.append(kv)
+            size += len(kv)
+        return homes + (self._offload_group(group) if group else [])
+
+    def _offload_group(self, runs: list[KV]) -> list[HostRun | None]:
         homes = [self.take(len(kv)) for kv in runs]
         moved = [kv for kv, home in zip(runs, homes) if home is not None]
         if not moved:

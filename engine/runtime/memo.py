@@ -40,3 +40,8 @@ class Memo:
             while len(self._kept) > self.entries:
                 self._kept.popitem(last=False)
             return value
+
+    def clear(self) -> None:
+        """Forget everything (a benchmark's run that must compute its own)."""
+        with self._lock:
+            self._kept.clear()
