@@ -19,7 +19,7 @@ SCALE, LENGTH_SCALE = 0.0002, 0.05  # 10 reviews, 4 traces, texts a twentieth of
 
 
 def test_harness_writes_a_valid_result_file(tmp_path, runtime):
-    run.main(["--scale", str(SCALE), "--length-scale", str(LENGTH_SCALE), "--queries", "F1,AG",
+    run.main(["--scale", str(SCALE), "--length-scale", str(LENGTH_SCALE), "--queries", "AG",
               "--engines", "quail,naive,prefix,hf", "--out", str(tmp_path)])
     (path,) = tmp_path.glob("*-cpu-smollm2-135m-fp32-*.json")
     doc = json.loads(path.read_text())
@@ -27,7 +27,7 @@ def test_harness_writes_a_valid_result_file(tmp_path, runtime):
         assert key in doc, key
     assert doc["weights"] == "embedded smollm2-135m-instruct-q4_1"
     assert set(doc["start"]) == {"data_s", "model_s", "warm_up_s"}
-    assert set(doc["queries"]) == {"F1", "AG"}
+    assert set(doc["queries"]) == {"AG"}
     for query, entry in doc["queries"].items():
         assert set(entry["engines"]) == {"quail", "naive", "prefix", "hf"}, query
         for engine, figures in entry["engines"].items():

@@ -6,12 +6,12 @@ from __future__ import annotations
 from bench.probes import statement_timeline
 
 
-def test_the_probe_lists_a_statements_spans_and_their_medians(tmp_path):
+def test_the_probe_lists_a_statements_spans_and_their_medians_beside_a_long_one(tmp_path):
     out = tmp_path / "timeline.txt"
-    statement_timeline.main(["--out", str(out), "--reviews", "120", "--row-tokens", "16", "--rows", "3",
-                             "--statements", "6", "--warm-rows", "6"])
+    statement_timeline.main(["--out", str(out), "--reviews", "200", "--row-tokens", "16", "--rows", "2",
+                             "--statements", "6", "--warm-rows", "6", "--beside-rows", "60"])
     head, text = out.read_text().split("\n\n", 1)
-    assert head.startswith("quail serve : 6 statements of 3 rows")
+    assert head.startswith("quail serve : 6 statements of 2 rows") and "beside a statement of 60 rows" in head
     listed, medians = text.split("median ms per statement over ")
     spans = [line.split()[-1] for line in listed.splitlines() if line and not line.startswith("cycle")]
     assert spans[:2] == ["FlightSQLHandler.do_action", "QueryService.plan"], "a statement starts at its prepare"
@@ -20,14 +20,4 @@ def test_the_probe_lists_a_statements_spans_and_their_medians(tmp_path):
     assert medians.startswith("2\n"), "the second half of the timed statements, the last one open-ended"
     assert "cycle" in medians.splitlines()[1], "slowest first"
     assert "client p50" in text
-    assert statement_timeline.WAITED in medians and statement_timeline.COMPUTED in medians
-
-
-def test_the_probe_times_statements_beside_a_long_one(tmp_path):
-    out = tmp_path / "timeline.txt"
-    statement_timeline.main(["--out", str(out), "--reviews", "200", "--row-tokens", "16", "--rows", "2",
-                             "--statements", "6", "--warm-rows", "6", "--beside-rows", "60"])
-    head, text = out.read_text().split("\n\n", 1)
-    assert "beside a statement of 60 rows" in head
-    medians = text.split("median ms per statement over ")[1]
     assert statement_timeline.WAITED in medians and statement_timeline.COMPUTED in medians
