@@ -54,7 +54,7 @@ class AICall:
     answers: str = "letters"
     generation: Generation | None = None
     fields: tuple[tuple[str, str], ...] = ()  # AI.GENERATE's output_schema: each field's name and SQL type
-    targets: Targets | None = None  # a cascade's recall / precision targets (AI_FILTER's options)
+    targets: Targets | None = None  # a cascade's targets: AI_FILTER's recall / precision, AI_CLASSIFY's accuracy
 
     @property
     def expected_selectivity(self) -> float:

@@ -101,7 +101,7 @@ def content_hash(request: Request) -> float:
     return int.from_bytes(digest, "little") / 2**64
 
 
-def _present(args: Sequence[Sequence[str | None]]) -> list[int]:
+def present(args: Sequence[Sequence[str | None]]) -> list[int]:
     """The rows without a NULL argument."""
     rows = len(args[0]) if args else 0
     return [i for i in range(rows) if all(col[i] is not None for col in args)]
@@ -110,8 +110,8 @@ def _present(args: Sequence[Sequence[str | None]]) -> list[int]:
 def prompts(runtime: Runtime, question: Question,
              args: Sequence[Sequence[str | None]]) -> tuple[list[int], list[Request]]:
     """The rows without a NULL argument, and their requests."""
-    present = _present(args)
-    return present, build_requests(runtime, question, [[col[i] for col in args] for i in present])
+    rows = present(args)
+    return rows, build_requests(runtime, question, [[col[i] for col in args] for i in rows])
 
 
 Job = tuple[Question, Sequence[Sequence[str | None]]]  # a question and its PROMPT arguments, a column each
@@ -163,7 +163,7 @@ def _launch(runtime: Runtime, jobs: Sequence[Job], work: QueryWork | None) -> _L
     (the prefix baseline's block cache lives for a call). A step that fails
     cancels its query, so a part still being queued leaves the device.
     """
-    rows = [(j, i) for j, (_, args) in enumerate(jobs) for i in _present(args)]
+    rows = [(j, i) for j, (_, args) in enumerate(jobs) for i in present(args)]
     _refuse_too_long(runtime, jobs, rows)
     order, parts = _ordered_parts(runtime, jobs, rows)
     work = work if work is not None else QueryWork()

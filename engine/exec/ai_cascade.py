@@ -1,7 +1,6 @@
 """A cascade's execution: a filter or a classification with targets, the model asked only where a proxy cannot.
 
 - The targets: a filter's recall and / or precision, a classification's accuracy, each with its confidence.
-
 - The rows with no NULL argument are the cascade's rows (a NULL argument answers neither: the row is not kept).
 - engine/ai/cascade.py (a classification's: cascade_classify.py) draws the sample, fits the proxy on the
   embeddings of each row's documents (the server's embedding model, as AI_EMBED's), chooses the thresholds,
@@ -25,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from quail.engine.ai.asking import asking_together
+from quail.engine.ai.asking import present as present_rows
 from quail.engine.ai.cascade import Known, run
 from quail.engine.ai.cascade_classify import classify as classify_cascade
 from quail.engine.ai.kinds import KINDS
@@ -48,7 +48,7 @@ def ai_cascade(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: Quer
     if rows.num_rows and runtime is None:
         raise RuntimeError("an AI step over rows needs a runtime")
     call = call_of(step, rows)
-    present = np.array([i for i in range(rows.num_rows) if all(col[i] is not None for col in call.args)], np.int64)
+    present = np.array(present_rows(call.args), np.int64)
     texts = ["\n".join(col[i] for col in call.args) for i in present]
 
     def picked(chosen: np.ndarray) -> Call:

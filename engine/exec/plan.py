@@ -105,7 +105,8 @@ class AIStep(_OneStep):
     planned without seeing the pool; not part of the step's identity);
     `rows` its estimate of the rows asked (None: not estimated; not part of
     the identity either): a generating step expects at most `max_tokens` a row.
-    `targets`: a filter's recall / precision targets, run as a cascade over all its rows at once
+    `targets`: a filter's recall / precision targets or a classification's accuracy target, run as a cascade
+    over all its rows at once
     (exec/ai_cascade.py: a sample asked, a proxy on embeddings, the model asked only where it cannot decide).
     """
 
