@@ -14,9 +14,10 @@ keeps each query's report in the session, where `run()` reads it.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -55,6 +56,24 @@ def tls_options(root_certs: str | None = None, skip_verify: bool = False,
     options = {"tls_root_certs": Path(root_certs).read_text() if root_certs else None,
                "tls_skip_verify": "true" if skip_verify else None, "tls_override_hostname": override_hostname}
     return {CLIENT_OPTION + name: value for name, value in options.items() if value is not None}
+
+
+def listed_tables(connection, schema: str | None = None, name: str | None = None,
+                  types: Sequence[str] | None = None) -> list[dict[str, str]]:
+    """The tables and views ADBC's `adbc_get_objects` lists, each's schema, name and type; only those of this
+    schema, of this name (each matched exactly: LIKE's wildcards escaped) and of these types, where given."""
+    objects = connection.adbc_get_objects(depth="tables", db_schema_filter=_exactly(schema),
+                                          table_name_filter=_exactly(name),
+                                          table_types_filter=list(types) if types is not None else None)
+    return [{"schema": found["db_schema_name"], "name": table["table_name"], "type": table["table_type"]}
+            for catalog in objects.read_all().to_pylist() for found in catalog["catalog_db_schemas"] or []
+            for table in found["db_schema_tables"] or []
+            if schema in (None, found["db_schema_name"]) and name in (None, table["table_name"])]
+
+
+def _exactly(name: str | None) -> str | None:
+    """A name as a Flight SQL LIKE pattern matching only itself."""
+    return None if name is None else re.sub(r"([\\%_])", r"\\\1", name)
 
 
 def error_reason(err: Exception) -> str:

@@ -20,7 +20,7 @@ import pyarrow as pa
 from adbc_driver_manager import Error as DriverError
 
 from quail import shell_output as output
-from quail.remote import error_reason
+from quail.remote import error_reason, listed_tables
 
 HELP = """Statements end with ';' and may span lines. Ctrl-C cancels a running statement (at the prompt: clears
 the statement); Ctrl-D leaves.
@@ -74,11 +74,7 @@ def statements(text: str) -> tuple[list[str], str]:
 
 def tables(connection) -> pa.Table:
     """The tables and views the server lists: their schema, name and type."""
-    objects = connection.adbc_get_objects(depth="tables").read_all().to_pylist()
-    rows = [{"schema": schema["db_schema_name"], "name": table["table_name"], "type": table["table_type"]}
-            for catalog in objects for schema in catalog["catalog_db_schemas"] or []
-            for table in schema["db_schema_tables"] or []]
-    return pa.Table.from_pylist(rows, pa.schema([("schema", pa.string()), ("name", pa.string()),
+    return pa.Table.from_pylist(listed_tables(connection), pa.schema([("schema", pa.string()), ("name", pa.string()),
                                                  ("type", pa.string())]))
 
 

@@ -16,6 +16,8 @@ from sqlalchemy import types as sqltypes
 from sqlalchemy import util
 from sqlalchemy.dialects.postgresql import ARRAY
 
+from quail.remote import listed_tables
+
 TYPE_NAME = b"ARROW:FLIGHT:SQL:TYPE_NAME"
 TABLE_TYPES = ("TABLE", "SYSTEM TABLE")
 VIEW_TYPES = ("VIEW",)
@@ -52,11 +54,6 @@ def column_type(name: str) -> sqltypes.TypeEngine:
     return sqltypes.NullType()
 
 
-def _like(name: str | None) -> str | None:
-    """A name as a Flight SQL LIKE pattern matching only itself."""
-    return None if name is None else re.sub(r"([\\%_])", r"\\\1", name)
-
-
 def schema_names(adbc) -> list[str]:
     objects = adbc.adbc_get_objects(depth="db_schemas").read_all().to_pylist()
     return [schema["db_schema_name"] for catalog in objects for schema in catalog["catalog_db_schemas"]]
@@ -64,11 +61,7 @@ def schema_names(adbc) -> list[str]:
 
 def table_names(adbc, schema: str, types: tuple[str, ...], name: str | None = None) -> list[str]:
     """The names of a schema's tables of the given types (the one named `name`, if it is one)."""
-    objects = adbc.adbc_get_objects(depth="tables", db_schema_filter=_like(schema), table_name_filter=_like(name),
-                                    table_types_filter=list(types)).read_all().to_pylist()
-    return [table["table_name"] for catalog in objects for found in catalog["catalog_db_schemas"]
-            if found["db_schema_name"] == schema for table in found["db_schema_tables"] or []
-            if name is None or table["table_name"] == name]
+    return [table["name"] for table in listed_tables(adbc, schema, name, types)]
 
 
 def columns(adbc, schema: str, table: str) -> list[dict[str, Any]]:
