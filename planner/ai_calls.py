@@ -32,7 +32,8 @@ from quail.planner.dialects import position
 AGGREGATES = {"AI_AGG", "AI_SUMMARIZE_AGG"}  # planned around their SELECT (planner/aggregates.py), never bound here
 KNOWN = set(SQL_NAMES) | AGGREGATES
 EMBEDDING = {"AI_EMBED", "AI_SIMILARITY", "AI.EMBED", "AI.SIMILARITY"}  # spelled for DuckDB (embeddings.py)
-DUCKDB_RUNS = EMBEDDING | {"AI_COSINE"}  # the AI_* functions DuckDB runs (engine/exec/embedding_functions.py)
+DUCKDB_RUNS = EMBEDDING | {"AI_COSINE", "AI_SIMILAR_PAIRS", "AI_TOP_PAIRS"}  # the AI_* functions DuckDB runs
+# (engine/exec/embedding_functions.py)
 FILTER_OPTIONS = {"selectivity", "anchor", "recall", "precision", "confidence"}
 CLASSIFY_OPTIONS = {"answers", "accuracy", "confidence"}
 _IGNORED_KWARGS = {"connection_id", "endpoint", "model_params", "model"}

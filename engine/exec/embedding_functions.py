@@ -3,6 +3,11 @@
 - `ai_embed(model, text)`: the text's embedding, FLOAT[dims], from the served embedding model.
 - `ai_cosine(a, b)`: the cosine of two FLOAT[] lists, a DOUBLE (NULL where either is; DuckDB's own
   list_cosine_similarity refuses a batch in which a NULL list was cast from a NULL array).
+- `ai_similar_pairs(left, right, low)` and `ai_top_pairs(left, right, counts, k)`: over two lists of
+  embeddings (a similarity join's two sides, each value once), the 1-based (i, j) positions of the pairs
+  whose cosine exceeds `low`, or that can be among each left value's k most similar right rows (each
+  right value standing for `counts` rows): blocked matrix products on the embeddings' device
+  (similar_pairs.py).
 
 - The planner spells every dialect's AI_EMBED and AI_SIMILARITY with it (planner/embeddings.py), so an
   embedding may stand wherever DuckDB takes an expression: SELECT, WHERE, ORDER BY ... LIMIT, CREATE
@@ -22,7 +27,7 @@ from duckdb import sqltypes
 from quail.engine.errors import InvalidArgument
 from quail.engine.runtime.embeddings import Embeddings
 
-EMBED, COSINE = "ai_embed", "ai_cosine"
+EMBED, COSINE, PAIRS, TOP_PAIRS = "ai_embed", "ai_cosine", "ai_similar_pairs", "ai_top_pairs"
 
 
 def embedding_array(vectors: list[np.ndarray | None], dims: int) -> pa.FixedSizeListArray:
@@ -62,19 +67,65 @@ def cosine(first: pa.ListArray | pa.ChunkedArray, second: pa.ListArray | pa.Chun
     return pa.array(out, mask=np.isnan(out))
 
 
+def matrix(lists: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
+    """The lists as unit rows of a matrix (zeros where a list is NULL, empty or all zeros) and which rows hold
+    a vector; InvalidArgument where two differ in length.
+
+    >>> m, valid = matrix(pa.array([[3.0, 4.0], None, [], [0.0, 1.0]]))
+    >>> m.tolist(), valid.tolist()
+    ([[0.6, 0.8], [0.0, 0.0], [0.0, 0.0], [0.0, 1.0]], [True, False, False, True])
+    """
+    lengths = np.asarray(lists.value_lengths().fill_null(0))
+    sizes = np.unique(lengths[lengths > 0])
+    if len(sizes) > 1:
+        raise InvalidArgument("AI_SIMILARITY compares embeddings of as many dimensions: these differ")
+    rows = np.zeros((len(lists), sizes[0] if len(sizes) else 0), dtype=np.float64)
+    held = np.flatnonzero(lengths > 0)
+    rows[held] = np.asarray(lists.flatten(), dtype=np.float64).reshape(len(held), -1)
+    norms = np.linalg.norm(rows, axis=1) if rows.size else np.zeros(len(rows))
+    valid = norms > 0
+    rows[valid] /= norms[valid, None]
+    return rows, valid
+
+
+def _positions(found: list[tuple[np.ndarray, np.ndarray]]) -> pa.ListArray:
+    """Each row's pairs as a list of 1-based STRUCT(i, j)."""
+    offsets = np.cumsum([0] + [len(i) for i, _ in found])
+    i, j = (np.concatenate([pair[side] for pair in found]) + 1 if found else np.zeros(0, np.int64)
+            for side in (0, 1))
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
+                                    pa.StructArray.from_arrays([pa.array(i, pa.int64()), pa.array(j, pa.int64())],
+                                                               names=["i", "j"]))
+
+
 def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
-    """`ai_embed(model, text)` over `embeddings`, and `ai_cosine(a, b)`, on the connection's database (its
-    cursors see them); ones registered before are replaced."""
+    """`ai_embed(model, text)` over `embeddings`, `ai_cosine(a, b)` and the pairs' functions on the connection's
+    database (its cursors see them); ones registered before are replaced."""
+    from quail.engine.exec import similar_pairs  # torch, loaded by a server's database, not by the planner
+
 
     def ai_embed(models: pa.Array, texts: pa.Array) -> pa.FixedSizeListArray:
         for name in set(models.to_pylist()) - {None}:
             embeddings.check_model(name)
         return embedding_array(embeddings.embed(texts.to_pylist()), embeddings.dims)
 
+    def ai_similar_pairs(left: pa.ListArray, right: pa.ListArray, low: pa.Array) -> pa.ListArray:
+        return _positions([similar_pairs.above(matrix(left[r].values)[0], matrix(right[r].values)[0],
+                                               low[r].as_py(), embeddings.device) for r in range(len(left))])
+
+    def ai_top_pairs(left: pa.ListArray, right: pa.ListArray, counts: pa.ListArray, k: pa.Array) -> pa.ListArray:
+        return _positions([similar_pairs.top(*matrix(left[r].values), *matrix(right[r].values),
+                                             np.asarray(counts[r].values), k[r].as_py(), embeddings.device)
+                           for r in range(len(left))])
+
     floats = duckdb.list_type(sqltypes.FLOAT)
+    sides = duckdb.list_type(floats)
+    positions = duckdb.list_type(duckdb.struct_type({"i": sqltypes.BIGINT, "j": sqltypes.BIGINT}))
     for name, function, parameters, returns in (
             (EMBED, ai_embed, [sqltypes.VARCHAR, sqltypes.VARCHAR], duckdb.array_type(sqltypes.FLOAT, embeddings.dims)),
-            (COSINE, cosine, [floats, floats], sqltypes.DOUBLE)):
+            (COSINE, cosine, [floats, floats], sqltypes.DOUBLE),
+            (PAIRS, ai_similar_pairs, [sides, sides, sqltypes.DOUBLE], positions),
+            (TOP_PAIRS, ai_top_pairs, [sides, sides, duckdb.list_type(sqltypes.BIGINT), sqltypes.BIGINT], positions)):
         try:
             con.remove_function(name)
         except duckdb.InvalidInputException:

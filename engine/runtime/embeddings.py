@@ -57,11 +57,15 @@ def embedded_model() -> StaticEmbedding:
 
 
 class Embeddings:
-    """An embedding model of `dims` dimensions, loaded by `load` on first use, and the embeddings it gave."""
+    """An embedding model of `dims` dimensions, loaded by `load` on first use, and the embeddings it gave.
+
+    - `device`: where a similarity join's matrix products run (engine/exec/similar_pairs.py).
+    """
 
     def __init__(self, load: Callable[[], EmbeddingModel] = embedded_model, name: str = EMBEDDED_NAME,
-                 dims: int = EMBEDDED_DIMS, max_bytes: int = MAX_BYTES, names: Sequence[str] = ()) -> None:
-        self.name, self.dims = name, dims
+                 dims: int = EMBEDDED_DIMS, max_bytes: int = MAX_BYTES, names: Sequence[str] = (),
+                 device: str = "cpu") -> None:
+        self.name, self.dims, self.device = name, dims, device  # the device: where similarity joins multiply
         self.names = frozenset({name.lower(), "default", *(n.lower() for n in names)})
         self._load = load
         self._model: EmbeddingModel | None = None

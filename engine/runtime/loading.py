@@ -201,13 +201,14 @@ def load(config: EngineConfig | None = None) -> tuple[Runtime, EngineConfig]:
 def load_embeddings(config: EngineConfig) -> Embeddings:
     """The embedding model AI_EMBED asks: `config.embed_model` loaded now, a decoder on the config's device
     whose runtime keeps no KV (DecoderEmbedding); None: the embedded static model, loaded on first use."""
+    settled_config = settled(replace(config, model=config.embed_model or config.model, replicas=1))
     if config.embed_model is None:
-        return Embeddings()
-    settled_config = settled(replace(config, model=config.embed_model, replicas=1))
+        return Embeddings(device=settled_config.device)
     model_id, model, tokenizer, frame = _parts(settled_config)
     embedding = DecoderEmbedding(Runtime(model_id, model, tokenizer, frame, "quail", settled_config.token_budget,
                                          kv_bytes=0, names=(config.embed_model,)))
-    return Embeddings(lambda: embedding, embedding.name, embedding.dims, names=(config.embed_model,))
+    return Embeddings(lambda: embedding, embedding.name, embedding.dims, names=(config.embed_model,),
+                      device=settled_config.device)
 
 
 def _parts(config: EngineConfig) -> tuple[str, Decoder, Tokenizer, ChatFrame]:

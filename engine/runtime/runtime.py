@@ -118,7 +118,7 @@ class Runtime:
             self.scheduler = device_of.scheduler
         self.strategy = strategy
         self.texts = texts if texts is not None else SegmentCache()
-        self.embeddings = embeddings if embeddings is not None else Embeddings()
+        self.embeddings = embeddings if embeddings is not None else Embeddings(device=str(self.runner.device))
         self.memo = Memo()  # what a query computed that a later one over the same rows reuses (a cascade's)
         self.yes_no = self._yes_no_labels()
         self.end_of_turn = frozenset(self._single_token((frame.turn_end,))) if frame.turn_end else frozenset()

@@ -32,5 +32,6 @@ def test_the_query_bench_agrees_with_numpy_on_a_tiny_run(tmp_path):
 
     doc = json.loads(embedding_queries.main(["--rows", "60", "--left", "12", "--right", "6",
                                              "--out", str(tmp_path)]).read_text())
-    assert doc["top_k"]["agree"] and doc["join"]["agree"]
+    assert doc["top_k"]["agree"] and doc["join"]["agree"] and doc["top_k_per_row"]["agree"]
     assert doc["join"]["pairs_compared"] == 72 and doc["top_k"]["warm_s"] > 0
+    assert doc["top_k_per_row"]["rows"] == 12 * 5 and doc["join"]["pairs_found"] >= 1

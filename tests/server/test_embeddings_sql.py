@@ -117,11 +117,47 @@ def test_bad_embedding_calls_are_invalid_arguments(uri, sql, message):
      "SELECT d.id, q.qid FROM docs d, queries q WHERE 0.4 < AI_SIMILARITY(q.text, d.body) OR false"),
 ])
 def test_a_similarity_join_asks_pairs_found_once_and_gives_every_pair_s_rows(uri, fast, slow):
-    """The join's condition becomes pairs of distinct values found once (DuckDB's cosine over the two sides'
+    """The join's condition becomes pairs of distinct values found once (a matrix product of the two sides'
     embeddings, a margin below), the exact condition checked on those alone: the rows the pairwise form
     (under OR, not rewritten) gives, NULL and empty texts included."""
-    plan = "\n".join(fetch(uri, "EXPLAIN " + fast).column(0).to_pylist())
-    assert "list_cosine_similarity" in plan.lower() and "list_cosine_similarity" not in \
-        "\n".join(fetch(uri, "EXPLAIN " + slow).column(0).to_pylist()).lower()
+    assert "ai_similar_pairs" in explained(uri, fast) and "ai_similar_pairs" not in explained(uri, slow)
     rows = sorted(tuple(r.values()) for r in fetch(uri, fast).to_pylist())
     assert rows and rows == sorted(tuple(r.values()) for r in fetch(uri, slow).to_pylist())
+
+
+TOP_K = "SELECT q.qid, d.id FROM queries q, docs d {where} QUALIFY {rank} OVER (PARTITION BY q.qid ORDER BY " \
+        "AI_SIMILARITY(d.body, q.text) DESC{nulls}{ties}) <= 3"
+
+
+@pytest.mark.parametrize("rank, where, nulls, dialect", [("ROW_NUMBER()", "", "", "duckdb"),
+                                                         ("RANK()", "WHERE q.qid > 1", " NULLS FIRST", "duckdb"),
+                                                         ("ROW_NUMBER()", "", "", "snowflake")])
+def test_top_k_per_row_is_planned_as_a_matrix_product_and_gives_the_brute_force_rows(uri, rank, where, nulls, dialect):
+    """QUALIFY's top 3 documents per query: the rows a brute force ranking here gives (NULL and empty texts,
+    whose similarity is NULL, first or last as the order says; Snowflake puts NULLs first in a descending
+    order; ROW_NUMBER's ties broken by id, RANK's kept), found through the pairs that can rank (`ai_top_pairs`);
+    a condition on the documents' side keeps the pairwise plan, with the same rows."""
+    sql = TOP_K.format(rank=rank, where=where, nulls=nulls, ties=", d.id" if rank == "ROW_NUMBER()" else "")
+    bodies, texts = DOCS.column("body").to_pylist(), QUERIES.column("text").to_pylist()
+    scores = np.round(brute_cosine(vectors(uri, bodies), vectors(uri, texts)), 5)
+    nulls_first = bool(nulls) or dialect == "snowflake"
+    want = []
+    for j, qid in enumerate(QUERIES.column("qid").to_pylist()):
+        if where and qid <= 1:
+            continue
+        key = [((np.isnan(scores[k, j]) != nulls_first), -np.nan_to_num(scores[k, j]), k) for k in range(len(bodies))]
+        ranked = sorted(range(len(bodies)), key=lambda k: key[k])
+        if rank == "RANK()":
+            want += [(qid, k) for k in ranked if sum(key[m][:2] < key[k][:2] for m in ranked) < 3]
+        else:
+            want += [(qid, k) for k in ranked[:3]]
+    got = fetch(uri, sql, dialect)
+    assert sorted(zip(*[got.column(c).to_pylist() for c in ("qid", "id")])) == sorted(want)
+    assert "ai_top_pairs" in explained(uri, sql, dialect)
+    pairwise = sql.replace("QUALIFY", ("AND" if where else "WHERE") + " d.id >= 0 QUALIFY")
+    assert "ai_top_pairs" not in explained(uri, pairwise, dialect)
+    assert sorted(fetch(uri, pairwise, dialect).to_pylist(), key=str) == sorted(got.to_pylist(), key=str)
+
+
+def explained(uri: str, sql: str, dialect: str = "duckdb") -> str:
+    return "\n".join(fetch(uri, "EXPLAIN " + sql, dialect).column(0).to_pylist()).lower()

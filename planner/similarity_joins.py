@@ -1,0 +1,203 @@
+"""Similarity joins and top-k per row, planned as matrix products over each side's distinct values.
+
+- Each side's distinct values are embedded once and the pairs of values found by blocked matrix products
+  on the device (engine/exec/similar_pairs.py); table b is then joined with those pairs by its value
+  (each b row once per a value it pairs with, that value in a column the SELECT's stars leave out), and
+  a's value equated with it: a hash join over the pairs, never the cross product of a and b.
+- A threshold join: the first conjunct `AI_SIMILARITY(a.x, b.y) > t` (>=, or t < ...) of an inner join's ON
+  or of a WHERE, its arguments reading two tables of the FROM: the pairs whose cosine passes, MARGIN below t
+  (`ai_similar_pairs`); the exact condition still checked on each (NULL and false both reject).
+- Top k per row: `QUALIFY ROW_NUMBER() (or RANK()) OVER (PARTITION BY <a's columns> ORDER BY
+  AI_SIMILARITY(a.x, b.y) DESC, ...) <= k` over `a, b` (a cross join; WHERE conditions on a alone): the pairs
+  that can rank within k (`ai_top_pairs`: each b value standing for its rows, ties kept) and every pair with
+  a NULL side (IS NOT DISTINCT FROM); QUALIFY still ranks them, exactly.
+- Anything else (outer joins, OR, other windows, conditions on b beside a top k) stays pairwise.
+
+>>> from sqlglot import parse_one
+>>> tree = parse_one("SELECT a.id, b.id FROM a, b QUALIFY ROW_NUMBER() OVER (PARTITION BY a.id "
+...                  "ORDER BY AI_SIMILARITY(a.x, b.y) DESC) <= 3", read="duckdb")
+>>> prefilter(tree); "ai_top_pairs" in tree.sql("duckdb").lower()
+True
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from quail.planner.ai_calls import embedding_name
+from quail.planner.embedding_calls import SIMILARITY, arguments, filled, vector
+
+MARGIN = 1e-5  # the pairs' slack below a join's threshold: the device's float product against ai_cosine's float64
+KEY = "__sim_lt"  # the column the right table gains: the left value it pairs with
+_FOUND = """SELECT __sim_l.t AS lt, __sim_r.t AS rt
+ FROM (SELECT UNNEST(POSITIONS) AS p) AS __sim_q,
+  (SELECT t, row_number() OVER (ORDER BY t) AS k FROM (SELECT DISTINCT AL AS t FROM TL) AS __sim_nl
+   WHERE t IS NOT NULL) AS __sim_l,
+  (SELECT t, row_number() OVER (ORDER BY t) AS k FROM (SELECT DISTINCT AR AS t FROM TR) AS __sim_nr
+   WHERE t IS NOT NULL) AS __sim_r
+ WHERE __sim_l.k = __sim_q.p.i AND __sim_r.k = __sim_q.p.j"""
+_WITH_NULLS = """SELECT lt, rt FROM (FOUND) AS __sim_f
+ UNION ALL SELECT NULL AS lt, t AS rt FROM (SELECT DISTINCT AR AS t FROM TR) AS __sim_ar
+ UNION ALL SELECT t AS lt, NULL AS rt FROM (SELECT DISTINCT AL AS t FROM TL) AS __sim_al WHERE t IS NOT NULL"""
+_SIDE = "(SELECT list(V ORDER BY t) FROM (SELECT DISTINCT A AS t FROM T) AS __sim_d WHERE t IS NOT NULL)"
+_COUNTS = "(SELECT list(n ORDER BY t) FROM (SELECT A AS t, count(*) AS n FROM T GROUP BY A) AS __sim_c " \
+          "WHERE t IS NOT NULL)"
+_PAIRED = "SELECT R.*, __sim_p.lt AS __sim_lt FROM TR JOIN (FOUND) AS __sim_p ON __sim_p.rt IS NOT DISTINCT FROM AR"
+Side = tuple[exp.Expression, exp.Expression]  # an argument of AI_SIMILARITY and the table it reads
+
+
+def prefilter(tree: exp.Expression) -> None:
+    """Rewrite the statement's similarity joins and top-k-per-row windows in place (see the module's
+    summary)."""
+    for select in list(tree.find_all(exp.Select)):
+        if any(join.side or (join.kind or "").upper() not in ("", "INNER", "CROSS")
+               for join in select.args.get("joins") or []):
+            continue  # an outer join's rows are not the pairs' alone
+        if not _prefilter_top_k(select):
+            _prefilter_threshold(select)
+
+
+def _prefilter_threshold(select: exp.Select) -> bool:
+    """The first threshold conjunct between two of the SELECT's tables, through the pairs; whether one was."""
+    tables = _tables(select)
+    conditions = [join.args["on"] for join in select.args.get("joins") or [] if join.args.get("on")]
+    if select.args.get("where") is not None:
+        conditions.append(select.args["where"].this)
+    for condition in conditions:
+        for conjunct in list(condition.flatten()) if isinstance(condition, exp.And) else [condition]:
+            found = _threshold(conjunct)
+            if found is None:
+                continue
+            (first, second), low = found
+            sides = (_alias(first), _alias(second))
+            if None in sides or sides[0] == sides[1] or not all(side in tables for side in sides):
+                continue
+            positions = exp.Anonymous(this="ai_similar_pairs", expressions=[
+                _side(first, tables[sides[0]]), _side(second, tables[sides[1]]), exp.Literal.number(repr(low))])
+            pairs = _found(positions, first, tables[sides[0]], second, tables[sides[1]])
+            key = _paired(select, second, tables[sides[1]], pairs)
+            conjunct.replace(exp.and_(exp.EQ(this=first.copy(), expression=key), conjunct.copy()))
+            return True
+    return False
+
+
+def _prefilter_top_k(select: exp.Select) -> bool:
+    """A QUALIFY's top k per row through the pairs that can rank; whether it was."""
+    found = _top_k(select)
+    tables = _tables(select)
+    joins = select.args.get("joins") or []
+    if found is None or len(tables) != 2 or len(joins) != 1 or select.args.get("group") is not None:
+        return False
+    join = joins[0]
+    if (join.kind or "CROSS").upper() != "CROSS" or join.args.get("on") or join.args.get("using"):
+        return False
+    (first, second), k, partitioned = found
+    if _alias(second) == partitioned:
+        first, second = second, first
+    left, right = _alias(first), _alias(second)
+    if left is None or left != partitioned or right is None or right == left or right not in tables:
+        return False
+    where = select.args.get("where")
+    if where is not None and (where.find(exp.Query) is not None or any(
+            column.table != left for column in where.find_all(exp.Column))):
+        return False  # a condition on b's rows would change which rows rank within k
+    positions = exp.Anonymous(this="ai_top_pairs", expressions=[
+        _side(first, tables[left]), _side(second, tables[right]),
+        filled(_COUNTS, {"A": second, "T": tables[right]}), exp.Literal.number(k)])
+    pairs = filled(_WITH_NULLS, {"FOUND": _found(positions, first, tables[left], second, tables[right]),
+                                 "AL": first, "TL": tables[left], "AR": second, "TR": tables[right]})
+    key = _paired(select, second, tables[right], pairs)
+    select.where(exp.NullSafeEQ(this=first.copy(), expression=key), copy=False)
+    return True
+
+
+def _top_k(select: exp.Select) -> tuple[list[exp.Expression], int, str | None] | None:
+    """The AI_SIMILARITY arguments ordering a QUALIFY's `ROW_NUMBER() / RANK() OVER (PARTITION BY ... ORDER BY
+    AI_SIMILARITY(..) DESC, ...) <= k` (or < k + 1, or the window named by a SELECT alias), k, and the one
+    table alias the PARTITION BY reads (None: several, or none)."""
+    qualify = select.args.get("qualify")
+    condition = qualify.this if qualify is not None else None
+    if isinstance(condition, (exp.LTE, exp.LT)):
+        window, bound = condition.this, condition.expression
+    elif isinstance(condition, (exp.GTE, exp.GT)):
+        window, bound = condition.expression, condition.this
+    else:
+        return None
+    if isinstance(window, exp.Column) and not window.table:
+        named = [item.this for item in select.expressions if isinstance(item, exp.Alias) and item.alias == window.name]
+        window = named[0] if len(named) == 1 else window
+    if not (isinstance(window, exp.Window) and isinstance(window.this, (exp.RowNumber, exp.Rank))
+            and isinstance(bound, exp.Literal) and bound.is_int):
+        return None
+    k = int(bound.this) - (1 if isinstance(condition, (exp.LT, exp.GT)) else 0)
+    order = window.args.get("order")
+    first = order.expressions[0] if order is not None and order.expressions else None
+    name = embedding_name(first.this) if first is not None else None
+    if name not in SIMILARITY or not first.args.get("desc") or k < 1:
+        return None
+    args = arguments(name, first.this)
+    partitions = {column.table for part in window.args.get("partition_by") or [] for column in part.find_all(exp.Column)}
+    return (args, k, partitions.pop() if len(partitions) == 1 else None) if len(args) == 2 else None
+
+
+def _tables(select: exp.Select) -> dict[str, exp.Expression]:
+    """The FROM's and the joins' tables and derived tables, by alias (or name)."""
+    sources = [select.args["from_"].this] if select.args.get("from_") is not None else []
+    sources += [join.this for join in select.args.get("joins") or []]
+    return {source.alias_or_name: source for source in sources if isinstance(source, (exp.Table, exp.Subquery))}
+
+
+def _threshold(conjunct: exp.Expression) -> tuple[list[exp.Expression], float] | None:
+    """The two arguments of the AI_SIMILARITY call of `call > t` (>=, t < call, t <= call), and t - MARGIN."""
+    if isinstance(conjunct, (exp.GT, exp.GTE)):
+        call, bound = conjunct.this, conjunct.expression
+    elif isinstance(conjunct, (exp.LT, exp.LTE)):
+        call, bound = conjunct.expression, conjunct.this
+    else:
+        return None
+    negative = isinstance(bound, exp.Neg)
+    number = bound.this if negative else bound
+    name = embedding_name(call)
+    if name not in SIMILARITY or not (isinstance(number, exp.Literal) and number.is_number):
+        return None
+    args = arguments(name, call)
+    return (args, (-1 if negative else 1) * float(number.this) - MARGIN) if len(args) == 2 else None
+
+
+def _alias(argument: exp.Expression) -> str | None:
+    """The one table alias every column of the argument names (None: none, several, an unqualified column, or
+    a subquery)."""
+    columns = list(argument.find_all(exp.Column))
+    aliases = {column.table for column in columns}
+    if not columns or "" in aliases or len(aliases) != 1 or argument.find(exp.Query) is not None:
+        return None
+    return aliases.pop()
+
+
+def _side(argument: exp.Expression, table: exp.Expression) -> exp.Expression:
+    """A scalar subquery: the list of the side's distinct non-NULL values' embeddings, in the values' order."""
+    return filled(_SIDE, {"V": vector(exp.column("t")), "A": argument, "T": table})
+
+
+def _found(positions: exp.Expression, first: exp.Expression, first_table: exp.Expression,
+           second: exp.Expression, second_table: exp.Expression) -> exp.Expression:
+    """The pairs of values (lt, rt) at the 1-based `positions` the pairs' function gives, each side's distinct
+    values numbered in order."""
+    return filled(_FOUND, {"POSITIONS": positions, "AL": first, "TL": first_table, "AR": second,
+                           "TR": second_table})
+
+
+def _paired(select: exp.Select, argument: exp.Expression, table: exp.Expression, pairs: exp.Expression
+            ) -> exp.Expression:
+    """The right table, in place, joined with the pairs of values by its argument's value: each of its rows
+    once per left value it pairs with, that value in a column KEY (which the SELECT's stars leave out);
+    the column, to be equated with the left argument (a hash join, never the cross product)."""
+    alias = table.alias_or_name
+    joined = filled(_PAIRED, {"TR": table, "FOUND": pairs, "AR": argument})
+    joined.expressions[0].set("table", exp.to_identifier(alias))
+    table.replace(exp.Subquery(this=joined, alias=exp.TableAlias(this=exp.to_identifier(alias))))
+    for item in select.expressions:
+        star = item if isinstance(item, exp.Star) else item.this if isinstance(item, exp.Column) else None
+        if isinstance(star, exp.Star) and (item is star or item.table == alias):
+            star.set("except_", [*(star.args.get("except_") or []), exp.column(KEY)])
+    return exp.column(KEY, alias)
