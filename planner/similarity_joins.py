@@ -117,12 +117,10 @@ def _top_k(select: exp.Select) -> tuple[list[exp.Expression], int, str | None] |
     table alias the PARTITION BY reads (None: several, or none)."""
     qualify = select.args.get("qualify")
     condition = qualify.this if qualify is not None else None
-    if isinstance(condition, (exp.LTE, exp.LT)):
-        window, bound = condition.this, condition.expression
-    elif isinstance(condition, (exp.GTE, exp.GT)):
-        window, bound = condition.expression, condition.this
-    else:
+    sides = _ordered(condition)
+    if sides is None:
         return None
+    window, bound = sides
     if isinstance(window, exp.Column) and not window.table:
         named = [item.this for item in select.expressions if isinstance(item, exp.Alias) and item.alias == window.name]
         window = named[0] if len(named) == 1 else window
@@ -140,6 +138,15 @@ def _top_k(select: exp.Select) -> tuple[list[exp.Expression], int, str | None] |
     return (args, k, partitions.pop() if len(partitions) == 1 else None) if len(args) == 2 else None
 
 
+def _ordered(comparison: exp.Expression | None) -> tuple[exp.Expression, exp.Expression] | None:
+    """The smaller and the larger side of a `<`, `<=`, `>` or `>=` (None: any other expression)."""
+    if isinstance(comparison, (exp.LT, exp.LTE)):
+        return comparison.this, comparison.expression
+    if isinstance(comparison, (exp.GT, exp.GTE)):
+        return comparison.expression, comparison.this
+    return None
+
+
 def _tables(select: exp.Select) -> dict[str, exp.Expression]:
     """The FROM's and the joins' tables and derived tables, by alias (or name)."""
     sources = [select.args["from_"].this] if select.args.get("from_") is not None else []
@@ -149,12 +156,10 @@ def _tables(select: exp.Select) -> dict[str, exp.Expression]:
 
 def _threshold(conjunct: exp.Expression) -> tuple[list[exp.Expression], float] | None:
     """The two arguments of the AI_SIMILARITY call of `call > t` (>=, t < call, t <= call), and t - MARGIN."""
-    if isinstance(conjunct, (exp.GT, exp.GTE)):
-        call, bound = conjunct.this, conjunct.expression
-    elif isinstance(conjunct, (exp.LT, exp.LTE)):
-        call, bound = conjunct.expression, conjunct.this
-    else:
+    sides = _ordered(conjunct)
+    if sides is None:
         return None
+    bound, call = sides
     negative = isinstance(bound, exp.Neg)
     number = bound.this if negative else bound
     name = embedding_name(call)
