@@ -98,14 +98,16 @@ class ResidentTree:
         return self.tokens * self.pool.bytes_per_token
 
     def match(self, ids: np.ndarray, limit: int | None = None, counted: bool = True, fetch: bool = True,
-              pin: bool = False, with_kv: bool = True) -> Match:
+              pin: bool = False, with_kv: bool = True, promised: bool = False) -> Match:
         """The longest resident prefix of `ids`, at most `limit` tokens (a request still computes its last
         token: its answer is read there); marks the path used. `counted`: in the hit rate. `fetch`: the
         part in the host tier is copied back into the pool (before the next pass; or not counted when
         recomputing is cheaper); else it counts in the length, and is copied back by the match that
         fetches it later (the caller pins the node meanwhile). `pin`: the node it ends in is pinned before
         anyone else may change the tree (`unpin` it). `with_kv`: the match holds the prefix's KV (else its
-        kv is None: a caller that only plans, from its length and node, holds no slots for it)."""
+        kv is None: a caller that only plans, from its length and node, holds no slots for it). `promised`: the
+        caller planned on this prefix (its node pinned since): a part a lower tier holds is copied back even
+        where that tier would rather compute it again (the caller's positions count on every token)."""
         limit = len(ids) if limit is None else min(limit, len(ids))
         with self._lock:
             node, length = self.root, 0
@@ -113,7 +115,7 @@ class ResidentTree:
             path: list[Node] = []
             while length < limit:
                 child = node.children.get(int(ids[length]))
-                if child is None or (child.kv is None and not child.host.tier.restores):
+                if child is None or (child.kv is None and not (promised or child.host.tier.restores)):
                     break
                 shared = common_length(child.ids, ids[length:limit])
                 self.leaves.use(child)

@@ -322,8 +322,13 @@ class Fetch:
     kv: KV | None = None
 
     def run(self, hold: "_Hold") -> KV:
+        """The prefix's KV, all of it (copied back from a lower tier where the tree moved it since: its node
+        was pinned, so it is there)."""
         if self.kv is None:
-            self.kv = hold.tree.match(self.ids, counted=False).kv
+            match = hold.tree.match(self.ids, counted=False, promised=True)
+            if match.length != len(self.ids):
+                raise RuntimeError(f"a pinned prefix of {len(self.ids)} tokens came back as {match.length}")
+            self.kv = match.kv
             hold.unpin(self)  # the job holds the run itself now
         return self.kv
 

@@ -299,3 +299,22 @@ def test_host_extents_are_split_and_merged_back():
     for run in (head, tail, runs[0], runs[2]):
         host.free(run)
     assert host.used == 0 and host.take(10).extents == [(0, 10)]
+
+
+def test_a_prefix_planned_on_comes_back_whole_where_the_host_tier_would_rather_compute_it_again():
+    """A job plans on a resident prefix (pinned, nothing held) that then moves to a host tier which computes
+    again rather than copy back: a new match stops before it, but the job's match (promised) copies it back,
+    all of its tokens (a shorter run, taken as the whole prefix, would shift every position after it)."""
+    pool = _pool(8)
+    tree = ResidentTree(pool, HostTier(pool, 8))
+    tree.host.restore_s, tree.host.recompute_s = 2.0, 1.0
+    ids = np.array([1, 2, 3, 4, 5, 6])
+    tree.insert(ids, _run(pool, ids))
+    gc.collect()
+    planned = tree.match(ids, fetch=False, pin=True, with_kv=False)
+    tree.evict(8)
+    assert planned.length == 6 and tree.host_tokens == 6 and tree.match(ids).length == 0
+    found = tree.match(ids, promised=True)
+    tree.settle()
+    assert found.length == 6 and _tokens(found.kv) == [1, 2, 3, 4, 5, 6]
+    tree.unpin(planned.node)
