@@ -43,7 +43,6 @@ _SIDE = "(SELECT list(V ORDER BY t) FROM (SELECT DISTINCT A AS t FROM T) AS __si
 _COUNTS = "(SELECT list(n ORDER BY t) FROM (SELECT A AS t, count(*) AS n FROM T GROUP BY A) AS __sim_c " \
           "WHERE t IS NOT NULL)"
 _PAIRED = "SELECT R.*, __sim_p.lt AS __sim_lt FROM TR JOIN (FOUND) AS __sim_p ON __sim_p.rt IS NOT DISTINCT FROM AR"
-Side = tuple[exp.Expression, exp.Expression]  # an argument of AI_SIMILARITY and the table it reads
 
 
 def prefilter(tree: exp.Expression) -> None:

@@ -28,6 +28,7 @@ from quail.engine.errors import InvalidArgument
 from quail.engine.runtime.embeddings import Embeddings
 
 EMBED, COSINE, PAIRS, TOP_PAIRS = "ai_embed", "ai_cosine", "ai_similar_pairs", "ai_top_pairs"
+DIMENSIONS_DIFFER = "AI_SIMILARITY compares embeddings of as many dimensions: these differ"
 
 
 def embedding_array(vectors: list[np.ndarray | None], dims: int) -> pa.FixedSizeListArray:
@@ -56,7 +57,7 @@ def cosine(first: pa.ListArray | pa.ChunkedArray, second: pa.ListArray | pa.Chun
         a, b = (column.take(pa.array(rows)) for column in (first, second))
         lengths = np.asarray(a.value_lengths())
         if not np.array_equal(lengths, np.asarray(b.value_lengths())):
-            raise InvalidArgument("AI_SIMILARITY compares embeddings of as many dimensions: these differ")
+            raise InvalidArgument(DIMENSIONS_DIFFER)
         for length in np.unique(lengths[lengths > 0]):  # rows of one length at a time: a matrix each
             group = np.flatnonzero(lengths == length)
             x, y = (np.asarray(side.take(pa.array(group)).flatten(), dtype=np.float64).reshape(len(group), -1)
@@ -78,7 +79,7 @@ def matrix(lists: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.asarray(lists.value_lengths().fill_null(0))
     sizes = np.unique(lengths[lengths > 0])
     if len(sizes) > 1:
-        raise InvalidArgument("AI_SIMILARITY compares embeddings of as many dimensions: these differ")
+        raise InvalidArgument(DIMENSIONS_DIFFER)
     rows = np.zeros((len(lists), sizes[0] if len(sizes) else 0), dtype=np.float64)
     held = np.flatnonzero(lengths > 0)
     rows[held] = np.asarray(lists.flatten(), dtype=np.float64).reshape(len(held), -1)
@@ -102,7 +103,6 @@ def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
     """`ai_embed(model, text)` over `embeddings`, `ai_cosine(a, b)` and the pairs' functions on the connection's
     database (its cursors see them); ones registered before are replaced."""
     from quail.engine.exec import similar_pairs  # torch, loaded by a server's database, not by the planner
-
 
     def ai_embed(models: pa.Array, texts: pa.Array) -> pa.FixedSizeListArray:
         for name in set(models.to_pylist()) - {None}:

@@ -1,10 +1,9 @@
 """Pairs of embeddings found by blocked matrix products: those above a cosine threshold, and each row's top k.
 
 - The two sides come as unit rows of matrices (a row per distinct value, zeros for NULL or empty ones:
-  embedding_functions.matrix) and go to the
-  device in blocks of left rows, each block's cosines against every right row one matrix product
-  (float64 on CUDA, float32 on the CPU), thresholds and top k taken there too, so a 10,000 x 10,000 join
-  is a few GEMMs and only the pairs found come back, not 10^8 cosines.
+  embedding_functions.matrix) and go to the device in blocks of left rows, each block's cosines against
+  every right row one matrix product (float64 on CUDA, float32 on the CPU), thresholds and top k taken
+  there too, so a 10,000 x 10,000 join is a few GEMMs and only the pairs found come back, not 10^8 cosines.
 - `above`: the pairs whose cosine exceeds `low` (a similarity join's condition, a margin below its threshold).
 - `top`: for each left row, the right rows that can be among its k most similar when each right value
   stands for `counts` rows (ties at the k-th cosine, a margin below, all kept): a superset of any
@@ -49,10 +48,9 @@ def top(left: np.ndarray, left_valid: np.ndarray, right: np.ndarray, right_valid
     [[0, 0, 0, 0, 1, 1, 1, 1], [0, 1, 2, 3, 0, 1, 2, 3]]
     """
     found = []
-    no_vector = torch.from_numpy(~right_valid)
-    weights = torch.from_numpy(np.array(counts, dtype=np.int64))
+    no_vector = torch.from_numpy(~right_valid).to(device)
+    weights = torch.from_numpy(np.array(counts, dtype=np.int64)).to(device)
     for start, block in _blocks(left, right, device):
-        no_vector, weights = no_vector.to(block.device), weights.to(block.device)
         block[:, no_vector] = -torch.inf
         kept = torch.ones(block.shape, dtype=torch.bool, device=block.device)  # undecided rows keep every right row
         if len(right):
