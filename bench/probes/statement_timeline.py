@@ -137,7 +137,10 @@ def _traced_serve(argv: list[str]) -> int:
 def timeline(events: list, count: int, show: int) -> str:
     """Of the last `count` statements (a statement: from its planning prepare to the next's), the spans of
     `show` from the middle, then each span's median total per statement over the second half, and the
-    median time from a statement's answers on the host (its last `Scoring.read`) to the next prepare."""
+    median time from a statement's answers on the host (its last `Scoring.read`) to the next prepare.
+
+    - A span counts toward the statement it starts in, up to that statement's end: a pass of a statement
+      beside that runs on past it is not charged to this one in full."""
     events = sorted(events, key=lambda e: e[2])
     plans = [e[2] for e in events if e[0] == PLAN]
     starts = [e[2] for e in events if e[0] == PREPARE and any(e[2] <= p <= e[3] for p in plans)][-count:]
@@ -152,7 +155,7 @@ def timeline(events: list, count: int, show: int) -> str:
         passes: list[float] = []  # the starts of PASSES' spans (in the order they ended)
         for name, thread, t0, t1 in events:
             if begin <= t0 < end:
-                sums[name] += (t1 - t0) * 1000
+                sums[name] += (min(t1, end) - t0) * 1000
                 if name == ANSWERS and (answered is None or t1 > answered):
                     answered, own = t1, thread
                 if name == QUEUED:
