@@ -3,7 +3,10 @@
 - Targets are relative to the model's own answers on every row (the exact query's): with probability
   >= `confidence` over the sampling, whatever the proxy, the answer's recall (precision) is >= the target.
   Answer = rows at or above the upper threshold + band and sampled rows the model calls yes: recall is lost
-  only below the lower threshold, precision only above the upper one. Both targets: delta halved (union bound).
+  only below the lower threshold, precision only above the upper one.
+- A filter's cascade holds both: a target not stated is held to the stated one (recall 0.9 alone keeps
+  precision >= 0.9 too, so the proxy may accept as well as reject; state both to set each). Each gets half of
+  1 - confidence (union bound), so both hold together with probability >= confidence.
 - Sample: `FIT_ROWS` rows (uniform, no replacement) fit the proxy; calibration draws are i.i.d. uniform
   over the other rows, independent of the proxy: thresholds (and the reported AUC) use held-out rows only.
 - Lower threshold: the j-th smallest of the k positive draws' scores, j the largest with
@@ -12,7 +15,7 @@
 - Upper threshold: above the (f+1)-th highest negative draw, f the most with P(Binomial(k + f, r) <= f)
   <= delta, r = `false_share`: an exact one-sided test per threshold, its p-value monotone in the
   threshold, so the top-down fixed sequence needs no multiplicity correction (Bauer 1991; Angelopoulos et
-  al. 2021, Learn then Test). Recall-only accepts nothing unasked, precision-only rejects nothing.
+  al. 2021, Learn then Test).
 - SUPG (Kang et al., VLDB 2020) sets such thresholds from importance-sampled draws with normal-approximation
   (asymptotic) bounds; here uniform draws and exact binomial bounds: valid at any sample size, at the cost
   of more draws when positives are rare. A weak proxy widens the band towards every row; model work is
@@ -78,17 +81,31 @@ class Targets:
                 raise InvalidArgument(f"{name} must be a number in (0, 1{']' if closed else ')'}, got {value!r}")
 
     def describe(self) -> str:
-        """The targets as EXPLAIN shows them.
+        """The targets as EXPLAIN shows them, a filter's held one included.
 
-        >>> Targets(recall=0.9).describe()
-        'recall 0.9 at confidence 0.95'
+        >>> Targets(recall=0.9).describe(), Targets(recall=0.9, precision=0.8).describe()
+        ('recall 0.9 (precision held to 0.9) at confidence 0.95', 'recall 0.9 and precision 0.8 at confidence 0.95')
         """
-        wanted = [f"{name} {value:g}" for name, value in self._given()]
-        return f"{' and '.join(wanted)} at confidence {self.confidence:g}"
+        given = [(name, value) for name, value in (("recall", self.recall), ("precision", self.precision),
+                                                   ("accuracy", self.accuracy)) if value is not None]
+        wanted = " and ".join(f"{name} {value:g}" for name, value in given)
+        if self.kind == "filter" and len(given) == 1:
+            held, value = ("precision", self.recall) if self.precision is None else ("recall", self.precision)
+            wanted += f" ({held} held to {value:g})"
+        return f"{wanted} at confidence {self.confidence:g}"
 
-    def _given(self) -> list[tuple[str, float]]:
-        return [(name, value) for name, value in (("recall", self.recall), ("precision", self.precision),
-                                                  ("accuracy", self.accuracy)) if value is not None]
+    @property
+    def held(self) -> tuple[float, ...]:
+        """The targets the cascade meets: a filter's (recall, precision), the one not stated held to the other;
+        a classification's (accuracy,).
+
+        >>> Targets(precision=0.8).held, Targets(accuracy=0.9).held
+        ((0.8, 0.8), (0.9,))
+        """
+        if self.kind == "classify":
+            return (self.accuracy,)
+        recall = self.recall if self.recall is not None else self.precision
+        return recall, self.precision if self.precision is not None else recall
 
     @property
     def kind(self) -> str:
@@ -101,8 +118,8 @@ class Targets:
 
     @property
     def delta(self) -> float:
-        """Each target's failure probability: 1 - confidence, halved when both recall and precision are set."""
-        return (1.0 - self.confidence) / len(self._given())
+        """Each held target's failure probability: 1 - confidence, halved for a filter's two."""
+        return (1.0 - self.confidence) / len(self.held)
 
 
 def binomial_cdf(x: int, n: int, p: float) -> float:
@@ -147,18 +164,18 @@ def calibration_draws(targets: Targets) -> int:
     threshold at all; twenty times that leaves, at 10% selectivity, twice that many positives. A
     target of 1 is met only by asking every row: no draws for it.
 
-    >>> calibration_draws(Targets(recall=0.9)), calibration_draws(Targets(accuracy=1.0))
-    (600, 0)
+    >>> calibration_draws(Targets(recall=0.9)), calibration_draws(Targets(accuracy=0.9))
+    (738, 600)
     """
-    needed = [math.log(1.0 / targets.delta) / (1.0 - t) for _, t in targets._given() if t < 1.0]
+    needed = [math.log(1.0 / targets.delta) / (1.0 - t) for t in targets.held if t < 1.0]
     return math.ceil(CALIBRATION_FACTOR * max(needed)) if needed else 0
 
 
 def sample_sizes(n_rows: int, targets: Targets) -> tuple[int, int]:
     """(fit rows, calibration draws); every row labeled, (n_rows, 0), when those would reach the table.
 
-    >>> sample_sizes(100_000, Targets(recall=0.9)), sample_sizes(800, Targets(recall=0.9))
-    ((256, 600), (800, 0))
+    >>> sample_sizes(100_000, Targets(recall=0.9)), sample_sizes(900, Targets(recall=0.9))
+    ((256, 738), (900, 0))
     """
     draws = calibration_draws(targets)
     if draws == 0:
@@ -211,16 +228,16 @@ def lower_threshold(positive_scores: np.ndarray, recall: float, delta: float) ->
     return (float(np.sort(positive_scores)[j - 1]) if j > 0 else -math.inf), max(j, 0)
 
 
-def false_share(targets: Targets) -> float:
+def false_share(recall: float, precision: float) -> float:
     """The most false rows, as a share of (positives + accepted false rows), that still meet the precision target.
 
-    Precision = kept / (kept + false) and kept >= recall * positives (1 with no recall target), so
+    Precision = kept / (kept + false) and kept >= recall * positives, so
     false <= positives * recall * (1 - precision) / precision suffices.
 
-    >>> round(false_share(Targets(precision=0.9)), 6), round(false_share(Targets(recall=0.9, precision=0.9)), 4)
+    >>> round(false_share(1.0, 0.9), 6), round(false_share(0.9, 0.9), 4)
     (0.1, 0.0909)
     """
-    ratio = (targets.recall or 1.0) * (1.0 - targets.precision) / targets.precision
+    ratio = recall * (1.0 - precision) / precision
     return ratio / (1.0 + ratio)
 
 
@@ -350,9 +367,10 @@ def decide(scores: np.ndarray, sample: Sample, sample_yes: np.ndarray, targets: 
     outside = np.ones(len(scores), dtype=bool)
     outside[sample.fit] = False
     drawn, drawn_yes = scores[sample.calibration], yes[sample.calibration]
-    lower, j = lower_threshold(drawn[drawn_yes], targets.recall or 1.0, targets.delta)
-    upper = (upper_threshold(scores[outside], int(drawn_yes.sum()), drawn[~drawn_yes], false_share(targets),
-                             targets.delta) if targets.precision else math.inf)
+    recall, precision = targets.held
+    lower, j = lower_threshold(drawn[drawn_yes], recall, targets.delta)
+    upper = upper_threshold(scores[outside], int(drawn_yes.sum()), drawn[~drawn_yes],
+                            false_share(recall, precision), targets.delta)
     lower = min(lower, upper)  # rows both thresholds would decide are accepted: fewer rejections keep recall
     verdict = np.full(len(scores), Verdict.ASK, dtype=np.int8)
     verdict[scores < lower] = Verdict.REJECT
@@ -369,7 +387,7 @@ def decide(scores: np.ndarray, sample: Sample, sample_yes: np.ndarray, targets: 
         recall_estimate=(k - lost) / k if k else 1.0,
         recall_bound=1.0 - binomial_upper_limit(j - 1, k, targets.delta) if j else 1.0,
         precision_estimate=(k - lost) / (k - lost + false) if k - lost + false else 1.0,
-        precision_bound=targets.precision if upper < math.inf else 1.0, confidence=targets.confidence)
+        precision_bound=precision if upper < math.inf else 1.0, confidence=targets.confidence)
     return Decision(verdict, report)
 
 
