@@ -22,7 +22,8 @@ QUERIES_SCHEMA = pa.schema([
     pa.field("forward_passes", pa.int64(), False), pa.field("ai_steps_done", pa.int64(), False),
     pa.field("tokens_done", pa.int64(), False), pa.field("tokens_planned", pa.int64(), False),
     pa.field("tokens_cached", pa.int64(), False), pa.field("queue_place", pa.int64(), True),
-    pa.field("tokens_generated", pa.int64(), False),
+    pa.field("tokens_generated", pa.int64(), False), pa.field("cascade_proxy_rows", pa.int64(), True),
+    pa.field("cascade_model_rows", pa.int64(), True), pa.field("cascade", pa.string(), True),
 ])
 
 
@@ -34,8 +35,8 @@ def queries_table(running: dict[bytes, Running], viewer: str = "-", everyone: bo
     """One row per statement being executed, its progress in fresh tokens: done of planned so far
     (planned grows as each AI step hands its requests to the runtime), the tokens of its requests so far
     that the plan takes from resident or shared KV instead of computing (logical less planned), its
-    place in the device's scheduler (`place`: 1 leads the next pass; NULL: no model work waiting) and the
-    tokens its generation has chosen so far. The
+    place in the device's scheduler (`place`: 1 leads the next pass; NULL: no model work waiting), the
+    tokens its generation has chosen so far, and its cascades' figures (`cascade_figures`). The
     text of another user's query shows only to a viewer who sees `everyone`'s."""
     now = time.time()
     rows = [{"query_id": handle[:8].hex(), "user_name": r.user,
@@ -44,9 +45,28 @@ def queries_table(running: dict[bytes, Running], viewer: str = "-", everyone: bo
              "forward_passes": r.work.stats.forward_passes, "ai_steps_done": len(r.work.stages),
              "tokens_done": r.work.stats.fresh_tokens, "tokens_planned": r.work.stats.planned_tokens,
              "tokens_cached": max(0, r.work.stats.logical_tokens - r.work.stats.planned_tokens),
-             "queue_place": place(r.work.stats), "tokens_generated": r.work.stats.generated_tokens}
+             "queue_place": place(r.work.stats), "tokens_generated": r.work.stats.generated_tokens,
+             **cascade_figures(r.work.stages)}
             for handle, r in sorted(running.items(), key=lambda item: item[1].started)]
     return pa.Table.from_pylist(rows, schema=QUERIES_SCHEMA)
+
+
+def cascade_figures(stages: list[dict]) -> dict[str, int | str | None]:
+    """A statement's cascades so far (each once its thresholds are set): rows the proxy decided, rows the model
+    answers (sample and band, asked or still to ask) and their EXPLAIN ANALYZE lines; NULLs without one.
+
+    >>> cascade_figures([{"operator": "ai_filter"}])
+    {'cascade_proxy_rows': None, 'cascade_model_rows': None, 'cascade': None}
+    >>> cascade_figures([{"operator": "ai_cascade", "accepted": 3, "rejected": 5, "sample_rows": 4, "asked": 2,
+    ...                   "remembered": 1, "line": "..."}])
+    {'cascade_proxy_rows': 8, 'cascade_model_rows': 5, 'cascade': '...'}
+    """
+    cascades = [stage for stage in list(stages) if stage["operator"] == "ai_cascade"]
+    if not cascades:
+        return {"cascade_proxy_rows": None, "cascade_model_rows": None, "cascade": None}
+    return {"cascade_proxy_rows": sum(s["accepted"] + s.get("rejected", 0) for s in cascades),
+            "cascade_model_rows": sum(s["sample_rows"] + s["asked"] - s["remembered"] for s in cascades),
+            "cascade": "\n".join(s["line"] for s in cascades)}
 
 
 class WithSystemTables:

@@ -430,17 +430,22 @@ class Known:
 Decide = Callable[[np.ndarray | None, Sample, np.ndarray], Decision]  # (scores or None, sample, its answers)
 
 
+Decided = Callable[[Accounting], None]  # told the report once the thresholds are set, before the band is asked
+
+
 def cascade(n_rows: int, targets: Targets, ask: Callable[[np.ndarray], np.ndarray],
             embed: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator, known: Known,
             proxy: Callable[[np.ndarray, np.ndarray], Callable[[np.ndarray], np.ndarray]],
-            decide_with: Decide) -> tuple[np.ndarray, Accounting]:
-    """Any cascade's course: ask the sample, fit the proxy (when there are draws), decide, ask the band."""
+            decide_with: Decide, decided: Decided) -> tuple[np.ndarray, Accounting]:
+    """Any cascade's course: ask the sample, fit the proxy (when there are draws), decide (`decided` is told),
+    ask the band."""
     sample = draw_sample(n_rows, targets, rng)
     sample_answers, remembered = known.answered(ask, sample.rows)
     scores = None
     if len(sample.calibration):
         scores = known.scored(sample.fit, sample_answers[np.searchsorted(sample.rows, sample.fit)], embed, proxy)
     decision = decide_with(scores, sample, sample_answers)
+    decided(replace(decision.report, remembered=remembered))
     answers = np.full(n_rows, -1, dtype=known.answers.dtype)
     answers[sample.rows] = sample_answers
     band = decision.band()
@@ -450,12 +455,13 @@ def cascade(n_rows: int, targets: Targets, ask: Callable[[np.ndarray], np.ndarra
 
 def run(n_rows: int, targets: Targets, ask: Callable[[np.ndarray], np.ndarray],
         embed: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator,
-        known: Known | None = None) -> tuple[np.ndarray, Report]:
+        known: Known | None = None, decided: Decided = lambda report: None) -> tuple[np.ndarray, Report]:
     """The whole cascade: the answer's mask over the rows and the report; `ask` gets each row at most once.
 
     `ask(rows)` gives the model's yes per row (bool, in order); `embed(rows)` their embeddings (rows x dim),
     asked for the fit rows, then for every row in chunks of EMBED_CHUNK. `known`: what earlier cascades of
     the same question over the same rows learned (updated here), so their rows are not asked again.
+    `decided`: told the report (the band not asked yet) once the thresholds are set.
     """
     if targets.kind != "filter":
         raise InvalidArgument(f"a filter's cascade takes recall or precision targets, not {targets.describe()}")
@@ -463,4 +469,4 @@ def run(n_rows: int, targets: Targets, ask: Callable[[np.ndarray], np.ndarray],
                    known if known is not None else Known.nothing(n_rows),
                    lambda x, answers: fit_logistic(x, answers == 1).score,
                    lambda scores, sample, answers: decide(np.zeros(n_rows) if scores is None else scores, sample,
-                                                          answers == 1, targets))
+                                                          answers == 1, targets), decided)

@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from quail.engine.ai.cascade import (Accounting, Decision, Known, Sample, Targets, Verdict, binomial_cdf,
+from quail.engine.ai.cascade import (Accounting, Decided, Decision, Known, Sample, Targets, Verdict, binomial_cdf,
                                      binomial_upper_limit, cascade, threshold_above)
 from quail.engine.ai.proxy import PREDICTION, fit_one_vs_rest
 from quail.engine.errors import InvalidArgument
@@ -124,12 +124,14 @@ def decide_labels(predicted: np.ndarray, confidence: np.ndarray, sample: Sample,
 
 def classify(n_rows: int, n_labels: int, targets: Targets, ask: Callable[[np.ndarray], np.ndarray],
              embed: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator,
-             known: Known | None = None) -> tuple[np.ndarray, ClassifyReport]:
+             known: Known | None = None,
+             decided: Decided = lambda report: None) -> tuple[np.ndarray, ClassifyReport]:
     """The whole cascade: each row's category index (int32) and the report; `ask` gets each row at most once.
 
     `ask(rows)` gives the model's category index per row (0 to n_labels - 1, in order); `embed(rows)` their
     embeddings, as for a filter's `run`. `known`: what earlier classifications of the same question over the
     same rows learned (`Known.nothing(n_rows, np.int32)`; updated here), so their rows are not asked again.
+    `decided`: told the report (the band not asked yet) once the threshold is set.
     """
     if targets.kind != "classify":
         raise InvalidArgument(f"a classification's cascade takes an accuracy target, not {targets.describe()}")
@@ -146,4 +148,4 @@ def classify(n_rows: int, n_labels: int, targets: Targets, ask: Callable[[np.nda
 
     known = known if known is not None else Known.nothing(n_rows, np.int32)
     return cascade(n_rows, targets, asked, embed, rng, known, lambda x, labels: fit_one_vs_rest(x, labels).predict,
-                   decide_with)
+                   decide_with, decided)

@@ -11,7 +11,8 @@
   under the same key, so a later cascade of that question over those rows (other targets too) asks the
   model only about rows none asked before; a changed row changes the key.
 - Its stages: the filter's (rows in, rows out) and the cascade's report (its figures, and its line of EXPLAIN
-  ANALYZE), which the server's metrics count.
+  ANALYZE), which the server's metrics count. The report's stage is added once the thresholds are set, before
+  the band is asked (a running query's figures: quail_queries), and completed when the cascade ends.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pyarrow as pa
 
 from quail.engine.ai.asking import asking_together
 from quail.engine.ai.asking import present as present_rows
-from quail.engine.ai.cascade import Known, run
+from quail.engine.ai.cascade import Accounting, Known, run
 from quail.engine.ai.cascade_classify import classify as classify_cascade
 from quail.engine.ai.kinds import KINDS
 from quail.engine.ai.operator import Call, of
@@ -65,12 +66,18 @@ def ai_cascade(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: Quer
     if len(present):
         key = _key(call, texts)
         known = runtime.memo.get(f"cascade {step.kind} ".encode() + key, lambda: cascade.nothing(len(present)))
+        stage = {"operator": "ai_cascade", "output": step.output}
+
+        def reported(report: Accounting) -> None:
+            """The report's figures into the stage, the stage into the query's once the thresholds are set."""
+            stage.update(report.figures(), line=report.describe())
+            if work is not None and not any(s is stage for s in work.stages):
+                work.stages.append(stage)
+
         chosen, report = cascade.run(step, len(present), lambda rows_: cascade.ask(runtime, step, picked(rows_), work),
-                                     embed, np.random.default_rng(int.from_bytes(key[:8], "little")), known)
+                                     embed, np.random.default_rng(int.from_bytes(key[:8], "little")), known, reported)
+        reported(report)
         answers[present] = cascade.values(step, chosen)
-        if work is not None:
-            work.stages.append({"operator": "ai_cascade", "output": step.output, **report.figures(),
-                                "line": report.describe()})
     return answered(step, rows, call, pa.array(answers.tolist(), KINDS[step.kind].value or pa.bool_()), work)
 
 
@@ -99,10 +106,11 @@ def _categories(runtime: Runtime, step: AIStep, asked: Call, work: QueryWork | N
 
 _CASCADES = {
     "filter": _Cascade(False, Known.nothing, _yes,
-                       lambda step, n, ask, embed, rng, known: run(n, step.targets, ask, embed, rng, known),
+                       lambda step, n, ask, embed, rng, known, decided: run(n, step.targets, ask, embed, rng, known,
+                                                                            decided),
                        lambda step, kept: kept),
     "classify": _Cascade(None, lambda n: Known.nothing(n, np.int32), _categories,
-                         lambda step, n, ask, embed, rng, known: classify_cascade(
-                             n, len(step.labels), step.targets, ask, embed, rng, known),
+                         lambda step, n, ask, embed, rng, known, decided: classify_cascade(
+                             n, len(step.labels), step.targets, ask, embed, rng, known, decided),
                          lambda step, labels: np.array(step.labels, object)[labels]),
 }

@@ -117,9 +117,12 @@ def _cascade(embeddings: np.ndarray, yes: np.ndarray, targets: Targets):
         asked[rows] += 1
         return yes[rows]
 
-    answer, report = run(len(yes), targets, ask, lambda rows: embeddings[rows], np.random.default_rng(7))
+    told = []  # (the report as `decided` was told it, the rows asked by then)
+    answer, report = run(len(yes), targets, ask, lambda rows: embeddings[rows], np.random.default_rng(7),
+                         decided=lambda early: told.append((early, int(asked.sum()))))
     assert asked.max() <= 1 and asked.sum() == report.model_rows <= len(yes)
     assert report.accepted + report.rejected + report.asked + report.sample_rows == len(yes)
+    assert told == [(report, report.sample_rows)], "told once, the thresholds set and the band not asked yet"
     return answer, report
 
 

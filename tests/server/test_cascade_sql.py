@@ -9,6 +9,7 @@ the rule's answers are ones an embedding can learn, the forward passes run in fu
 from __future__ import annotations
 
 import random
+import threading
 
 import pyarrow as pa
 import pytest
@@ -72,6 +73,38 @@ def test_the_cascade_keeps_what_its_report_promises(uri):
     assert stage["accepted"] + stage["rejected"] > 0, "the proxy decided rows: the model was asked fewer"
     assert result.report.requests == stage["sample_rows"] + stage["asked"] < ROWS
     assert stage["auc"] > 0.9, "a word of the question is what an embedding learns"
+
+
+def test_quail_queries_shows_a_running_cascades_figures(uri):
+    """While a statement runs on past its cascade (here generating a reply for each row kept), quail_queries
+    shows what the cascade decided: rows by the proxy and by the model, and its EXPLAIN ANALYZE line."""
+    sql = (f"SELECT id, AI_COMPLETE(PROMPT('Reply to {{0}} at length.', body), {{'max_tokens': 256}}) FROM notes "
+           f"WHERE AI_FILTER(PROMPT('Does {{0}} mention a puppy?', body), {TARGETS})")
+    with quail.connect(uri) as conn, conn.cursor() as cur, conn.cursor() as watcher:
+        failure: list = []
+
+        def run() -> None:
+            try:
+                cur.execute(sql)
+                cur.fetchall()
+            except DriverError as err:
+                failure.append(err)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        for _ in range(240):
+            watcher.execute("SELECT query, cascade_proxy_rows, cascade_model_rows, cascade FROM quail_queries")
+            shown = next((row for row in watcher.fetchall() if row[0] == sql and row[1] is not None), None)
+            if shown is not None or not thread.is_alive():
+                break
+            threading.Event().wait(0.25)
+        cur.adbc_cancel()
+        thread.join(60)
+    assert shown is not None, "listed with its cascade's figures while it generates"
+    _, by_proxy, by_model, line = shown
+    assert by_proxy > 0 and by_proxy + by_model == ROWS
+    assert line.startswith(f"{by_model:,} of {ROWS:,} rows asked of the model") and "recall estimated" in line
+    assert not thread.is_alive() and failure, "cancelled while it generated"
 
 
 def test_a_classification_cascade_keeps_its_accuracy(uri):
