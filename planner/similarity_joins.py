@@ -7,11 +7,14 @@
 - A threshold join: the first conjunct `AI_SIMILARITY(a.x, b.y) > t` (>=, or t < ...) of an inner join's ON
   or of a WHERE, its arguments reading two tables of the FROM: the pairs whose cosine passes, MARGIN below t
   (`ai_similar_pairs`); the exact condition still checked on each (NULL and false both reject).
+- An outer join's ON the same, the pairs joined to the side it does not keep whole (a LEFT JOIN's table; a
+  RIGHT JOIN's FROM table, when it is the SELECT's only join): its rows that pair with nothing could never
+  match, and a kept row that matches none still comes once, NULL-extended.
 - Top k per row: `QUALIFY ROW_NUMBER() (or RANK()) OVER (PARTITION BY <a's columns> ORDER BY
   AI_SIMILARITY(a.x, b.y) DESC, ...) <= k` over `a, b` (a cross join; WHERE conditions on a alone): the pairs
   that can rank within k (`ai_top_pairs`: each b value standing for its rows, ties kept) and every pair with
   a NULL side (IS NOT DISTINCT FROM); QUALIFY still ranks them, exactly.
-- Anything else (outer joins, OR, other windows, conditions on b beside a top k) stays pairwise.
+- Anything else (FULL joins, OR, other windows, conditions on b beside a top k) stays pairwise.
 
 >>> from sqlglot import parse_one
 >>> tree = parse_one("SELECT a.id, b.id FROM a, b QUALIFY ROW_NUMBER() OVER (PARTITION BY a.id "
@@ -49,20 +52,33 @@ def prefilter(tree: exp.Expression) -> None:
     """Rewrite the statement's similarity joins and top-k-per-row windows in place (see the module's
     summary)."""
     for select in list(tree.find_all(exp.Select)):
-        if any(join.side or (join.kind or "").upper() not in ("", "INNER", "CROSS")
-               for join in select.args.get("joins") or []):
-            continue  # an outer join's rows are not the pairs' alone
         if not _prefilter_top_k(select):
             _prefilter_threshold(select)
+
+
+def _conditions(select: exp.Select) -> list[tuple[exp.Expression, str | None]]:
+    """The conditions a threshold conjunct may come from, each with the alias of the table that must take the
+    pairs (None: either side's): every inner join's ON and the WHERE when all joins are inner; else the ON
+    of each LEFT JOIN (its table) and of a RIGHT JOIN that is the only join (the FROM's table).
+
+    >>> from sqlglot import parse_one
+    >>> [alias for _, alias in _conditions(parse_one("SELECT 1 FROM a LEFT JOIN b ON c JOIN e ON f WHERE g"))]
+    ['b']
+    """
+    joins = select.args.get("joins") or []
+    if all(not join.side and (join.kind or "").upper() in ("", "INNER", "CROSS") for join in joins):
+        found = [(join.args["on"], None) for join in joins if join.args.get("on")]
+        return found + ([(select.args["where"].this, None)] if select.args.get("where") is not None else [])
+    outer = [join for join in joins if (join.kind or "").upper() in ("", "OUTER") and join.args.get("on")]
+    return ([(join.args["on"], join.this.alias_or_name) for join in outer if join.side.upper() == "LEFT"]
+            + [(join.args["on"], select.args["from_"].this.alias_or_name) for join in outer
+               if join.side.upper() == "RIGHT" and len(joins) == 1])
 
 
 def _prefilter_threshold(select: exp.Select) -> bool:
     """The first threshold conjunct between two of the SELECT's tables, through the pairs; whether one was."""
     tables = _tables(select)
-    conditions = [join.args["on"] for join in select.args.get("joins") or [] if join.args.get("on")]
-    if select.args.get("where") is not None:
-        conditions.append(select.args["where"].this)
-    for condition in conditions:
+    for condition, paired in _conditions(select):
         for conjunct in list(condition.flatten()) if isinstance(condition, exp.And) else [condition]:
             found = _threshold(conjunct)
             if found is None:
@@ -71,6 +87,10 @@ def _prefilter_threshold(select: exp.Select) -> bool:
             sides = (_alias(first), _alias(second))
             if None in sides or sides[0] == sides[1] or not all(side in tables for side in sides):
                 continue
+            if paired is not None and paired not in sides:
+                continue
+            if sides[0] == paired:  # cosine is symmetric: the pairs go to the second argument's table
+                (first, second), sides = (second, first), sides[::-1]
             positions = exp.Anonymous(this="ai_similar_pairs", expressions=[
                 _side(first, tables[sides[0]]), _side(second, tables[sides[1]]), exp.Literal.number(repr(low))])
             pairs = _found(positions, first, tables[sides[0]], second, tables[sides[1]])
@@ -88,7 +108,7 @@ def _prefilter_top_k(select: exp.Select) -> bool:
     if found is None or len(tables) != 2 or len(joins) != 1 or select.args.get("group") is not None:
         return False
     join = joins[0]
-    if (join.kind or "CROSS").upper() != "CROSS" or join.args.get("on") or join.args.get("using"):
+    if join.side or (join.kind or "CROSS").upper() != "CROSS" or join.args.get("on") or join.args.get("using"):
         return False
     (first, second), k, partitioned = found
     if _alias(second) == partitioned:
