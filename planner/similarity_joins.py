@@ -14,6 +14,9 @@
   AI_SIMILARITY(a.x, b.y) DESC, ...) <= k` over `a, b` (a cross join; WHERE conditions on a alone): the pairs
   that can rank within k (`ai_top_pairs`: each b value standing for its rows, ties kept) and every pair with
   a NULL side (IS NOT DISTINCT FROM); QUALIFY still ranks them, exactly.
+- Each pair carries its cosine exactly as AI_SIMILARITY gives it (a column the stars leave out too): the
+  SELECT's calls of AI_SIMILARITY over the same two arguments read it instead of embedding each row's texts
+  again.
 - Anything else (FULL joins, OR, other windows, conditions on b beside a top k) stays pairwise.
 
 >>> from sqlglot import parse_one
@@ -31,21 +34,23 @@ from quail.planner.ai_calls import embedding_name
 from quail.planner.embedding_calls import SIMILARITY, arguments, filled, vector
 
 MARGIN = 1e-5  # the pairs' slack below a join's threshold: the device's float product against ai_cosine's float64
-KEY = "__sim_lt"  # the column the right table gains: the left value it pairs with
-_FOUND = """SELECT __sim_l.t AS lt, __sim_r.t AS rt
+KEY, SCORE = "__sim_lt", "__sim_s"  # the columns the right table gains: the left value it pairs with, their cosine
+_FOUND = """SELECT __sim_l.t AS lt, __sim_r.t AS rt, __sim_q.p.s AS sc
  FROM (SELECT UNNEST(POSITIONS) AS p) AS __sim_q,
   (SELECT t, row_number() OVER (ORDER BY t) AS k FROM (SELECT DISTINCT AL AS t FROM TL) AS __sim_nl
    WHERE t IS NOT NULL) AS __sim_l,
   (SELECT t, row_number() OVER (ORDER BY t) AS k FROM (SELECT DISTINCT AR AS t FROM TR) AS __sim_nr
    WHERE t IS NOT NULL) AS __sim_r
  WHERE __sim_l.k = __sim_q.p.i AND __sim_r.k = __sim_q.p.j"""
-_WITH_NULLS = """SELECT lt, rt FROM (FOUND) AS __sim_f
- UNION ALL SELECT NULL AS lt, t AS rt FROM (SELECT DISTINCT AR AS t FROM TR) AS __sim_ar
- UNION ALL SELECT t AS lt, NULL AS rt FROM (SELECT DISTINCT AL AS t FROM TL) AS __sim_al WHERE t IS NOT NULL"""
+_WITH_NULLS = """SELECT lt, rt, sc FROM (FOUND) AS __sim_f
+ UNION ALL SELECT NULL AS lt, t AS rt, NULL AS sc FROM (SELECT DISTINCT AR AS t FROM TR) AS __sim_ar
+ UNION ALL SELECT t AS lt, NULL AS rt, NULL AS sc FROM (SELECT DISTINCT AL AS t FROM TL) AS __sim_al
+  WHERE t IS NOT NULL"""
 _SIDE = "(SELECT list(V ORDER BY t) FROM (SELECT DISTINCT A AS t FROM T) AS __sim_d WHERE t IS NOT NULL)"
 _COUNTS = "(SELECT list(n ORDER BY t) FROM (SELECT A AS t, count(*) AS n FROM T GROUP BY A) AS __sim_c " \
           "WHERE t IS NOT NULL)"
-_PAIRED = "SELECT R.*, __sim_p.lt AS __sim_lt FROM TR JOIN (FOUND) AS __sim_p ON __sim_p.rt IS NOT DISTINCT FROM AR"
+_PAIRED = "SELECT R.*, __sim_p.lt AS __sim_lt, __sim_p.sc AS __sim_s FROM TR JOIN (FOUND) AS __sim_p " \
+          "ON __sim_p.rt IS NOT DISTINCT FROM AR"
 
 
 def prefilter(tree: exp.Expression) -> None:
@@ -94,7 +99,7 @@ def _prefilter_threshold(select: exp.Select) -> bool:
             positions = exp.Anonymous(this="ai_similar_pairs", expressions=[
                 _side(first, tables[sides[0]]), _side(second, tables[sides[1]]), exp.Literal.number(repr(low))])
             pairs = _found(positions, first, tables[sides[0]], second, tables[sides[1]])
-            key = _paired(select, second, tables[sides[1]], pairs)
+            key = _paired(select, first, second, tables[sides[1]], pairs)
             conjunct.replace(exp.and_(exp.EQ(this=first.copy(), expression=key), conjunct.copy()))
             return True
     return False
@@ -125,7 +130,7 @@ def _prefilter_top_k(select: exp.Select) -> bool:
         filled(_COUNTS, {"A": second, "T": tables[right]}), exp.Literal.number(k)])
     pairs = filled(_WITH_NULLS, {"FOUND": _found(positions, first, tables[left], second, tables[right]),
                                  "AL": first, "TL": tables[left], "AR": second, "TR": tables[right]})
-    key = _paired(select, second, tables[right], pairs)
+    key = _paired(select, first, second, tables[right], pairs)
     select.where(exp.NullSafeEQ(this=first.copy(), expression=key), copy=False)
     return True
 
@@ -211,17 +216,30 @@ def _found(positions: exp.Expression, first: exp.Expression, first_table: exp.Ex
                            "TR": second_table})
 
 
-def _paired(select: exp.Select, argument: exp.Expression, table: exp.Expression, pairs: exp.Expression
-            ) -> exp.Expression:
+def _paired(select: exp.Select, first: exp.Expression, argument: exp.Expression, table: exp.Expression,
+            pairs: exp.Expression) -> exp.Expression:
     """The right table, in place, joined with the pairs of values by its argument's value: each of its rows
-    once per left value it pairs with, that value in a column KEY (which the SELECT's stars leave out);
-    the column, to be equated with the left argument (a hash join, never the cross product)."""
+    once per left value it pairs with, that value in a column KEY and their cosine in SCORE (which the
+    SELECT's stars leave out, and its AI_SIMILARITY calls over `first` and `argument` read); the KEY
+    column, to be equated with the left argument (a hash join, never the cross product)."""
     alias = table.alias_or_name
     joined = filled(_PAIRED, {"TR": table, "FOUND": pairs, "AR": argument})
     joined.expressions[0].set("table", exp.to_identifier(alias))
+    _read_scores(select, {first.sql(), argument.sql()}, exp.column(SCORE, alias))
     table.replace(exp.Subquery(this=joined, alias=exp.TableAlias(this=exp.to_identifier(alias))))
     for item in select.expressions:
         star = item if isinstance(item, exp.Star) else item.this if isinstance(item, exp.Column) else None
         if isinstance(star, exp.Star) and (item is star or item.table == alias):
-            star.set("except_", [*(star.args.get("except_") or []), exp.column(KEY)])
+            star.set("except_", [*(star.args.get("except_") or []), exp.column(KEY), exp.column(SCORE)])
     return exp.column(KEY, alias)
+
+
+def _read_scores(select: exp.Select, arguments_sql: set[str], score: exp.Column) -> None:
+    """Each AI_SIMILARITY call of the SELECT itself (not of a subquery) over these two arguments, in either
+    order, replaced by the pairs' score column."""
+    for call in list(select.find_all(exp.Func, exp.Dot)):
+        name = embedding_name(call)
+        if name in SIMILARITY and call.parent_select is select:
+            args = arguments(name, call)
+            if len(args) == 2 and {arg.sql() for arg in args} == arguments_sql:
+                call.replace(score.copy())

@@ -7,7 +7,8 @@
   embeddings (a similarity join's two sides, each value once), the 1-based (i, j) positions of the pairs
   whose cosine exceeds `low`, or that can be among each left value's k most similar right rows (each
   right value standing for `counts` rows): blocked matrix products on the embeddings' device
-  (similar_pairs.py).
+  (similar_pairs.py); each pair with `s`, its cosine exactly as `ai_cosine` gives it (the same function
+  over the same lists), so the rewritten join reads it instead of embedding its rows' texts again.
 
 - The planner spells every dialect's AI_EMBED and AI_SIMILARITY with it (planner/embeddings.py), so an
   embedding may stand wherever DuckDB takes an expression: SELECT, WHERE, ORDER BY ... LIMIT, CREATE
@@ -89,14 +90,16 @@ def matrix(lists: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
     return rows, valid
 
 
-def _positions(found: list[tuple[np.ndarray, np.ndarray]]) -> pa.ListArray:
-    """Each row's pairs as a list of 1-based STRUCT(i, j)."""
+def _positions(sides: list[tuple[pa.Array, pa.Array]], found: list[tuple[np.ndarray, np.ndarray]]) -> pa.ListArray:
+    """Each row's pairs as a list of STRUCT(i, j, s): 1-based positions in its two sides' lists and the
+    pair's `cosine` of those lists' embeddings (NULL where either has none)."""
     offsets = np.cumsum([0] + [len(i) for i, _ in found])
+    scores = pa.concat_arrays([cosine(left.take(pa.array(i)), right.take(pa.array(j)))
+                               for (left, right), (i, j) in zip(sides, found)] or [pa.array([], pa.float64())])
     i, j = (np.concatenate([pair[side] for pair in found]) + 1 if found else np.zeros(0, np.int64)
             for side in (0, 1))
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
-                                    pa.StructArray.from_arrays([pa.array(i, pa.int64()), pa.array(j, pa.int64())],
-                                                               names=["i", "j"]))
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.StructArray.from_arrays(
+        [pa.array(i, pa.int64()), pa.array(j, pa.int64()), scores], names=["i", "j", "s"]))
 
 
 def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
@@ -110,17 +113,20 @@ def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
         return embedding_array(embeddings.embed(texts.to_pylist()), embeddings.dims)
 
     def ai_similar_pairs(left: pa.ListArray, right: pa.ListArray, low: pa.Array) -> pa.ListArray:
-        return _positions([similar_pairs.above(matrix(left[r].values)[0], matrix(right[r].values)[0],
-                                               low[r].as_py(), embeddings.device) for r in range(len(left))])
+        sides = [(left[r].values, right[r].values) for r in range(len(left))]
+        return _positions(sides, [similar_pairs.above(matrix(a)[0], matrix(b)[0], low[r].as_py(), embeddings.device)
+                                  for r, (a, b) in enumerate(sides)])
 
     def ai_top_pairs(left: pa.ListArray, right: pa.ListArray, counts: pa.ListArray, k: pa.Array) -> pa.ListArray:
-        return _positions([similar_pairs.top(*matrix(left[r].values), *matrix(right[r].values),
-                                             np.asarray(counts[r].values), k[r].as_py(), embeddings.device)
-                           for r in range(len(left))])
+        sides = [(left[r].values, right[r].values) for r in range(len(left))]
+        return _positions(sides, [similar_pairs.top(*matrix(a), *matrix(b), np.asarray(counts[r].values),
+                                                    k[r].as_py(), embeddings.device)
+                                  for r, (a, b) in enumerate(sides)])
 
     floats = duckdb.list_type(sqltypes.FLOAT)
     sides = duckdb.list_type(floats)
-    positions = duckdb.list_type(duckdb.struct_type({"i": sqltypes.BIGINT, "j": sqltypes.BIGINT}))
+    positions = duckdb.list_type(duckdb.struct_type({"i": sqltypes.BIGINT, "j": sqltypes.BIGINT,
+                                                     "s": sqltypes.DOUBLE}))
     for name, function, parameters, returns in (
             (EMBED, ai_embed, [sqltypes.VARCHAR, sqltypes.VARCHAR], duckdb.array_type(sqltypes.FLOAT, embeddings.dims)),
             (COSINE, cosine, [floats, floats], sqltypes.DOUBLE),

@@ -111,12 +111,16 @@ def test_bad_embedding_calls_are_invalid_arguments(uri, sql, message):
 
 
 @pytest.mark.parametrize("fast, slow", [
-    ("SELECT d.id, q.qid FROM docs d JOIN queries q ON AI_SIMILARITY(d.body, q.text) >= 0.4 AND q.qid < 3",
-     "SELECT d.id, q.qid FROM docs d JOIN queries q ON (AI_SIMILARITY(d.body, q.text) >= 0.4 OR false) AND q.qid < 3"),
+    ("SELECT d.id, q.qid, AI_SIMILARITY(q.text, d.body) AS s FROM docs d JOIN queries q "
+     "ON AI_SIMILARITY(d.body, q.text) >= 0.4 AND q.qid < 3",
+     "SELECT d.id, q.qid, AI_SIMILARITY(q.text, d.body) AS s FROM docs d JOIN queries q "
+     "ON (AI_SIMILARITY(d.body, q.text) >= 0.4 OR false) AND q.qid < 3"),
     ("SELECT d.id, q.qid FROM docs d, queries q WHERE 0.4 < AI_SIMILARITY(q.text, d.body)",
      "SELECT d.id, q.qid FROM docs d, queries q WHERE 0.4 < AI_SIMILARITY(q.text, d.body) OR false"),
-    ("SELECT q.qid, d.* FROM queries q LEFT JOIN docs d ON AI_SIMILARITY(d.body, q.text) >= 0.5",
-     "SELECT q.qid, d.* FROM queries q LEFT JOIN docs d ON AI_SIMILARITY(d.body, q.text) >= 0.5 OR false"),
+    ("SELECT q.qid, d.*, AI_SIMILARITY(d.body, q.text) AS s FROM queries q LEFT JOIN docs d "
+     "ON AI_SIMILARITY(d.body, q.text) >= 0.5",
+     "SELECT q.qid, d.*, AI_SIMILARITY(d.body, q.text) AS s FROM queries q LEFT JOIN docs d "
+     "ON AI_SIMILARITY(d.body, q.text) >= 0.5 OR false"),
     ("SELECT q.qid, d.id FROM queries q RIGHT JOIN docs d ON AI_SIMILARITY(d.body, q.text) > 0.5 AND q.qid > 1",
      "SELECT q.qid, d.id FROM queries q RIGHT JOIN docs d ON (AI_SIMILARITY(d.body, q.text) > 0.5 OR false) "
      "AND q.qid > 1"),
@@ -124,8 +128,10 @@ def test_bad_embedding_calls_are_invalid_arguments(uri, sql, message):
 def test_a_similarity_join_asks_pairs_found_once_and_gives_every_pair_s_rows(uri, fast, slow):
     """The join's condition becomes pairs of distinct values found once (a matrix product of the two sides'
     embeddings, a margin below), the exact condition checked on those alone: the rows the pairwise form
-    (under OR, not rewritten) gives, NULL and empty texts included; an outer join's unmatched rows once each."""
+    (under OR, not rewritten) gives, NULL and empty texts included; an outer join's unmatched rows once each.
+    The SELECT's similarities are the pairs' own, equal to the last bit to what the pairwise form computes."""
     assert "ai_similar_pairs" in explained(uri, fast) and "ai_similar_pairs" not in explained(uri, slow)
+    assert "ai_cosine" not in explained(uri, fast), "no text of a row embedded again"
     got, want = fetch(uri, fast), fetch(uri, slow)
     rows = sorted((tuple(r.values()) for r in got.to_pylist()), key=repr)
     assert got.schema.names == want.schema.names, "the pairs' column is not among the stars'"
@@ -134,7 +140,7 @@ def test_a_similarity_join_asks_pairs_found_once_and_gives_every_pair_s_rows(uri
         assert any(None in row for row in rows), "a kept row that matched nothing, NULL-extended"
 
 
-TOP_K = "SELECT q.qid, d.id FROM queries q, docs d {where} QUALIFY {rank} OVER (PARTITION BY q.qid ORDER BY " \
+TOP_K = "SELECT q.qid, d.id, AI_SIMILARITY(q.text, d.body) AS s FROM queries q, docs d {where} QUALIFY {rank} OVER (PARTITION BY q.qid ORDER BY " \
         "AI_SIMILARITY(d.body, q.text) DESC{nulls}{ties}) <= 3"
 
 
