@@ -30,6 +30,7 @@ from quail.engine.runtime.embeddings import Embeddings
 
 EMBED, COSINE, PAIRS, TOP_PAIRS = "ai_embed", "ai_cosine", "ai_similar_pairs", "ai_top_pairs"
 DIMENSIONS_DIFFER = "AI_SIMILARITY compares embeddings of as many dimensions: these differ"
+SCORE_ROWS = 16_384  # pairs whose cosines are computed at a time (their two sides' rows gathered)
 
 
 def embedding_array(vectors: list[np.ndarray | None], dims: int) -> pa.FixedSizeListArray:
@@ -63,10 +64,37 @@ def cosine(first: pa.ListArray | pa.ChunkedArray, second: pa.ListArray | pa.Chun
             group = np.flatnonzero(lengths == length)
             x, y = (np.asarray(side.take(pa.array(group)).flatten(), dtype=np.float64).reshape(len(group), -1)
                     for side in (a, b))
-            norms = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                out[rows[group]] = np.where(norms > 0, (x * y).sum(axis=1) / norms, np.nan)
+            out[rows[group]] = row_cosines(x, y)
     return pa.array(out, mask=np.isnan(out))
+
+
+def row_cosines(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Each row's cosine of two float64 matrices' rows (NaN where either row is all zeros): the one arithmetic
+    behind `ai_cosine` and the pairs' scores, so that both give a pair the same value to the last bit.
+
+    >>> row_cosines(np.array([[3.0, 4.0], [0.0, 0.0]]), np.array([[3.0, 4.0], [1.0, 0.0]])).tolist()
+    [1.0, nan]
+    """
+    norms = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(norms > 0, (x * y).sum(axis=1) / norms, np.nan)
+
+
+def raw_rows(lists: pa.ListArray) -> np.ndarray:
+    """The lists as float64 rows of a matrix (zeros where a list is NULL or empty); InvalidArgument where two
+    differ in length.
+
+    >>> raw_rows(pa.array([[3.0, 4.0], None, []])).tolist()
+    [[3.0, 4.0], [0.0, 0.0], [0.0, 0.0]]
+    """
+    lengths = np.asarray(lists.value_lengths().fill_null(0))
+    sizes = np.unique(lengths[lengths > 0])
+    if len(sizes) > 1:
+        raise InvalidArgument(DIMENSIONS_DIFFER)
+    rows = np.zeros((len(lists), sizes[0] if len(sizes) else 0), dtype=np.float64)
+    held = np.flatnonzero(lengths > 0)
+    rows[held] = np.asarray(lists.flatten(), dtype=np.float64).reshape(len(held), -1)
+    return rows
 
 
 def matrix(lists: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
@@ -77,29 +105,38 @@ def matrix(lists: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
     >>> m.tolist(), valid.tolist()
     ([[0.6, 0.8], [0.0, 0.0], [0.0, 0.0], [0.0, 1.0]], [True, False, False, True])
     """
-    lengths = np.asarray(lists.value_lengths().fill_null(0))
-    sizes = np.unique(lengths[lengths > 0])
-    if len(sizes) > 1:
-        raise InvalidArgument(DIMENSIONS_DIFFER)
-    rows = np.zeros((len(lists), sizes[0] if len(sizes) else 0), dtype=np.float64)
-    held = np.flatnonzero(lengths > 0)
-    rows[held] = np.asarray(lists.flatten(), dtype=np.float64).reshape(len(held), -1)
+    return unit_rows(raw_rows(lists))
+
+
+def unit_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows scaled to unit length (a copy; all-zero rows stay zeros) and which rows hold a vector."""
     norms = np.linalg.norm(rows, axis=1) if rows.size else np.zeros(len(rows))
     valid = norms > 0
+    rows = rows.copy()
     rows[valid] /= norms[valid, None]
     return rows, valid
 
 
-def _positions(sides: list[tuple[pa.Array, pa.Array]], found: list[tuple[np.ndarray, np.ndarray]]) -> pa.ListArray:
-    """Each row's pairs as a list of STRUCT(i, j, s): 1-based positions in its two sides' lists and the
-    pair's `cosine` of those lists' embeddings (NULL where either has none)."""
-    offsets = np.cumsum([0] + [len(i) for i, _ in found])
-    scores = pa.concat_arrays([cosine(left.take(pa.array(i)), right.take(pa.array(j)))
-                               for (left, right), (i, j) in zip(sides, found)] or [pa.array([], pa.float64())])
-    i, j = (np.concatenate([pair[side] for pair in found]) + 1 if found else np.zeros(0, np.int64)
-            for side in (0, 1))
+def _pairs(left: pa.ListArray, right: pa.ListArray, find) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(i, j, cosine) of the pairs `find(left unit rows, left valid, right unit rows, right valid)` gives (0-based
+    positions), each pair's cosine by `row_cosines` over its two lists (NaN where either has no vector), in
+    blocks of SCORE_ROWS pairs; InvalidArgument where the two sides' embeddings differ in length."""
+    x, y = raw_rows(left), raw_rows(right)
+    if x.shape[1] and y.shape[1] and x.shape[1] != y.shape[1]:
+        raise InvalidArgument(DIMENSIONS_DIFFER)
+    i, j = find(*unit_rows(x), *unit_rows(y))
+    scores = [row_cosines(x[i[s:s + SCORE_ROWS]], y[j[s:s + SCORE_ROWS]]) for s in range(0, len(i), SCORE_ROWS)]
+    return i, j, np.concatenate(scores) if scores else np.zeros(0)
+
+
+def _positions(found: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> pa.ListArray:
+    """Each row's pairs as a list of STRUCT(i, j, s): 1-based positions in its two sides' lists and the pair's
+    cosine (NULL where either side has no vector)."""
+    offsets = np.cumsum([0] + [len(i) for i, _, _ in found])
+    i, j, scores = (np.concatenate([pair[part] for pair in found]) if found else np.zeros(0) for part in range(3))
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.StructArray.from_arrays(
-        [pa.array(i, pa.int64()), pa.array(j, pa.int64()), scores], names=["i", "j", "s"]))
+        [pa.array(i + 1, pa.int64()), pa.array(j + 1, pa.int64()), pa.array(scores, mask=np.isnan(scores))],
+        names=["i", "j", "s"]))
 
 
 def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
@@ -113,15 +150,12 @@ def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
         return embedding_array(embeddings.embed(texts.to_pylist()), embeddings.dims)
 
     def ai_similar_pairs(left: pa.ListArray, right: pa.ListArray, low: pa.Array) -> pa.ListArray:
-        sides = [(left[r].values, right[r].values) for r in range(len(left))]
-        return _positions(sides, [similar_pairs.above(matrix(a)[0], matrix(b)[0], low[r].as_py(), embeddings.device)
-                                  for r, (a, b) in enumerate(sides)])
+        return _positions([_pairs(left[r].values, right[r].values, lambda x, _, y, __: similar_pairs.above(
+            x, y, low[r].as_py(), embeddings.device)) for r in range(len(left))])
 
     def ai_top_pairs(left: pa.ListArray, right: pa.ListArray, counts: pa.ListArray, k: pa.Array) -> pa.ListArray:
-        sides = [(left[r].values, right[r].values) for r in range(len(left))]
-        return _positions(sides, [similar_pairs.top(*matrix(a), *matrix(b), np.asarray(counts[r].values),
-                                                    k[r].as_py(), embeddings.device)
-                                  for r, (a, b) in enumerate(sides)])
+        return _positions([_pairs(left[r].values, right[r].values, lambda *sides: similar_pairs.top(
+            *sides, np.asarray(counts[r].values), k[r].as_py(), embeddings.device)) for r in range(len(left))])
 
     floats = duckdb.list_type(sqltypes.FLOAT)
     sides = duckdb.list_type(floats)

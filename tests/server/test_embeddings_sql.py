@@ -24,6 +24,8 @@ def uri(server) -> str:
     with quail.connect(server.uri, dialect="duckdb") as conn, conn.cursor() as cur:
         cur.adbc_ingest("docs", DOCS, mode="create")
         cur.adbc_ingest("queries", QUERIES, mode="create")
+        cur.adbc_ingest("short_vectors", pa.table({"id": [1], "e": pa.array([[1.0, 0.0, 0.0]], pa.list_(pa.float32()))}),
+                        mode="create")
     return server.uri
 
 
@@ -103,6 +105,7 @@ def test_names_types_and_the_other_spellings(uri):
     ("SELECT AI_EMBED('another-model', body) FROM docs", "not the embedding model served"),
     ("SELECT AI_SIMILARITY(body) FROM docs", "compares two values"),
     ("SELECT AI_EMBED(body, 'a', 'b') FROM docs", "a text, or a model and a text"),
+    ("SELECT s.id, d.id FROM short_vectors s JOIN docs d ON AI_SIMILARITY(s.e, d.body) > 0.1", "as many dimensions"),
 ])
 def test_bad_embedding_calls_are_invalid_arguments(uri, sql, message):
     with pytest.raises(adbc_driver_manager.ProgrammingError, match=message) as raised:
