@@ -14,7 +14,7 @@
 - The floor of both: one matrix product of the two sides' embeddings (float32, on the device).
 - In process (quail.Session): the embedded static model on the CPU by default, or `--embed-model` on
   `--device`. Every result is checked against numpy's; the file
-  (`<date>-<cpu|gpu>-embedding-queries-<model>.json`) holds the figures.
+  (`<date>-<cpu|gpu>-embedding-queries-<model>-<git short sha>.json`) holds the figures.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> Path:
     print(json.dumps(doc, indent=1))
     shape = session.runtime.embeddings.name.split(":")[-1].replace("/", "-")
     return write_json(Path(args.out) / f"{doc['date'][:10]}-{'cpu' if name == 'cpu' else 'gpu'}-embedding-queries-"
-                      f"{shape}.json", doc)
+                      f"{shape}-{doc['git_commit'][:7]}.json", doc)
 
 
 if __name__ == "__main__":
