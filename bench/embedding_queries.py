@@ -46,6 +46,11 @@ def timed(session: quail.Session, sql: str) -> tuple[float, pa.Table]:
     return time.perf_counter() - started, table
 
 
+def said(phase: str, started: float) -> None:
+    """A phase's end on stderr, seconds since the run began: where a run that is stopped short got to."""
+    print(f"{time.perf_counter() - started:8.1f} s  {phase}", file=sys.stderr, flush=True)
+
+
 def embedded(session: quail.Session, values: list[str]) -> np.ndarray:
     return np.array(session.runtime.embeddings.embed(values), dtype=np.float64)
 
@@ -83,7 +88,9 @@ def main(argv: list[str] | None = None) -> Path:
     args = p.parse_args(argv)
     config = EngineConfig(model=args.embed_model, embed_model=args.embed_model, device=args.device,
                           precision=args.precision, tokenizer=args.tokenizer) if args.embed_model else EngineConfig()
+    began = time.perf_counter()
     session = quail.Session(config)
+    said("model loaded", began)
     docs = texts(args.rows, 12, seed=0, numbered=False)
     left, right = texts(args.left, 8, seed=1, numbered=False), texts(args.right, 4, seed=2, numbered=False)
     session.register("docs", pa.table({"id": list(range(len(docs))), "body": docs}))
@@ -92,7 +99,9 @@ def main(argv: list[str] | None = None) -> Path:
     session.sql("SELECT AI_EMBED('load the model') AS e").run()
     top = "SELECT id FROM docs ORDER BY AI_SIMILARITY(body, 'cold soup and a rude waiter') DESC, id LIMIT 10"
     cold_s, got = timed(session, top)
+    said(f"top-k cold ({cold_s:.1f} s)", began)
     warm_s, _ = timed(session, top)
+    said(f"top-k warm ({warm_s:.1f} s)", began)
     vectors, query = embedded(session, docs), embedded(session, ["cold soup and a rude waiter"])[0]
     started = time.perf_counter()
     scores = cosines(vectors, query[None])[:, 0]
@@ -101,14 +110,17 @@ def main(argv: list[str] | None = None) -> Path:
     sides = embedded(session, left), embedded(session, right)
     matrix = cosines(*sides)
     threshold = round(float(np.quantile(matrix, 0.999)), 4)
+    said("numpy's top-k and cosines", began)
     join = f"SELECT l.id AS a, r.id AS b FROM l JOIN r ON AI_SIMILARITY(l.body, r.body) > {threshold}"
     timed(session, join)
     join_s, pairs = timed(session, join)
+    said(f"join ({join_s:.1f} s, {pairs.num_rows} pairs)", began)
     want = sorted(zip(*np.nonzero(matrix > threshold)))
     per_row = ("SELECT l.id AS a, r.id AS b FROM l, r QUALIFY ROW_NUMBER() OVER (PARTITION BY l.id ORDER BY "
                f"AI_SIMILARITY(l.body, r.body) DESC, r.id) <= {K_PER_ROW}")
     timed(session, per_row)
     per_row_s, ranked = timed(session, per_row)
+    said(f"top k per row ({per_row_s:.1f} s)", began)
     rounded = np.round(matrix, 12)  # a permutation of the same words differs by ~1e-11 (float32 sums), as in SQL
     kth = -np.partition(-rounded, min(K_PER_ROW, len(right)) - 1, axis=1)[:, min(K_PER_ROW, len(right)) - 1]
     firsts = sorted((a, int(b)) for a in range(len(left))  # ties at the k-th cosine broken by id, as SQL's order
