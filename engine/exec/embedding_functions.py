@@ -129,14 +129,22 @@ def _pairs(left: pa.ListArray, right: pa.ListArray, find) -> tuple[np.ndarray, n
     return i, j, np.concatenate(scores) if scores else np.zeros(0)
 
 
-def _positions(found: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> pa.ListArray:
+def _positions(found: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None]) -> pa.ListArray:
     """Each row's pairs as a list of STRUCT(i, j, s): 1-based positions in its two sides' lists and the pair's
-    cosine (NULL where either side has no vector)."""
-    offsets = np.cumsum([0] + [len(i) for i, _, _ in found])
-    i, j, scores = (np.concatenate([pair[part] for pair in found]) if found else np.zeros(0) for part in range(3))
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.StructArray.from_arrays(
-        [pa.array(i + 1, pa.int64()), pa.array(j + 1, pa.int64()), pa.array(scores, mask=np.isnan(scores))],
-        names=["i", "j", "s"]))
+    cosine (NULL where either side has no vector); None: a NULL row (an argument was NULL)."""
+    offsets = np.cumsum([0] + [len(pair[0]) if pair is not None else 0 for pair in found])
+    held = [pair for pair in found if pair is not None]
+    i, j, scores = (np.concatenate([pair[part] for pair in held]) if held else np.zeros(0) for part in range(3))
+    return pa.ListArray.from_arrays(
+        pa.array(offsets, pa.int32()), pa.StructArray.from_arrays(
+            [pa.array(i + 1, pa.int64()), pa.array(j + 1, pa.int64()), pa.array(scores, mask=np.isnan(scores))],
+            names=["i", "j", "s"]),
+        mask=pa.array([pair is None for pair in found]) if len(held) < len(found) else None)
+
+
+def _held(*columns: pa.Array, row: int) -> bool:
+    """Whether no column is NULL at the row (else the pairs' functions give NULL)."""
+    return all(column[row].is_valid for column in columns)
 
 
 def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
@@ -151,11 +159,21 @@ def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
 
     def ai_similar_pairs(left: pa.ListArray, right: pa.ListArray, low: pa.Array) -> pa.ListArray:
         return _positions([_pairs(left[r].values, right[r].values, lambda x, _, y, __: similar_pairs.above(
-            x, y, low[r].as_py(), embeddings.device)) for r in range(len(left))])
+            x, y, low[r].as_py(), embeddings.device)) if _held(left, right, low, row=r) else None
+            for r in range(len(left))])
 
     def ai_top_pairs(left: pa.ListArray, right: pa.ListArray, counts: pa.ListArray, k: pa.Array) -> pa.ListArray:
-        return _positions([_pairs(left[r].values, right[r].values, lambda *sides: similar_pairs.top(
-            *sides, np.asarray(counts[r].values), k[r].as_py(), embeddings.device)) for r in range(len(left))])
+        found = []
+        for r in range(len(left)):
+            if not _held(left, right, counts, k, row=r):
+                found.append(None)
+                continue
+            weights, most = counts[r].values.fill_null(0), k[r].as_py()
+            if len(weights) != len(right[r].values) or most < 1:
+                raise InvalidArgument(f"{TOP_PAIRS} takes one count per right value and a k of at least 1")
+            found.append(_pairs(left[r].values, right[r].values, lambda *sides: similar_pairs.top(
+                *sides, np.asarray(weights), most, embeddings.device)))
+        return _positions(found)
 
     floats = duckdb.list_type(sqltypes.FLOAT)
     sides = duckdb.list_type(floats)

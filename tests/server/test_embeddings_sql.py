@@ -106,11 +106,22 @@ def test_names_types_and_the_other_spellings(uri):
     ("SELECT AI_SIMILARITY(body) FROM docs", "compares two values"),
     ("SELECT AI_EMBED(body, 'a', 'b') FROM docs", "a text, or a model and a text"),
     ("SELECT s.id, d.id FROM short_vectors s JOIN docs d ON AI_SIMILARITY(s.e, d.body) > 0.1", "as many dimensions"),
+    ("SELECT ai_top_pairs([[1.0]], [[1.0]], [1, 2], 3)", "one count per right value and a k of at least 1"),
+    ("SELECT ai_similar_pairs([[1.0]], [[1.0, 0.0]], 0.5)", "as many dimensions"),
 ])
 def test_bad_embedding_calls_are_invalid_arguments(uri, sql, message):
     with pytest.raises(adbc_driver_manager.ProgrammingError, match=message) as raised:
         fetch(uri, sql)
     assert raised.value.status_code == adbc_driver_manager.AdbcStatusCode.INVALID_ARGUMENT
+
+
+def test_the_pairs_functions_called_directly(uri):
+    """The rewrite's building blocks, callable in SQL: 1-based positions and each pair's cosine; NULL in, NULL
+    out; a side's NULL embedding pairs with a NULL cosine where top k keeps it."""
+    got = fetch(uri, "SELECT ai_similar_pairs([[3.0, 4.0], [0.0, 1.0]], [[3.0, 4.0]], 0.9) AS a, "
+                     "ai_similar_pairs(NULL, [[1.0]], 0.5) AS b, ai_top_pairs([[1.0, 0.0], NULL], [[1.0, 0.0]], [1], 1) AS c")
+    assert got.to_pylist() == [{"a": [{"i": 1, "j": 1, "s": 1.0}], "b": None,
+                                "c": [{"i": 1, "j": 1, "s": 1.0}, {"i": 2, "j": 1, "s": None}]}]
 
 
 @pytest.mark.parametrize("fast, slow", [
