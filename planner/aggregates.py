@@ -14,7 +14,8 @@ from sqlglot import exp, parse_one
 
 from quail.engine.ai.options import SUMMARIZE, Aggregation, Generation
 from quail.engine.errors import InvalidArgument
-from quail.planner.ai_calls import AGGREGATES, ai_name, ancestors, generation_of
+from quail.planner.ai_calls import AGGREGATES, ai_name, ancestors
+from quail.planner.generation_options import generation_of
 from quail.planner.dialects import position
 
 

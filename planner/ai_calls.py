@@ -13,9 +13,7 @@ string literal; a generating call's prompt may also be any expression: its value
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any
 
 from sqlglot import exp
 
@@ -23,11 +21,11 @@ from quail.engine.ai.cascade import Targets
 from quail.engine.ai.kinds import DEFAULT_SELECTIVITY, SQL_NAMES
 from quail.engine.ai.options import Generation
 from quail.engine.errors import InvalidArgument
-from quail.engine.runtime.grammar import canonical
 from quail.engine.runtime.prompt import placeholders
 
 from quail.planner.binder import is_unbound
 from quail.planner.dialects import position
+from quail.planner.generation_options import JSON_TYPES, bigquery_params, constant, generation_options, output_schema
 
 AGGREGATES = {"AI_AGG", "AI_SUMMARIZE_AGG"}  # planned around their SELECT (planner/aggregates.py), never bound here
 KNOWN = set(SQL_NAMES) | AGGREGATES
@@ -313,18 +311,18 @@ def _bind_complete(name: str, call: exp.Expression, positional: list[exp.Express
         positional[1:1] = [named.pop(k) for k in ("model_parameters", "response_format", "show_details")
                            if k in named]
     elif "model_params" in named:
-        positional.append(_bigquery_params(named.pop("model_params"), call))
-    fields = _output_schema(named.pop("output_schema"), call) if "output_schema" in named else ()
+        positional.append(bigquery_params(named.pop("model_params"), call))
+    fields = output_schema(named.pop("output_schema"), call) if "output_schema" in named else ()
     if named:
         raise InvalidArgument(f"{name} has no argument named {next(iter(named))!r}{position(call)}")
     if not 1 <= len(positional) <= (4 if model is not None else 2):
         raise InvalidArgument(f"{name} takes a prompt and optional options{' (after the model)' if model else ''}, "
                               f"got {len(positional)} argument(s){position(call)}")
     prompt, *rest = positional
-    options = _constant(rest[0], name, call) if rest else {}
+    options = constant(rest[0], name, call) if rest else {}
     if len(rest) > 1 and isinstance(options, dict):
-        options = {**options, "response_format": _constant(rest[1], name, call)}
-    if len(rest) > 2 and _constant(rest[2], name, call):
+        options = {**options, "response_format": constant(rest[1], name, call)}
+    if len(rest) > 2 and constant(rest[2], name, call):
         raise InvalidArgument(f"{name}: show_details is not supported{position(call)}")
     if isinstance(prompt, exp.Anonymous) and prompt.name.upper() == "PROMPT" or isinstance(prompt, exp.Tuple) or (
             isinstance(prompt, exp.Literal) and prompt.is_string):
@@ -333,7 +331,7 @@ def _bind_complete(name: str, call: exp.Expression, positional: list[exp.Express
         template, args = AS_INSTRUCTION, (prompt,)
     served = None
     if model is not None:
-        served = _constant(model, name, call)
+        served = constant(model, name, call)
         if not isinstance(served, str):
             raise InvalidArgument(f"{name}'s model must be a string literal{position(call)}")
     if fields:
@@ -343,174 +341,7 @@ def _bind_complete(name: str, call: exp.Expression, positional: list[exp.Express
             "type": "object", "properties": {field: {"type": JSON_TYPES[kind]} for field, kind in fields},
             "required": [field for field, _ in fields], "additionalProperties": False}}
     return AICall(name, "complete", template, args, answers="text",
-                  generation=_generation_options(options, served, name, call), fields=fields)
-
-
-# BigQuery's output_schema types: each as the JSON schema type the answer takes, and the SQL type it is read as.
-OUTPUT_TYPES = {"STRING": "VARCHAR", "INT64": "BIGINT", "INTEGER": "BIGINT", "FLOAT64": "DOUBLE", "FLOAT": "DOUBLE",
-                "BOOL": "BOOLEAN", "BOOLEAN": "BOOLEAN"}
-JSON_TYPES = {"VARCHAR": "string", "BIGINT": "integer", "DOUBLE": "number", "BOOLEAN": "boolean"}
-
-
-def _output_schema(node: exp.Expression, call: exp.Expression) -> tuple[tuple[str, str], ...]:
-    """BigQuery's output_schema ('name STRING, count INT64, ...') as (field, SQL type) pairs; InvalidArgument
-    for a malformed one or a type other than STRING, INT64, FLOAT64 and BOOL.
-
-    >>> _output_schema(exp.Literal.string("name STRING, n int64, ok BOOL"), exp.Literal.string(""))
-    (('name', 'VARCHAR'), ('n', 'BIGINT'), ('ok', 'BOOLEAN'))
-    """
-    text = node.this if isinstance(node, exp.Literal) and node.is_string else None
-    fields: list[tuple[str, str]] = []
-    for part in (text or "").split(","):
-        words = part.split()
-        if len(words) != 2 or not words[0].isidentifier():
-            raise InvalidArgument(f"AI.GENERATE's output_schema must be a text of 'name TYPE' fields separated by "
-                                  f"commas{position(call)}")
-        if words[1].upper() not in OUTPUT_TYPES:
-            raise InvalidArgument(f"AI.GENERATE's output_schema field {words[0]!r} has type {words[1]!r}: use "
-                                  f"STRING, INT64, FLOAT64 or BOOL{position(call)}")
-        if any(words[0].lower() == field.lower() for field, _ in fields):
-            raise InvalidArgument(f"AI.GENERATE's output_schema names {words[0]!r} twice{position(call)}")
-        fields.append((words[0], OUTPUT_TYPES[words[1].upper()]))
-    return tuple(fields)
-
-
-_OPTIONS = {"max_tokens": int, "temperature": float, "top_p": float, "stop": tuple, "response_format": dict}
-
-
-def generation_of(node: exp.Expression, name: str, call: exp.Expression) -> Generation:
-    """An AI aggregate's options object (max_tokens, temperature, top_p, stop) as a Generation;
-    InvalidArgument for anything else."""
-    options = _constant(node, name, call)
-    if isinstance(options, dict) and "response_format" in {key.lower() for key in options}:
-        raise InvalidArgument(f"{name} answers in text: it takes no response_format{position(call)}")
-    return _generation_options(options, None, name, call)
-
-
-def _generation_options(options: Any, model: str | None, name: str, call: exp.Expression) -> Generation:
-    """The options object as a Generation (InvalidArgument for an unknown option or a value of a wrong type)."""
-    if not isinstance(options, dict):
-        raise InvalidArgument(f"{name}'s options must be an object such as {{'max_tokens': 100}}{position(call)}")
-    options = {key.lower(): value for key, value in options.items()}
-    unknown = sorted(set(options) - set(_OPTIONS))
-    if unknown:
-        raise InvalidArgument(f"{name} has no option {unknown[0]!r}: use {', '.join(_OPTIONS)}{position(call)}")
-    values: dict[str, Any] = {}
-    for key, value in options.items():
-        if key == "stop":
-            value = (value,) if isinstance(value, str) else value
-            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-                raise InvalidArgument(f"{name}'s stop must be a text or a list of texts{position(call)}")
-            values[key] = tuple(value)
-        elif key == "response_format":
-            values["schema"] = _schema(value, name, call)
-        elif isinstance(value, bool) or not isinstance(value, int | float) or (
-                _OPTIONS[key] is int and value != int(value)):
-            raise InvalidArgument(f"{name}'s {key} must be a{'n integer' if _OPTIONS[key] is int else ' number'}"
-                                  f"{position(call)}")
-        else:
-            values[key] = _OPTIONS[key](value)
-    try:
-        return Generation(**values, model=model)
-    except InvalidArgument as error:
-        raise InvalidArgument(f"{name}: {error}{position(call)}") from None
-
-
-_BIGQUERY_CONFIG = {"maxOutputTokens": "max_tokens", "temperature": "temperature", "topP": "top_p",
-                    "stopSequences": "stop"}
-
-
-def _bigquery_params(params: exp.Expression, call: exp.Expression) -> exp.Expression:
-    """BigQuery's model_params JSON ({"generationConfig": {...}}) as the options object of AI_COMPLETE."""
-    text = params.this if isinstance(params, exp.Literal) and params.is_string else (
-        params.this.this if isinstance(params, exp.ParseJSON) and isinstance(params.this, exp.Literal) else None)
-    try:
-        parsed = json.loads(text) if text is not None else None
-    except json.JSONDecodeError:
-        parsed = None
-    config = parsed.get("generationConfig", {}) if isinstance(parsed, dict) and set(parsed) <= {"generationConfig"} \
-        else None
-    if not isinstance(config, dict) or not set(config) <= set(_BIGQUERY_CONFIG):
-        raise InvalidArgument(f"AI.GENERATE's model_params must be JSON {{\"generationConfig\": {{...}}}} with "
-                              f"{', '.join(_BIGQUERY_CONFIG)}{position(call)}")
-    return exp.Struct(expressions=[exp.PropertyEQ(this=exp.to_identifier(_BIGQUERY_CONFIG[k]),
-                                                  expression=_literal_of(v)) for k, v in config.items()])
-
-
-def _literal_of(value: Any) -> exp.Expression:
-    """A JSON value as an SQL literal (texts, numbers, booleans, lists)."""
-    if isinstance(value, list):
-        return exp.Array(expressions=[_literal_of(v) for v in value])
-    if isinstance(value, bool):
-        return exp.Boolean(this=value)
-    return exp.Literal.string(value) if isinstance(value, str) else exp.Literal.number(value)
-
-
-def _constant(node: exp.Expression, name: str, call: exp.Expression) -> Any:
-    """A constant expression's value: texts, numbers, booleans, NULL, lists and objects of them."""
-    if isinstance(node, exp.Literal):
-        return node.this if node.is_string else json.loads(node.this)
-    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
-        return -json.loads(node.this.this)
-    if isinstance(node, exp.Boolean):
-        return node.this
-    if isinstance(node, exp.Null):
-        return None
-    if isinstance(node, exp.Array):
-        return [_constant(v, name, call) for v in node.expressions]
-    if isinstance(node, exp.Struct) and all(isinstance(p, exp.PropertyEQ) for p in node.expressions):
-        return {p.this.name: _constant(p.expression, name, call) for p in node.expressions}
-    raise InvalidArgument(f"{name}'s options must be constants{position(node) or position(call)}")
-
-
-MAX_SCHEMA_DEPTH = 64  # objects and arrays within each other in a response_format
-
-
-def _depth(value: Any) -> int:
-    """How deep objects and arrays nest in a value (JSON text: its brackets, outside strings), without
-    recursion."""
-    if isinstance(value, str):
-        deepest = depth = 0
-        quoted = escaped = False
-        for char in value:
-            if quoted:
-                quoted, escaped = (char != '"' or escaped), (char == "\\" and not escaped)
-            elif char == '"':
-                quoted = True
-            elif char in "{[":
-                depth += 1
-                deepest = max(deepest, depth)
-            elif char in "}]":
-                depth -= 1
-        return deepest
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list, tuple)):
-            deepest = max(deepest, depth)
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
-
-
-def _schema(value: Any, name: str, call: exp.Expression) -> str | None:
-    """A response_format as a JSON schema's canonical text: Snowflake's {'type': 'json', 'schema': {...}}, a
-    schema itself, or either as JSON text; NULL: none."""
-    if isinstance(value, str):
-        if _depth(value) > MAX_SCHEMA_DEPTH:
-            raise InvalidArgument(f"{name}'s response_format nests more than {MAX_SCHEMA_DEPTH} deep{position(call)}")
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise InvalidArgument(f"{name}'s response_format is not JSON{position(call)}") from None
-    elif _depth(value) > MAX_SCHEMA_DEPTH:
-        raise InvalidArgument(f"{name}'s response_format nests more than {MAX_SCHEMA_DEPTH} deep{position(call)}")
-    if isinstance(value, dict) and value.get("type") == "json" and "schema" in value:
-        value = value["schema"]
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise InvalidArgument(f"{name}'s response_format must be a JSON schema (an object){position(call)}")
-    return canonical(value)
+                  generation=generation_options(options, served, name, call), fields=fields)
 
 
 EXTRACT_ANSWER_CHARS = 100  # the longest answer AI_EXTRACT takes to a question (a field of its JSON)
@@ -528,7 +359,7 @@ def _bind_extract(name: str, call: exp.Expression, positional: list[exp.Expressi
         raise InvalidArgument(f"{name} has no argument named {next(iter(named))!r}{position(call)}")
     if len(positional) not in (2, 3):
         raise InvalidArgument(f"{name} takes a text, a response format and optional options{position(call)}")
-    fields = _constant(positional[1], name, call)
+    fields = constant(positional[1], name, call)
     keys = [p.this.name for p in positional[1].expressions] if isinstance(positional[1], exp.Struct) else \
         fields if isinstance(fields, list) else []
     twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
@@ -545,10 +376,10 @@ def _bind_extract(name: str, call: exp.Expression, positional: list[exp.Expressi
     else:
         raise InvalidArgument(f"{name}'s response format must be {{'field': 'question', ...}}, a list of questions "
                               f"or {{'schema': <JSON schema>}}{position(call)}")
-    options = _constant(positional[2], name, call) if len(positional) == 3 else {}
+    options = constant(positional[2], name, call) if len(positional) == 3 else {}
     if not isinstance(options, dict):
         raise InvalidArgument(f"{name}'s options must be an object such as {{'max_tokens': 100}}{position(call)}")
     enough = 16 + (EXTRACT_ANSWER_CHARS + 10) * len(schema.get("properties", {})) if "schema" not in fields else None
     defaults = {"max_tokens": enough} if enough else {}
-    generation = _generation_options({**defaults, **options, "response_format": schema}, None, name, call)
+    generation = generation_options({**defaults, **options, "response_format": schema}, None, name, call)
     return AICall(name, "complete", template, (positional[0],), answers="text", generation=generation)

@@ -21,6 +21,7 @@ from quail.engine.ai.options import Generation
 from quail.engine.errors import InvalidArgument, Unimplemented
 from quail.engine.runtime.prompt import LAYOUTS
 
+from quail.planner.generation_options import literal_of
 from quail.planner.substrait.expressions import SORT_DIRECTIONS, field_position
 from quail.planner.substrait.functions import AI_FUNCTIONS, AI_URN, CLASSIFY_JSON, Declared
 from quail.planner.substrait.types import INTEGERS, from_arrow, kind, of, to_sql
@@ -296,16 +297,9 @@ def _literal(argument: FunctionArgument, type_: str, function: str) -> Any:
     return getattr(literal, type_)
 
 
-def _constant(value: Any) -> exp.Expression:
-    """An option's value as SQL: a text, a number or a list of texts."""
-    if isinstance(value, (list, tuple)):
-        return exp.Array(expressions=[_constant(v) for v in value])
-    return exp.Literal.string(value) if isinstance(value, str) else exp.Literal.number(value)
-
-
 def _struct(options: dict[str, Any]) -> list[exp.Expression]:
     """An options object ({'key': value, ...}) as a call's last argument; none when there are no options."""
-    pairs = [exp.PropertyEQ(this=exp.to_identifier(k), expression=_constant(v)) for k, v in options.items()]
+    pairs = [exp.PropertyEQ(this=exp.to_identifier(k), expression=literal_of(v)) for k, v in options.items()]
     return [exp.Struct(expressions=pairs)] if pairs else []
 
 
