@@ -3,8 +3,11 @@
 - The model: the embedded static one (model/static_embedding.py), loaded the first time a statement embeds
   a text, not at start (a server that never embeds never fetches it); or a decoder (decoder_embedding.py,
   `--embed-model`), loaded at start.
-- Each text's embedding is kept by its token ids, across queries, the least recently used dropped past
-  `max_bytes` (and a short text's token ids by the text, so it is not tokenized again); `counts()`: texts embedded (computed), found kept (cached), and NULL (skipped).
+- Each text's embedding is kept by its token ids, across queries (and a short text's token ids by the
+  text, so it is not tokenized again), the least recently used dropped past `max_bytes`: what is kept is
+  counted as it weighs (vectors, token ids, texts, and ENTRY_BYTES of bookkeeping each): about 1.6 KiB for
+  a text of a dozen words at 256 dimensions (1.5 KiB measured), so the default keeps about 160,000. `counts()`: texts embedded (computed), found
+  kept (cached), and NULL (skipped).
 - A text of no tokens (empty) has no embedding: None.
 """
 
@@ -22,7 +25,8 @@ from quail.engine.model.embedded import WORD_EMBEDDINGS, WORD_TOKENIZER, WORDLLA
 from quail.engine.model.static_embedding import StaticEmbedding
 
 EMBEDDED_NAME, EMBEDDED_DIMS = "wordllama-l2-supercat-256", 256
-MAX_BYTES = 64 << 20  # embeddings kept across queries
+MAX_BYTES = 256 << 20  # embeddings (and texts' token ids) kept across queries
+ENTRY_BYTES = 200  # what keeping an entry costs beyond its vector, token ids or text: dict slot, object headers
 KEYED_CHARS = 1024  # texts up to this long keep their token ids by their text (longer ones are tokenized again)
 
 
@@ -70,8 +74,8 @@ class Embeddings:
         self._load = load
         self._model: EmbeddingModel | None = None
         self._kept: OrderedDict[bytes, np.ndarray | None] = OrderedDict()  # by token ids
-        self._keys: OrderedDict[str, bytes] = OrderedDict()  # each text's token ids, while kept
-        self._room = max(1, max_bytes // (4 * dims))
+        self._keys: OrderedDict[str, bytes] = OrderedDict()  # each short text's token ids
+        self._max_bytes, self._used = max_bytes, 0
         self._lock = threading.Lock()
         self.computed = 0
         self.cached = 0
@@ -113,18 +117,42 @@ class Embeddings:
             missing = {keys[k]: row for k, row in tokens.items() if keys[k] not in self._kept}
         computed = dict(zip(missing, model.embed_ids(list(missing.values()))))  # each distinct text once
         with self._lock:
-            self._kept.update(computed)
+            for key, vector in computed.items():
+                if key not in self._kept:
+                    self._used += _kept_bytes(key, vector)
+                self._kept[key] = vector
             out = [self._kept.get(keys[k]) if k in keys else None for k in range(len(texts))]
             for k in present:
                 if keys[k] in self._kept:
                     self._kept.move_to_end(keys[k])
                 if len(texts[k]) <= KEYED_CHARS:
+                    if texts[k] not in self._keys:
+                        self._used += _keyed_bytes(texts[k])
                     self._keys[texts[k]] = keys[k]
                     self._keys.move_to_end(texts[k])
-            for kept in (self._kept, self._keys):
-                while len(kept) > self._room:
-                    kept.popitem(last=False)
+            self._trim()
             self.computed += len(computed)
             self.cached += len(present) - len(computed)
             self.skipped += len(texts) - len(present)
         return out
+
+    def _trim(self) -> None:
+        """Drop the least recently used until what is kept weighs at most max_bytes: a text's token ids first
+        while texts outnumber the embeddings kept (several may share one), else an embedding (lock held)."""
+        while self._used > self._max_bytes and (self._kept or self._keys):
+            if self._keys and len(self._keys) >= len(self._kept):
+                text, _ = self._keys.popitem(last=False)
+                self._used -= _keyed_bytes(text)
+            else:
+                key, vector = self._kept.popitem(last=False)
+                self._used -= _kept_bytes(key, vector)
+
+
+def _kept_bytes(key: bytes, vector: np.ndarray | None) -> int:
+    """What keeping an embedding by its token ids weighs."""
+    return len(key) + (vector.nbytes if vector is not None else 0) + ENTRY_BYTES
+
+
+def _keyed_bytes(text: str) -> int:
+    """What keeping a text's token ids by the text weighs (the ids themselves are the embedding's key)."""
+    return len(text) + ENTRY_BYTES

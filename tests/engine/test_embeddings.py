@@ -16,7 +16,7 @@ from quail.engine.errors import InvalidArgument
 from quail.engine.exec.embedding_functions import cosine, register
 from quail.engine.model.embedded import WORD_EMBEDDINGS, WORD_TOKENIZER, WORDLLAMA
 from quail.engine.model.static_embedding import read_safetensors
-from quail.engine.runtime.embeddings import EMBEDDED_DIMS, Embeddings, embedded_model
+from quail.engine.runtime.embeddings import EMBEDDED_DIMS, ENTRY_BYTES, Embeddings, embedded_model
 
 TEXTS = ["The soup was cold.", "great pasta, and the wine!", "a", "  spaced   out  ", "émigré café naïve"]
 
@@ -62,13 +62,27 @@ def test_the_safetensors_reader_reads_what_it_describes(tmp_path):
 
 
 def test_a_text_is_embedded_once_and_kept_by_its_tokens():
-    embeddings = Embeddings(max_bytes=2 * 4 * EMBEDDED_DIMS)  # room for two
+    embeddings = Embeddings(max_bytes=2 * 4 * EMBEDDED_DIMS + 4 * ENTRY_BYTES + 64)  # room for two, and their texts
     first = embeddings.embed(["the soup", "the soup", None, "", "cold"])
     assert first[2] is None and first[3] is None, "no text, and a text of no tokens, have no embedding"
     np.testing.assert_array_equal(first[0], first[1])
     assert (embeddings.computed, embeddings.cached) == (3, 1), "the empty text's None is kept like any other"
     embeddings.embed(["the soup"])
     assert embeddings.computed == 4, "the least recently used went first: two fit"
+
+
+def test_what_is_kept_is_bounded_by_its_weight_the_least_recently_used_going_first():
+    """Each text weighs its vector, its token ids, its text and ENTRY_BYTES twice: a bound for ten such texts keeps
+    the last ten of thirty and drops the first."""
+    texts = [f"review number {i} of the soup" for i in range(30)]
+    one = 4 * EMBEDDED_DIMS + 2 * ENTRY_BYTES + len(texts[0]) + 64  # a text's tokens: a few int32s
+    embeddings = Embeddings(max_bytes=10 * one)
+    embeddings.embed(texts)
+    assert embeddings.computed == 30
+    embeddings.embed(texts[-8:])
+    assert (embeddings.computed, embeddings.cached) == (30, 8), "the last ones kept"
+    embeddings.embed(texts[:3])
+    assert embeddings.computed == 33, "the first ones went"
 
 
 def test_embeddings_in_duckdb_a_fixed_size_array_null_for_null_and_one_model():
