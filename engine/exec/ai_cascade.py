@@ -66,13 +66,19 @@ def ai_cascade(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: Quer
     if len(present):
         key = _key(call, texts)
         known = runtime.memo.get(f"cascade {step.kind} ".encode() + key, lambda: cascade.nothing(len(present)))
-        stage = {"operator": "ai_cascade", "output": step.output}
+        placed: list[dict] = []  # the report's stage among the query's, once added
 
         def reported(report: Accounting) -> None:
-            """The report's figures into the stage, the stage into the query's once the thresholds are set."""
-            stage.update(report.figures(), line=report.describe())
-            if work is not None and not any(s is stage for s in work.stages):
+            """The report as the query's stage: added once the thresholds are set, replaced whole (a reader
+            of the running query's stages never sees half of it) when the cascade ends."""
+            if work is None:
+                return
+            stage = {"operator": "ai_cascade", "output": step.output, **report.figures(), "line": report.describe()}
+            if placed:
+                work.stages[next(i for i, s in enumerate(work.stages) if s is placed[0])] = stage
+            else:
                 work.stages.append(stage)
+            placed[:] = [stage]
 
         chosen, report = cascade.run(step, len(present), lambda rows_: cascade.ask(runtime, step, picked(rows_), work),
                                      embed, np.random.default_rng(int.from_bytes(key[:8], "little")), known, reported)
