@@ -97,19 +97,13 @@ def raw_rows(lists: pa.ListArray) -> np.ndarray:
     return rows
 
 
-def matrix(lists: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
-    """The lists as unit rows of a matrix (zeros where a list is NULL, empty or all zeros) and which rows hold
-    a vector; InvalidArgument where two differ in length.
+def unit_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows scaled to unit length (a copy; all-zero rows stay zeros) and which rows hold a vector.
 
-    >>> m, valid = matrix(pa.array([[3.0, 4.0], None, [], [0.0, 1.0]]))
+    >>> m, valid = unit_rows(raw_rows(pa.array([[3.0, 4.0], None, [], [0.0, 1.0]])))
     >>> m.tolist(), valid.tolist()
     ([[0.6, 0.8], [0.0, 0.0], [0.0, 0.0], [0.0, 1.0]], [True, False, False, True])
     """
-    return unit_rows(raw_rows(lists))
-
-
-def unit_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows scaled to unit length (a copy; all-zero rows stay zeros) and which rows hold a vector."""
     norms = np.linalg.norm(rows, axis=1) if rows.size else np.zeros(len(rows))
     valid = norms > 0
     rows = rows.copy()

@@ -1,7 +1,7 @@
 """Pairs of embeddings found by blocked matrix products: those above a cosine threshold, and each row's top k.
 
 - The two sides come as unit rows of matrices (a row per distinct value, zeros for NULL or empty ones:
-  embedding_functions.matrix) and go to the device in blocks of left rows, each block's cosines against
+  embedding_functions.unit_rows) and go to the device in blocks of left rows, each block's cosines against
   every right row one matrix product (float64 on CUDA, float32 on the CPU), thresholds and top k taken
   there too, so a 10,000 x 10,000 join is a few GEMMs and only the pairs found come back, not 10^8 cosines.
 - `above`: the pairs whose cosine exceeds `low` (a similarity join's condition, a margin below its threshold).
@@ -27,8 +27,9 @@ MARGIN = 1e-5  # below the k-th cosine: ties of the exact float64 order kept
 def above(left: np.ndarray, right: np.ndarray, low: float, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
     """The (left, right) index pairs of unit rows whose cosine exceeds `low`.
 
-    >>> import pyarrow as pa; from quail.engine.exec.embedding_functions import matrix
-    >>> l, _ = matrix(pa.array([[1.0, 0.0], [0.0, 1.0]])); r, _ = matrix(pa.array([[1.0, 0.1], [0.0, 1.0], [1.0, 1.0]]))
+    >>> import pyarrow as pa; from quail.engine.exec.embedding_functions import raw_rows, unit_rows
+    >>> l, _ = unit_rows(raw_rows(pa.array([[1.0, 0.0], [0.0, 1.0]])))
+    >>> r, _ = unit_rows(raw_rows(pa.array([[1.0, 0.1], [0.0, 1.0], [1.0, 1.0]])))
     >>> [a.tolist() for a in above(l, r, 0.7)]
     [[0, 0, 1, 1], [0, 2, 1, 2]]
     """
@@ -40,8 +41,9 @@ def top(left: np.ndarray, left_valid: np.ndarray, right: np.ndarray, right_valid
     """The (left, right) index pairs that can be among each left row's k most similar rows, each right value
     standing for `counts` rows (see the module's summary).
 
-    >>> import pyarrow as pa; from quail.engine.exec.embedding_functions import matrix
-    >>> l, lv = matrix(pa.array([[1.0, 0.0], None])); r, rv = matrix(pa.array([[1.0, 0], [1.0, 0], [0, 1.0], []]))
+    >>> import pyarrow as pa; from quail.engine.exec.embedding_functions import raw_rows, unit_rows
+    >>> l, lv = unit_rows(raw_rows(pa.array([[1.0, 0.0], None])))
+    >>> r, rv = unit_rows(raw_rows(pa.array([[1.0, 0], [1.0, 0], [0, 1.0], []])))
     >>> [a.tolist() for a in top(l, lv, r, rv, np.array([1, 1, 5, 1]), 1)]
     [[0, 0, 0, 1, 1, 1, 1], [0, 1, 3, 0, 1, 2, 3]]
     >>> [a.tolist() for a in top(l, lv, r, rv, np.array([1, 1, 5, 1]), 3)]

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from quail.engine.exec import similar_pairs
-from quail.engine.exec.embedding_functions import matrix
+from quail.engine.exec.embedding_functions import raw_rows, unit_rows
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def sides(monkeypatch):
     def side(rows: int) -> pa.Array:
         vectors = centers[rng.integers(0, 4, rows)] + 0.6 * rng.normal(size=(rows, 16))
         return pa.array([None if k % 9 == 4 else [] if k % 13 == 6 else v.tolist() for k, v in enumerate(vectors)])
-    return matrix(side(30)), matrix(side(40))
+    return unit_rows(raw_rows(side(30))), unit_rows(raw_rows(side(40)))
 
 
 def test_pairs_above_a_threshold_are_every_pair_a_brute_force_finds(sides):
