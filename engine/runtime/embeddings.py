@@ -6,8 +6,8 @@
 - Each text's embedding is kept by its token ids, across queries (and a short text's token ids by the
   text, so it is not tokenized again), the least recently used dropped past `max_bytes`: what is kept is
   counted as it weighs (vectors, token ids, texts, and ENTRY_BYTES of bookkeeping each): about 1.6 KiB for
-  a text of a dozen words at 256 dimensions (1.5 KiB measured), so the default keeps about 160,000. `counts()`: texts embedded (computed), found
-  kept (cached), and NULL (skipped).
+  a text of a dozen words at 256 dimensions (1.5 KiB measured), so the default keeps about 160,000.
+- `counts()`: texts embedded (computed), found kept (cached), and NULL (skipped).
 - A text of no tokens (empty) has no embedding: None.
 """
 
