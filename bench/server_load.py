@@ -13,6 +13,10 @@ its statements one after another on it:
 - D: `--clients` clients at once, as many different questions over the same `--d-rows` (320) rows;
 - E: 5-row statements, one after another, while one statement over `--e-rows` rows runs; against the
   same kind of statements with the server otherwise idle;
+- E_firsts (after G_late): the first statement of a new shape (a question not asked before, on a client's new connection),
+  `--firsts` of them `--first-gap` seconds apart (longer than the scheduler's short window, so each finds
+  the passes a scan runs alone) while one statement over `--e-rows` more rows runs; against as many sent
+  with the server otherwise idle (E_idle_firsts): each latency, and the medians' ratio;
 - F: A's statement again (a dashboard refresh), right after A;
 - G: a new question over A's rows, right after F;
 - F_late, G_late: the same two again after B to E (a refresh rarely comes right after
@@ -46,6 +50,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import pyarrow as pa
@@ -62,6 +67,8 @@ QUESTIONS = ["Does the review {0} complain about the service?", "Is {0} about th
 
 
 INGEST_ROWS = 2_000  # reviews an ingested batch holds
+TOPICS = ["parking", "the menu", "desserts", "a wedding", "the music", "the wine list", "a birthday", "the toilets",
+          "the terrace", "a cold dish", "the bill", "a booking"]  # new questions: a new shape each (E_firsts)
 
 
 def statement(first: int, rows: int, question: str = QUESTIONS[0]) -> str:
@@ -138,6 +145,33 @@ def phase(uri: str, counters: Counters, lanes: list[list[str]]) -> dict:
             "latencies_s": sorted(round(seconds, 4) for seconds in latencies)}
 
 
+def firsts(uri: str, rows: list[int], topics: list[str], gap: float, running: threading.Event | None = None) -> dict:
+    """New shapes' first statements, each a new question over 5 rows of its own on a new connection, `gap`
+    seconds apart (while `running` is set, where given): each one's latency, and their median."""
+    latencies = []
+    for first, topic in zip(rows, topics):
+        if running is not None and not running.is_set():
+            break
+        latencies += run(uri, [statement(first, 5, f"Does {{0}} mention {topic}?")])
+        time.sleep(gap)
+    return {"statements": len(latencies), "latencies_s": [round(seconds, 4) for seconds in latencies],
+            "latency_p50_s": round(statistics.median(latencies), 4) if latencies else None}
+
+
+def under_scan(uri: str, scan: str, delay: float, measure: Callable[[threading.Event], dict]) -> dict:
+    """`measure` run `delay` seconds into the statement `scan` (on a connection of its own), given an event
+    set while the scan runs; what it measured, and whether the scan ran throughout."""
+    running = threading.Event()
+    running.set()
+    long = threading.Thread(target=lambda: (run(uri, [scan]), running.clear()))
+    long.start()
+    time.sleep(delay)
+    out = measure(running)
+    out["long_running_throughout"] = running.is_set()
+    long.join()
+    return out
+
+
 def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:
     """The phases, each over rows of its own (F and G over A's, right after it, and again after B to E), once
     the server has tokenized the table's texts."""
@@ -149,8 +183,11 @@ def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:
     d, nxt = nxt, nxt + args.d_rows
     e_idle, nxt = nxt, nxt + 5 * args.e_statements
     e_long, nxt = nxt, nxt + args.e_rows
-    e_short = nxt
-    run(uri, [statement(nxt + 5 * args.e_statements, n)])  # first runs of the statements' shapes
+    e_short, nxt = nxt, nxt + 5 * args.e_statements
+    firsts_idle, nxt = nxt, nxt + 5 * args.firsts
+    firsts_long, nxt = nxt, nxt + args.e_rows
+    firsts_scan, nxt = nxt, nxt + 5 * args.firsts
+    run(uri, [statement(nxt, n)])  # first runs of the statements' shapes
     out = {"A": phase(uri, counters, [[statement(a, args.a_rows)]])}
     out["F"] = phase(uri, counters, [[statement(a, args.a_rows)]])
     out["G"] = phase(uri, counters, [[statement(a, args.a_rows, QUESTIONS[1])]])
@@ -159,21 +196,24 @@ def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:
                                      for k in range(args.clients)])
     out["D"] = phase(uri, counters, [[statement(d, args.d_rows, question)] for question in QUESTIONS[:args.clients]])
     out["E_idle"] = phase(uri, counters, [[statement(e_idle + 5 * k, 5) for k in range(args.e_statements)]])
-    long_done = threading.Event()
-    long = threading.Thread(target=lambda: (run(uri, [statement(e_long, args.e_rows)]), long_done.set()))
-    long.start()
-    time.sleep(args.e_delay)
-    out["E"] = phase(uri, counters, [[statement(e_short + 5 * k, 5) for k in range(args.e_statements)]])
-    out["E"]["long_running_throughout"] = not long_done.is_set()
-    long.join()
+    out["E"] = under_scan(uri, statement(e_long, args.e_rows), args.e_delay, lambda _: phase(
+        uri, counters, [[statement(e_short + 5 * k, 5) for k in range(args.e_statements)]]))
     out["E"]["against_idle"] = round(out["E"]["latency_p50_s"] / out["E_idle"]["latency_p50_s"], 2)
     out["E"]["first_against_idle_first"] = round(out["E"]["latency_first_s"] / out["E_idle"]["latency_first_s"], 2)
     out["F_late"] = phase(uri, counters, [[statement(a, args.a_rows)]])
     out["G_late"] = phase(uri, counters, [[statement(a, args.a_rows, QUESTIONS[2])]])
     out["F_late"]["against_F"] = round(out["F_late"]["wall_s"] / out["F"]["wall_s"], 2)
     out["F_late"]["other_fresh_tokens"] = sum(out[name]["fresh_tokens"] for name in ("B", "C", "D", "E_idle", "E"))
+    if args.firsts:
+        count, gap = args.firsts, args.first_gap
+        out["E_idle_firsts"] = firsts(uri, [firsts_idle + 5 * k for k in range(count)], TOPICS[:count], gap)
+        out["E_firsts"] = under_scan(uri, statement(firsts_long, args.e_rows), args.e_delay, lambda running: firsts(
+            uri, [firsts_scan + 5 * k for k in range(count)], TOPICS[count:], gap, running))
+        if out["E_firsts"]["statements"]:
+            out["E_firsts"]["against_idle"] = round(
+                out["E_firsts"]["latency_p50_s"] / out["E_idle_firsts"]["latency_p50_s"], 2)
     if args.flush_rows:
-        out["flush"] = phase(uri, counters, [[statement(e_short + 5 * args.e_statements + n, args.flush_rows)]])
+        out["flush"] = phase(uri, counters, [[statement(nxt + n, args.flush_rows)]])
         out["F_flushed"] = phase(uri, counters, [[statement(a, args.a_rows)]])
     reference = out["A"]["fresh_tokens_per_s"]
     for name in ("B", "C"):
@@ -195,12 +235,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--e-rows", type=int, default=2000)
     p.add_argument("--e-statements", type=int, default=8)
     p.add_argument("--e-delay", type=float, default=2.0, help="seconds from the long statement to the first short")
+    p.add_argument("--firsts", type=int, default=3, help=f"new shapes' first statements, idle and under a scan "
+                   f"(at most {len(TOPICS) // 2})")
+    p.add_argument("--first-gap", type=float, default=1.5, help="seconds between two of them")
     p.add_argument("--flush-rows", type=int, default=0, help="rows of the statement before F_flushed (0: none)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv[:split])
     serve_args = argv[split + 1:]
     needed = args.a_rows + args.rows * (args.b_statements + 2 * args.clients + 1) + args.d_rows \
-        + 10 * args.e_statements + args.e_rows + args.flush_rows
+        + 10 * args.e_statements + args.e_rows + args.flush_rows + (10 * args.firsts + args.e_rows) * bool(args.firsts)
+    if args.firsts > len(TOPICS) // 2:
+        p.error(f"--firsts takes at most {len(TOPICS) // 2}")
     if args.reviews < needed:
         p.error(f"the phases read {needed} reviews: pass --reviews {needed} or more")
     port = free_port()

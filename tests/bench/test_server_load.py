@@ -13,9 +13,13 @@ def test_every_phase_runs_and_reads_the_servers_counters(tmp_path):
     out = tmp_path / "load.json"
     server_load.main(["--reviews", "200", "--tokens", "16", "--a-rows", "12", "--b-statements", "2", "--rows", "3",
                       "--clients", "2", "--d-rows", "4", "--e-rows", "24", "--e-statements", "2", "--e-delay", "0.5",
-                      "--flush-rows", "6", "--out", str(out)])
+                      "--flush-rows", "6", "--firsts", "2", "--first-gap", "0.1", "--out", str(out)])
     phases = json.loads(out.read_text())["phases"]
-    assert set(phases) == {"A", "B", "C", "D", "E_idle", "E", "F", "G", "F_late", "G_late", "flush", "F_flushed"}
+    assert set(phases) == {"A", "B", "C", "D", "E_idle", "E", "F", "G", "F_late", "G_late", "E_idle_firsts", "E_firsts",
+                           "flush", "F_flushed"}
+    firsts, idle = phases.pop("E_firsts"), phases.pop("E_idle_firsts")  # latencies alone, no counters
+    assert idle["statements"] == 2 and len(firsts["latencies_s"]) == firsts["statements"] >= 1
+    assert firsts["against_idle"] == round(firsts["latency_p50_s"] / idle["latency_p50_s"], 2)
     assert [phases[p]["statements"] for p in ("A", "B", "C", "D", "E")] == [1, 2, 4, 2, 2]
     for name, figures in phases.items():
         assert figures["logical_tokens"] >= figures["fresh_tokens"] > 0, name
