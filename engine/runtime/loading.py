@@ -205,7 +205,8 @@ def load_embeddings(config: EngineConfig) -> Embeddings:
     if config.embed_model is None:
         return Embeddings(device=settled_config.device)
     model_id, model, tokenizer, frame = _parts(settled_config)
-    embedding = DecoderEmbedding(Runtime(model_id, model, tokenizer, frame, "quail", settled_config.token_budget,
+    # Each text computed in full, longest first ("naive"; decoder_embedding.py says why).
+    embedding = DecoderEmbedding(Runtime(model_id, model, tokenizer, frame, "naive", settled_config.token_budget,
                                          kv_bytes=0, names=(config.embed_model,)))
     return Embeddings(lambda: embedding, embedding.name, embedding.dims, names=(config.embed_model,),
                       device=settled_config.device)
