@@ -30,7 +30,7 @@ from quail.engine.runtime.embeddings import Embeddings
 
 EMBED, COSINE, PAIRS, TOP_PAIRS = "ai_embed", "ai_cosine", "ai_similar_pairs", "ai_top_pairs"
 DIMENSIONS_DIFFER = "AI_SIMILARITY compares embeddings of as many dimensions: these differ"
-SCORE_ROWS = 16_384  # pairs whose cosines are computed at a time (their two sides' rows gathered)
+SCORE_ROWS = 256  # pairs whose cosines are computed at a time, their rows gathered into two buffers that stay in cache
 
 
 def embedding_array(vectors: list[np.ndarray | None], dims: int) -> pa.FixedSizeListArray:
@@ -75,40 +75,46 @@ def row_cosines(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     >>> row_cosines(np.array([[3.0, 4.0], [0.0, 0.0]]), np.array([[3.0, 4.0], [1.0, 0.0]])).tolist()
     [1.0, nan]
     """
-    norms = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
+    norms = np.sqrt(_row_dots(x, x)) * np.sqrt(_row_dots(y, y))
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(norms > 0, (x * y).sum(axis=1) / norms, np.nan)
+        return np.where(norms > 0, _row_dots(x, y) / norms, np.nan)
+
+
+def _row_dots(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Each row's dot product of two matrices' rows (no temporary the size of either: einsum's own loop)."""
+    return np.einsum("ij,ij->i", x, y)
 
 
 def raw_rows(lists: pa.ListArray) -> np.ndarray:
-    """The lists as float64 rows of a matrix (zeros where a list is NULL or empty); InvalidArgument where two
-    differ in length.
+    """The lists as float32 rows of a matrix (zeros where a list is NULL or empty; Arrow's own buffer where
+    none is); InvalidArgument where two differ in length.
 
-    >>> raw_rows(pa.array([[3.0, 4.0], None, []])).tolist()
+    >>> raw_rows(pa.array([[3.0, 4.0], None, []], pa.list_(pa.float32()))).tolist()
     [[3.0, 4.0], [0.0, 0.0], [0.0, 0.0]]
     """
     lengths = np.asarray(lists.value_lengths().fill_null(0))
     sizes = np.unique(lengths[lengths > 0])
     if len(sizes) > 1:
         raise InvalidArgument(DIMENSIONS_DIFFER)
-    rows = np.zeros((len(lists), sizes[0] if len(sizes) else 0), dtype=np.float64)
     held = np.flatnonzero(lengths > 0)
-    rows[held] = np.asarray(lists.flatten(), dtype=np.float64).reshape(len(held), -1)
+    values = np.asarray(lists.flatten(), dtype=np.float32).reshape(len(held), -1)
+    if len(held) == len(lists):
+        return values
+    rows = np.zeros((len(lists), values.shape[1] if len(held) else 0), dtype=np.float32)
+    rows[held] = values
     return rows
 
 
 def unit_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows scaled to unit length (a copy; all-zero rows stay zeros) and which rows hold a vector.
+    """The rows scaled to unit length (a copy, float32; all-zero rows stay zeros) and which rows hold a vector.
 
     >>> m, valid = unit_rows(raw_rows(pa.array([[3.0, 4.0], None, [], [0.0, 1.0]])))
-    >>> m.tolist(), valid.tolist()
+    >>> m.astype(float).round(6).tolist(), valid.tolist()
     ([[0.6, 0.8], [0.0, 0.0], [0.0, 0.0], [0.0, 1.0]], [True, False, False, True])
     """
-    norms = np.linalg.norm(rows, axis=1) if rows.size else np.zeros(len(rows))
+    norms = np.sqrt(_row_dots(rows, rows)).astype(np.float32)
     valid = norms > 0
-    rows = rows.copy()
-    rows[valid] /= norms[valid, None]
-    return rows, valid
+    return np.divide(rows, norms[:, None], out=np.zeros_like(rows), where=valid[:, None]), valid
 
 
 def _pairs(left: pa.ListArray, right: pa.ListArray, find) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -119,8 +125,15 @@ def _pairs(left: pa.ListArray, right: pa.ListArray, find) -> tuple[np.ndarray, n
     if x.shape[1] and y.shape[1] and x.shape[1] != y.shape[1]:
         raise InvalidArgument(DIMENSIONS_DIFFER)
     i, j = find(*unit_rows(x), *unit_rows(y))
-    scores = [row_cosines(x[i[s:s + SCORE_ROWS]], y[j[s:s + SCORE_ROWS]]) for s in range(0, len(i), SCORE_ROWS)]
-    return i, j, np.concatenate(scores) if scores else np.zeros(0)
+    scores = np.empty(len(i))
+    gathered = [np.empty((SCORE_ROWS, side.shape[1]), dtype=side.dtype) for side in (x, y)]  # reused: in cache
+    wide = [np.empty((SCORE_ROWS, side.shape[1])) for side in (x, y)]  # float64, as ai_cosine computes
+    for s in range(0, len(i), SCORE_ROWS):
+        k = min(SCORE_ROWS, len(i) - s)
+        for side, picks, rows, out in zip((x, y), (i, j), gathered, wide):
+            out[:k] = np.take(side, picks[s:s + k], axis=0, out=rows[:k])
+        scores[s:s + k] = row_cosines(wide[0][:k], wide[1][:k])
+    return i, j, scores
 
 
 def _positions(found: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None]) -> pa.ListArray:
