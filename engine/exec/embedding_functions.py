@@ -91,16 +91,20 @@ def raw_rows(lists: pa.ListArray) -> np.ndarray:
 
     >>> raw_rows(pa.array([[3.0, 4.0], None, []], pa.list_(pa.float32()))).tolist()
     [[3.0, 4.0], [0.0, 0.0], [0.0, 0.0]]
+    >>> raw_rows(pa.array([None, []], pa.list_(pa.float32()))).shape
+    (2, 0)
     """
     lengths = np.asarray(lists.value_lengths().fill_null(0))
     sizes = np.unique(lengths[lengths > 0])
     if len(sizes) > 1:
         raise InvalidArgument(DIMENSIONS_DIFFER)
     held = np.flatnonzero(lengths > 0)
+    if not len(held):
+        return np.zeros((len(lists), 0), dtype=np.float32)
     values = np.asarray(lists.flatten(), dtype=np.float32).reshape(len(held), -1)
     if len(held) == len(lists):
         return values
-    rows = np.zeros((len(lists), values.shape[1] if len(held) else 0), dtype=np.float32)
+    rows = np.zeros((len(lists), values.shape[1]), dtype=np.float32)
     rows[held] = values
     return rows
 
@@ -124,6 +128,8 @@ def _pairs(left: pa.ListArray, right: pa.ListArray, find) -> tuple[np.ndarray, n
     x, y = raw_rows(left), raw_rows(right)
     if x.shape[1] and y.shape[1] and x.shape[1] != y.shape[1]:
         raise InvalidArgument(DIMENSIONS_DIFFER)
+    width = max(x.shape[1], y.shape[1])  # a side of no vector at all: zero rows as wide as the other's
+    x, y = (side if side.shape[1] == width else np.zeros((len(side), width), np.float32) for side in (x, y))
     i, j = find(*unit_rows(x), *unit_rows(y))
     scores = np.empty(len(i))
     gathered = [np.empty((SCORE_ROWS, side.shape[1]), dtype=side.dtype) for side in (x, y)]  # reused: in cache

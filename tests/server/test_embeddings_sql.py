@@ -24,6 +24,7 @@ def uri(server) -> str:
     with quail.connect(server.uri, dialect="duckdb") as conn, conn.cursor() as cur:
         cur.adbc_ingest("docs", DOCS, mode="create")
         cur.adbc_ingest("queries", QUERIES, mode="create")
+        cur.adbc_ingest("blanks", pa.table({"id": [1, 2, 3], "body": ["", None, ""]}), mode="create")
         cur.adbc_ingest("short_vectors", pa.table({"id": [1], "e": pa.array([[1.0, 0.0, 0.0]], pa.list_(pa.float32()))}),
                         mode="create")
     return server.uri
@@ -152,6 +153,24 @@ def test_a_similarity_join_asks_pairs_found_once_and_gives_every_pair_s_rows(uri
     assert rows and rows == sorted((tuple(r.values()) for r in want.to_pylist()), key=repr)
     if "LEFT" in fast or "RIGHT" in fast:
         assert any(None in row for row in rows), "a kept row that matched nothing, NULL-extended"
+
+
+@pytest.mark.parametrize("fast, slow", [
+    ("SELECT q.qid, b.id FROM queries q JOIN blanks b ON AI_SIMILARITY(q.text, b.body) > 0.1",
+     "SELECT q.qid, b.id FROM queries q JOIN blanks b ON AI_SIMILARITY(q.text, b.body) > 0.1 OR false"),
+    ("SELECT q.qid, b.id FROM queries q LEFT JOIN blanks b ON AI_SIMILARITY(q.text, b.body) > 0.1",
+     "SELECT q.qid, b.id FROM queries q LEFT JOIN blanks b ON AI_SIMILARITY(q.text, b.body) > 0.1 OR false"),
+    ("SELECT b.id, q.qid FROM blanks b, queries q QUALIFY ROW_NUMBER() OVER (PARTITION BY b.id "
+     "ORDER BY AI_SIMILARITY(b.body, q.text) DESC, q.qid) <= 2",
+     "SELECT b.id, q.qid FROM blanks b, queries q WHERE q.qid >= 0 QUALIFY ROW_NUMBER() OVER (PARTITION BY b.id "
+     "ORDER BY AI_SIMILARITY(b.body, q.text) DESC, q.qid) <= 2"),
+])
+def test_a_side_with_no_embedding_at_all_joins_as_the_pairwise_form_does(uri, fast, slow):
+    """A table whose texts are all empty or NULL (no vector on its side of the matrix products) gives the
+    rows the pairwise form gives: no pair above a threshold, each kept row once, every pair in a top k."""
+    assert "_pairs" in explained(uri, fast) and "_pairs" not in explained(uri, slow)
+    got, want = (sorted((tuple(r.values()) for r in fetch(uri, sql).to_pylist()), key=repr) for sql in (fast, slow))
+    assert got == want
 
 
 TOP_K = "SELECT q.qid, d.id, AI_SIMILARITY(q.text, d.body) AS s FROM queries q, docs d {where} QUALIFY {rank} OVER (PARTITION BY q.qid ORDER BY " \
