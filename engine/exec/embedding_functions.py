@@ -30,7 +30,7 @@ from quail.engine.runtime.embeddings import Embeddings
 
 EMBED, COSINE, PAIRS, TOP_PAIRS = "ai_embed", "ai_cosine", "ai_similar_pairs", "ai_top_pairs"
 DIMENSIONS_DIFFER = "AI_SIMILARITY compares embeddings of as many dimensions: these differ"
-SCORE_ROWS = 256  # pairs whose cosines are computed at a time, their rows gathered into two buffers that stay in cache
+SCORE_ROWS = 256  # pairs whose cosines are computed at a time, their rows copied into two float64 buffers that stay in cache
 
 
 def embedding_array(vectors: list[np.ndarray | None], dims: int) -> pa.FixedSizeListArray:
@@ -132,12 +132,11 @@ def _pairs(left: pa.ListArray, right: pa.ListArray, find) -> tuple[np.ndarray, n
     x, y = (side if side.shape[1] == width else np.zeros((len(side), width), np.float32) for side in (x, y))
     i, j = find(*unit_rows(x), *unit_rows(y))
     scores = np.empty(len(i))
-    gathered = [np.empty((SCORE_ROWS, side.shape[1]), dtype=side.dtype) for side in (x, y)]  # reused: in cache
-    wide = [np.empty((SCORE_ROWS, side.shape[1])) for side in (x, y)]  # float64, as ai_cosine computes
+    wide = [np.empty((SCORE_ROWS, side.shape[1])) for side in (x, y)]  # float64, as ai_cosine computes; reused
     for s in range(0, len(i), SCORE_ROWS):
         k = min(SCORE_ROWS, len(i) - s)
-        for side, picks, rows, out in zip((x, y), (i, j), gathered, wide):
-            out[:k] = np.take(side, picks[s:s + k], axis=0, out=rows[:k])
+        for side, picks, out in zip((x, y), (i, j), wide):
+            out[:k] = side[picks[s:s + k]]
         scores[s:s + k] = row_cosines(wide[0][:k], wide[1][:k])
     return i, j, scores
 
