@@ -149,11 +149,12 @@ def firsts(uri: str, rows: list[int], topics: list[str], gap: float, running: th
     """New shapes' first statements, each a new question over 5 rows of its own on a new connection, `gap`
     seconds apart (while `running` is set, where given): each one's latency, and their median."""
     latencies = []
-    for first, topic in zip(rows, topics):
+    for n, (first, topic) in enumerate(zip(rows, topics)):
+        if n:
+            time.sleep(gap)
         if running is not None and not running.is_set():
             break
         latencies += run(uri, [statement(first, 5, f"Does {{0}} mention {topic}?")])
-        time.sleep(gap)
     return {"statements": len(latencies), "latencies_s": [round(seconds, 4) for seconds in latencies],
             "latency_p50_s": round(statistics.median(latencies), 4) if latencies else None}
 
