@@ -4,7 +4,7 @@ Each call's statements run on a connection to the database (connections.py):
 a new one, its session's, or its transaction's. A query is planned at GetFlightInfo and runs
 when its ticket is redeemed; a statement that changes something runs at
 GetFlightInfo (or DoPut), so it has taken effect when the client's execute()
-returns.
+returns. The actions (prepare, transactions, cancel) are flight_actions.py's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -24,7 +24,7 @@ from google.protobuf.message import Message
 
 from quail.engine.errors import Cancelled, InvalidArgument, NotFound, QuailError, Unimplemented
 from quail.engine.exec.database import Database
-from quail.engine.exec.plan import PhysicalPlan, Write, ai_steps
+from quail.engine.exec.plan import PhysicalPlan, Write
 from quail.engine.runtime.query_work import QueryWork
 from quail.planner.binder import CATALOG_NAME, SCHEMA_NAME
 from quail.planner.dialects import DIALECTS
@@ -37,16 +37,15 @@ from quail.server.admission import Admission, Limits
 from quail.server.auth import Access, user_of
 from quail.server.config import TRANSACTION_IDLE_S
 from quail.server.connections import Connections, Lease
-from quail.server.flight_messages import (CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING,
-                                          CANCEL_STATUS_NOT_CANCELLABLE, FLIGHT, parse)
+from quail.server.flight_actions import Actions
+from quail.server.flight_messages import FLIGHT
 from quail.server.ingest import ingest
 from quail.server.ipc import bounded_batches, plain_schema, schema_bytes
 from quail.server.metrics import Metrics
 from quail.server.changes import Changes, count
 from quail.server.query_service import QueryService
-from quail.server.read_ahead import ReadAhead
 from quail.server.session_options import LAST_QUERY, Sessions
-from quail.server.statements import HeadStart, Kept, PreparedStatement, Statements
+from quail.server.statements import Kept, PreparedStatement, Statements
 from quail.server.status import status_of
 from quail.server.system_tables import QUERIES, QUERIES_SCHEMA, WithSystemTables, queries_table
 from quail.server.warming import Warming
@@ -61,7 +60,7 @@ _IF_MISSING = {sql.TABLE_NOT_EXIST_UNSPECIFIED: "fail", sql.TABLE_NOT_EXIST_CREA
 _UPDATES = ("CommandStatementUpdate", "CommandPreparedStatementUpdate")
 
 
-class FlightSQLHandler:
+class FlightSQLHandler(Actions):
     """Answers Flight SQL commands against one database and one model runtime."""
 
     def __init__(self, database: Database, service: QueryService, dialect: str, limits: Limits = Limits(),
@@ -257,7 +256,7 @@ class FlightSQLHandler:
         return handler(self, cmd, context)
 
     def _query_info(self, cmd: Message, descriptor, context) -> Message:
-        return self._statement_info(descriptor, cmd.query, None, context, _transaction(cmd))
+        return self._statement_info(descriptor, cmd.query, None, context, sql.transaction(cmd))
 
     def _schema_of(self, query: str, context, transaction: bytes | None) -> pa.Schema:
         """A statement's result schema, nothing run (a text of several: the empty schema, its result unknown)."""
@@ -266,11 +265,11 @@ class FlightSQLHandler:
         return schema if schema is not None else pa.schema([])
 
     def _query_schema(self, cmd: Message, context) -> pa.Schema:
-        return self._schema_of(cmd.query, context, _transaction(cmd))
+        return self._schema_of(cmd.query, context, sql.transaction(cmd))
 
     def _substrait(self, cmd: Message, context) -> tuple[PhysicalPlan, pa.Schema]:
         """A CommandStatementSubstraitPlan's plan and result schema."""
-        with self._lease(context, _transaction(cmd)) as lease:
+        with self._lease(context, sql.transaction(cmd)) as lease:
             plan, schema = self.service.plan_substrait(cmd.plan.plan, self._catalog(context, lease))
         return plan, plain_schema(schema)
 
@@ -344,7 +343,7 @@ class FlightSQLHandler:
         return [sql.new("DoPutPreparedStatementResult", prepared_statement_handle=handle).SerializeToString()]
 
     def _statement_update(self, cmd: Message, table: pa.Table, context) -> list[bytes]:
-        return self._put_update(cmd.query, None, context, _transaction(cmd))
+        return self._put_update(cmd.query, None, context, sql.transaction(cmd))
 
     def _prepared_update(self, cmd: Message, table: pa.Table, context) -> list[bytes]:
         """A prepared update with the rows of parameters sent along, else those bound before."""
@@ -375,7 +374,7 @@ class FlightSQLHandler:
             raise InvalidArgument(f"{cmd.table} is a system table: it cannot be written")
         options = cmd.table_definition_options
         _whole(context)
-        with self._lease(context, _transaction(cmd)) as lease:
+        with self._lease(context, sql.transaction(cmd)) as lease:
             if cmd.temporary and lease.kept is None:
                 raise InvalidArgument("a temporary table lives as long as its connection: ingest it in a session "
                                       "or a transaction, where it is used")
@@ -387,110 +386,6 @@ class FlightSQLHandler:
         self.warming.warm(table)
         log.info("ingest: %d rows into %s", rows, cmd.table)
         return rows
-
-    def do_action(self, action, context) -> Iterable[bytes]:
-        if action.type not in ACTIONS:
-            raise Unimplemented(f"unsupported action {action.type!r}")
-        return ACTIONS[action.type][1](self, action.body, context)
-
-    def _prepare(self, body: bytes, context) -> list[bytes]:
-        _, request = self._command(body, "CreatePreparedStatement")
-        transaction = _transaction(request)
-        version = self.database.version  # before planning: a commit while it plans makes the plan not hold
-        found: Future = Future()  # the result schema, as a head start's first batch leaves
-        heads: list[HeadStart] = []
-
-        def started(plan: PhysicalPlan) -> threading.Event | None:
-            """Start the query; a query that asks the model: what its result schema waits for."""
-            head = self._head_start(request.query, plan, found.result, version, context)
-            if head is None:
-                return None
-            heads.append(head)
-            return head.work.under_way if ai_steps(plan.steps) else None
-        try:
-            with self._lease(context, transaction) as lease:
-                plan, schema = self._plan(request.query, None, context, self._catalog(context, lease),
-                                          started if lease.kept is None else None)
-                alone = lease.kept is None
-        except BaseException as err:
-            found.set_exception(err)
-            for head in heads:
-                head.stop()
-            raise
-        found.set_result(schema)
-        parameters = pa.schema([pa.field(f"parameter_{i + 1}", pa.null()) for i in range(plan.parameters)])
-        kept, head = None, heads[0] if heads else None
-        if isinstance(plan, PhysicalPlan) and not plan.parameters and alone:
-            kept = Kept(plan, schema, version, self._dialect(context))
-        if not isinstance(plan, PhysicalPlan) and not plan.returns_rows:
-            schema = pa.schema([])  # an update: JDBC then runs it by DoPut(CommandPreparedStatementUpdate)
-        result = sql.new("ActionCreatePreparedStatementResult",
-                         prepared_statement_handle=self.statements.prepare(request.query, user_of(context), kept, head,
-                                                                      transaction),
-                         dataset_schema=schema_bytes(schema), parameter_schema=schema_bytes(parameters))
-        return [sql.pack(result)]
-
-    def _head_start(self, query: str, plan: PhysicalPlan, schema: Callable[[], pa.Schema], version: int,
-                    context) -> HeadStart | None:
-        """Run a query of no parameters just planned from now, its result schema still being found
-        (statements.HeadStart), where the admission limit has room to spare (Admission.spare); None
-        otherwise. Its work is under way (QueryWork.under_way) from its first pass, or from its first batch
-        or its end where it needs none."""
-        if plan.parameters or not self.admission.spare():
-            return None
-        handle, work = self.statements.begin(query, user_of(context))
-
-        def first_schema() -> pa.Schema:
-            work.under_way.set()
-            return schema()
-        batches = ReadAhead(self._stream(lambda: self._query_batches(plan, work, context, None), first_schema, work,
-                                         context, handle), self.heads)
-        batches.first.add_done_callback(lambda _: work.under_way.set())
-        return HeadStart(handle, work, batches, version)
-
-    def _close_prepared(self, body: bytes, context) -> list[bytes]:
-        _, request = self._command(body, "ClosePreparedStatement")
-        self.statements.close(request.prepared_statement_handle, user_of(context))
-        return []
-
-    def _begin_transaction(self, body: bytes, context) -> list[bytes]:
-        self._command(body, "BeginTransaction")
-        transaction = self.connections.begin(user_of(context))
-        return [sql.pack(sql.new("ActionBeginTransactionResult", transaction_id=transaction))]
-
-    def _end_transaction(self, body: bytes, context) -> list[bytes]:
-        _, request = self._command(body, "EndTransaction")
-        if request.action not in (sql.END_TRANSACTION_COMMIT, sql.END_TRANSACTION_ROLLBACK):
-            raise InvalidArgument("EndTransaction needs its action: commit or rollback")
-        self.connections.end(request.transaction_id, user_of(context), request.action == sql.END_TRANSACTION_COMMIT)
-        return []
-
-    def _cancel_flight_info(self, body: bytes, context) -> list[bytes]:
-        request = parse("CancelFlightInfoRequest", body)
-        return [FLIGHT["CancelFlightInfoResult"](status=self._cancel(request.info, context)).SerializeToString()]
-
-    def _cancel_query(self, body: bytes, context) -> list[bytes]:
-        _, request = self._command(body, "CancelQuery")
-        info = parse("FlightInfo", request.info)
-        return [sql.pack(sql.new("ActionCancelQueryResult", result=self._cancel(info, context)))]
-
-    def _cancel(self, info: Message, context) -> int:
-        """Cancel the queries a FlightInfo's tickets name, where they are the caller's (an admin's: anyone's):
-        the least final status among them."""
-        user = None if self.access.allows(context, "admin") and self.access.users is not None else user_of(context)
-        statuses = []
-        for endpoint in info.endpoint:
-            name, ticket = sql.unpack(endpoint.ticket.ticket)
-            if name != "TicketStatementQuery" or ticket is None:
-                raise InvalidArgument("only a query's FlightInfo can be cancelled")
-            statuses.append(self.statements.cancel(ticket.statement_handle, user))
-        if not statuses:
-            raise InvalidArgument("the FlightInfo names no query to cancel")
-        return max(statuses, key=[CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING,
-                                  CANCEL_STATUS_NOT_CANCELLABLE].index)
-
-    def list_actions(self) -> list[tuple[str, str]]:
-        return [(name, description) for name, (description, _) in ACTIONS.items()]
 
 
 @dataclass(frozen=True)
@@ -540,22 +435,6 @@ COMMANDS: dict[str, Route] = {
 }
 _RPC_FIELDS = {"GetFlightInfo": "info", "GetSchema": "schema", "DoGet": "get", "DoPut": "put"}
 
-ACTIONS: dict[str, tuple[str, Callable]] = {  # DoAction's types: (description, handler(handler, body, context))
-    "CreatePreparedStatement": ("Prepare a SQL query; returns its handle and result schema", FlightSQLHandler._prepare),
-    "ClosePreparedStatement": ("Release a prepared statement", FlightSQLHandler._close_prepared),
-    "BeginTransaction": ("Begin a transaction; returns its id, which later commands carry",
-                         FlightSQLHandler._begin_transaction),
-    "EndTransaction": ("Commit or roll back a transaction", FlightSQLHandler._end_transaction),
-    "SetSessionOptions": ("Set session options: dialect (snowflake, bigquery, duckdb), catalog, schema",
-                          lambda h, body, context: [h.sessions.set(context, parse("SetSessionOptionsRequest", body))]),
-    "GetSessionOptions": ("The session's options", lambda h, body, context: [h.sessions.get(context)]),
-    "CloseSession": ("Forget the session: its options, and its connection (rolling back what it left uncommitted)",
-                     lambda h, body, context: [h.connections.end_session(h.sessions.known(context)),
-                                               h.sessions.close(context)][1:]),
-    "CancelFlightInfo": ("Cancel a query by its FlightInfo: stops its model work within a forward pass",
-                         FlightSQLHandler._cancel_flight_info),
-    "CancelQuery": ("Cancel a query by its FlightInfo (Flight SQL's older action)", FlightSQLHandler._cancel_query),
-}
 
 
 CUT_OFF_WAIT_S = 0.25  # gRPC ends a cut-off stream's messages a moment before it marks the call cancelled
@@ -567,11 +446,6 @@ def _whole(context) -> None:
     ended = threading.Event()
     if not context.add_callback(ended.set) or ended.wait(CUT_OFF_WAIT_S):
         raise Cancelled("the DoPut stream ended before the client finished it: nothing was written")
-
-
-def _transaction(message: Message) -> bytes | None:
-    """The transaction a command or request names (None: none, or an empty id)."""
-    return sql.optional(message, "transaction_id") or None
 
 
 def _check_bound(plan: Planned, params: pa.Table | None) -> None:

@@ -118,6 +118,11 @@ def optional(message: Message, field: str) -> Any:
     return getattr(message, field) if message.HasField(field) else None
 
 
+def transaction(message: Message) -> bytes | None:
+    """The transaction a command or request names (None: none, or an empty id)."""
+    return optional(message, "transaction_id") or None
+
+
 def new(name: str, **fields) -> Message:
     """A message by its spec name."""
     return SQL[name](**fields)
