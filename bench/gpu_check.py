@@ -26,7 +26,8 @@ import torch
 
 import quail
 from quail.engine.ai.asking import Question, build_requests
-from quail.engine.kernels.attention import Rows, attend, attention
+from quail.engine.kernels.attention import attend, attention
+from quail.engine.kernels.pass_rows import Rows
 from quail.engine.kv.runs import KV
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.loading import load_runtime

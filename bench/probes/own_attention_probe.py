@@ -94,7 +94,7 @@ def triton_kernel(block: int, block_n: int | None = None, num_warps: int | None 
                   num_stages: int | None = None, heavy_first: bool = False) -> Callable:
     """Our kernel; settings left None are the shipped ones. heavy_first: blocks ordered by the keys
     their last query sees, most first (the tail of the launch then holds the short blocks)."""
-    from quail.engine.kernels.attention import query_blocks
+    from quail.engine.kernels.pass_rows import query_blocks
     from quail.engine.kernels.attention_triton import packed_attention
 
     settings = {name: value for name, value in

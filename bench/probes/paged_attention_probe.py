@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from quail.engine.kernels import attention_triton as attention_kernels
-from quail.engine.kernels.attention import QUERY_BLOCK, query_blocks
+from quail.engine.kernels.pass_rows import QUERY_BLOCK, query_blocks
 
 from .timing import timed_ms
 

@@ -10,7 +10,7 @@ partners): each query sees only its own row's keys (masked), so the run's
 keys are read once for all of them and nothing is merged afterwards. The
 online softmax runs in exp2 with fp32 accumulators; tiles every query of the
 block sees skip the mask. Grouped-query: head h reads kv head h // group. The
-host lists the blocks (attention.query_blocks: one tensor, so its alignment
+host lists the blocks (pass_rows.query_blocks: one tensor, so its alignment
 never makes Triton compile another variant); reference: attention._matmuls.
 """
 

@@ -7,7 +7,8 @@ from typing import Callable, Generator, Protocol, TypeVar
 import torch
 from torch import nn
 
-from quail.engine.kernels.attention import Rows, attention, merge
+from quail.engine.kernels.attention import attention, merge
+from quail.engine.kernels.pass_rows import Rows
 from quail.engine.kernels.fp8 import project, silu_mul_project
 from quail.engine.kernels.paged_decode import paged_decode
 from quail.engine.kv.rows import copy_rows

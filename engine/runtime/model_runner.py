@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from quail.engine.errors import InvalidArgument
-from quail.engine.kernels.attention import Rows
+from quail.engine.kernels.pass_rows import Rows
 from quail.engine.kv.host_tier import HostTier
 from quail.engine.kv.pool import KVPool, on_device_all, token_bytes
 from quail.engine.kv.resident import ResidentTree

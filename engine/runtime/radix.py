@@ -113,7 +113,7 @@ def worth_keeping(edge: int, children: list[RadixNode]) -> bool:
     tokens after an anchor), which each child recomputes in a token or two
     more rather than continuing a row of its own. A long resident run costs
     its rows a second attention call and a merge; a short one is copied
-    before each of its rows on the GPU (attention.Packed), and runs in the
+    before each of its rows on the GPU (pass_rows.Packed), and runs in the
     same pass as them (tree_job._shares), so keeping it costs ~nothing and
     saves its tokens in every row.
     """

@@ -274,7 +274,7 @@ class Runtime:
         work = QueryWork()
         self.score([Request((segment(16),), self.yes_no)], work)  # a pass of one row: the last layer's one position
         if self.runner.device.type == "cuda" if full is None else full:
-            shared = segment(200)  # kept (radix.worth_keeping) and copied (attention.Packed): both bounds met
+            shared = segment(200)  # kept (radix.worth_keeping) and copied (pass_rows.Packed): both bounds met
             rows = [(shared, segment(200)) for _ in range(self.runner.token_budget // 200 + 8)]
             anchors = [segment(600) for _ in range(2)]
             partners = [(anchor, segment(12)) for anchor in anchors for _ in range(60)]

@@ -237,7 +237,7 @@ def _chunked(root: RadixNode, budget: int) -> RadixNode:
 
 def _shares(chain: int, children: list[RadixNode]) -> bool:
     """Whether children attend to a prefix of `chain` tokens computed in their own pass (copied before
-    each of them, as a short resident run is: attention.Packed) rather than to its KV in a later pass:
+    each of them, as a short resident run is: pass_rows.Packed) rather than to its KV in a later pass:
     when the copies are no more than the tokens of the children and of all below them. A preamble
     joins the documents below it; an anchor does not join its partners' short questions."""
     return chain * len(children) <= sum(child.tokens_below() for child in children)

@@ -6,7 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from quail.engine.kernels.attention import Rows, attend, attention, padded_shape
+from quail.engine.kernels.attention import attend, attention
+from quail.engine.kernels.padding_buckets import padded_shape
+from quail.engine.kernels.pass_rows import Rows
 from quail.engine.kv.rows import copy_rows, gather_rows
 from quail.engine.kv.runs import KV
 

@@ -11,7 +11,8 @@ if not torch.cuda.is_available():
     pytest.skip("the Triton kernels run on CUDA", allow_module_level=True)
 
 from quail.engine.kernels import attention_triton as attention_kernels  # noqa: E402
-from quail.engine.kernels.attention import Rows, _matmuls, attention, query_blocks  # noqa: E402
+from quail.engine.kernels.attention import _matmuls, attention  # noqa: E402
+from quail.engine.kernels.pass_rows import Rows, query_blocks  # noqa: E402
 from quail.engine.kv.runs import KV  # noqa: E402
 
 H, HKV, D = 32, 8, 128

@@ -9,7 +9,7 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("pass graphs run on CUDA", allow_module_level=True)
 
-from quail.engine.kernels.attention import Rows  # noqa: E402
+from quail.engine.kernels.pass_rows import Rows  # noqa: E402
 from quail.engine.kernels.fp8 import to_fp8  # noqa: E402
 from quail.engine.model.config import ModelConfig  # noqa: E402
 from quail.engine.model.decoder import Decoder  # noqa: E402
