@@ -6,17 +6,19 @@
   a's value equated with it: a hash join over the pairs, never the cross product of a and b.
 - A threshold join: the first conjunct `AI_SIMILARITY(a.x, b.y) > t` (>=, or t < ...) of an inner join's ON
   or of a WHERE, its arguments reading two tables of the FROM: the pairs whose cosine passes, MARGIN below t
-  (`ai_similar_pairs`); the exact condition still checked on each (NULL and false both reject).
+  (`ai_similar_pairs_for`); the exact condition still checked on each (NULL and false both reject).
 - An outer join's ON the same, the pairs joined to the side it does not keep whole (a LEFT JOIN's table; a
   RIGHT JOIN's FROM table, when it is the SELECT's only join): its rows that pair with nothing could never
   match, and a kept row that matches none still comes once, NULL-extended.
 - Top k per row: `QUALIFY ROW_NUMBER() (or RANK()) OVER (PARTITION BY <a's columns> ORDER BY
   AI_SIMILARITY(a.x, b.y) DESC, ...) <= k` over `a, b` (a cross join; WHERE conditions on a alone): the pairs
-  that can rank within k (`ai_top_pairs`: each b value standing for its rows, ties kept) and every pair with
+  that can rank within k (`ai_top_pairs_for`: each b value standing for its rows, ties kept) and every pair with
   a NULL side (IS NOT DISTINCT FROM); QUALIFY still ranks them, exactly.
 - Each pair carries its cosine exactly as AI_SIMILARITY gives it (a column the stars leave out too): the
   SELECT's calls of AI_SIMILARITY over the same two arguments read it instead of embedding each row's texts
   again.
+- The pairs' functions are given the key of the statement's work first (`getvariable('quail_work')`): a
+  cancel or time limit stops their products within one block (engine/exec/embedding_functions.py).
 - Anything else (FULL joins, OR, other windows, conditions on b beside a top k) stays pairwise.
 
 >>> from sqlglot import parse_one
@@ -29,6 +31,8 @@ True
 from __future__ import annotations
 
 from sqlglot import exp
+
+from quail.engine.runtime.query_work import WORK_VARIABLE
 
 from quail.planner.ai_calls import embedding_name
 from quail.planner.embedding_calls import SIMILARITY, arguments, filled, vector
@@ -96,8 +100,8 @@ def _prefilter_threshold(select: exp.Select) -> bool:
                 continue
             if sides[0] == paired:  # cosine is symmetric: the pairs go to the second argument's table
                 (first, second), sides = (second, first), sides[::-1]
-            positions = exp.Anonymous(this="ai_similar_pairs", expressions=[
-                _side(first, tables[sides[0]]), _side(second, tables[sides[1]]), exp.Literal.number(repr(low))])
+            positions = exp.Anonymous(this="ai_similar_pairs_for", expressions=[
+                _work_key(), _side(first, tables[sides[0]]), _side(second, tables[sides[1]]), exp.Literal.number(repr(low))])
             pairs = _found(positions, first, tables[sides[0]], second, tables[sides[1]])
             key = _paired(select, first, second, tables[sides[1]], pairs)
             conjunct.replace(exp.and_(exp.EQ(this=first.copy(), expression=key), conjunct.copy()))
@@ -125,8 +129,8 @@ def _prefilter_top_k(select: exp.Select) -> bool:
     if where is not None and (where.find(exp.Query) is not None or any(
             column.table != left for column in where.find_all(exp.Column))):
         return False  # a condition on b's rows would change which rows rank within k
-    positions = exp.Anonymous(this="ai_top_pairs", expressions=[
-        _side(first, tables[left]), _side(second, tables[right]),
+    positions = exp.Anonymous(this="ai_top_pairs_for", expressions=[
+        _work_key(), _side(first, tables[left]), _side(second, tables[right]),
         filled(_COUNTS, {"A": second, "T": tables[right]}), exp.Literal.number(k)])
     pairs = filled(_WITH_NULLS, {"FOUND": _found(positions, first, tables[left], second, tables[right]),
                                  "AL": first, "TL": tables[left], "AR": second, "TR": tables[right]})
@@ -201,6 +205,11 @@ def _alias(argument: exp.Expression) -> str | None:
     if not columns or "" in aliases or len(aliases) != 1 or argument.find(exp.Query) is not None:
         return None
     return aliases.pop()
+
+
+def _work_key() -> exp.Expression:
+    """The key of the statement's work, as the connection running it holds it (engine/exec/relational.py)."""
+    return exp.Anonymous(this="getvariable", expressions=[exp.Literal.string(WORK_VARIABLE)])
 
 
 def _side(argument: exp.Expression, table: exp.Expression) -> exp.Expression:

@@ -9,6 +9,9 @@
   right value standing for `counts` rows): blocked matrix products on the embeddings' device
   (similar_pairs.py); each pair with `s`, its cosine exactly as `ai_cosine` gives it (the same function
   over the same lists), so the rewritten join reads it instead of embedding its rows' texts again.
+- `ai_similar_pairs_for(key, ...)` and `ai_top_pairs_for(key, ...)`, what the planner's rewrite calls: the same
+  after the key of the statement's work (`getvariable('quail_work')`, which relational.py sets on the
+  statement's connection: query_work.Works), so a cancel or time limit stops the products within one block.
 
 - The planner spells every dialect's AI_EMBED and AI_SIMILARITY with it (planner/embeddings.py), so an
   embedding may stand wherever DuckDB takes an expression: SELECT, WHERE, ORDER BY ... LIMIT, CREATE
@@ -18,6 +21,8 @@
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import duckdb
 import numpy as np
@@ -29,6 +34,7 @@ from quail.engine.errors import InvalidArgument
 from quail.engine.runtime.embeddings import Embeddings
 
 EMBED, COSINE, PAIRS, TOP_PAIRS = "ai_embed", "ai_cosine", "ai_similar_pairs", "ai_top_pairs"
+STOPPING = "_for"  # the pairs' functions that take the statement's key first: ai_similar_pairs_for, ai_top_pairs_for
 DIMENSIONS_DIFFER = "AI_SIMILARITY compares embeddings of as many dimensions: these differ"
 SCORE_ROWS = 256  # pairs whose cosines are computed at a time, their rows copied into two float64 buffers that stay in cache
 
@@ -169,12 +175,13 @@ def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
             embeddings.check_model(name)
         return embedding_array(embeddings.embed(texts.to_pylist()), embeddings.dims)
 
-    def ai_similar_pairs(left: pa.ListArray, right: pa.ListArray, low: pa.Array) -> pa.ListArray:
+    def similar(left: pa.ListArray, right: pa.ListArray, low: pa.Array, stop: Callable[[], None]) -> pa.ListArray:
         return _positions([_pairs(left[r].values, right[r].values, lambda x, _, y, __: similar_pairs.above(
-            x, y, low[r].as_py(), embeddings.device)) if _held(left, right, low, row=r) else None
+            x, y, low[r].as_py(), embeddings.device, stop)) if _held(left, right, low, row=r) else None
             for r in range(len(left))])
 
-    def ai_top_pairs(left: pa.ListArray, right: pa.ListArray, counts: pa.ListArray, k: pa.Array) -> pa.ListArray:
+    def top(left: pa.ListArray, right: pa.ListArray, counts: pa.ListArray, k: pa.Array,
+            stop: Callable[[], None]) -> pa.ListArray:
         found = []
         for r in range(len(left)):
             if not _held(left, right, counts, k, row=r):
@@ -184,18 +191,39 @@ def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
             if len(weights) != len(right[r].values) or most < 1:
                 raise InvalidArgument(f"{TOP_PAIRS} takes one count per right value and a k of at least 1")
             found.append(_pairs(left[r].values, right[r].values, lambda *sides: similar_pairs.top(
-                *sides, np.asarray(weights), most, embeddings.device)))
+                *sides, np.asarray(weights), most, embeddings.device, stop)))
         return _positions(found)
+
+    def stop_of(keys: pa.Array) -> Callable[[], None]:
+        """What stops the pairs of the statement whose work's key DuckDB passed (none found: nothing)."""
+        work = embeddings.works.find(keys[0].as_py() if len(keys) else None)
+        return work.check if work is not None else similar_pairs.go_on
+
+    def ai_similar_pairs(left: pa.ListArray, right: pa.ListArray, low: pa.Array) -> pa.ListArray:
+        return similar(left, right, low, similar_pairs.go_on)
+
+    def ai_top_pairs(left: pa.ListArray, right: pa.ListArray, counts: pa.ListArray, k: pa.Array) -> pa.ListArray:
+        return top(left, right, counts, k, similar_pairs.go_on)
+
+    def ai_similar_pairs_for(keys: pa.Array, left: pa.ListArray, right: pa.ListArray, low: pa.Array) -> pa.ListArray:
+        return similar(left, right, low, stop_of(keys))
+
+    def ai_top_pairs_for(keys: pa.Array, left: pa.ListArray, right: pa.ListArray, counts: pa.ListArray,
+                         k: pa.Array) -> pa.ListArray:
+        return top(left, right, counts, k, stop_of(keys))
 
     floats = duckdb.list_type(sqltypes.FLOAT)
     sides = duckdb.list_type(floats)
     positions = duckdb.list_type(duckdb.struct_type({"i": sqltypes.BIGINT, "j": sqltypes.BIGINT,
                                                      "s": sqltypes.DOUBLE}))
+    pairs, top_pairs = [sides, sides, sqltypes.DOUBLE], [sides, sides, duckdb.list_type(sqltypes.BIGINT), sqltypes.BIGINT]
     for name, function, parameters, returns in (
             (EMBED, ai_embed, [sqltypes.VARCHAR, sqltypes.VARCHAR], duckdb.array_type(sqltypes.FLOAT, embeddings.dims)),
             (COSINE, cosine, [floats, floats], sqltypes.DOUBLE),
-            (PAIRS, ai_similar_pairs, [sides, sides, sqltypes.DOUBLE], positions),
-            (TOP_PAIRS, ai_top_pairs, [sides, sides, duckdb.list_type(sqltypes.BIGINT), sqltypes.BIGINT], positions)):
+            (PAIRS, ai_similar_pairs, pairs, positions),
+            (TOP_PAIRS, ai_top_pairs, top_pairs, positions),
+            (PAIRS + STOPPING, ai_similar_pairs_for, [sqltypes.VARCHAR, *pairs], positions),
+            (TOP_PAIRS + STOPPING, ai_top_pairs_for, [sqltypes.VARCHAR, *top_pairs], positions)):
         try:
             con.remove_function(name)
         except duckdb.InvalidInputException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
@@ -27,6 +28,14 @@ from quail.engine.runtime.estimates import CHUNK_ROWS, PROBE_ROWS
 ANALYZE_SCHEMA = pa.schema([("plan", pa.string())])
 
 
+@contextmanager
+def statements(catalog: Catalog, work: QueryWork | None, runtime: Runtime | None) -> Iterator[DuckDB]:
+    """A query's DuckDB statements on the catalog's connection: the functions DuckDB runs for them (a
+    similarity join's pairs) stop when `work` does (the runtime's embeddings hold it: query_work.Works)."""
+    with catalog.connection() as con, DuckDB(work, con, runtime.embeddings.works if runtime else None) as db:
+        yield db
+
+
 def execute(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work: QueryWork | None = None,
             sol: Callable[[Stats], float | None] | None = None) -> pa.Table:
     """All steps in order, on the catalog's connection; the final relation's rows. Model work is recorded in
@@ -39,7 +48,7 @@ def execute(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None, work:
         return run_steps(plan, catalog, runtime, work)[plan.result]
     relations = catalog.relations(plan.tables)
     work = work if work is not None else QueryWork()
-    with catalog.connection() as con, DuckDB(work, con) as db:
+    with statements(catalog, work, runtime) as db:
         return analyze(plan, relations, db, runtime, work, sol)
 
 
@@ -48,7 +57,7 @@ def run_steps(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
     """Every relation the plan's steps make, by name (its result among them)."""
     relations = catalog.relations(plan.tables)
     work = work if work is not None else QueryWork()
-    with catalog.connection() as con, DuckDB(work, con) as db:
+    with statements(catalog, work, runtime) as db:
         for step in plan.steps:
             _run_step(step, relations, db, runtime, work)
     return relations
@@ -62,7 +71,7 @@ def execute_stream(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None
     its steps, then yields the final relation batch by batch."""
     if not plan.analyze and len(plan.steps) == 1 and isinstance(plan.steps[0], SQLStep):
         step = plan.steps[0]
-        with catalog.connection() as con, DuckDB(work, con) as db:
+        with statements(catalog, work, runtime) as db:
             yield from db.stream(step.sql, catalog.relations(plan.tables), rows_per_batch, step.params)
     elif not plan.analyze and plan.chunked:
         for chunk in _chunks(plan, catalog, runtime, work):
@@ -85,7 +94,7 @@ def _chunks(plan: PhysicalPlan, catalog: Catalog, runtime: Runtime | None,
     work = work if work is not None else QueryWork()
     lead = next(i for i, step in enumerate(plan.steps) if not isinstance(step, SQLStep))
     first, rest = plan.steps[lead], plan.steps[lead + 1:]
-    with catalog.connection() as con, DuckDB(work, con) as db:
+    with statements(catalog, work, runtime) as db:
         for step in plan.steps[:lead]:
             _run_step(step, relations, db, runtime, work)
         source = plan.steps[lead - 1].output

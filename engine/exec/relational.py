@@ -28,7 +28,7 @@ from quail.engine import errors
 from quail.engine.errors import (Aborted, AlreadyExists, Cancelled, InvalidArgument, NotFound, PermissionDenied,
                                  QuailError, ResourceExhausted)
 from quail.engine.exec import sql_guard
-from quail.engine.runtime.query_work import QueryWork
+from quail.engine.runtime.query_work import WORK_VARIABLE, QueryWork, Works
 
 
 CONFIG = {"enable_external_access": False, "python_enable_replacements": False,  # no files, no Python objects
@@ -183,23 +183,37 @@ class DuckDB:
     (`connection`; by default one of its own
     to the in-memory database, closed at the end). Each Arrow relation is registered the first time a
     statement sees it (again when its name comes to hold another table) and unregistered at the end; every
-    statement is checked first (sql_guard.py); DuckDB's errors become Quail errors."""
+    statement is checked first (sql_guard.py); DuckDB's errors become Quail errors. With `works`, a statement
+    that reads its work's key (WORK_VARIABLE: a similarity join's pairs) finds it set on the connection, the
+    work held there until the end."""
 
-    def __init__(self, work: QueryWork | None = None, connection: duckdb.DuckDBPyConnection | None = None) -> None:
+    def __init__(self, work: QueryWork | None = None, connection: duckdb.DuckDBPyConnection | None = None,
+                 works: Works | None = None) -> None:
         self._own = connection is None
         self._con = memory_database().cursor() if connection is None else connection
         self._registered: dict[str, pa.Table] = {}
         self._work = work
+        self._works = works
+        self._key: str | None = None  # the work's key in `works`, once a statement reads it
 
     def __enter__(self) -> "DuckDB":
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._key is not None:
+            self._works.drop(self._key)  # the variable may stay on the connection: the key finds nothing now
         if self._own:
             self._con.close()
             return
         for name in self._registered:
             self._con.unregister(name)
+
+    def _hold(self, work: QueryWork, sql: str) -> None:
+        """Where the statement reads the key of its work (a similarity join's functions: WORK_VARIABLE), hold
+        the work in `works` and set the variable on the connection (once for all the statements)."""
+        if self._works is not None and self._key is None and WORK_VARIABLE in sql:
+            self._key = self._works.hold(work)
+            self._con.execute(f"SET VARIABLE {WORK_VARIABLE} = '{self._key}'")
 
     @contextmanager
     def _over(self, sql: str, relations: Mapping[str, pa.Table]) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -209,6 +223,7 @@ class DuckDB:
         work = self._work or QueryWork()
         sql_guard.check(sql)
         with duckdb_errors(work):
+            self._hold(work, sql)
             for name, table in relations.items():
                 if self._registered.get(name.lower()) is not table:
                     self._con.register(name, table)

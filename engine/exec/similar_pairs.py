@@ -11,11 +11,13 @@
   always kept (NULLs may sort first), and a left row without one, or with fewer than k right rows that have
   one, keeps every right row.
 - Indices are positions in the inputs; pairs come sorted by (left, right).
+- `stop` is called before each block (the query's check: it raises once the query is cancelled or past its
+  time limit), so a long join stops within one block's product.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -24,7 +26,12 @@ BLOCK_BYTES = 256 << 20  # the cosines of one block of left rows against every r
 MARGIN = 1e-5  # below the k-th cosine: ties of the exact float64 order kept
 
 
-def above(left: np.ndarray, right: np.ndarray, low: float, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+def go_on() -> None:
+    """A `stop` that never stops."""
+
+
+def above(left: np.ndarray, right: np.ndarray, low: float, device: str = "cpu",
+          stop: Callable[[], None] = go_on) -> tuple[np.ndarray, np.ndarray]:
     """The (left, right) index pairs of unit rows whose cosine exceeds `low`.
 
     >>> import pyarrow as pa; from quail.engine.exec.embedding_functions import raw_rows, unit_rows
@@ -33,11 +40,12 @@ def above(left: np.ndarray, right: np.ndarray, low: float, device: str = "cpu") 
     >>> [a.tolist() for a in above(l, r, 0.7)]
     [[0, 0, 1, 1], [0, 2, 1, 2]]
     """
-    return _joined([(start, torch.nonzero(block > low)) for start, block in _blocks(left, right, device)])
+    return _joined([(start, torch.nonzero(block > low)) for start, block in _blocks(left, right, device, stop)])
 
 
 def top(left: np.ndarray, left_valid: np.ndarray, right: np.ndarray, right_valid: np.ndarray,
-        counts: np.ndarray, k: int, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+        counts: np.ndarray, k: int, device: str = "cpu", stop: Callable[[], None] = go_on
+        ) -> tuple[np.ndarray, np.ndarray]:
     """The (left, right) index pairs that can be among each left row's k most similar rows, each right value
     standing for `counts` rows (see the module's summary).
 
@@ -52,7 +60,7 @@ def top(left: np.ndarray, left_valid: np.ndarray, right: np.ndarray, right_valid
     found = []
     no_vector = torch.from_numpy(~right_valid).to(device)
     weights = torch.from_numpy(np.array(counts, dtype=np.int64)).to(device)
-    for start, block in _blocks(left, right, device):
+    for start, block in _blocks(left, right, device, stop):
         block[:, no_vector] = -torch.inf
         kept = torch.ones(block.shape, dtype=torch.bool, device=block.device)  # undecided rows keep every right row
         if len(right):
@@ -67,13 +75,15 @@ def top(left: np.ndarray, left_valid: np.ndarray, right: np.ndarray, right_valid
     return _joined(found)
 
 
-def _blocks(left: np.ndarray, right: np.ndarray, device: str) -> Iterator[tuple[int, torch.Tensor]]:
+def _blocks(left: np.ndarray, right: np.ndarray, device: str, stop: Callable[[], None]
+            ) -> Iterator[tuple[int, torch.Tensor]]:
     """(first row, cosines of a block of left rows against every right row) for each block, on the device:
-    float64 on CUDA, float32 on the CPU."""
+    float64 on CUDA, float32 on the CPU; `stop` called before each."""
     dtype = torch.float64 if torch.device(device).type == "cuda" else torch.float32
     rows = max(1, BLOCK_BYTES // (dtype.itemsize * max(len(right), 1)))
     other = torch.from_numpy(right).to(device, dtype).T
     for start in range(0, len(left), rows):
+        stop()
         yield start, torch.from_numpy(left[start:start + rows]).to(device, dtype) @ other
 
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from quail.engine.errors import QuailError
 from quail.engine.exec.catalog import Catalog
-from quail.engine.exec.executor import empty_relations, run_steps
+from quail.engine.exec.executor import empty_relations, run_steps, statements
 from quail.engine.exec.plan import Write
 from quail.engine.exec.relational import DuckDB
 from quail.engine.runtime.query_work import QueryWork
@@ -40,7 +40,7 @@ def run_writes(writes: list[Write], catalog: Catalog, runtime: Runtime | None, w
                atomic: bool) -> pa.Table:
     """Run the writes in order; `atomic`: in one transaction of their own (the connection is in none)."""
     returned, changed = None, 0
-    with catalog.connection() as con, DuckDB(work, con) as db:
+    with statements(catalog, work, runtime) as db:
         if atomic:
             db.run("BEGIN", {})
         try:

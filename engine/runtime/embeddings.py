@@ -24,6 +24,7 @@ import numpy as np
 from quail.engine.errors import InvalidArgument
 from quail.engine.model.embedded import WORD_EMBEDDINGS, WORD_TOKENIZER, WORDLLAMA
 from quail.engine.model.static_embedding import StaticEmbedding
+from quail.engine.runtime.query_work import Works
 
 EMBEDDED_NAME, EMBEDDED_DIMS = "wordllama-l2-supercat-256", 256
 MAX_BYTES = 1 << 30  # embeddings (and texts' token ids) kept across queries
@@ -65,6 +66,8 @@ class Embeddings:
     """An embedding model of `dims` dimensions, loaded by `load` on first use, and the embeddings it gave.
 
     - `device`: where a similarity join's matrix products run (engine/exec/similar_pairs.py).
+    - `works`: the work of the statements under way, by the keys their similarity joins' functions are
+      given (query_work.Works).
     """
 
     def __init__(self, load: Callable[[], EmbeddingModel] = embedded_model, name: str = EMBEDDED_NAME,
@@ -72,6 +75,7 @@ class Embeddings:
                  device: str = "cpu") -> None:
         self.name, self.dims, self.device = name, dims, device  # the device: where similarity joins multiply
         self.names = frozenset({name.lower(), "default", *(n.lower() for n in names)})
+        self.works = Works()
         self._load = load
         self._model: EmbeddingModel | None = None
         self._kept: OrderedDict[bytes, np.ndarray | None] = OrderedDict()  # by token ids

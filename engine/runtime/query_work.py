@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from contextlib import contextmanager
@@ -132,3 +133,44 @@ class QueryWork:
                 "host_restored_tokens": stats.host_restored_tokens,
                 "disk_restored_tokens": stats.disk_restored_tokens,
                 "ideal": ideal.as_dict(), "sol_s": sol(ideal) if sol is not None else None}
+
+
+WORK_VARIABLE = "quail_work"  # the DuckDB variable by which a statement passes its work's key to the functions it calls
+
+
+class Works:
+    """The work records of queries under way, each under a key while held.
+
+    - How a function DuckDB runs for a statement (a similarity join's pairs: engine/exec/embedding_functions.py),
+      which is not told whose it is, finds the query's record to stop with it: the statement passes the key
+      (engine/exec/relational.py).
+    - A key is never given twice: one left behind (on a connection) finds nothing once dropped.
+
+    >>> works = Works()
+    >>> key = works.hold(QueryWork())
+    >>> works.find(key) is not None, works.find("another"), works.find(None)
+    (True, None, None)
+    >>> works.drop(key); works.find(key) is None
+    True
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, QueryWork] = {}
+        self._keys = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def hold(self, work: QueryWork) -> str:
+        """A new key that finds `work` until dropped."""
+        with self._lock:
+            key = str(next(self._keys))
+            self._held[key] = work
+            return key
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            self._held.pop(key, None)
+
+    def find(self, key: str | None) -> QueryWork | None:
+        """The work held under `key` (None: none is, or no key)."""
+        with self._lock:
+            return self._held.get(key) if key is not None else None

@@ -209,3 +209,4 @@ def test_top_k_per_row_is_planned_as_a_matrix_product_and_gives_the_brute_force_
 
 def explained(uri: str, sql: str, dialect: str = "duckdb") -> str:
     return "\n".join(fetch(uri, "EXPLAIN " + sql, dialect).column(0).to_pylist()).lower()
+

@@ -11,6 +11,7 @@ from typing import Callable
 import adbc_driver_flightsql.dbapi as flight_sql
 import adbc_driver_manager
 import grpc
+import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
@@ -417,9 +418,11 @@ def test_a_cancelled_query_gives_its_kv_back_at_once(tmp_path):
         _kv_given_back(port)
 
 
-def test_a_query_past_its_time_limit_gives_its_kv_back_at_once(tmp_path):
+def test_a_query_past_its_time_limit_stops_at_once_and_gives_its_kv_back(tmp_path):
     """--query-timeout stops a scoring query mid-way (DEADLINE_EXCEEDED); once it has ended, none of its KV
-    is held."""
+    is held. A similarity join past it (two sides of 60,000 stored embeddings: 3.6e9 cosines, seconds of
+    products in one call of the pairs' function, which DuckDB's interrupt would wait for) stops at the next
+    block of its products."""
     port = free_port()
     with ServerProcess(tmp_path, "--metrics-port", str(port), "--query-timeout", "2", *SHORT_PASSES) as served:
         with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
@@ -428,6 +431,25 @@ def test_a_query_past_its_time_limit_gives_its_kv_back_at_once(tmp_path):
                 cur.execute(_scoring(0))
                 cur.fetch_arrow_table()
         _kv_given_back(port)
+        with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
+            for name, seed in (("va", 1), ("vb", 2)):
+                cur.adbc_ingest(name, _vectors(60_000, 256, seed), mode="create")
+            started = time.monotonic()
+            with pytest.raises(adbc_driver_manager.Error, match="time limit"):
+                cur.execute("SELECT a.id, b.id FROM va a JOIN vb b ON AI_SIMILARITY(a.v, b.v) > 0.5")
+                cur.fetch_arrow_table()
+            assert time.monotonic() - started < 6, "a bound, not a timing: the products take 15 s and more"
+            cur.execute("SELECT count(*) FROM va")
+            assert cur.fetchall() == [(60_000,)], "the server answers on"
+
+
+def _vectors(rows: int, dims: int, seed: int) -> pa.Table:
+    """`rows` random embeddings of `dims` float32 (a FLOAT[dims] column `v`, beside `id`), in batches a
+    Flight message holds."""
+    flat = np.random.default_rng(seed).standard_normal((rows, dims), dtype=np.float32)
+    table = pa.table({"id": pa.array(range(rows), pa.int64()),
+                      "v": pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), dims)})
+    return pa.Table.from_batches(table.to_batches(max_chunksize=8_000))
 
 
 def test_a_table_s_texts_are_tokenized_as_it_is_written_and_again_when_the_server_restarts(tmp_path):
