@@ -18,6 +18,9 @@ def test_the_probe_lists_a_statements_spans_and_their_medians_beside_a_long_one(
     for span in ("TreeJob.__init__", "Rows.build", "PassScheduler._forward", "FlightSQLHandler.do_get", "QueryService.report"):
         assert span in spans, span
     assert medians.startswith("2\n"), "the second half of the timed statements, the last one open-ended"
-    assert "cycle" in medians.splitlines()[1], "slowest first"
+    table = medians.split("\nclient p50")[0].splitlines()[1:]  # "<ms>  <span>" lines, before the client's figure
+    listed_ms = [float(line.split()[0]) for line in table]
+    assert listed_ms == sorted(listed_ms, reverse=True), "slowest first"
+    assert "cycle" in [line.split()[-1] for line in table]
     assert "client p50" in text
     assert statement_timeline.WAITED in medians and statement_timeline.COMPUTED in medians
