@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 from quail.engine.errors import InvalidArgument
 
 _DTYPES = {"F16": np.float16, "F32": np.float32, "BF16": None}
+POOLED_TOKENS = 1 << 16  # tokens whose vectors are gathered at once (64 MiB at 256 dimensions)
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -58,18 +59,23 @@ class StaticEmbedding:
 
     def tokens(self, texts: list[str]) -> list[np.ndarray]:
         """Each text's token ids (no special tokens), clipped to the table."""
-        encoded = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        encoded = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)  # ids alone: no offsets
         return [np.minimum(np.asarray(e.ids, dtype=np.int64), len(self.vectors) - 1) for e in encoded]
 
     def embed_ids(self, rows: list[np.ndarray]) -> list[np.ndarray | None]:
-        """Each text's embedding from its token ids (`pooled`)."""
-        return [self.pooled(ids) for ids in rows]
-
-    def pooled(self, ids: np.ndarray) -> np.ndarray | None:
-        """The embedding of a text of these token ids: their vectors' mean, L2-normalized (None: no tokens, or
-        a mean of zero length)."""
-        if not len(ids):
-            return None
-        mean = self.vectors[ids].mean(axis=0)
-        norm = float(np.linalg.norm(mean))
-        return mean / norm if norm > 0 else None
+        """Each text's embedding from its token ids: their vectors' mean, L2-normalized (None: no tokens, or a
+        mean of zero length); the rows of one length pooled together, POOLED_TOKENS tokens at a time."""
+        out: list[np.ndarray | None] = [None] * len(rows)
+        by_length: dict[int, list[int]] = {}
+        for k, ids in enumerate(rows):
+            if len(ids):
+                by_length.setdefault(len(ids), []).append(k)
+        for length, members in by_length.items():
+            step = max(1, POOLED_TOKENS // length)
+            for first in range(0, len(members), step):
+                group = members[first:first + step]
+                means = self.vectors[np.stack([rows[k] for k in group])].mean(axis=1)
+                norms = np.linalg.norm(means, axis=1)
+                for k, mean, norm in zip(group, means, norms):
+                    out[k] = mean / norm if norm > 0 else None
+        return out

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 from quail.engine.errors import InvalidArgument
 from quail.engine.exec.embedding_functions import cosine, register
 from quail.engine.model.embedded import WORD_EMBEDDINGS, WORD_TOKENIZER, WORDLLAMA
+from quail.engine.model import static_embedding
 from quail.engine.model.static_embedding import read_safetensors
 from quail.engine.runtime.embeddings import EMBEDDED_DIMS, ENTRY_BYTES, Embeddings, embedded_model
 
@@ -47,9 +48,19 @@ def reference(files, texts: list[str]) -> np.ndarray:
 def test_the_static_model_is_the_mean_of_its_token_vectors_normalized(files):
     model = embedded_model()
     assert model.dims == EMBEDDED_DIMS and model.vectors.shape[1] == EMBEDDED_DIMS
-    got = np.array([model.pooled(ids) for ids in model.tokens(TEXTS)])
+    got = np.array(model.embed_ids(model.tokens(TEXTS)))
     np.testing.assert_allclose(got, reference(files, TEXTS), atol=1e-6)
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+
+
+def test_the_static_model_pools_each_text_alone_whatever_the_groups_its_rows_are_gathered_in(files, monkeypatch):
+    """Rows gathered a few tokens at a time (a text longer than the bound alone), an empty text among them."""
+    model = embedded_model()
+    monkeypatch.setattr(static_embedding, "POOLED_TOKENS", 4)
+    texts = [TEXTS[0], "", *TEXTS[1:]]
+    got = model.embed_ids(model.tokens(texts))
+    assert got[1] is None
+    np.testing.assert_allclose(np.array([got[0], *got[2:]]), reference(files, TEXTS), atol=1e-6)
 
 
 def test_the_safetensors_reader_reads_what_it_describes(tmp_path):
