@@ -57,6 +57,9 @@ class Request:
         object.__setattr__(self, "offsets", tuple(itertools.accumulate((len(s.ids) for s in self.segments), initial=0)))
 
     def ids(self) -> np.ndarray:
+        """The prompt's token ids (a single segment's own array: read, never written)."""
+        if len(self.segments) == 1:
+            return self.segments[0].ids
         return np.concatenate([s.ids for s in self.segments])
 
     def prefix(self, segments: int) -> tuple[int, bytes]:
