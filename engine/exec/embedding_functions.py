@@ -60,18 +60,23 @@ def cosine(first: pa.ListArray | pa.ChunkedArray, second: pa.ListArray | pa.Chun
     first, second = (c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in (first, second))
     out = np.full(len(first), np.nan, dtype=np.float64)
     valid = np.asarray(pc.and_(first.is_valid(), second.is_valid()))
-    rows = np.flatnonzero(valid)
-    if len(rows):
-        a, b = (column.take(pa.array(rows)) for column in (first, second))
-        lengths = np.asarray(a.value_lengths())
-        if not np.array_equal(lengths, np.asarray(b.value_lengths())):
-            raise InvalidArgument(DIMENSIONS_DIFFER)
-        for length in np.unique(lengths[lengths > 0]):  # rows of one length at a time: a matrix each
-            group = np.flatnonzero(lengths == length)
-            x, y = (np.asarray(side.take(pa.array(group)).flatten(), dtype=np.float64).reshape(len(group), -1)
-                    for side in (a, b))
-            out[rows[group]] = row_cosines(x, y)
+    lengths = np.asarray(first.value_lengths().fill_null(0))
+    if not np.array_equal(lengths[valid], np.asarray(second.value_lengths().fill_null(0))[valid]):
+        raise InvalidArgument(DIMENSIONS_DIFFER)
+    for length in np.unique(lengths[valid & (lengths > 0)]):  # rows of one length at a time: a matrix each
+        group = np.flatnonzero(valid & (lengths == length))
+        out[group] = row_cosines(*(_matrix(side, group, int(length)) for side in (first, second)))
     return pa.array(out, mask=np.isnan(out))
+
+
+def _matrix(lists: pa.ListArray, rows: np.ndarray, length: int) -> np.ndarray:
+    """The lists at `rows`, each `length` long, as the rows of a float64 matrix (read from the lists' values
+    where they lie, a slice where they lie end to end)."""
+    starts = np.asarray(lists.offsets)[rows]
+    values = np.asarray(lists.values)
+    if len(rows) and starts[-1] - starts[0] == length * (len(rows) - 1) and np.all(np.diff(starts) == length):
+        return values[starts[0]:starts[0] + length * len(rows)].reshape(len(rows), length).astype(np.float64)
+    return values[starts[:, None] + np.arange(length)].astype(np.float64)
 
 
 def row_cosines(x: np.ndarray, y: np.ndarray) -> np.ndarray:
