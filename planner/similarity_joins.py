@@ -101,7 +101,8 @@ def _prefilter_threshold(select: exp.Select) -> bool:
             if sides[0] == paired:  # cosine is symmetric: the pairs go to the second argument's table
                 (first, second), sides = (second, first), sides[::-1]
             positions = exp.Anonymous(this="ai_similar_pairs_for", expressions=[
-                _work_key(), _side(first, tables[sides[0]]), _side(second, tables[sides[1]]), exp.Literal.number(repr(low))])
+                _work_key(), _side(first, tables[sides[0]]), _side(second, tables[sides[1]]),
+                exp.Literal.number(repr(low))])
             pairs = _found(positions, first, tables[sides[0]], second, tables[sides[1]])
             key = _paired(select, first, second, tables[sides[1]], pairs)
             conjunct.replace(exp.and_(exp.EQ(this=first.copy(), expression=key), conjunct.copy()))

@@ -74,7 +74,7 @@ def _matrix(lists: pa.ListArray, rows: np.ndarray, length: int) -> np.ndarray:
     where they lie, a slice where they lie end to end)."""
     starts = np.asarray(lists.offsets)[rows]
     values = np.asarray(lists.values)
-    if len(rows) and starts[-1] - starts[0] == length * (len(rows) - 1) and np.all(np.diff(starts) == length):
+    if len(rows) and np.all(np.diff(starts) == length):
         return values[starts[0]:starts[0] + length * len(rows)].reshape(len(rows), length).astype(np.float64)
     return values[starts[:, None] + np.arange(length)].astype(np.float64)
 
@@ -221,7 +221,8 @@ def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
     sides = duckdb.list_type(floats)
     positions = duckdb.list_type(duckdb.struct_type({"i": sqltypes.BIGINT, "j": sqltypes.BIGINT,
                                                      "s": sqltypes.DOUBLE}))
-    pairs, top_pairs = [sides, sides, sqltypes.DOUBLE], [sides, sides, duckdb.list_type(sqltypes.BIGINT), sqltypes.BIGINT]
+    pairs = [sides, sides, sqltypes.DOUBLE]
+    top_pairs = [sides, sides, duckdb.list_type(sqltypes.BIGINT), sqltypes.BIGINT]
     for name, function, parameters, returns in (
             (EMBED, ai_embed, [sqltypes.VARCHAR, sqltypes.VARCHAR], duckdb.array_type(sqltypes.FLOAT, embeddings.dims)),
             (COSINE, cosine, [floats, floats], sqltypes.DOUBLE),
