@@ -26,13 +26,14 @@ serve: $(STAMP)
 	$(BIN)/quail serve
 
 # What a GPU host without a package index needs besides torch (ignored by git): wheels of this tree and
-# of the other dependencies (the ADBC driver for bench/server_load.py), and the embedded model's tokenizer
-# for dummy weights; copy .offline/ there with the tree. Not protobuf: the host's own (with its C
-# module) serves the Substrait messages; a pure-Python protobuf beside it would meet that C module and fail
-# to import.
+# of the other dependencies (the ADBC driver for bench/server_load.py), the commit Quail's wheel was built
+# from (.offline/wheels/COMMIT: results name it), and the embedded model's tokenizer for dummy weights;
+# copy .offline/ there with the tree. Not protobuf: the host's own (with its C module) serves the
+# Substrait messages; a pure-Python protobuf beside it would meet that C module and fail to import.
 offline-wheels: $(STAMP)
 	rm -rf build .offline/wheels/quail_server-*.whl
 	$(BIN)/python -m pip wheel --quiet --no-deps -w .offline/wheels .
+	git rev-parse HEAD > .offline/wheels/COMMIT
 	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
 		--implementation cp --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 \
 		--platform manylinux_2_27_x86_64 \

@@ -38,6 +38,8 @@ from .embedding_speed import texts
 from .run import git_commit, write_json
 
 K_PER_ROW = 5
+QUESTION = "cold soup and a rude waiter"
+QUERY = f"SELECT id FROM docs ORDER BY AI_SIMILARITY(body, '{QUESTION}') DESC, id LIMIT 10"
 
 
 def timed(session: quail.Session, sql: str) -> tuple[float, pa.Table]:
@@ -97,12 +99,11 @@ def main(argv: list[str] | None = None) -> Path:
     session.register("l", pa.table({"id": list(range(len(left))), "body": left}))
     session.register("r", pa.table({"id": list(range(len(right))), "body": right}))
     session.sql("SELECT AI_EMBED('load the model') AS e").run()
-    top = "SELECT id FROM docs ORDER BY AI_SIMILARITY(body, 'cold soup and a rude waiter') DESC, id LIMIT 10"
-    cold_s, got = timed(session, top)
+    cold_s, got = timed(session, QUERY)
     said(f"top-k cold ({cold_s:.1f} s)", began)
-    warm_s, _ = timed(session, top)
+    warm_s, _ = timed(session, QUERY)
     said(f"top-k warm ({warm_s:.1f} s)", began)
-    vectors, query = embedded(session, docs), embedded(session, ["cold soup and a rude waiter"])[0]
+    vectors, query = embedded(session, docs), embedded(session, [QUESTION])[0]
     started = time.perf_counter()
     scores = cosines(vectors, query[None])[:, 0]
     best = sorted(np.argpartition(-scores, 20)[:20], key=lambda k: (-round(float(scores[k]), 9), k))[:10]

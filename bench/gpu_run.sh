@@ -22,6 +22,8 @@ parts=""
 if [ "${1:-}" = "--parts" ]; then parts=$2; shift 2; fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .offline/wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# results name the commit the wheel was built from, not the tree's (which may be older, or no checkout)
+if [ -f .offline/wheels/COMMIT ]; then export QUAIL_GIT_COMMIT=$(cat .offline/wheels/COMMIT); fi
 module=$1
 shift
 status=0

@@ -16,6 +16,7 @@ import argparse
 import datetime as dt
 import importlib.metadata
 import json
+import os
 import platform
 import re
 import subprocess
@@ -134,6 +135,10 @@ def write_json(path: Path, doc: dict) -> Path:
 
 
 def git_commit() -> str:
+    """The commit of the code that runs: QUAIL_GIT_COMMIT where set (bench/gpu_run.sh sets the commit the wheels
+    were built from), else the checkout's HEAD, else 'unknown'."""
+    if os.environ.get("QUAIL_GIT_COMMIT"):
+        return os.environ["QUAIL_GIT_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
                               cwd=Path(__file__).parent).stdout.strip()
