@@ -30,7 +30,7 @@ from quail.planner.generation_options import JSON_TYPES, bigquery_params, consta
 AGGREGATES = {"AI_AGG", "AI_SUMMARIZE_AGG"}  # planned around their SELECT (planner/aggregates.py), never bound here
 KNOWN = set(SQL_NAMES) | AGGREGATES
 EMBEDDING = {"AI_EMBED", "AI_SIMILARITY", "AI.EMBED", "AI.SIMILARITY"}  # spelled for DuckDB (embeddings.py)
-DUCKDB_RUNS = EMBEDDING | {"AI_COSINE", "AI_SIMILAR_PAIRS", "AI_TOP_PAIRS", "AI_SIMILAR_PAIRS_FOR",
+DUCKDB_RUNS = EMBEDDING | {"AI_COSINE", "AI_EMBED_FOR", "AI_SIMILAR_PAIRS", "AI_TOP_PAIRS", "AI_SIMILAR_PAIRS_FOR",
                            "AI_TOP_PAIRS_FOR"}  # the AI_* functions DuckDB runs
 # (engine/exec/embedding_functions.py)
 FILTER_OPTIONS = {"selectivity", "anchor", "recall", "precision", "confidence"}

@@ -4,6 +4,8 @@
   options of the model a BigQuery call would reach are ignored: the model is the server's).
 - `vector`: an argument embedded when it is a text, cast when it already is an embedding (DuckDB tells
   which by its type when it binds the statement, and keeps only that branch).
+- `embedded`: a text's embedding, `ai_embed_for` given the key of the statement's work first (`work_key`:
+  a cancel or time limit stops the embedding model's passes; engine/exec/embedding_functions.py).
 - `filled`: a DuckDB SQL template with expressions put in its places (the rewrites' building block).
 """
 
@@ -12,14 +14,14 @@ from __future__ import annotations
 from sqlglot import exp, parse_one
 
 from quail.engine.errors import InvalidArgument
+from quail.engine.runtime.query_work import WORK_VARIABLE
 
 from quail.planner.ai_calls import named_arguments
 from quail.planner.dialects import position
 
 DEFAULT_MODEL = "default"
 SIMILARITY = ("AI_SIMILARITY", "AI.SIMILARITY")
-_VECTOR = "CASE WHEN typeof(X) = 'VARCHAR' THEN CAST(ai_embed('default', CAST(X AS VARCHAR)) AS FLOAT[]) " \
-          "ELSE CAST(X AS FLOAT[]) END"
+_VECTOR = "CASE WHEN typeof(X) = 'VARCHAR' THEN CAST(E AS FLOAT[]) ELSE CAST(X AS FLOAT[]) END"
 _PARAMETERS = {"AI.SIMILARITY": ("content1", "content2"), "AI.EMBED": ("content",)}
 _IGNORED = {"endpoint", "connection_id", "model_params", "task_type", "title"}
 
@@ -36,7 +38,18 @@ def arguments(name: str, call: exp.Expression) -> list[exp.Expression]:
 
 def vector(argument: exp.Expression) -> exp.Expression:
     """An argument of AI_SIMILARITY as a FLOAT[] list: embedded when it is a text, else cast."""
-    return filled(_VECTOR, {"X": argument})
+    text = exp.Cast(this=argument.copy(), to=exp.DataType.build("VARCHAR"))
+    return filled(_VECTOR, {"X": argument, "E": embedded(exp.Literal.string(DEFAULT_MODEL), text)})
+
+
+def embedded(model: exp.Expression, text: exp.Expression) -> exp.Expression:
+    """The embedding of a text by the named model, as DuckDB runs it (stopped with the statement)."""
+    return exp.Anonymous(this="ai_embed_for", expressions=[work_key(), model, text])
+
+
+def work_key() -> exp.Expression:
+    """The key of the statement's work, as the connection running it holds it (engine/exec/relational.py)."""
+    return exp.Anonymous(this="getvariable", expressions=[exp.Literal.string(WORK_VARIABLE)])
 
 
 def filled(template: str, places: dict[str, exp.Expression]) -> exp.Expression:

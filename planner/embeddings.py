@@ -1,7 +1,8 @@
 """AI_EMBED and AI_SIMILARITY in every dialect, spelled as DuckDB runs them over the engine's `ai_embed`.
 
 - AI_EMBED(text), Snowflake's AI_EMBED(model, text), BigQuery's AI.EMBED(content [, endpoint => ...]):
-  `ai_embed(model, text)` (engine/exec/embedding_functions.py), a FLOAT[n] L2-normalized; the model is
+  `ai_embed_for(<the statement's work>, model, text)` (engine/exec/embedding_functions.py; stopped with the
+  statement), a FLOAT[n] L2-normalized; the model is
   'default' where none is named. BigQuery's is a STRUCT of `result` (the embedding) and `status` ('').
 - AI_SIMILARITY(a, b), BigQuery's AI.SIMILARITY(content1 => a, content2 => b): the cosine of their
   embeddings (`ai_cosine`). A text argument is embedded; one that already is an embedding (a stored
@@ -16,8 +17,9 @@
 True
 >>> print(tree.sql("duckdb"))  # doctest: +NORMALIZE_WHITESPACE
 SELECT id FROM t ORDER BY AI_COSINE(CASE WHEN TYPEOF(body) = 'VARCHAR' THEN
-CAST(AI_EMBED('default', CAST(body AS TEXT)) AS REAL[]) ELSE CAST(body AS REAL[]) END,
-CASE WHEN TYPEOF('soup') = 'VARCHAR' THEN CAST(AI_EMBED('default', CAST('soup' AS TEXT)) AS REAL[])
+CAST(AI_EMBED_FOR(GETVARIABLE('quail_work'), 'default', CAST(body AS TEXT)) AS REAL[])
+ELSE CAST(body AS REAL[]) END, CASE WHEN TYPEOF('soup') = 'VARCHAR' THEN
+CAST(AI_EMBED_FOR(GETVARIABLE('quail_work'), 'default', CAST('soup' AS TEXT)) AS REAL[])
 ELSE CAST('soup' AS REAL[]) END) DESC LIMIT 3
 """
 
@@ -29,7 +31,7 @@ from quail.engine.errors import InvalidArgument
 
 from quail.planner.ai_calls import EMBEDDING, embedding_name
 from quail.planner.dialects import DIALECTS, position, written_items
-from quail.planner.embedding_calls import DEFAULT_MODEL, SIMILARITY, arguments, vector
+from quail.planner.embedding_calls import DEFAULT_MODEL, SIMILARITY, arguments, embedded, vector
 from quail.planner.similarity_joins import prefilter
 
 
@@ -72,15 +74,11 @@ def _spelled(call: exp.Expression) -> exp.Expression:
     if name == "AI.EMBED":
         if len(args) != 1:
             raise InvalidArgument(f"AI.EMBED embeds one content, not {len(args)}{position(call)}")
-        embedded = _embed(exp.Literal.string(DEFAULT_MODEL), args[0])
-        return exp.Struct(expressions=[exp.PropertyEQ(this=exp.to_identifier("result"), expression=embedded),
+        result = embedded(exp.Literal.string(DEFAULT_MODEL), args[0])
+        return exp.Struct(expressions=[exp.PropertyEQ(this=exp.to_identifier("result"), expression=result),
                                        exp.PropertyEQ(this=exp.to_identifier("status"),
                                                       expression=exp.Literal.string(""))])
     if len(args) not in (1, 2):
         raise InvalidArgument(f"AI_EMBED takes a text, or a model and a text, not {len(args)} arguments"
                               f"{position(call)}")
-    return _embed(exp.Literal.string(DEFAULT_MODEL) if len(args) == 1 else args[0], args[-1])
-
-
-def _embed(model: exp.Expression, text: exp.Expression) -> exp.Expression:
-    return exp.Anonymous(this="ai_embed", expressions=[model, text])
+    return embedded(exp.Literal.string(DEFAULT_MODEL) if len(args) == 1 else args[0], args[-1])

@@ -32,10 +32,8 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from quail.engine.runtime.query_work import WORK_VARIABLE
-
 from quail.planner.ai_calls import embedding_name
-from quail.planner.embedding_calls import SIMILARITY, arguments, filled, vector
+from quail.planner.embedding_calls import SIMILARITY, arguments, filled, vector, work_key
 
 MARGIN = 1e-5  # the pairs' slack below a join's threshold: the device's float product against ai_cosine's float64
 KEY, SCORE = "__sim_lt", "__sim_s"  # the columns the right table gains: the left value it pairs with, their cosine
@@ -101,7 +99,7 @@ def _prefilter_threshold(select: exp.Select) -> bool:
             if sides[0] == paired:  # cosine is symmetric: the pairs go to the second argument's table
                 (first, second), sides = (second, first), sides[::-1]
             positions = exp.Anonymous(this="ai_similar_pairs_for", expressions=[
-                _work_key(), _side(first, tables[sides[0]]), _side(second, tables[sides[1]]),
+                work_key(), _side(first, tables[sides[0]]), _side(second, tables[sides[1]]),
                 exp.Literal.number(repr(low))])
             pairs = _found(positions, first, tables[sides[0]], second, tables[sides[1]])
             key = _paired(select, first, second, tables[sides[1]], pairs)
@@ -131,7 +129,7 @@ def _prefilter_top_k(select: exp.Select) -> bool:
             column.table != left for column in where.find_all(exp.Column))):
         return False  # a condition on b's rows would change which rows rank within k
     positions = exp.Anonymous(this="ai_top_pairs_for", expressions=[
-        _work_key(), _side(first, tables[left]), _side(second, tables[right]),
+        work_key(), _side(first, tables[left]), _side(second, tables[right]),
         filled(_COUNTS, {"A": second, "T": tables[right]}), exp.Literal.number(k)])
     pairs = filled(_WITH_NULLS, {"FOUND": _found(positions, first, tables[left], second, tables[right]),
                                  "AL": first, "TL": tables[left], "AR": second, "TR": tables[right]})
@@ -206,11 +204,6 @@ def _alias(argument: exp.Expression) -> str | None:
     if not columns or "" in aliases or len(aliases) != 1 or argument.find(exp.Query) is not None:
         return None
     return aliases.pop()
-
-
-def _work_key() -> exp.Expression:
-    """The key of the statement's work, as the connection running it holds it (engine/exec/relational.py)."""
-    return exp.Anonymous(this="getvariable", expressions=[exp.Literal.string(WORK_VARIABLE)])
 
 
 def _side(argument: exp.Expression, table: exp.Expression) -> exp.Expression:

@@ -58,7 +58,7 @@ def ai_cascade(step: AIStep, rows: pa.Table, runtime: Runtime | None, work: Quer
 
     def embed(chosen: np.ndarray) -> np.ndarray:
         """The embeddings of these rows' documents (zeros where a text has none: an empty one)."""
-        vectors = runtime.embeddings.embed([texts[i] for i in chosen])
+        vectors = runtime.embeddings.embed([texts[i] for i in chosen], work.check if work is not None else None)
         return np.stack([v if v is not None else np.zeros(runtime.embeddings.dims, np.float32) for v in vectors])
 
     cascade = _CASCADES[step.kind]

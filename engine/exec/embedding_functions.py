@@ -9,9 +9,10 @@
   right value standing for `counts` rows): blocked matrix products on the embeddings' device
   (similar_pairs.py); each pair with `s`, its cosine exactly as `ai_cosine` gives it (the same function
   over the same lists), so the rewritten join reads it instead of embedding its rows' texts again.
-- `ai_similar_pairs_for(key, ...)` and `ai_top_pairs_for(key, ...)`, what the planner's rewrite calls: the same
-  after the key of the statement's work (`getvariable('quail_work')`, which relational.py sets on the
-  statement's connection: query_work.Works), so a cancel or time limit stops the products within one block.
+- `ai_embed_for(key, ...)`, `ai_similar_pairs_for(key, ...)` and `ai_top_pairs_for(key, ...)`, what the planner
+  writes: the same after the key of the statement's work (`getvariable('quail_work')`, which relational.py
+  sets on the statement's connection: query_work.Works), so a cancel or time limit stops an embedding model's
+  passes before the next one, and the products within one block.
 
 - The planner spells every dialect's AI_EMBED and AI_SIMILARITY with it (planner/embeddings.py), so an
   embedding may stand wherever DuckDB takes an expression: SELECT, WHERE, ORDER BY ... LIMIT, CREATE
@@ -34,7 +35,7 @@ from quail.engine.errors import InvalidArgument
 from quail.engine.runtime.embeddings import Embeddings
 
 EMBED, COSINE, PAIRS, TOP_PAIRS = "ai_embed", "ai_cosine", "ai_similar_pairs", "ai_top_pairs"
-STOPPING = "_for"  # the pairs' functions that take the statement's key first: ai_similar_pairs_for, ai_top_pairs_for
+STOPPING = "_for"  # the functions that take the statement's key first: ai_embed_for, ai_similar_pairs_for, ..
 DIMENSIONS_DIFFER = "AI_SIMILARITY compares embeddings of as many dimensions: these differ"
 SCORE_ROWS = 256  # pairs whose cosines are computed at a time, their rows copied into two float64 buffers that stay in cache
 
@@ -175,10 +176,10 @@ def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
     database (its cursors see them); ones registered before are replaced."""
     from quail.engine.exec import similar_pairs  # torch, loaded by a server's database, not by the planner
 
-    def ai_embed(models: pa.Array, texts: pa.Array) -> pa.FixedSizeListArray:
+    def embed(models: pa.Array, texts: pa.Array, stop: Callable[[], None]) -> pa.FixedSizeListArray:
         for name in set(models.to_pylist()) - {None}:
             embeddings.check_model(name)
-        return embedding_array(embeddings.embed(texts.to_pylist()), embeddings.dims)
+        return embedding_array(embeddings.embed(texts.to_pylist(), stop), embeddings.dims)
 
     def similar(left: pa.ListArray, right: pa.ListArray, low: pa.Array, stop: Callable[[], None]) -> pa.ListArray:
         return _positions([_pairs(left[r].values, right[r].values, lambda x, _, y, __: similar_pairs.above(
@@ -200,9 +201,15 @@ def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
         return _positions(found)
 
     def stop_of(keys: pa.Array) -> Callable[[], None]:
-        """What stops the pairs of the statement whose work's key DuckDB passed (none found: nothing)."""
+        """What stops the statement whose work's key DuckDB passed (none found: nothing)."""
         work = embeddings.works.find(keys[0].as_py() if len(keys) else None)
         return work.check if work is not None else similar_pairs.go_on
+
+    def ai_embed(models: pa.Array, texts: pa.Array) -> pa.FixedSizeListArray:
+        return embed(models, texts, similar_pairs.go_on)
+
+    def ai_embed_for(keys: pa.Array, models: pa.Array, texts: pa.Array) -> pa.FixedSizeListArray:
+        return embed(models, texts, stop_of(keys))
 
     def ai_similar_pairs(left: pa.ListArray, right: pa.ListArray, low: pa.Array) -> pa.ListArray:
         return similar(left, right, low, similar_pairs.go_on)
@@ -223,8 +230,10 @@ def register(con: duckdb.DuckDBPyConnection, embeddings: Embeddings) -> None:
                                                      "s": sqltypes.DOUBLE}))
     pairs = [sides, sides, sqltypes.DOUBLE]
     top_pairs = [sides, sides, duckdb.list_type(sqltypes.BIGINT), sqltypes.BIGINT]
+    vector = duckdb.array_type(sqltypes.FLOAT, embeddings.dims)
     for name, function, parameters, returns in (
-            (EMBED, ai_embed, [sqltypes.VARCHAR, sqltypes.VARCHAR], duckdb.array_type(sqltypes.FLOAT, embeddings.dims)),
+            (EMBED, ai_embed, [sqltypes.VARCHAR, sqltypes.VARCHAR], vector),
+            (EMBED + STOPPING, ai_embed_for, [sqltypes.VARCHAR, sqltypes.VARCHAR, sqltypes.VARCHAR], vector),
             (COSINE, cosine, [floats, floats], sqltypes.DOUBLE),
             (PAIRS, ai_similar_pairs, pairs, positions),
             (TOP_PAIRS, ai_top_pairs, top_pairs, positions),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -62,9 +63,10 @@ class StaticEmbedding:
         encoded = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)  # ids alone: no offsets
         return [np.minimum(np.asarray(e.ids, dtype=np.int64), len(self.vectors) - 1) for e in encoded]
 
-    def embed_ids(self, rows: list[np.ndarray]) -> list[np.ndarray | None]:
+    def embed_ids(self, rows: list[np.ndarray], stop: Callable[[], None] | None = None) -> list[np.ndarray | None]:
         """Each text's embedding from its token ids: their vectors' mean, L2-normalized (None: no tokens, or a
-        mean of zero length); the rows of one length pooled together, POOLED_TOKENS tokens at a time."""
+        mean of zero length); the rows of one length pooled together, POOLED_TOKENS tokens at a time, `stop`
+        (raising to stop) run before each pool."""
         out: list[np.ndarray | None] = [None] * len(rows)
         by_length: dict[int, list[int]] = {}
         for k, ids in enumerate(rows):
@@ -73,6 +75,8 @@ class StaticEmbedding:
         for length, members in by_length.items():
             step = max(1, POOLED_TOKENS // length)
             for first in range(0, len(members), step):
+                if stop is not None:
+                    stop()
                 group = members[first:first + step]
                 means = self.vectors[np.stack([rows[k] for k in group])].mean(axis=1)
                 norms = np.linalg.norm(means, axis=1)

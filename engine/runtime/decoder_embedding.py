@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -34,13 +36,14 @@ class DecoderEmbedding:
         """Each text's token ids, the end-of-text token last (where the vocabulary has one)."""
         return [np.concatenate([ids, self._end]) for ids in self.runtime.tokenizer.encode_batch(texts)]
 
-    def embed_ids(self, rows: list[np.ndarray]) -> list[np.ndarray | None]:
-        """The embedding of each text of these token ids (None: no tokens), the rows computed together."""
+    def embed_ids(self, rows: list[np.ndarray], stop: Callable[[], None] | None = None) -> list[np.ndarray | None]:
+        """The embedding of each text of these token ids (None: no tokens), the rows computed together; `stop`
+        (raising to stop: the statement's check) runs before each pass."""
         present = [k for k, ids in enumerate(rows) if len(ids)]
         requests = [Request((Segment.of(rows[k], self.name),), self.runtime.yes_no) for k in present]
         out: list[np.ndarray | None] = [None] * len(rows)
         if requests:
-            hidden = torch.stack(self.runtime.hidden(requests, QueryWork())).float()
+            hidden = torch.stack(self.runtime.hidden(requests, QueryWork(stops_with=stop))).float()
             vectors = torch.nn.functional.normalize(hidden, dim=-1).cpu().numpy()
             for k, vector in zip(present, vectors):
                 out[k] = vector

@@ -53,7 +53,8 @@ class EmbeddingModel(Protocol):
 
     def tokens(self, texts: list[str]) -> list[np.ndarray]: ...
 
-    def embed_ids(self, rows: list[np.ndarray]) -> list[np.ndarray | None]: ...
+    def embed_ids(self, rows: list[np.ndarray], stop: Callable[[], None] | None = None) -> list[np.ndarray | None]:
+        ...
 
 
 def embedded_model() -> StaticEmbedding:
@@ -108,9 +109,10 @@ class Embeddings:
         with self._lock:
             return EmbeddingCounts(self.computed, self.cached, self.skipped)
 
-    def embed(self, texts: Sequence[str | None]) -> list[np.ndarray | None]:
+    def embed(self, texts: Sequence[str | None], stop: Callable[[], None] | None = None) -> list[np.ndarray | None]:
         """Each text's embedding (float32, L2-normalized; None for None, and for a text of no tokens); a text seen
-        before is not tokenized again while its embedding is kept."""
+        before is not tokenized again while its embedding is kept. `stop` (the statement's check: it raises to
+        stop) runs between the model's passes."""
         model = self.model()
         present = [k for k, text in enumerate(texts) if text is not None]
         with self._lock:
@@ -120,7 +122,7 @@ class Embeddings:
         keys.update((k, row.tobytes()) for k, row in tokens.items())
         with self._lock:
             missing = {keys[k]: row for k, row in tokens.items() if keys[k] not in self._kept}
-        computed = dict(zip(missing, model.embed_ids(list(missing.values()))))  # each distinct text once
+        computed = dict(zip(missing, model.embed_ids(list(missing.values()), stop)))  # each distinct text once
         with self._lock:
             for key, vector in computed.items():
                 if key not in self._kept:

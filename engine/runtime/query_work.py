@@ -27,7 +27,9 @@ class QueryWork:
     tokens generation may choose (checked before every pass, as cancellation is). Requests and tokens
     may be counted from several threads at once (a streamed query queues a chunk while finishing the last).
     `under_way` is set once the host has queued the opening layers of a forward pass holding the query's
-    rows (ModelRunner.for_query): from then the device has the query's work in hand.
+    rows (ModelRunner.for_query): from then the device has the query's work in hand. `stops_with`: another
+    query's check this work's checks run first (an embedding model's passes for a statement's function:
+    they stop when the statement does, counted apart from it).
     """
 
     stats: Stats = field(default_factory=Stats)
@@ -41,6 +43,7 @@ class QueryWork:
     max_tokens: int | None = None
     max_generated_tokens: int | None = None
     announced: int = 0  # requests counted (`announce`) that have not reached the runtime yet
+    stops_with: Callable[[], None] | None = field(default=None, repr=False)
     _interrupts: list[Callable[[], None]] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -74,7 +77,9 @@ class QueryWork:
 
     def check(self) -> None:
         """Raise Cancelled once the query has been cancelled, DeadlineExceeded once past its deadline,
-        ResourceExhausted once it has generated more tokens than its limit."""
+        ResourceExhausted once it has generated more tokens than its limit (`stops_with` checked first)."""
+        if self.stops_with is not None:
+            self.stops_with()
         if self.cancelled.is_set():
             raise Cancelled("the query was cancelled")
         if self.deadline is not None and time.monotonic() > self.deadline:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from quail.engine.errors import InvalidArgument, NotFound
+from quail.engine.errors import Cancelled, InvalidArgument, NotFound
 from quail.engine.model.config import EngineConfig
 from quail.engine.runtime.decoder_embedding import END_OF_TEXT
 from quail.engine.runtime.loading import load_embeddings
@@ -46,3 +46,21 @@ def test_a_text_longer_than_the_context_is_refused(embeddings):
 def test_an_embedding_model_that_does_not_load_is_refused():
     with pytest.raises(NotFound, match="no-such-org/no-such-embedder"):
         load_embeddings(EngineConfig(embed_model="no-such-org/no-such-embedder"))
+
+
+def test_a_stop_ends_the_embedding_passes_before_the_next_one(embeddings):
+    """What DuckDB's batch of texts waits on: the statement's check runs before each of the model's passes (a
+    cancel or time limit stops the batch within one pass), and nothing stopped is kept."""
+    texts = [f"text {k}: " + "a few more words " * 30 for k in range(40)]  # ~4,000 tokens: several passes
+    checks = []
+
+    def stop() -> None:
+        checks.append(1)
+        if len(checks) == 2:
+            raise Cancelled("the query was cancelled")
+
+    computed = embeddings.computed
+    with pytest.raises(Cancelled):
+        embeddings.embed(texts, stop)
+    assert len(checks) == 2 and embeddings.computed == computed, "stopped at its second pass, nothing kept"
+    assert len(embeddings.embed(texts[:2])) == 2, "the model embeds on"

@@ -17,6 +17,7 @@ import pyarrow.flight as flight
 import pytest
 
 from quail.clients.server_process import ServerProcess, free_port, metric_samples
+from quail.engine.model.embedded import embedded_gguf
 from quail.server import health
 from quail.server import sql_messages as sql
 from quail.server.flight_messages import (CANCEL_STATUS_CANCELLED, CANCEL_STATUS_CANCELLING,
@@ -420,11 +421,13 @@ def test_a_cancelled_query_gives_its_kv_back_at_once(tmp_path):
 
 def test_a_query_past_its_time_limit_stops_at_once_and_gives_its_kv_back(tmp_path):
     """--query-timeout stops a scoring query mid-way (DEADLINE_EXCEEDED); once it has ended, none of its KV
-    is held. A similarity join past it (two sides of 60,000 stored embeddings: 3.6e9 cosines, seconds of
-    products in one call of the pairs' function, which DuckDB's interrupt would wait for) stops at the next
-    block of its products."""
+    is held. Work DuckDB's interrupt would wait for, in one call of a function of Quail's, stops at its next
+    step: a similarity join's (two sides of 60,000 stored embeddings: 3.6e9 cosines, seconds of products)
+    at the next block of its products, AI_EMBED's (2,000 texts in one call, over a minute of a decoder's
+    passes on a CPU) at the next pass."""
     port = free_port()
-    with ServerProcess(tmp_path, "--metrics-port", str(port), "--query-timeout", "2", *SHORT_PASSES) as served:
+    with ServerProcess(tmp_path, "--metrics-port", str(port), "--query-timeout", "2", *SHORT_PASSES,
+                       "--embed-model", str(embedded_gguf())) as served:
         with flight_sql.connect(served.uri, autocommit=True) as conn, conn.cursor() as cur:
             cur.adbc_ingest("reviews", REVIEWS, mode="replace")
             with pytest.raises(adbc_driver_manager.Error, match="time limit"):
@@ -441,6 +444,13 @@ def test_a_query_past_its_time_limit_stops_at_once_and_gives_its_kv_back(tmp_pat
             assert time.monotonic() - started < 6, "a bound, not a timing: the products take 15 s and more"
             cur.execute("SELECT count(*) FROM va")
             assert cur.fetchall() == [(60_000,)], "the server answers on"
+            cur.adbc_ingest("texts", pa.table({"body": [f"text {k}: " + "some words " * 8 for k in range(2000)]}),
+                            mode="create")
+            started = time.monotonic()
+            with pytest.raises(adbc_driver_manager.Error, match="time limit"):
+                cur.execute("SELECT AI_EMBED(body) AS e FROM texts")
+                cur.fetch_arrow_table()
+            assert time.monotonic() - started < 6, "a bound, not a timing: the passes take over a minute"
 
 
 def _vectors(rows: int, dims: int, seed: int) -> pa.Table:
