@@ -54,7 +54,10 @@ class Request:
     offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)  # each segment's first token, then the end
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "offsets", tuple(itertools.accumulate((len(s.ids) for s in self.segments), initial=0)))
+        segments = self.segments  # one segment (a text to embed: 100,000 a top-k) skips the accumulation
+        offsets = (0, len(segments[0].ids)) if len(segments) == 1 else \
+            tuple(itertools.accumulate((len(s.ids) for s in segments), initial=0))
+        object.__setattr__(self, "offsets", offsets)
 
     def ids(self) -> np.ndarray:
         """The prompt's token ids (a single segment's own array: read, never written)."""
