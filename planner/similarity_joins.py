@@ -10,6 +10,9 @@
 - An outer join's ON the same, the pairs joined to the side it does not keep whole (a LEFT JOIN's table; a
   RIGHT JOIN's FROM table, when it is the SELECT's only join): its rows that pair with nothing could never
   match, and a kept row that matches none still comes once, NULL-extended.
+- A FULL join's ON that is the threshold conjunct alone, when it is the SELECT's only join: the pairs that
+  pass the exact condition, left-joined to one side (a row of it that pairs with nothing comes once, its key
+  NULL): every other row of that side matches, so each row of either side that matches none comes once.
 - Top k per row: `QUALIFY ROW_NUMBER() (or RANK()) OVER (PARTITION BY <a's columns> ORDER BY
   AI_SIMILARITY(a.x, b.y) DESC, ...) <= k` over `a, b` (a cross join; WHERE conditions on a alone): the pairs
   that can rank within k (`ai_top_pairs_for`: each b value standing for its rows, ties kept) and every pair with
@@ -19,7 +22,8 @@
   again.
 - The pairs' functions are given the key of the statement's work first (`getvariable('quail_work')`): a
   cancel or time limit stops their products within one block (engine/exec/embedding_functions.py).
-- Anything else (FULL joins, OR, other windows, conditions on b beside a top k) stays pairwise.
+- Anything else (OR, NOT, a FULL join's other conjuncts, other windows, conditions on b beside a top k) stays
+  pairwise.
 
 >>> from sqlglot import parse_one
 >>> tree = parse_one("SELECT a.id, b.id FROM a, b QUALIFY ROW_NUMBER() OVER (PARTITION BY a.id "
@@ -53,6 +57,7 @@ _COUNTS = "(SELECT list(n ORDER BY t) FROM (SELECT A AS t, count(*) AS n FROM T 
           "WHERE t IS NOT NULL)"
 _PAIRED = "SELECT R.*, __sim_p.lt AS __sim_lt, __sim_p.sc AS __sim_s FROM TR JOIN (FOUND) AS __sim_p " \
           "ON __sim_p.rt IS NOT DISTINCT FROM AR"
+_PASSING = "SELECT lt, rt, sc FROM (FOUND) AS __sim_x WHERE EXACT"
 
 
 def prefilter(tree: exp.Expression) -> None:
@@ -63,29 +68,35 @@ def prefilter(tree: exp.Expression) -> None:
             _prefilter_threshold(select)
 
 
-def _conditions(select: exp.Select) -> list[tuple[exp.Expression, str | None]]:
+def _conditions(select: exp.Select) -> list[tuple[exp.Expression, str | None, bool]]:
     """The conditions a threshold conjunct may come from, each with the alias of the table that must take the
-    pairs (None: either side's): every inner join's ON and the WHERE when all joins are inner; else the ON
-    of each LEFT JOIN (its table) and of a RIGHT JOIN that is the only join (the FROM's table).
+    pairs (None: either side's) and whether that table is kept whole: every inner join's ON and the WHERE
+    when all joins are inner; else the ON of each LEFT JOIN (its table), of a RIGHT JOIN that is the only join
+    (the FROM's table), and of a FULL JOIN that is the only join, when it is one comparison (either, whole).
 
     >>> from sqlglot import parse_one
-    >>> [alias for _, alias in _conditions(parse_one("SELECT 1 FROM a LEFT JOIN b ON c JOIN e ON f WHERE g"))]
+    >>> [alias for _, alias, _ in _conditions(parse_one("SELECT 1 FROM a LEFT JOIN b ON c JOIN e ON f WHERE g"))]
     ['b']
+    >>> [whole for _, _, whole in _conditions(parse_one("SELECT 1 FROM a FULL JOIN b ON c > 1"))]
+    [True]
     """
     joins = select.args.get("joins") or []
     if all(not join.side and (join.kind or "").upper() in ("", "INNER", "CROSS") for join in joins):
-        found = [(join.args["on"], None) for join in joins if join.args.get("on")]
-        return found + ([(select.args["where"].this, None)] if select.args.get("where") is not None else [])
+        found = [(join.args["on"], None, False) for join in joins if join.args.get("on")]
+        return found + ([(select.args["where"].this, None, False)] if select.args.get("where") is not None else [])
     outer = [join for join in joins if (join.kind or "").upper() in ("", "OUTER") and join.args.get("on")]
-    return ([(join.args["on"], join.this.alias_or_name) for join in outer if join.side.upper() == "LEFT"]
-            + [(join.args["on"], select.args["from_"].this.alias_or_name) for join in outer
-               if join.side.upper() == "RIGHT" and len(joins) == 1])
+    alone = len(joins) == 1
+    return ([(join.args["on"], join.this.alias_or_name, False) for join in outer if join.side.upper() == "LEFT"]
+            + [(join.args["on"], select.args["from_"].this.alias_or_name, False) for join in outer
+               if join.side.upper() == "RIGHT" and alone]
+            + [(join.args["on"], None, True) for join in outer
+               if join.side.upper() == "FULL" and alone and _ordered(join.args["on"]) is not None])
 
 
 def _prefilter_threshold(select: exp.Select) -> bool:
     """The first threshold conjunct between two of the SELECT's tables, through the pairs; whether one was."""
     tables = _tables(select)
-    for condition, paired in _conditions(select):
+    for condition, paired, whole in _conditions(select):
         for conjunct in list(condition.flatten()) if isinstance(condition, exp.And) else [condition]:
             found = _threshold(conjunct)
             if found is None:
@@ -102,7 +113,9 @@ def _prefilter_threshold(select: exp.Select) -> bool:
                 work_key(), _side(first, tables[sides[0]]), _side(second, tables[sides[1]]),
                 exp.Literal.number(repr(low))])
             pairs = _found(positions, first, tables[sides[0]], second, tables[sides[1]])
-            key = _paired(select, first, second, tables[sides[1]], pairs)
+            if whole:
+                pairs = filled(_PASSING, {"FOUND": pairs, "EXACT": _scored(conjunct, exp.column("sc"))})
+            key = _paired(select, first, second, tables[sides[1]], pairs, whole)
             conjunct.replace(exp.and_(exp.EQ(this=first.copy(), expression=key), conjunct.copy()))
             return True
     return False
@@ -220,13 +233,16 @@ def _found(positions: exp.Expression, first: exp.Expression, first_table: exp.Ex
 
 
 def _paired(select: exp.Select, first: exp.Expression, argument: exp.Expression, table: exp.Expression,
-            pairs: exp.Expression) -> exp.Expression:
+            pairs: exp.Expression, whole: bool = False) -> exp.Expression:
     """The right table, in place, joined with the pairs of values by its argument's value: each of its rows
     once per left value it pairs with, that value in a column KEY and their cosine in SCORE (which the
-    SELECT's stars leave out, and its AI_SIMILARITY calls over `first` and `argument` read); the KEY
-    column, to be equated with the left argument (a hash join, never the cross product)."""
+    SELECT's stars leave out, and its AI_SIMILARITY calls over `first` and `argument` read); `whole`: a row
+    that pairs with none once, KEY NULL (a left join). The KEY column, to be equated with the left argument
+    (a hash join, never the cross product)."""
     alias = table.alias_or_name
     joined = filled(_PAIRED, {"TR": table, "FOUND": pairs, "AR": argument})
+    if whole:
+        joined.args["joins"][0].set("side", "LEFT")
     joined.expressions[0].set("table", exp.to_identifier(alias))
     _read_scores(select, {first.sql(), argument.sql()}, exp.column(SCORE, alias))
     table.replace(exp.Subquery(this=joined, alias=exp.TableAlias(this=exp.to_identifier(alias))))
@@ -235,6 +251,15 @@ def _paired(select: exp.Select, first: exp.Expression, argument: exp.Expression,
         if isinstance(star, exp.Star) and (item is star or item.table == alias):
             star.set("except_", [*(star.args.get("except_") or []), exp.column(KEY), exp.column(SCORE)])
     return exp.column(KEY, alias)
+
+
+def _scored(condition: exp.Expression, score: exp.Column) -> exp.Expression:
+    """A copy of the condition, its AI_SIMILARITY calls reading `score`."""
+    copy = condition.copy()
+    for call in list(copy.find_all(exp.Func, exp.Dot)):
+        if embedding_name(call) in SIMILARITY:
+            call.replace(score.copy())
+    return copy
 
 
 def _read_scores(select: exp.Select, arguments_sql: set[str], score: exp.Column) -> None:

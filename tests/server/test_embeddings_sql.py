@@ -139,11 +139,16 @@ def test_the_pairs_functions_called_directly(uri):
     ("SELECT q.qid, d.id FROM queries q RIGHT JOIN docs d ON AI_SIMILARITY(d.body, q.text) > 0.5 AND q.qid > 1",
      "SELECT q.qid, d.id FROM queries q RIGHT JOIN docs d ON (AI_SIMILARITY(d.body, q.text) > 0.5 OR false) "
      "AND q.qid > 1"),
+    ("SELECT q.qid, d.id, AI_SIMILARITY(q.text, d.body) AS s FROM queries q FULL JOIN docs d "
+     "ON AI_SIMILARITY(d.body, q.text) > 0.6",
+     "SELECT q.qid, d.id, AI_SIMILARITY(q.text, d.body) AS s FROM queries q FULL JOIN docs d "
+     "ON AI_SIMILARITY(d.body, q.text) > 0.6 OR false"),
 ])
 def test_a_similarity_join_asks_pairs_found_once_and_gives_every_pair_s_rows(uri, fast, slow):
     """The join's condition becomes pairs of distinct values found once (a matrix product of the two sides'
     embeddings, a margin below), the exact condition checked on those alone: the rows the pairwise form
-    (under OR, not rewritten) gives, NULL and empty texts included; an outer join's unmatched rows once each.
+    (under OR, not rewritten) gives, NULL and empty texts included; an outer join's unmatched rows once each
+    (a FULL join's of both sides).
     The SELECT's similarities are the pairs' own, equal to the last bit to what the pairwise form computes."""
     assert "ai_similar_pairs" in explained(uri, fast) and "ai_similar_pairs" not in explained(uri, slow)
     assert "ai_cosine" not in explained(uri, fast), "no text of a row embedded again"
@@ -153,6 +158,24 @@ def test_a_similarity_join_asks_pairs_found_once_and_gives_every_pair_s_rows(uri
     assert rows and rows == sorted((tuple(r.values()) for r in want.to_pylist()), key=repr)
     if "LEFT" in fast or "RIGHT" in fast:
         assert any(None in row for row in rows), "a kept row that matched nothing, NULL-extended"
+    if "FULL" in fast:
+        assert any(row[0] is None for row in rows) and any(row[1] is None for row in rows), "each side's, once"
+
+
+def test_a_full_similarity_join_keeps_a_row_whose_pairs_fall_just_short_once(uri):
+    """Stored vectors: b's first row passes with a's second (0.87) and falls 3e-6 short with a's first, within
+    the pairs' margin; its second row pairs with nothing. Each comes as often as the pairwise form says."""
+    angle = np.arccos(0.5 - 3e-6)
+    va = pa.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], pa.list_(pa.float32()))
+    vb = pa.array([[np.cos(angle), np.sin(angle)], [0.0, -1.0]], pa.list_(pa.float32()))
+    with quail.connect(uri, dialect="duckdb") as conn, conn.cursor() as cur:
+        cur.adbc_ingest("full_a", pa.table({"id": [1, 2, 3], "v": va}), mode="replace")
+        cur.adbc_ingest("full_b", pa.table({"id": [1, 2], "v": vb}), mode="replace")
+    fast = "SELECT a.id AS a, b.id AS b FROM full_a a FULL JOIN full_b b ON AI_SIMILARITY(a.v, b.v) > 0.5"
+    assert "ai_similar_pairs" in explained(uri, fast)
+    got, want = (sorted((tuple(r.values()) for r in fetch(uri, sql).to_pylist()), key=repr)
+                 for sql in (fast, fast + " OR false"))
+    assert got == want == sorted([(2, 1), (1, None), (3, None), (None, 2)], key=repr)
 
 
 @pytest.mark.parametrize("fast, slow", [
