@@ -232,7 +232,7 @@ def test_garbage_action_bodies_are_refused_clearly(uri, action, error):
 def test_a_client_stream_that_breaks_off_ends_as_cancelled_without_a_traceback(caplog):
     """Reading a DoPut or DoExchange stream that its client (or the server's stop) broke off raises gRPC's
     own error: the call ends CANCELLED and nothing is logged as an internal error. (A unit test of the
-    error mapping; the SIGTERM test in test_server_cancel.py cuts a real ingest.)"""
+    error mapping; the SIGTERM test in test_server_own.py cuts a real ingest.)"""
     import grpc
 
     from quail.server.grpc_service import _streaming
