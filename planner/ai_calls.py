@@ -21,6 +21,7 @@ from quail.engine.ai.cascade import Targets
 from quail.engine.ai.kinds import DEFAULT_SELECTIVITY, SQL_NAMES
 from quail.engine.ai.options import Generation
 from quail.engine.errors import InvalidArgument
+from quail.engine.exec.function_names import REGISTERED
 from quail.engine.runtime.prompt import placeholders
 
 from quail.planner.binder import is_unbound
@@ -30,9 +31,7 @@ from quail.planner.generation_options import JSON_TYPES, bigquery_params, consta
 AGGREGATES = {"AI_AGG", "AI_SUMMARIZE_AGG"}  # planned around their SELECT (planner/aggregates.py), never bound here
 KNOWN = set(SQL_NAMES) | AGGREGATES
 EMBEDDING = {"AI_EMBED", "AI_SIMILARITY", "AI.EMBED", "AI.SIMILARITY"}  # spelled for DuckDB (embeddings.py)
-DUCKDB_RUNS = EMBEDDING | {"AI_COSINE", "AI_EMBED_FOR", "AI_SIMILAR_PAIRS", "AI_TOP_PAIRS", "AI_SIMILAR_PAIRS_FOR",
-                           "AI_TOP_PAIRS_FOR"}  # the AI_* functions DuckDB runs
-# (engine/exec/embedding_functions.py)
+DUCKDB_RUNS = EMBEDDING | {name.upper() for name in REGISTERED}  # the AI_* functions DuckDB runs
 FILTER_OPTIONS = {"selectivity", "anchor", "recall", "precision", "confidence"}
 CLASSIFY_OPTIONS = {"answers", "accuracy", "confidence"}
 _IGNORED_KWARGS = {"connection_id", "endpoint", "model_params", "model"}

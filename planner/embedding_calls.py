@@ -14,6 +14,7 @@ from __future__ import annotations
 from sqlglot import exp, parse_one
 
 from quail.engine.errors import InvalidArgument
+from quail.engine.exec.function_names import EMBED, STOPPING
 from quail.engine.runtime.query_work import WORK_VARIABLE
 
 from quail.planner.ai_calls import named_arguments
@@ -44,7 +45,7 @@ def vector(argument: exp.Expression) -> exp.Expression:
 
 def embedded(model: exp.Expression, text: exp.Expression) -> exp.Expression:
     """The embedding of a text by the named model, as DuckDB runs it (stopped with the statement)."""
-    return exp.Anonymous(this="ai_embed_for", expressions=[work_key(), model, text])
+    return exp.Anonymous(this=EMBED + STOPPING, expressions=[work_key(), model, text])
 
 
 def work_key() -> exp.Expression:

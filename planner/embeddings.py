@@ -28,6 +28,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from quail.engine.errors import InvalidArgument
+from quail.engine.exec.function_names import COSINE
 
 from quail.planner.ai_calls import EMBEDDING, embedding_name
 from quail.planner.dialects import DIALECTS, position, written_items
@@ -70,7 +71,7 @@ def _spelled(call: exp.Expression) -> exp.Expression:
         if len(args) != 2:
             raise InvalidArgument(f"{name} compares two values (texts, or embeddings), not {len(args)}"
                                   f"{position(call)}")
-        return exp.Anonymous(this="ai_cosine", expressions=[vector(a) for a in args])
+        return exp.Anonymous(this=COSINE, expressions=[vector(a) for a in args])
     if name == "AI.EMBED":
         if len(args) != 1:
             raise InvalidArgument(f"AI.EMBED embeds one content, not {len(args)}{position(call)}")

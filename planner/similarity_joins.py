@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from quail.engine.exec.function_names import PAIRS, STOPPING, TOP_PAIRS
 from quail.planner.ai_calls import embedding_name
 from quail.planner.embedding_calls import SIMILARITY, arguments, filled, vector, work_key
 
@@ -109,7 +110,7 @@ def _prefilter_threshold(select: exp.Select) -> bool:
                 continue
             if sides[0] == paired:  # cosine is symmetric: the pairs go to the second argument's table
                 (first, second), sides = (second, first), sides[::-1]
-            positions = exp.Anonymous(this="ai_similar_pairs_for", expressions=[
+            positions = exp.Anonymous(this=PAIRS + STOPPING, expressions=[
                 work_key(), _side(first, tables[sides[0]]), _side(second, tables[sides[1]]),
                 exp.Literal.number(repr(low))])
             pairs = _found(positions, first, tables[sides[0]], second, tables[sides[1]])
@@ -141,7 +142,7 @@ def _prefilter_top_k(select: exp.Select) -> bool:
     if where is not None and (where.find(exp.Query) is not None or any(
             column.table != left for column in where.find_all(exp.Column))):
         return False  # a condition on b's rows would change which rows rank within k
-    positions = exp.Anonymous(this="ai_top_pairs_for", expressions=[
+    positions = exp.Anonymous(this=TOP_PAIRS + STOPPING, expressions=[
         work_key(), _side(first, tables[left]), _side(second, tables[right]),
         filled(_COUNTS, {"A": second, "T": tables[right]}), exp.Literal.number(k)])
     pairs = filled(_WITH_NULLS, {"FOUND": _found(positions, first, tables[left], second, tables[right]),

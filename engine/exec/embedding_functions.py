@@ -32,10 +32,9 @@ import pyarrow.compute as pc
 from duckdb import sqltypes
 
 from quail.engine.errors import InvalidArgument
+from quail.engine.exec.function_names import COSINE, EMBED, PAIRS, STOPPING, TOP_PAIRS
 from quail.engine.runtime.embeddings import Embeddings
 
-EMBED, COSINE, PAIRS, TOP_PAIRS = "ai_embed", "ai_cosine", "ai_similar_pairs", "ai_top_pairs"
-STOPPING = "_for"  # the functions that take the statement's key first: ai_embed_for, ai_similar_pairs_for, ..
 DIMENSIONS_DIFFER = "AI_SIMILARITY compares embeddings of as many dimensions: these differ"
 SCORE_ROWS = 256  # pairs whose cosines are computed at a time, their rows copied into two float64 buffers that stay in cache
 
