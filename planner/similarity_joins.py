@@ -4,9 +4,10 @@
   on the device (engine/exec/similar_pairs.py); table b is then joined with those pairs by its value
   (each b row once per a value it pairs with, that value in a column the SELECT's stars leave out), and
   a's value equated with it: a hash join over the pairs, never the cross product of a and b.
-- A threshold join: the first conjunct `AI_SIMILARITY(a.x, b.y) > t` (>=, or t < ...) of an inner join's ON
-  or of a WHERE, its arguments reading two tables of the FROM: the pairs whose cosine passes, MARGIN below t
-  (`ai_similar_pairs_for`); the exact condition still checked on each (NULL and false both reject).
+- A threshold join: the first conjunct `AI_SIMILARITY(a.x, b.y) > t` (>=, t < ..., NOT (... <= t)) of an
+  inner join's ON or of a WHERE, its arguments reading two tables of the FROM: the pairs whose cosine passes,
+  MARGIN below t (`ai_similar_pairs_for`); the exact condition still checked on each (NULL and false both
+  reject).
 - An outer join's ON the same, the pairs joined to the side it does not keep whole (a LEFT JOIN's table; a
   RIGHT JOIN's FROM table, when it is the SELECT's only join): its rows that pair with nothing could never
   match, and a kept row that matches none still comes once, NULL-extended.
@@ -22,7 +23,7 @@
   again.
 - The pairs' functions are given the key of the statement's work first (`getvariable('quail_work')`): a
   cancel or time limit stops their products within one block (engine/exec/embedding_functions.py).
-- Anything else (OR, NOT, a FULL join's other conjuncts, other windows, conditions on b beside a top k) stays
+- Anything else (OR, a FULL join's other conjuncts, other windows, conditions on b beside a top k) stays
   pairwise.
 
 >>> from sqlglot import parse_one
@@ -196,11 +197,18 @@ def _tables(select: exp.Select) -> dict[str, exp.Expression]:
 
 
 def _threshold(conjunct: exp.Expression) -> tuple[list[exp.Expression], float] | None:
-    """The two arguments of the AI_SIMILARITY call of `call > t` (>=, t < call, t <= call), and t - MARGIN."""
-    sides = _ordered(conjunct)
+    """The two arguments of the AI_SIMILARITY call of `call > t` (>=, t < call, t <= call, NOT (call < t), ...),
+    and t - MARGIN. (NOT of a comparison rejects a NULL as the comparison does.)
+
+    >>> from sqlglot import parse_one
+    >>> _threshold(parse_one("NOT (AI_SIMILARITY(a.x, b.y) <= 0.5)"))[1] == 0.5 - MARGIN
+    True
+    """
+    negated = isinstance(conjunct, exp.Not)
+    sides = _ordered(conjunct.this.unnest() if negated else conjunct)
     if sides is None:
         return None
-    bound, call = sides
+    bound, call = sides[::-1] if negated else sides
     negative = isinstance(bound, exp.Neg)
     number = bound.this if negative else bound
     name = embedding_name(call)

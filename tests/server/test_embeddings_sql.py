@@ -132,6 +132,8 @@ def test_the_pairs_functions_called_directly(uri):
      "ON (AI_SIMILARITY(d.body, q.text) >= 0.4 OR false) AND q.qid < 3"),
     ("SELECT d.id, q.qid FROM docs d, queries q WHERE 0.4 < AI_SIMILARITY(q.text, d.body)",
      "SELECT d.id, q.qid FROM docs d, queries q WHERE 0.4 < AI_SIMILARITY(q.text, d.body) OR false"),
+    ("SELECT d.id, q.qid FROM docs d JOIN queries q ON NOT (AI_SIMILARITY(q.text, d.body) <= 0.4)",
+     "SELECT d.id, q.qid FROM docs d JOIN queries q ON NOT (AI_SIMILARITY(q.text, d.body) <= 0.4) OR false"),
     ("SELECT q.qid, d.*, AI_SIMILARITY(d.body, q.text) AS s FROM queries q LEFT JOIN docs d "
      "ON AI_SIMILARITY(d.body, q.text) >= 0.5",
      "SELECT q.qid, d.*, AI_SIMILARITY(d.body, q.text) AS s FROM queries q LEFT JOIN docs d "
