@@ -74,12 +74,13 @@ def _conditions(select: exp.Select) -> list[tuple[exp.Expression, str | None, bo
     """The conditions a threshold conjunct may come from, each with the alias of the table that must take the
     pairs (None: either side's) and whether that table is kept whole: every inner join's ON and the WHERE
     when all joins are inner; else the ON of each LEFT JOIN (its table), of a RIGHT JOIN that is the only join
-    (the FROM's table), and of a FULL JOIN that is the only join, when it is one comparison (either, whole).
+    (the FROM's table), and of a FULL JOIN that is the only join, when it is a threshold alone (either, whole).
 
     >>> from sqlglot import parse_one
     >>> [alias for _, alias, _ in _conditions(parse_one("SELECT 1 FROM a LEFT JOIN b ON c JOIN e ON f WHERE g"))]
     ['b']
-    >>> [whole for _, _, whole in _conditions(parse_one("SELECT 1 FROM a FULL JOIN b ON c > 1"))]
+    >>> full = "SELECT 1 FROM a FULL JOIN b ON AI_SIMILARITY(a.x, b.y) > 0.5"
+    >>> [whole for _, _, whole in _conditions(parse_one(full))]
     [True]
     """
     joins = select.args.get("joins") or []
@@ -92,7 +93,7 @@ def _conditions(select: exp.Select) -> list[tuple[exp.Expression, str | None, bo
             + [(join.args["on"], select.args["from_"].this.alias_or_name, False) for join in outer
                if join.side.upper() == "RIGHT" and alone]
             + [(join.args["on"], None, True) for join in outer
-               if join.side.upper() == "FULL" and alone and _ordered(join.args["on"]) is not None])
+               if join.side.upper() == "FULL" and alone and _threshold(join.args["on"]) is not None])
 
 
 def _prefilter_threshold(select: exp.Select) -> bool:
