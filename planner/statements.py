@@ -92,7 +92,7 @@ def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[An
         return dropped
     if isinstance(tree, exp.Create) and (tree.args.get("kind") or "").upper() == "VIEW" and (
             reads_views or ai_calls(tree)):
-        return _ai_view(tree, catalog, dialect, views, rank, resident)
+        return _ai_view(tree, sql, catalog, dialect, views, rank, resident)
     if reads_views:
         expand(tree, views)
     if not ai_calls(tree):
@@ -113,11 +113,12 @@ def _reads_views(sql: str, catalog: Catalog) -> bool:
     return bool(views) and views_mention(sql, views)
 
 
-def _ai_view(tree: exp.Create, catalog: Catalog, dialect: str, views: dict[str, AIView], rank: Rank,
+def _ai_view(tree: exp.Create, sql: str, catalog: Catalog, dialect: str, views: dict[str, AIView], rank: Rank,
              resident: ResidentShare | None) -> Write:
     """CREATE VIEW whose query calls AI functions (or reads such a view): the query planned now, so a view that
-    cannot run is refused at once, and its definition kept (planner/views.py)."""
-    view = view_definition(tree, catalog, dialect)
+    cannot run is refused at once, and its definition kept (planner/views.py). Its unaliased AI columns are
+    named as written in `sql` and kept so named: the columns its schema lists are those a read of it returns."""
+    view = view_definition(name_columns(tree, dialect, sql, every=dialect != "duckdb"), catalog, dialect)
     plan = plan_query(expand(view.query.copy(), views), catalog, rank=rank, resident=resident, documents=False)
     if plan.parameters:
         raise InvalidArgument(f"a view's query takes no parameters{position(tree)}")
