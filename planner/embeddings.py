@@ -36,12 +36,17 @@ from quail.planner.embedding_calls import DEFAULT_MODEL, SIMILARITY, arguments, 
 from quail.planner.similarity_joins import prefilter
 
 
+def embeds(tree: exp.Expression) -> bool:
+    """Whether the statement calls an embedding function (before spell_embeddings rewrites them)."""
+    return any(embedding_name(node) in EMBEDDING for node in tree.walk())
+
+
 def spell_embeddings(tree: exp.Expression, dialect: str, sql: str) -> bool:
     """Rewrite the statement's embedding calls (innermost first) in place; whether it had any. `sql` is its
     text (for the names of the outermost SELECT's items; empty: as the dialect writes them)."""
-    if not any(embedding_name(node) in EMBEDDING for node in tree.walk()):
+    if not embeds(tree):
         return False
-    _keep_names(tree, dialect, sql)
+    name_embedding_items(tree, dialect, sql)
     prefilter(tree)
     calls = [node for node in tree.walk() if embedding_name(node) in EMBEDDING]
     for call in reversed(calls):  # innermost first: an argument is rewritten before the call around it
@@ -49,7 +54,7 @@ def spell_embeddings(tree: exp.Expression, dialect: str, sql: str) -> bool:
     return True
 
 
-def _keep_names(tree: exp.Expression, dialect: str, sql: str) -> None:
+def name_embedding_items(tree: exp.Expression, dialect: str, sql: str) -> None:
     """Alias the outermost SELECT's unaliased items that call an embedding function by their text."""
     select = tree.find(exp.Select)
     if select is None:

@@ -37,7 +37,7 @@ from quail.engine.runtime.requests import ResidentShare
 from quail.planner.ai_calls import ai_calls, ancestors
 from quail.planner.binder import python_values, refuse_reserved
 from quail.planner.dialects import DIALECTS, normalize, numbered_parameters, parse_statements, position
-from quail.planner.embeddings import spell_embeddings
+from quail.planner.embeddings import embeds, name_embedding_items, spell_embeddings
 from quail.planner.explain import split_explain
 from quail.planner.join_order import Rank, by_tokens
 from quail.planner.planner import RESULT, answer_statement, name_columns, plan_query, plan_sql
@@ -84,17 +84,17 @@ def plan_statement(sql: str, catalog: Catalog, dialect: str, params: Sequence[An
     if len(trees) > 1:
         return Script(tuple(tree.sql(DIALECTS[dialect]) for tree in trees))
     tree = trees[0]
-    spelled = spell_embeddings(tree, dialect, sql)
     views = {} if isinstance(tree, (exp.Transaction, exp.Commit, exp.Rollback)) else catalog.ai_views()
     reads_views = bool(views) and views_mention(sql, views)
     dropped = drop_view(tree, views) if isinstance(tree, exp.Drop) else None
     if dropped is not None:
         return dropped
     if isinstance(tree, exp.Create) and (tree.args.get("kind") or "").upper() == "VIEW" and (
-            reads_views or ai_calls(tree)):
+            reads_views or ai_calls(tree) or embeds(tree)):
         return _ai_view(tree, sql, catalog, dialect, views, rank, resident)
     if reads_views:
         expand(tree, views)
+    spelled = spell_embeddings(tree, dialect, sql)
     if not ai_calls(tree):
         found = sql_guard.statements(sql if dialect == "duckdb" and not (reads_views or spelled) else
                                      numbered_parameters(normalize(name_columns(tree, dialect, sql, every=True))
@@ -115,11 +115,18 @@ def _reads_views(sql: str, catalog: Catalog) -> bool:
 
 def _ai_view(tree: exp.Create, sql: str, catalog: Catalog, dialect: str, views: dict[str, AIView], rank: Rank,
              resident: ResidentShare | None) -> Write:
-    """CREATE VIEW whose query calls AI functions (or reads such a view): the query planned now, so a view that
-    cannot run is refused at once, and its definition kept (planner/views.py). Its unaliased AI columns are
-    named as written in `sql` and kept so named: the columns its schema lists are those a read of it returns."""
-    view = view_definition(name_columns(tree, dialect, sql, every=dialect != "duckdb"), catalog, dialect)
-    plan = plan_query(expand(view.query.copy(), views), catalog, rank=rank, resident=resident, documents=False)
+    """CREATE VIEW whose query calls AI or embedding functions (or reads such a view): the query planned now, so
+    a view that cannot run is refused at once, and its definition kept (planner/views.py).
+
+    - Its unaliased AI and embedding columns are named as written in `sql` and kept so named: the columns its
+      schema lists are those a read of it returns.
+    - Its embedding calls are spelled where it is read, so they take the reading statement's work and stop
+      with it (a view DuckDB kept would hold a key of no statement)."""
+    name_embedding_items(name_columns(tree, dialect, sql, every=dialect != "duckdb"), dialect, sql)
+    view = view_definition(tree, catalog, dialect)
+    query = expand(view.query.copy(), views)
+    spell_embeddings(query, dialect, "")
+    plan = plan_query(query, catalog, rank=rank, resident=resident, documents=False)
     if plan.parameters:
         raise InvalidArgument(f"a view's query takes no parameters{position(tree)}")
     return keep_view(view, result_schema(plan, catalog).serialize().to_pybytes(), views)

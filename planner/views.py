@@ -3,7 +3,9 @@
 - DuckDB cannot hold such a view (it knows no AI function), so its
   definition is kept in the database's table VIEWS (name, query text, the
   dialect it was written in, its result schema), written and dropped in the
-  same transaction as any other statement.
+  same transaction as any other statement. A view that embeds (AI_EMBED,
+  AI_SIMILARITY) is kept so too: spelled where it is read, its embeddings
+  stop with the reading statement.
 - A statement that reads one has the view's query put in its place, as a
   derived table under the view's name or alias, before it is planned: the AI
   work runs when the view is read, and the KV cache that outlives queries

@@ -66,6 +66,30 @@ def test_stored_embeddings_give_the_similarities_recomputed_ones_give(uri):
     assert fetch(uri, "SELECT typeof(v) AS t FROM doc_vectors LIMIT 1").column("t").to_pylist() == [f"FLOAT[{DIMS}]"]
 
 
+@pytest.mark.parametrize("dialect", ["duckdb", "snowflake"])
+def test_a_view_that_embeds_lists_the_columns_a_read_gives_and_the_same_values(uri, dialect):
+    """A view whose query embeds is kept by Quail and expanded where it is read (so its embeddings stop with
+    the reading statement): GetTables lists the columns a read returns, named as written, and a read, a
+    semantic top-k over it and a view over it give what the same query over the table gives."""
+    query = "SELECT id, ai_embed(body), AI_SIMILARITY(body, 'cold food') AS s FROM docs"
+    with quail.connect(uri, dialect=dialect) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE VIEW doc_embeddings_{dialect} AS {query}")
+        cur.execute(f"CREATE VIEW best_doc_{dialect} AS SELECT id FROM doc_embeddings_{dialect} "
+                    "ORDER BY s DESC NULLS LAST, id LIMIT 1")
+        listed = conn.adbc_get_table_schema(f"doc_embeddings_{dialect}")
+    read = fetch(uri, f"SELECT * FROM doc_embeddings_{dialect} ORDER BY id", dialect)
+    direct = fetch(uri, f"{query} ORDER BY id", dialect)
+    assert listed.names == read.column_names == ["id", "ai_embed(body)", "s"]
+    assert [f.type for f in listed] == read.schema.types == [pa.int64(), pa.list_(pa.float32(), DIMS), pa.float64()]
+    assert read.to_pylist() == direct.to_pylist()
+    best = fetch(uri, "SELECT id FROM docs ORDER BY AI_SIMILARITY(body, 'cold food') DESC NULLS LAST, id LIMIT 1")
+    assert fetch(uri, f"SELECT * FROM best_doc_{dialect}", dialect).to_pylist() == best.to_pylist()
+    top = fetch(uri, f"SELECT id FROM doc_embeddings_{dialect} ORDER BY AI_SIMILARITY(\"ai_embed(body)\", 'soup') "
+                     "DESC NULLS LAST, id LIMIT 3", dialect)
+    assert top.to_pylist() == fetch(uri, "SELECT id FROM docs ORDER BY AI_SIMILARITY(body, 'soup') DESC NULLS LAST, "
+                                         "id LIMIT 3").to_pylist()
+
+
 @pytest.mark.parametrize("dialect, sql", [
     ("duckdb", "SELECT id FROM docs ORDER BY AI_SIMILARITY(body, 'cold food') DESC NULLS LAST, id LIMIT 5"),
     ("snowflake", "SELECT id FROM docs ORDER BY AI_SIMILARITY(body, 'cold food') DESC NULLS LAST, id LIMIT 5"),

@@ -153,7 +153,7 @@ def test_a_query_past_its_time_limit_stops_at_once_and_gives_its_kv_back(tmp_pat
     is held. Work DuckDB's interrupt would wait for, in one call of a function of Quail's, stops at its next
     step: a similarity join's (two sides of 60,000 stored embeddings: 3.6e9 cosines, seconds of products)
     at the next block of its products, AI_EMBED's (2,000 texts in one call, over a minute of a decoder's
-    passes on a CPU) at the next pass."""
+    passes on a CPU) at the next pass, read directly or through a view."""
     port = free_port()
     with ServerProcess(tmp_path, "--metrics-port", str(port), "--query-timeout", "2", *SHORT_PASSES,
                        "--embed-model", str(embedded_gguf())) as served:
@@ -180,6 +180,12 @@ def test_a_query_past_its_time_limit_stops_at_once_and_gives_its_kv_back(tmp_pat
                 cur.execute("SELECT AI_EMBED(body) AS e FROM texts")
                 cur.fetch_arrow_table()
             assert time.monotonic() - started < 6, "a bound, not a timing: the passes take over a minute"
+            cur.execute("CREATE VIEW embedded AS SELECT AI_EMBED(body) AS e FROM texts")
+            started = time.monotonic()
+            with pytest.raises(adbc_driver_manager.Error, match="time limit"):
+                cur.execute("SELECT * FROM embedded")
+                cur.fetch_arrow_table()
+            assert time.monotonic() - started < 6, "a view's embeddings stop with the statement reading it"
 
 
 def _vectors(rows: int, dims: int, seed: int) -> pa.Table:
