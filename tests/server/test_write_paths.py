@@ -286,7 +286,8 @@ def test_ai_calls_in_update_delete_and_insert_give_what_the_two_step_query_gives
 def test_a_view_whose_query_calls_ai_functions_runs_them_when_read(uri):
     """CREATE VIEW with an AI call: its query is Quail's to keep and plan when read (DuckDB knows no AI function),
     read like any view (by other views, CREATE TABLE ... AS, GetTables: an unaliased AI column listed by the
-    name a read gives it), replaced and dropped as DuckDB's are; a second read asks the model about no new tokens of the same rows (the KV cache outlives queries)."""
+    name a read gives it), replaced and dropped as DuckDB's are; a second read asks the model about no new
+    tokens of the same rows (the KV cache outlives queries)."""
     texts = ["Great pasta.", "Cold soup.", "A fine film."]
     score = "AI_SCORE(PROMPT('Is {0} about food?', body))"
     with quail.RemoteSession(uri) as session:
@@ -310,7 +311,8 @@ def test_a_view_whose_query_calls_ai_functions_runs_them_when_read(uri):
             table_name_filter="dish%").read_all().to_pylist()[0]["catalog_db_schemas"][0]["db_schema_tables"]}
         assert tables["dish_scores"]["table_type"] == "VIEW"
         assert [c["column_name"] for c in tables["dish_scores"]["table_columns"]] == ["id", "s"]
-        session.sql("CREATE VIEW dish_flags AS SELECT id, ai_filter(prompt('Is {0} cold?', body)) FROM dishes").collect()
+        flags = "SELECT id, ai_filter(prompt('Is {0} cold?', body)) FROM dishes"
+        session.sql(f"CREATE VIEW dish_flags AS {flags}").collect()
         listed = session.connection.adbc_get_table_schema("dish_flags").names  # an AI column named as written
         assert listed == session.sql("SELECT * FROM dish_flags").collect().column_names == [
             "id", "ai_filter(prompt('Is {0} cold?', body))"]
