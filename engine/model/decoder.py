@@ -9,8 +9,9 @@ from torch import nn
 
 from quail.engine.kernels.attention import attention, merge
 from quail.engine.kernels.pass_rows import Rows
-from quail.engine.kernels.fp8 import project, silu_mul_project
+from quail.engine.kernels.fp8 import project
 from quail.engine.kernels.paged_decode import paged_decode
+from quail.engine.kernels.swiglu import swiglu
 from quail.engine.kv.rows import copy_rows
 from quail.engine.model.config import ModelConfig
 
@@ -114,7 +115,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return silu_mul_project(self.down_proj, *self.gate_up_proj(x).chunk(2, dim=-1))
+        return swiglu(self.gate_up_proj, self.down_proj, x)
 
 
 class LayerParts(Protocol):
