@@ -99,7 +99,7 @@ class Attention(nn.Module):
         """Packed tokens (tokens, hidden) → rotated q (tokens, heads, d), k and v (tokens, kv_heads, d)."""
         t, hd = x.shape[0], self.cfg.head_dim
         q, k, v = self.qkv_proj(x).split(self.widths, dim=-1)
-        q, k, v = q.view(t, -1, hd), k.view(t, -1, hd), v.contiguous().view(t, -1, hd)
+        q, k, v = q.view(t, -1, hd), k.view(t, -1, hd), v.view(t, -1, hd)  # v: a view of the joined GEMM's output
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
@@ -194,9 +194,10 @@ class Decoder(nn.Module):
     def compile_layers(self) -> None:
         """Compile the token-wise parts of a layer (one graph for every layer, any token count).
 
-        Inductor fuses the norms, rotary embedding, residual adds, SiLU·mul and
-        (fp8) the activation quantization into Triton kernels around the GEMMs,
-        and the log-sum-exp merge of shared-prefix attention into one kernel.
+        Inductor fuses the norms, rotary embedding, residual adds and (fp8) the
+        activation quantization into Triton kernels around the GEMMs, and the
+        log-sum-exp merge of shared-prefix attention into one kernel; the MLP's
+        SiLU·mul runs in its own kernels (kernels/swiglu.py).
         """
         self._qkv = torch.compile(DecoderLayer.qkv, dynamic=True)
         self._finish = torch.compile(DecoderLayer.finish, dynamic=True)
