@@ -48,7 +48,7 @@ def _requests(runtime):
 
 
 def _run(runtime, requests, strategy):
-    hidden = torch.stack(STRATEGIES[strategy](runtime.runner, requests, Stats()))
+    hidden = torch.stack(STRATEGIES[strategy](runtime.scheduler, runtime.runner, requests, Stats()))
     return hidden.float(), runtime.runner.answer_logprobs(hidden, runtime.yes_no).cpu().numpy()
 
 

@@ -16,15 +16,11 @@ except ImportError:
 def swiglu(gate_up: nn.Module, down: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """down(silu(gate) · up) for [gate | up] = gate_up(x), x (tokens, hidden).
 
-    - bf16/fp16 weights on CUDA: the gate/up GEMM with the product in its epilogue (mlp_triton), so the
-      (tokens, 2·inter) projection is never written; where its tiles do not divide the shapes, torch's
-      GEMM and then one Triton pass for the product.
+    - bf16/fp16 on CUDA: torch's GEMMs, the product between them by one Triton pass (mlp_triton).
     - fp8 weights: fp8.silu_mul_project (the product and its quantization in one pass).
-    - Elsewhere (the CPU): torch.
+    - Elsewhere (the CPU, fp32): torch.
     """
-    if mlp_kernels is not None and x.is_cuda and type(gate_up) is nn.Linear and gate_up.bias is None \
-            and x.dtype in (torch.bfloat16, torch.float16):
-        if mlp_kernels.fits(x, gate_up.weight):
-            return down(mlp_kernels.gate_up_silu(x, gate_up.weight))
+    if mlp_kernels is not None and x.is_cuda and type(gate_up) is nn.Linear and x.dtype in (torch.bfloat16,
+                                                                                             torch.float16):
         return down(mlp_kernels.silu_mul(gate_up(x)))
     return silu_mul_project(down, *gate_up(x).chunk(2, dim=-1))

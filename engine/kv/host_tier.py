@@ -28,7 +28,7 @@ import os
 import shutil
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -102,8 +102,7 @@ class HostTier:
         slot_bytes = self.store.stride(0) * self.store.element_size()
         whole_pages = PAGE // math.gcd(slot_bytes, PAGE)  # slots a chunk is a multiple of: chunks share no page
         self._chunk_slots = max(1, PIN_CHUNK_BYTES // slot_bytes // whole_pages) * whole_pages
-        self._pinned: set[int] | None = set() if on_gpu and not self.on_disk else None  # chunks registered
-        self._pin_lock = threading.Lock()
+        self._pinned = _Pinned() if on_gpu and not self.on_disk else None
         if self._pinned is not None:
             weakref.finalize(self, _unpin, self.store, self._pinned, self._chunk_slots)
             device = pool.device.index if pool.device.index is not None else torch.cuda.current_device()
@@ -239,13 +238,13 @@ class HostTier:
 
     def pin_chunk(self, chunk: int) -> None:
         """Pin chunk number `chunk` of the store, unless it is already."""
-        with self._pin_lock:
-            if chunk not in self._pinned:
+        with self._pinned.lock:
+            if not self._pinned.closed and chunk not in self._pinned.chunks:
                 piece = self.store[chunk * self._chunk_slots:(chunk + 1) * self._chunk_slots]
                 error = torch.cuda.cudart().cudaHostRegister(piece.data_ptr(), piece.nbytes, 0)
                 if int(error) != 0:
                     raise RuntimeError(f"pinning {piece.nbytes:,} bytes of host memory failed ({error})")
-                self._pinned.add(chunk)
+                self._pinned.chunks.add(chunk)
 
     def _copy_out(self, staged: torch.Tensor, extents: list[tuple[int, int]]) -> None:
         offset = 0
@@ -313,20 +312,32 @@ class HostTier:
 
 def _pin_ahead(tier: "weakref.ref[HostTier]", chunks: int, device: int) -> None:
     """Pin a host tier's chunks one after another, first slots first (as runs fill it), until all are pinned or
-    the tier is gone (its pool on GPU number `device`)."""
+    the tier is gone or unpinned (its pool on GPU number `device`)."""
     torch.cuda.set_device(device)
     for chunk in range(chunks):
         held = tier()
-        if held is None:
+        if held is None or held._pinned.closed:
             return
         held.pin_chunk(chunk)
         del held
 
 
-def _unpin(store: torch.Tensor, pinned: set[int], chunk_slots: int) -> None:
-    """Unregister a store's pinned chunks (before its memory goes back)."""
-    for chunk in pinned:
-        torch.cuda.cudart().cudaHostUnregister(store[chunk * chunk_slots].data_ptr())
+@dataclass
+class _Pinned:
+    """A store's chunks registered with CUDA (pinned), under one lock; `closed` once they are unregistered."""
+    chunks: set[int] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
+
+
+def _unpin(store: torch.Tensor, pinned: _Pinned, chunk_slots: int) -> None:
+    """Unregister a store's pinned chunks (before its memory goes back, or at the interpreter's exit) and pin no
+    more: the pinning thread may still be running then, and waits on the lock, then stops."""
+    with pinned.lock:
+        pinned.closed = True
+        for chunk in pinned.chunks:
+            torch.cuda.cudart().cudaHostUnregister(store[chunk * chunk_slots].data_ptr())
+        pinned.chunks.clear()
 
 
 def default_host_bytes(device: torch.device, replicas: int = 1) -> int:

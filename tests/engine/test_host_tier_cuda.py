@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -65,13 +67,13 @@ def test_runs_come_back_exactly_through_the_disk_tier_and_the_host_memory_is_pin
     pool = KVPool(LAYERS, HEADS, D, torch.bfloat16, torch.device("cuda"), 8_000)
     host = HostTier(pool, 8_000)
     tree = ResidentTree(pool, host, HostTier(pool, 8_000, tmp_path / "kv.bin"))
-    assert not host._pinned, "nothing pinned before a run goes there"
+    assert not host._pinned.chunks, "nothing pinned before a run goes there"
     rng = np.random.default_rng(1)
     prompts = [np.concatenate([[1, 2, 3], rng.integers(10, 200, 200)]) for _ in range(120)]
     for ids in prompts:
         tree.insert(ids, _run(pool, ids))
         gc.collect()
-    assert tree.counts.to_disk > 4_000 and tree.disk_tokens > 4_000 and host._pinned
+    assert tree.counts.to_disk > 4_000 and tree.disk_tokens > 4_000 and host._pinned.chunks
     for i in rng.permutation(len(prompts))[:40]:
         found = tree.match(prompts[i])
         if found.length < len(prompts[i]):
@@ -82,3 +84,14 @@ def test_runs_come_back_exactly_through_the_disk_tier_and_the_host_memory_is_pin
             assert torch.equal(keys, _values(prompts[i], layer)) and torch.equal(values, -keys)
     assert tree.counts.from_disk > 0 and tree.counts.restored > 0
     torch.cuda.synchronize()
+
+
+def test_a_process_that_exits_while_its_host_tier_is_being_pinned_exits_cleanly():
+    """A server stopped right after its start: the exit unpins the chunks pinned so far while the pinning
+    thread is still at work (it had iterated a set the thread was adding to, and the process aborted)."""
+    script = ("import torch; from quail.engine.kv.pool import KVPool; from quail.engine.kv.host_tier import HostTier\n"
+              "pool = KVPool(4, 8, 128, torch.bfloat16, torch.device('cuda'), 1_000)\n"
+              "tier = HostTier(pool, 400_000)\n")  # 6.5 GB: 25 chunks, pinned one after another
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "Error" not in done.stderr, done.stderr[-2000:]
