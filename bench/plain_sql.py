@@ -43,401 +43,28 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.metadata
 import json
 import math
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
-
-import adbc_driver_flightsql.dbapi as flight_sql
-import duckdb
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import Any, Callable
 
 from bench.flight_floor import TRANSPORTS
+from bench.plain_sql_data import SUITE, Data, generate
+from bench.plain_sql_engines import (Engine, duckdb_engine, error_text, floor_engine, package_version, quail_engine,
+                                     roapi_binary, roapi_engine)
 from bench.run import device_name, git_commit, short_device, versions
-from quail.clients.server_process import ServerProcess, free_port
 
 RESULTS = Path(__file__).parent / "results"
-KV_ROWS = 10_000
 ROUND_TRIPS = {"select_1": "SELECT 1", "point_lookup": "SELECT v FROM kv WHERE k = 42"}
-KV_INDEX = "CREATE INDEX kv_k ON kv (k)"
 AGG = "SELECT g, count(*) AS n, sum(x) AS sx, avg(y) AS ay FROM big GROUP BY g ORDER BY g"
 WARM_UP = 10
 TIMED_RUNS = 3
-INGEST_BATCH = 1_000_000  # rows of big an adbc_ingest call sends
-INGEST_CHUNK = 65_536  # rows a record batch: a Flight message stays under gRPC's usual 16 MiB limit
-ROAPI_START_TIMEOUT = 600.0
 ROAPI_INSTALL = "pip install roapi (its wheel ships the roapi binary, whose --addr-flight-sql serves Flight SQL)"
-
-SUITE = {
-    "q01_pricing_summary": """
-        SELECT l_returnflag, l_linestatus, sum(l_quantity) AS sum_qty, sum(l_extendedprice) AS sum_base_price,
-               sum(l_extendedprice * (1 - l_discount)) AS sum_disc_price,
-               sum(l_extendedprice * (1 - l_discount) * (1 + l_tax)) AS sum_charge,
-               avg(l_quantity) AS avg_qty, avg(l_discount) AS avg_disc, count(*) AS count_order
-        FROM lineitem WHERE l_shipdate <= DATE '1998-09-02'
-        GROUP BY l_returnflag, l_linestatus ORDER BY l_returnflag, l_linestatus""",
-    "q02_filtered_scan": """
-        SELECT sum(l_extendedprice * l_discount) AS revenue FROM lineitem
-        WHERE l_shipdate >= DATE '1994-01-01' AND l_shipdate < DATE '1995-01-01'
-          AND l_discount BETWEEN 0.05 AND 0.07 AND l_quantity < 24""",
-    "q03_join3_top10": """
-        SELECT l_orderkey, sum(l_extendedprice * (1 - l_discount)) AS revenue, o_orderdate
-        FROM customer JOIN orders ON c_custkey = o_custkey JOIN lineitem ON l_orderkey = o_orderkey
-        WHERE c_mktsegment = 'BUILDING' AND o_orderdate < DATE '1995-03-15' AND l_shipdate > DATE '1995-03-15'
-        GROUP BY l_orderkey, o_orderdate ORDER BY revenue DESC, o_orderdate, l_orderkey LIMIT 10""",
-    "q04_join2_distinct": """
-        SELECT o_orderpriority, count(DISTINCT o_orderkey) AS order_count
-        FROM orders JOIN lineitem ON l_orderkey = o_orderkey
-        WHERE o_orderdate >= DATE '1993-07-01' AND o_orderdate < DATE '1993-10-01' AND l_shipdate > o_orderdate
-        GROUP BY o_orderpriority ORDER BY o_orderpriority""",
-    "q05_join4_by_nation": """
-        SELECT n_name, sum(l_extendedprice * (1 - l_discount)) AS revenue
-        FROM customer JOIN orders ON c_custkey = o_custkey JOIN lineitem ON l_orderkey = o_orderkey
-             JOIN nation ON c_nationkey = n_nationkey
-        WHERE n_regionkey = 2 AND o_orderdate >= DATE '1994-01-01' AND o_orderdate < DATE '1995-01-01'
-        GROUP BY n_name ORDER BY revenue DESC, n_name""",
-    "q06_top20": """
-        SELECT l_orderkey, l_linenumber, l_extendedprice FROM lineitem
-        ORDER BY l_extendedprice DESC, l_orderkey, l_linenumber LIMIT 20""",
-    "q07_window_rank": """
-        SELECT c_nationkey, c_custkey, c_acctbal, rn FROM (
-            SELECT c_nationkey, c_custkey, c_acctbal,
-                   row_number() OVER (PARTITION BY c_nationkey ORDER BY c_acctbal DESC, c_custkey) AS rn
-            FROM customer) ranked
-        WHERE rn <= 3 ORDER BY c_nationkey, rn""",
-    "q08_window_running_sum": """
-        SELECT y, m, revenue, sum(revenue) OVER (ORDER BY y, m) AS running FROM (
-            SELECT EXTRACT(year FROM o_orderdate) AS y, EXTRACT(month FROM o_orderdate) AS m,
-                   sum(o_totalprice) AS revenue
-            FROM orders GROUP BY EXTRACT(year FROM o_orderdate), EXTRACT(month FROM o_orderdate)) monthly
-        ORDER BY y, m""",
-    "q09_distinct_count": """
-        SELECT l_shipmode, count(DISTINCT l_partkey) AS parts, count(*) AS lines
-        FROM lineitem GROUP BY l_shipmode ORDER BY l_shipmode""",
-    "q10_case_promo_share": """
-        SELECT 100 * sum(CASE WHEN p_type LIKE 'PROMO%' THEN l_extendedprice * (1 - l_discount) ELSE 0 END)
-               / sum(l_extendedprice * (1 - l_discount)) AS promo_revenue
-        FROM lineitem JOIN part ON l_partkey = p_partkey
-        WHERE l_shipdate >= DATE '1995-09-01' AND l_shipdate < DATE '1995-10-01'""",
-    "q11_case_counts": """
-        SELECT l_shipmode,
-               sum(CASE WHEN o_orderpriority = '1-URGENT' OR o_orderpriority = '2-HIGH' THEN 1 ELSE 0 END) AS high,
-               sum(CASE WHEN o_orderpriority <> '1-URGENT' AND o_orderpriority <> '2-HIGH' THEN 1 ELSE 0 END) AS low
-        FROM orders JOIN lineitem ON o_orderkey = l_orderkey
-        WHERE l_shipmode IN ('MAIL', 'SHIP') AND l_shipdate >= DATE '1994-01-01' AND l_shipdate < DATE '1995-01-01'
-        GROUP BY l_shipmode ORDER BY l_shipmode""",
-    "q12_left_join_distribution": """
-        SELECT c_count, count(*) AS custdist FROM (
-            SELECT c_custkey, count(o_orderkey) AS c_count
-            FROM customer LEFT JOIN orders ON c_custkey = o_custkey AND o_orderpriority <> '5-LOW'
-            GROUP BY c_custkey) counts
-        GROUP BY c_count ORDER BY custdist DESC, c_count DESC""",
-    "q13_in_subquery_having": """
-        SELECT o_orderkey, o_custkey, o_totalprice, sum(l_quantity) AS qty
-        FROM orders JOIN lineitem ON o_orderkey = l_orderkey
-        WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem GROUP BY l_orderkey HAVING sum(l_quantity) > 170)
-        GROUP BY o_orderkey, o_custkey, o_totalprice ORDER BY o_totalprice DESC, o_orderkey LIMIT 20""",
-    "q14_like_in_group": """
-        SELECT p_brand, count(*) AS lines, avg(l_quantity) AS avg_qty
-        FROM lineitem JOIN part ON l_partkey = p_partkey
-        WHERE p_type NOT LIKE 'STANDARD%' AND p_size IN (3, 9, 14, 19, 23, 36, 45, 49)
-        GROUP BY p_brand ORDER BY lines DESC, p_brand LIMIT 10""",
-}
-
-
-# ---- data ----------------------------------------------------------------------------------------------
-
-def _h(column: int, seed: int, modulo: int) -> str:
-    """SQL for a deterministic BIGINT in [0, modulo) of row `i`: DuckDB's hash of (i, column, seed)."""
-    return f"CAST(hash(i, {column}, {seed}) % {modulo} AS BIGINT)"
-
-
-def _pick(column: int, seed: int, values: list[str]) -> str:
-    """SQL choosing one of `values` for row `i` by hash."""
-    items = ", ".join(f"'{v}'" for v in values)
-    return f"([{items}])[1 + {_h(column, seed, len(values))}]"
-
-
-def _money(column: int, seed: int, low_cents: int, high_cents: int) -> str:
-    """SQL for a DOUBLE amount in [low, high) with whole cents."""
-    return f"CAST({low_cents} + {_h(column, seed, high_cents - low_cents)} AS DOUBLE) / 100"
-
-
-def _date(column: int, seed: int, first: str, days: int) -> str:
-    return f"DATE '{first}' + CAST({_h(column, seed, days)} AS INTEGER)"
-
-
-def table_sql(rows: int, seed: int) -> dict[str, str]:
-    """Each generated table's DuckDB SELECT over range(): kv and the suite's TPC-H-shaped tables. Contract:
-    lineitem max(1000, rows // 10) rows, 4 lines an order; every foreign key names an existing row."""
-    lines = max(1000, rows // 10)
-    orders = (lines + 3) // 4
-    customers = max(25, orders // 10)
-    parts = max(20, lines // 50)
-    segments = ["AUTOMOBILE", "BUILDING", "FURNITURE", "HOUSEHOLD", "MACHINERY"]
-    priorities = ["1-URGENT", "2-HIGH", "3-MEDIUM", "4-NOT SPECIFIED", "5-LOW"]
-    modes = ["AIR", "FOB", "MAIL", "RAIL", "REG AIR", "SHIP", "TRUCK"]
-    types = ["PROMO BRUSHED TIN", "STANDARD POLISHED STEEL", "ECONOMY ANODIZED COPPER", "PROMO PLATED BRASS",
-             "LARGE BURNISHED NICKEL", "MEDIUM PLATED TIN"]
-    return {
-        "kv": f"SELECT i AS k, {_h(1, seed, 1_000_000_000)} AS v FROM range({KV_ROWS}) t(i)",
-        "nation": "SELECT CAST(i AS INTEGER) AS n_nationkey, 'NATION_' || CAST(i AS VARCHAR) AS n_name, "
-                  "CAST(i % 5 AS INTEGER) AS n_regionkey FROM range(25) t(i)",
-        "customer": f"SELECT i AS c_custkey, 'Customer#' || lpad(CAST(i AS VARCHAR), 9, '0') AS c_name, "
-                    f"CAST({_h(1, seed, 25)} AS INTEGER) AS c_nationkey, {_pick(2, seed, segments)} AS c_mktsegment, "
-                    f"{_money(3, seed, -100_000, 1_000_000)} AS c_acctbal FROM range({customers}) t(i)",
-        "orders": f"SELECT i AS o_orderkey, {_h(1, seed, customers)} AS o_custkey, "
-                  f"{_pick(2, seed, ['F', 'O', 'P'])} AS o_orderstatus, "
-                  f"{_money(3, seed, 100_000, 50_000_000)} AS o_totalprice, "
-                  f"{_date(4, seed, '1992-01-01', 2400)} AS o_orderdate, "
-                  f"{_pick(5, seed, priorities)} AS o_orderpriority FROM range({orders}) t(i)",
-        "lineitem": f"SELECT i // 4 AS l_orderkey, CAST(i % 4 + 1 AS INTEGER) AS l_linenumber, "
-                    f"{_h(1, seed, parts)} AS l_partkey, CAST(1 + {_h(2, seed, 50)} AS INTEGER) AS l_quantity, "
-                    f"{_money(3, seed, 100, 10_000_000)} AS l_extendedprice, "
-                    f"CAST({_h(4, seed, 11)} AS DOUBLE) / 100 AS l_discount, "
-                    f"CAST({_h(5, seed, 9)} AS DOUBLE) / 100 AS l_tax, "
-                    f"{_pick(6, seed, ['A', 'N', 'R'])} AS l_returnflag, {_pick(7, seed, ['F', 'O'])} AS l_linestatus, "
-                    f"{_date(8, seed, '1992-01-02', 2500)} AS l_shipdate, {_pick(9, seed, modes)} AS l_shipmode "
-                    f"FROM range({lines}) t(i)",
-        "part": f"SELECT i AS p_partkey, 'Brand#' || CAST(11 + {_h(1, seed, 45)} AS VARCHAR) AS p_brand, "
-                f"{_pick(2, seed, types)} AS p_type, CAST(1 + {_h(3, seed, 50)} AS INTEGER) AS p_size "
-                f"FROM range({parts}) t(i)",
-    }
-
-
-def big_sql(rows: int, seed: int) -> str:
-    """The SELECT that makes `big`: `rows` rows, g in 100 groups, x BIGINT, y DOUBLE."""
-    return (f"SELECT CAST({_h(1, seed, 100)} AS INTEGER) AS g, {_h(2, seed, 1_000_000)} AS x, "
-            f"CAST({_h(3, seed, 1_000_000)} AS DOUBLE) / 1000 AS y FROM range({rows}) t(i)")
-
-
-@dataclass
-class Data:
-    """The generated tables (kv and the suite's) as Arrow, and how to make `big`."""
-    tables: dict[str, pa.Table]
-    big_sql: str
-
-
-def generate(rows: int, seed: int) -> Data:
-    """The tables of table_sql, made by DuckDB in-process."""
-    with duckdb.connect() as con:
-        tables = {name: con.sql(sql).to_arrow_table() for name, sql in table_sql(rows, seed).items()}
-    return Data(tables, big_sql(rows, seed))
-
-
-# ---- engines -------------------------------------------------------------------------------------------
-
-class Engine(Protocol):
-    def query(self, sql: str) -> list[tuple]:
-        """Run one statement and fetch all of its rows."""
-
-
-class DuckDBEngine:
-    """DuckDB in-process on one reused connection."""
-
-    def __init__(self) -> None:
-        self.con = duckdb.connect()
-
-    def query(self, sql: str) -> list[tuple]:
-        return self.con.execute(sql).fetchall()
-
-
-class FlightEngine:
-    """A Flight SQL server through ADBC: one connection (autocommit) and one reused cursor."""
-
-    def __init__(self, uri: str) -> None:
-        self.conn = flight_sql.connect(uri, autocommit=True)
-        self.cursor = self.conn.cursor()
-
-    def query(self, sql: str) -> list[tuple]:
-        self.cursor.execute(sql)
-        return self.cursor.fetchall()
-
-    def close(self) -> None:
-        self.cursor.close()
-        self.conn.close()
-
-
-def error_text(err: BaseException) -> str:
-    """An exception as one line (its message's first) for the result file."""
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:500]
-
-
-def try_sql(engine: Engine, sql: str) -> bool | str:
-    """True when the engine ran the statement, else its error text."""
-    try:
-        engine.query(sql)
-        return True
-    except Exception as err:  # noqa: BLE001 - an engine's refusal is a result
-        return error_text(err)
-
-
-def since(started: float) -> float:
-    """Seconds from `started` (a perf_counter reading) to now, rounded for the result file."""
-    return round(time.perf_counter() - started, 4)
-
-
-@contextmanager
-def duckdb_engine(data: Data) -> Iterator[tuple[Engine, dict[str, Any]]]:
-    """DuckDB in-process: tables copied from Arrow, `big` by CREATE TABLE AS over range()."""
-    engine, setup = DuckDBEngine(), {"how": f"in-process, duckdb {duckdb.__version__}"}
-    try:
-        started = time.perf_counter()
-        for name, table in data.tables.items():
-            engine.con.register("source", table)
-            engine.query(f"CREATE TABLE {name} AS SELECT * FROM source")
-            engine.con.unregister("source")
-        setup["kv_index"] = try_sql(engine, KV_INDEX)
-        setup["load_s"] = since(started)
-        started = time.perf_counter()
-        engine.query(f"CREATE TABLE big AS {data.big_sql}")
-        setup.update(big_create_s=since(started), big_create_how="CREATE TABLE big AS SELECT ... FROM range(N)")
-        yield engine, setup
-    finally:
-        engine.con.close()
-
-
-def ingest(engine: FlightEngine, name: str, table: pa.Table, mode: str) -> bool | str:
-    """adbc_ingest in record batches of at most INGEST_CHUNK rows: True, or the error text."""
-    try:
-        engine.cursor.adbc_ingest(name, pa.Table.from_batches(table.to_batches(INGEST_CHUNK), table.schema), mode=mode)
-        return True
-    except Exception as err:  # noqa: BLE001
-        return error_text(err)
-
-
-def ingest_big(engine: FlightEngine, data: Data) -> bool | str:
-    """`big` through adbc_ingest, generated in-process: the first INGEST_BATCH rows create it, each next
-    batch appends. True, or the first error's text."""
-    with duckdb.connect() as con:
-        for k, batch in enumerate(con.sql(data.big_sql).to_arrow_reader(INGEST_BATCH)):
-            done = ingest(engine, "big", pa.Table.from_batches([batch]), "append" if k else "create")
-            if done is not True:
-                return done
-    return True
-
-
-@contextmanager
-def quail_engine(data: Data) -> Iterator[tuple[Engine, dict[str, Any]]]:
-    """`quail serve --dialect duckdb` over a temporary data directory; tables through adbc_ingest; `big` by
-    CREATE TABLE AS over range() where the server accepts it, else ingested in batches."""
-    with tempfile.TemporaryDirectory() as data_dir:
-        started = time.perf_counter()
-        with ServerProcess(data_dir, "--dialect", "duckdb", "--log-level", "warning") as server:
-            setup: dict[str, Any] = {"how": "quail serve --dialect duckdb, ADBC Flight SQL", "start_s": since(started)}
-            engine = FlightEngine(server.uri)
-            try:
-                started = time.perf_counter()
-                loaded = {name: ingest(engine, name, table, "create") for name, table in data.tables.items()}
-                setup["load_errors"] = {name: text for name, text in loaded.items() if text is not True}
-                setup["kv_index"] = try_sql(engine, KV_INDEX)
-                setup["load_s"] = since(started)
-                started = time.perf_counter()
-                created = try_sql(engine, f"CREATE TABLE big AS {data.big_sql}")
-                if created is True:
-                    setup["big_create_how"] = "CREATE TABLE big AS SELECT ... FROM range(N), server-side"
-                else:
-                    started = time.perf_counter()
-                    ingested = ingest_big(engine, data)
-                    setup["big_create_how"] = (f"adbc_ingest in batches of {INGEST_BATCH:,} rows generated in-process "
-                                               f"(CREATE TABLE AS refused: {created})")
-                    if ingested is not True:
-                        setup["load_errors"]["big"] = ingested
-                setup["big_create_s"] = since(started)
-                yield engine, setup
-            finally:
-                engine.close()
-
-
-def roapi_binary() -> str | None:
-    """The roapi executable beside this Python (its virtualenv) or on PATH, else None."""
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    return shutil.which("roapi", path=path)
-
-
-def wait_for_line(log: Path, marker: str, process: subprocess.Popen, timeout: float) -> None:
-    """Return once `marker` appears in the log; raise if the process exits or the timeout passes."""
-    deadline = time.monotonic() + timeout
-    while marker not in log.read_text(errors="replace"):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"roapi did not become ready: {log.read_text(errors='replace')[-2000:]}")
-        time.sleep(0.05)
-
-
-@contextmanager
-def roapi_engine(data: Data, binary: str) -> Iterator[tuple[Engine, dict[str, Any]]]:
-    """roapi (DataFusion) serving Parquet files through its Flight SQL frontend. Its tables are files it
-    loads at start: the suite's by pyarrow, `big` by DuckDB's COPY of the same SELECT."""
-    with tempfile.TemporaryDirectory() as folder:
-        started = time.perf_counter()
-        for name, table in data.tables.items():
-            pq.write_table(table, Path(folder) / f"{name}.parquet")
-        setup: dict[str, Any] = {"load_s": since(started)}
-        started = time.perf_counter()
-        with duckdb.connect() as con:
-            con.execute(f"COPY ({data.big_sql}) TO '{Path(folder) / 'big.parquet'}' (FORMAT parquet)")
-        setup.update(big_create_s=since(started),
-                     big_create_how="COPY (SELECT ... FROM range(N)) TO Parquet by DuckDB in-process; "
-                                    "roapi loads it at start (start_s)")
-        port = free_port()
-        tables = [f"{name}={Path(folder) / f'{name}.parquet'}" for name in [*data.tables, "big"]]
-        args = [binary, "--addr-flight-sql", f"127.0.0.1:{port}", "-a", f"127.0.0.1:{free_port()}",
-                "-p", f"127.0.0.1:{free_port()}", *(arg for table in tables for arg in ("-t", table))]
-        log = Path(folder) / "roapi.log"
-        started = time.perf_counter()
-        with log.open("w") as out:
-            process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            wait_for_line(log, "for FlightSQL traffic", process, ROAPI_START_TIMEOUT)
-            setup.update(start_s=since(started), how=f"roapi {package_version('roapi')}, ADBC Flight SQL")
-            engine = FlightEngine(f"grpc://127.0.0.1:{port}")
-            setup["kv_index"] = try_sql(engine, KV_INDEX)
-            try:
-                yield engine, setup
-            finally:
-                engine.close()
-        finally:
-            process.terminate()
-            process.wait(30)
-
-
-@contextmanager
-def floor_engine(transport: str) -> Iterator[FlightEngine]:
-    """A transport floor (bench/flight_floor.py) in its own process, through ADBC."""
-    process = subprocess.Popen([sys.executable, "-m", "bench.flight_floor", transport], stdout=subprocess.PIPE,
-                               text=True, cwd=Path(__file__).parent.parent)
-    try:
-        engine = FlightEngine(f"grpc://127.0.0.1:{int(process.stdout.readline())}")
-        try:
-            yield engine
-        finally:
-            engine.close()
-    finally:
-        process.terminate()
-        process.wait(30)
-
-
-def measure_floors(repeat: int) -> dict[str, Any]:
-    """Each transport floor's `SELECT 1` round trip."""
-    floors: dict[str, Any] = {}
-    for transport in TRANSPORTS:
-        print(f"plain_sql: {transport} floor ...", file=sys.stderr, flush=True)
-        with floor_engine(transport) as engine:
-            floors[transport] = {"round_trip_ms": {"select_1": round_trip(engine, ROUND_TRIPS["select_1"], repeat)}}
-    return floors
 
 
 # ---- measuring -----------------------------------------------------------------------------------------
@@ -551,15 +178,17 @@ def added_ms(result: dict[str, Any], duckdb_result: dict[str, Any]) -> dict[str,
     return out
 
 
+def measure_floors(repeat: int) -> dict[str, Any]:
+    """Each transport floor's `SELECT 1` round trip."""
+    floors: dict[str, Any] = {}
+    for transport in TRANSPORTS:
+        print(f"plain_sql: {transport} floor ...", file=sys.stderr, flush=True)
+        with floor_engine(transport) as engine:
+            floors[transport] = {"round_trip_ms": {"select_1": round_trip(engine, ROUND_TRIPS["select_1"], repeat)}}
+    return floors
+
+
 # ---- the run -------------------------------------------------------------------------------------------
-
-def package_version(name: str) -> str:
-    """An installed distribution's version, or "absent"."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "absent"
-
 
 def run_engines(data: Data, repeat: int) -> dict[str, Any]:
     """Every engine in turn, DuckDB in-process first: the reference, whose failure ends the run. Another
