@@ -143,7 +143,7 @@ def server(tmp_path_factory):
 HF_FIXTURES = ("hf_model", "hf_p_yes", "hf_generate")
 HF_GROUP = "files using hf_model, hf_p_yes or hf_generate"
 LONGEST_FIRST = (HF_GROUP, "tests/server/test_server_own.py", "tests/server/test_server_cancel.py",
-                 "tests/engine/test_scheduler.py",
+                 "tests/engine/test_scheduler_passes.py", "tests/engine/test_scheduler_queries_at_once.py",
                  "tests/server/test_server_exclusive.py", "tests/test_ai_sql.py", "tests/server/test_replicas.py",
                  "tests/bench/test_stress.py", "tests/planner/test_substrait.py", "tests/test_ai_complete.py",
                  "tests/bench/test_statement_timeline.py", "tests/test_ai_agg.py", "tests/bench/test_fuzz.py",
