@@ -200,7 +200,8 @@ def load(config: EngineConfig | None = None) -> tuple[Runtime, EngineConfig]:
 
 def load_embeddings(config: EngineConfig) -> Embeddings:
     """The embedding model AI_EMBED asks: `config.embed_model` loaded now, a decoder on the config's device
-    whose runtime keeps no KV (DecoderEmbedding); None: the embedded static model, loaded on first use."""
+    whose runtime keeps no KV (DecoderEmbedding), its layers run once here (compiled then, on a GPU, rather
+    than inside the first statement that embeds); None: the embedded static model, loaded on first use."""
     settled_config = settled(replace(config, model=config.embed_model or config.model, replicas=1))
     if config.embed_model is None:
         return Embeddings(device=settled_config.device)
@@ -208,6 +209,7 @@ def load_embeddings(config: EngineConfig) -> Embeddings:
     # Each text computed in full, longest first ("naive"; decoder_embedding.py says why).
     embedding = DecoderEmbedding(Runtime(model_id, model, tokenizer, frame, "naive", settled_config.token_budget,
                                          kv_bytes=0, names=(config.embed_model,)))
+    embedding.runtime.warm_up(full=False)
     return Embeddings(lambda: embedding, embedding.name, embedding.dims, names=(config.embed_model,),
                       device=settled_config.device)
 

@@ -37,6 +37,13 @@ def test_embeddings_are_hf_transformers_last_token_hidden_state_normalized(embed
     assert embeddings.cached == 1, "a text embedded before is not computed again"
 
 
+def test_the_model_runs_once_at_load_before_any_text(hf_gguf):
+    """Loading runs the layers once (on a GPU their compiled parts are built then), so the first statement that
+    embeds does not wait for first calls."""
+    loaded = load_embeddings(EngineConfig(embed_model=str(hf_gguf)))
+    assert loaded.computed == 0 and loaded.model().runtime.scheduler.busy.seconds() > 0
+
+
 def test_a_text_longer_than_the_context_is_refused(embeddings):
     context = embeddings.model().runtime.config.max_position
     with pytest.raises(InvalidArgument, match=f"reads at most {context:,}"):
