@@ -260,8 +260,9 @@ class Runtime:
         lazily, layers compiled, GEMMs of a full pass); returns what they did. full (default: on a GPU):
         rows of more than a full pass after a shared prefix as long as each (copied before each row on a
         GPU), then short rows after two long prefixes (attended apart and merged), then every decode step
-        graph and small pass graph captured (CUDA); always one short request alone (compiled layers
-        specialize a size of one).
+        graph captured (CUDA); always one short request alone (compiled layers specialize a size of one).
+        On a GPU, full or not, the passes' graphs are captured then, and one query's full pass is timed run
+        directly and replayed from them (ModelRunner.choose_full_replay: the faster is kept).
         With a host KV tier, then a pass of new rows is timed against its copy back from the tier
         (`_time_host_tier`). Last, every object alive (the model's modules, the tokenizer's vocabulary,
         the libraries') leaves the cyclic garbage collector's view (`gc.freeze`): decoding makes objects
@@ -273,7 +274,8 @@ class Runtime:
 
         work = QueryWork()
         self.score([Request((segment(16),), self.yes_no)], work)  # a pass of one row: the last layer's one position
-        if self.runner.device.type == "cuda" if full is None else full:
+        on_gpu = self.runner.device.type == "cuda"
+        if on_gpu if full is None else full:
             shared = segment(200)  # kept (radix.worth_keeping) and copied (pass_rows.Packed): both bounds met
             rows = [(shared, segment(200)) for _ in range(self.runner.token_budget // 200 + 8)]
             anchors = [segment(600) for _ in range(2)]
@@ -281,8 +283,9 @@ class Runtime:
             self.score([Request(parts, self.yes_no) for parts in rows + partners], work)
             if self.runner.steps is not None:
                 self.runner.steps.prepare()
-            if self.runner.passes is not None:
-                self.runner.passes.prepare()
+        if on_gpu and self.runner.passes is not None:
+            self.runner.passes.prepare()
+            self.runner.choose_full_replay()
         if self.runner.tree is not None and self.runner.tree.host is not None:
             self._time_host_tier([Request((segment(128),), self.yes_no)
                                   for _ in range(self.runner.token_budget // 128)])
