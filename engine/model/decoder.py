@@ -15,6 +15,11 @@ from quail.engine.kernels.swiglu import swiglu
 from quail.engine.kv.rows import copy_rows
 from quail.engine.model.config import ModelConfig
 
+try:
+    from quail.engine.kernels import rope_triton  # Triton, with CUDA builds of torch
+except ImportError:
+    rope_triton = None
+
 
 Result = TypeVar("Result")
 
@@ -95,14 +100,39 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
 
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Packed tokens (tokens, hidden) → rotated q (tokens, heads, d), k and v (tokens, kv_heads, d)."""
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                out: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
+        """Packed tokens (tokens, hidden) → rotated q (tokens, heads, d), k and v (tokens, kv_heads, d), written
+        into `out` (q, k, v buffers) where given.
+
+        - v: a view of the joined q/k/v projection's output (copied into out's).
+        - Qwen3's q/k norms and the rotation of both: one Triton pass over the joined output on CUDA in
+          bf16/fp16 (rope_triton, writing into out's q and k itself), torch elsewhere.
+        """
         t, hd = x.shape[0], self.cfg.head_dim
-        q, k, v = self.qkv_proj(x).split(self.widths, dim=-1)
-        q, k, v = q.view(t, -1, hd), k.view(t, -1, hd), v.view(t, -1, hd)  # v: a view of the joined GEMM's output
-        if self.cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        joined = self.qkv_proj(x)
+        q, k, v = (part.view(t, -1, hd) for part in joined.split(self.widths, dim=-1))
+        written = 0
+        if self.cfg.qk_norm and _rope_kernel_serves(joined, hd):
+            q, k = rope_triton.norm_rope(joined, q.shape[1], k.shape[1], self.q_norm.weight, self.k_norm.weight,
+                                         self.q_norm.eps, cos, sin, None if out is None else (out[0], out[1]))
+            written = 0 if out is None else 2
+        else:
+            if self.cfg.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if out is None:
+            return q, k, v
+        for buffer, part in list(zip(out, (q, k, v)))[written:]:
+            buffer.copy_(part)
+        return out
+
+
+def _rope_kernel_serves(joined: torch.Tensor, head_dim: int) -> bool:
+    """Whether rope_triton takes these q/k heads: on CUDA in bf16/fp16, half a head a power of two."""
+    half = head_dim // 2
+    return (rope_triton is not None and joined.is_cuda and joined.dtype in (torch.bfloat16, torch.float16)
+            and head_dim % 2 == 0 and half & (half - 1) == 0)
 
 
 class MLP(nn.Module):
@@ -144,9 +174,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Everything before attention: norm, projections, q/k norm, rotary embedding."""
-        return self.self_attn.project(self.input_layernorm(x), cos, sin)
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            out: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
+        """Everything before attention: norm, projections, q/k norm, rotary embedding (into `out` where given)."""
+        return self.self_attn.project(self.input_layernorm(x), cos, sin, out)
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Everything after attention: output projection, residual, norm, MLP, residual."""
@@ -157,8 +188,7 @@ class DecoderLayer(nn.Module):
 def qkv_into(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """DecoderLayer.qkv written into q, k and v: compiled, the last kernel of each stores there itself."""
-    for out, part in zip((q, k, v), DecoderLayer.qkv(layer, x, cos, sin)):
-        out.copy_(part)
+    DecoderLayer.qkv(layer, x, cos, sin, (q, k, v))
 
 
 def finish_into(layer: DecoderLayer, x: torch.Tensor, attn: torch.Tensor) -> None:
@@ -194,10 +224,11 @@ class Decoder(nn.Module):
     def compile_layers(self) -> None:
         """Compile the token-wise parts of a layer (one graph for every layer, any token count).
 
-        Inductor fuses the norms, rotary embedding, residual adds and (fp8) the
-        activation quantization into Triton kernels around the GEMMs, and the
-        log-sum-exp merge of shared-prefix attention into one kernel; the MLP's
-        SiLU·mul runs in its own kernels (kernels/swiglu.py).
+        Inductor fuses the norms, residual adds and (fp8) the activation
+        quantization into Triton kernels around the GEMMs, and the log-sum-exp
+        merge of shared-prefix attention into one kernel; the MLP's SiLU·mul
+        (kernels/swiglu.py) and, on CUDA, Qwen3's q/k norms with the rotary
+        embedding (kernels/rope_triton.py) run in kernels of our own.
         """
         self._qkv = torch.compile(DecoderLayer.qkv, dynamic=True)
         self._finish = torch.compile(DecoderLayer.finish, dynamic=True)
