@@ -2,7 +2,8 @@
 
     python -m bench.profile_pass --model dummy:qwen3-4b --tokenizer DIR --out DIR
 
-Shapes: `filter` (44 rows of 370 new tokens, no resident KV), `filter-mixed`
+Shapes: `filter` (44 rows of 370 new tokens, no resident KV), `short` (128 rows of 128: an embedding
+model's texts, bench/embedding_speed.py's), `filter-mixed`
 (rows of lognormal lengths around 330 tokens up to 16,384: F1's passes),
 `join` (90 resident runs of 300 tokens, 12 rows of 15 tokens after each: J1's),
 `anchor` (one 2,500-token run, 300 rows of 12 tokens after it: BIG's). For each
@@ -47,7 +48,7 @@ def shapes(cfg, device) -> dict[str, list[Row]]:
     anchor = run(2500)
     mixed = np.maximum(8, rng.lognormal(np.log(330) - 0.08, 0.4, 60).astype(int))
     mixed = mixed[np.cumsum(mixed) <= 16384]
-    return {"filter": [Row(ids(370)) for _ in range(44)],
+    return {"filter": [Row(ids(370)) for _ in range(44)], "short": [Row(ids(128)) for _ in range(128)],
             "filter-mixed": [Row(ids(n)) for n in mixed],
             "join": [Row(ids(15), kv) for kv in joins for _ in range(12)],
             "anchor": [Row(ids(12), anchor) for _ in range(300)]}
