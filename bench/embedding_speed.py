@@ -9,10 +9,8 @@
 - The speed of light is planner/cost.py's roofline of the same work (every token's prefill, its attention)
   on the device's datasheet rates (`--sol-device`: h100-sxm or h200; cpu on the CPU).
 - Beside the wall time: the device's busy seconds (each pass from its first kernel's start to its last's end,
-  DeviceTime: the rest of the wall the device waited between passes), and on a GPU how one query's full
-  passes ran (replayed from captured graphs or directly: as the load's warm-up timed them, or as
-  `--full-passes` forces, for a paired comparison in one process).
-The result file (`<date>-<device>-embedding-speed-<shape>[-forced].json`) holds the figures and the setup.
+  DeviceTime: the rest of the wall the device waited between passes).
+The result file (`<date>-<device>-embedding-speed-<shape>.json`) holds the figures and the setup.
 """
 
 from __future__ import annotations
@@ -56,8 +54,6 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--texts", type=int, default=2000)
     p.add_argument("--words", type=int, default=120)
     p.add_argument("--sol-device", default=None, help="h100-sxm, h200 or cpu (default: cpu on the CPU)")
-    p.add_argument("--full-passes", choices=("timed", "replayed", "direct"), default="timed",
-                   help="how one query's full passes run on a GPU: as the warm-up's timing chose (default), or forced")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
     config = EngineConfig(model=args.model, embed_model=args.model, device=args.device, precision=args.precision,
@@ -67,9 +63,6 @@ def main(argv: list[str] | None = None) -> Path:
     model = embeddings.model()
     runtime = model.runtime
     load_s = time.perf_counter() - started
-    passes = runtime.runner.passes
-    if passes is not None and args.full_passes != "timed":
-        passes.alone = args.full_passes == "replayed"
     embeddings.embed(texts(min(64, args.texts), args.words, seed=1))  # warm-up: the passes' shapes and kernels
     rows = model.tokens(texts(args.texts, args.words, seed=0))
     requests = [Request((Segment.of(ids, model.name),), runtime.yes_no) for ids in rows]
@@ -92,18 +85,14 @@ def main(argv: list[str] | None = None) -> Path:
            "precision": args.precision, "token_budget": runtime.runner.token_budget, "dims": embeddings.dims,
            "load_s": round(load_s, 2), "texts": len(requests), "tokens": tokens,
            "seconds": round(seconds, 3), "device_busy_s": round(busy, 3),
-           "full_passes": None if passes is None or passes.timed is None else {
-               "replayed": passes.alone, "as": args.full_passes, "replayed_s": round(passes.timed[1], 4),
-               "directly_s": round(passes.timed[0], 4)},
            "embeddings_per_s": round(len(requests) / seconds),
            "tokens_per_s": round(tokens / seconds), "forward_passes": work.stats.forward_passes,
            "sol_device": sol_device, "sol_s": round(sol, 4) if sol else None,
            "sol_fraction": round(sol / seconds, 3) if sol else None}
     print(json.dumps(doc, indent=1))
     shape = args.model.split(":")[-1].replace("/", "-")
-    forced = "" if args.full_passes == "timed" else f"-{args.full_passes}"
     return write_json(Path(args.out) / f"{doc['date'][:10]}-{'cpu' if name == 'cpu' else 'gpu'}-embedding-speed-"
-                      f"{shape}{forced}.json", doc)
+                      f"{shape}.json", doc)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from quail.engine.model.hf_weights import (TEMPLATE_FILE, cached_snapshot, chat_
 from quail.engine.model.tokenizer import Tokenizer
 from quail.engine.runtime.decoder_embedding import DecoderEmbedding
 from quail.engine.runtime.embeddings import Embeddings
-from quail.engine.runtime.pass_graphs import PassGraphs
 from quail.engine.runtime.prompt import ChatFrame
 from quail.engine.runtime.runtime import Runtime
 
@@ -181,18 +180,8 @@ def chosen(config: EngineConfig, runtime: Runtime) -> str:
         host += f", disk KV tier {tree.disk.capacity_bytes / 2 ** 30:.1f} GiB"
     replicas = "" if runtime.replicas is None else f", {runtime.replicas.count} replicas"
     return (f"{runtime.model_id} on {name}, {config.precision}, token budget {config.token_budget:,}, "
-            f"KV pool {pool.capacity_bytes / 2 ** 30:.1f} GiB{host}{full_passes(runtime.runner.passes)}{replicas}; "
-            f"embeddings {runtime.embeddings.name} ({runtime.embeddings.dims} dimensions)")
-
-
-def full_passes(passes: PassGraphs | None) -> str:
-    """How one query's full passes run, as the warm-up timed them (ModelRunner.choose_full_replay), for the
-    startup line; '' where they were not timed."""
-    if passes is None or passes.timed is None:
-        return ""
-    direct, replayed = passes.timed
-    how = "replayed from graphs" if passes.alone else "run directly"
-    return f", one query's full passes {how} ({replayed:.3f} s replayed, {direct:.3f} s directly)"
+            f"KV pool {pool.capacity_bytes / 2 ** 30:.1f} GiB{host}{replicas}; embeddings "
+            f"{runtime.embeddings.name} ({runtime.embeddings.dims} dimensions)")
 
 
 def load_runtime(config: EngineConfig | None = None) -> Runtime:
@@ -212,8 +201,8 @@ def load(config: EngineConfig | None = None) -> tuple[Runtime, EngineConfig]:
 def load_embeddings(config: EngineConfig) -> Embeddings:
     """The embedding model AI_EMBED asks: `config.embed_model` loaded now, a decoder on the config's device
     whose runtime keeps no KV (DecoderEmbedding), its layers run once here (compiled then, and on a GPU its
-    passes' graphs captured and its full passes timed, rather than inside the first statement that embeds);
-    None: the embedded static model, loaded on first use."""
+    passes' graphs captured, rather than inside the first statement that embeds); None: the embedded static
+    model, loaded on first use."""
     settled_config = settled(replace(config, model=config.embed_model or config.model, replicas=1))
     if config.embed_model is None:
         return Embeddings(device=settled_config.device)

@@ -6,7 +6,6 @@ import contextlib
 import itertools
 import os
 import shutil
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, ContextManager, Generator, Sequence
@@ -302,35 +301,6 @@ class ModelRunner:
         for owned, stats in groups:
             _count(stats, [1] * len(owned), [len(r.slots) for r in owned], owned)
         return hidden, kept
-
-    def choose_full_replay(self, rounds: int = 2) -> None:
-        """Whether one query's full passes replay from the captured graphs (PassGraphs.alone): a full pass of
-        new rows of 128 tokens timed run directly and replayed, alternately, `rounds` times each; replayed
-        from then on where its fastest replay beat its fastest direct run.
-
-        - Each time counts from the host's first launch to the device's last result: the host's queueing
-          and the device's work, as far as they overlap.
-        - Needs the graphs captured with a full size (`passes.prepare`); else nothing is timed.
-        - On the caller's thread, with nothing else on the device (a warm-up).
-        """
-        passes = self.passes
-        if passes is None or passes.full not in passes.graphs:
-            return
-        rng = np.random.default_rng(0)
-        rows = [Row(rng.integers(0, self.model.config.vocab_size, 128).astype(np.int32))
-                for _ in range(passes.full // 128)]
-
-        def timed(alone: bool) -> float:
-            passes.alone = alone
-            torch.cuda.synchronize(self.device)
-            began = time.perf_counter()
-            self.forward(rows, Stats())
-            torch.cuda.synchronize(self.device)
-            return time.perf_counter() - began
-
-        runs = [(timed(False), timed(True)) for _ in range(rounds)]
-        passes.timed = (min(direct for direct, _ in runs), min(replayed for _, replayed in runs))
-        passes.alone = passes.timed[1] < passes.timed[0]
 
     @torch.inference_mode()
     def answer_logprobs(self, hidden: torch.Tensor, labels: LabelSet) -> torch.Tensor:

@@ -17,13 +17,12 @@ of Qwen3-4B such copies were ~5% of its device time, see bench/GPU_NOTES.md).
 Attention and the KV writes stay as they are, between the replays, over the
 first n rows (attention by one Triton call writes its output into the buffer
 the part after it reads); so do the last layer's part after attention, at the
-rows' last positions only. One query's full pass replays too where the
-runner's warm-up timed it faster so (`alone`, ModelRunner.choose_full_replay):
-it pays for copying its embeddings into the buffers and for its padding, and
-gains where the host takes longer to queue the layers than the device to run
-them (a small model's passes: Qwen3-Embedding-0.6B's). Any other pass runs
-the compiled regions directly: padding it would cost the device more than the
-host saves. Padding rows start from
+rows' last positions only. Any other pass runs the compiled regions directly:
+padding it would cost the device more than the host saves, and one query's
+full pass mostly has the host to itself (replayed, it pays for copying its
+embeddings into the buffers, and for its padding; even the 0.6B embedding
+shape's full pass, 28 light layers, took 33.9 ms replayed against 32.3
+directly on an H100, bench/GPU_NOTES.md). Padding rows start from
 zeros and are read by nothing. A pass may run inside another, between two of
 its layers, while `aside` keeps what the other holds in the buffers. Graphs
 share one memory pool: each writes only the static buffers, so nothing of one
@@ -67,11 +66,9 @@ def bucket(n: int, full: int | None = None) -> int | None:
 class PassGraphs:
     """Captured token-wise parts of one model's layers, per size bucket (CUDA).
 
-    - `parts` gives what a pass of n tokens runs them with (Decoder.forward's `parts`).
-    - `token_budget`: the passes' budget, whose full passes (`full`) are captured too when it is past SIZES
-      and at most LARGEST_FULL.
-    - `alone`: whether one query's full passes replay too (set by the runner's warm-up; `timed` holds the
-      seconds of its full pass run directly and replayed, once timed)."""
+    `parts` gives what a pass
+    of n tokens runs them with (Decoder.forward's `parts`). `token_budget`: the passes' budget, whose
+    full passes are captured too when it is past SIZES and at most LARGEST_FULL."""
 
     @staticmethod
     def serves(model: Decoder) -> bool:
@@ -82,8 +79,6 @@ class PassGraphs:
         self.model = model
         self.full = token_budget if token_budget is not None and SIZES[-1] < token_budget <= LARGEST_FULL else None
         self.sizes = SIZES + ((self.full,) if self.full is not None else ())
-        self.alone = False
-        self.timed: tuple[float, float] | None = None
         self.memory = torch.cuda.graph_pool_handle()
         self.graphs: dict[int, tuple[list[torch.cuda.CUDAGraph], ...]] = {}  # size: each layer's before, after
         cfg, weight = model.config, model.embed_tokens.weight
@@ -101,9 +96,8 @@ class PassGraphs:
 
     def parts(self, n: int, shared: bool = False) -> "CapturedParts | None":
         """What runs a pass of n tokens (`shared`: holding several queries' rows): its size's graphs, a full
-        size only for a shared pass or where one query's replay too (`alone`); None for a pass of no size
-        (`bucket`), or before `prepare`."""
-        size = bucket(n, self.full if shared or self.alone else None)
+        size only for a shared pass; None for a pass of no size (`bucket`), or before `prepare`."""
+        size = bucket(n, self.full if shared else None)
         return CapturedParts(self, n, size) if size in self.graphs else None
 
     def _capture(self, size: int) -> tuple[list[torch.cuda.CUDAGraph], ...]:

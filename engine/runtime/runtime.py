@@ -261,8 +261,8 @@ class Runtime:
         rows of more than a full pass after a shared prefix as long as each (copied before each row on a
         GPU), then short rows after two long prefixes (attended apart and merged), then every decode step
         graph captured (CUDA); always one short request alone (compiled layers specialize a size of one).
-        On a GPU, full or not, the passes' graphs are captured then, and one query's full pass is timed run
-        directly and replayed from them (ModelRunner.choose_full_replay: the faster is kept).
+        On a GPU, full or not, the passes' graphs are captured then (an embedding model's small passes
+        replay too).
         With a host KV tier, then a pass of new rows is timed against its copy back from the tier
         (`_time_host_tier`). Last, every object alive (the model's modules, the tokenizer's vocabulary,
         the libraries') leaves the cyclic garbage collector's view (`gc.freeze`): decoding makes objects
@@ -285,7 +285,6 @@ class Runtime:
                 self.runner.steps.prepare()
         if on_gpu and self.runner.passes is not None:
             self.runner.passes.prepare()
-            self.runner.choose_full_replay()
         if self.runner.tree is not None and self.runner.tree.host is not None:
             self._time_host_tier([Request((segment(128),), self.yes_no)
                                   for _ in range(self.runner.token_budget // 128)])

@@ -13,10 +13,7 @@ from quail.engine.kernels.pass_rows import Rows  # noqa: E402
 from quail.engine.kernels.fp8 import to_fp8  # noqa: E402
 from quail.engine.model.config import ModelConfig  # noqa: E402
 from quail.engine.model.decoder import Decoder  # noqa: E402
-from quail.engine.runtime.counters import Stats  # noqa: E402
-from quail.engine.runtime.loading import full_passes  # noqa: E402
 from quail.engine.runtime.model_runner import ModelRunner  # noqa: E402
-from quail.engine.runtime.packing import Row  # noqa: E402
 from quail.engine.runtime.pass_graphs import SIZES, PassGraphs  # noqa: E402
 
 CFG = ModelConfig("qwen3", vocab_size=512, hidden_size=256, num_layers=3, num_heads=8, num_kv_heads=2, head_dim=32,
@@ -67,7 +64,7 @@ def test_a_captured_pass_gives_the_direct_pass_hidden_states_and_kv(dtype, bound
     assert graphs.parts(5) is None
     graphs.prepare()
     assert set(graphs.graphs) == {*SIZES, 4096}
-    assert graphs.parts(4050) is None, "one query's full pass runs directly unless timed faster replayed"
+    assert graphs.parts(4050) is None, "one query's full pass runs directly"
     for seed, lengths in enumerate(([5], [100, 37], [700, 300, 1000, 48], [3000, 1050], [40, 3])):
         parts = graphs.parts(sum(lengths), shared=True)
         assert parts is not None
@@ -112,28 +109,3 @@ def test_a_pass_cut_into_a_captured_pass_leaves_both_as_they_are_alone(inner_len
         assert len(kv) == len(want_kv) == 2 * CFG.num_layers
         for a, b in zip(kv, want_kv):
             assert _rel(a, b) < 1e-5
-
-
-def test_one_querys_full_pass_replays_where_the_warm_up_timed_it_faster():
-    """The runner times one query's full pass run directly and replayed (both kept, the faster chosen, told
-    in the startup line); replayed, such a pass (4,040 tokens of a 4,096 budget, one owner) gives the hidden
-    states it gives run directly."""
-    torch.manual_seed(0)
-    model = Decoder(CFG).to("cuda", torch.bfloat16).eval()
-    runner = ModelRunner(model, token_budget=4096)
-    runner.choose_full_replay()
-    assert runner.passes.timed is None, "nothing timed before the graphs are captured"
-    runner.passes.prepare()
-    runner.choose_full_replay()
-    direct, replayed = runner.passes.timed
-    assert min(direct, replayed) > 0 and runner.passes.alone == (replayed < direct)
-    assert ("replayed from graphs" if runner.passes.alone else "run directly") in full_passes(runner.passes)
-    rng = np.random.default_rng(1)
-    rows = [Row(rng.integers(0, CFG.vocab_size, 1010).astype(np.int32)) for _ in range(4)]
-    runner.passes.alone = False
-    assert runner.passes.parts(4040) is None
-    want, _ = runner.forward(rows, Stats())
-    runner.passes.alone = True
-    assert runner.passes.parts(4040) is not None
-    got, _ = runner.forward(rows, Stats())
-    assert _rel(got, want) < 2e-2
