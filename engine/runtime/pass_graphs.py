@@ -21,8 +21,10 @@ rows' last positions only. Any other pass runs the compiled regions directly:
 padding it would cost the device more than the host saves, and one query's
 full pass mostly has the host to itself (replayed, it pays for copying its
 embeddings into the buffers, and for its padding; even the 0.6B embedding
-shape's full pass, 28 light layers, took 33.9 ms replayed against 32.3
-directly on an H100, bench/GPU_NOTES.md). Padding rows start from
+shape's full pass, 28 light layers, gained nothing on an H100: 33.9 ms
+replayed against 32.3 directly, then, with the q/k heads written into the
+buffers, 1% of a speed run, within the spread of hosts; bench/GPU_NOTES.md).
+Padding rows start from
 zeros and are read by nothing. A pass may run inside another, between two of
 its layers, while `aside` keeps what the other holds in the buffers. Graphs
 share one memory pool: each writes only the static buffers, so nothing of one
