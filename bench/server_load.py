@@ -13,10 +13,12 @@ its statements one after another on it:
 - D: `--clients` clients at once, as many different questions over the same `--d-rows` (320) rows;
 - E: 5-row statements, one after another, while one statement over `--e-rows` rows runs; against the
   same kind of statements with the server otherwise idle;
-- E_firsts (after G_late): the first statement of a new shape (a question not asked before, on a client's new connection),
-  `--firsts` of them `--first-gap` seconds apart (longer than the scheduler's short window, so each finds
-  the passes a scan runs alone) while one statement over `--e-rows` more rows runs; against as many sent
-  with the server otherwise idle (E_idle_firsts): each latency, and the medians' ratio;
+- E_firsts (after G_late): the first statement of a new shape (a question not asked before, on a client's new connection,
+  after the connection's first round trip, `SELECT 1`, timed apart), `--firsts` of them `--first-gap`
+  seconds apart (longer than the scheduler's short window, so each finds the passes a scan runs alone)
+  while one statement over `--e-rows` more rows runs; against as many sent with the server otherwise idle
+  (E_idle_firsts): each latency and each connection's, and the medians' ratios (until 961f534 a first's
+  latency held its connection's opening);
 - F: A's statement again (a dashboard refresh), right after A;
 - G: a new question over A's rows, right after F;
 - F_late, G_late: the same two again after B to E (a refresh rarely comes right after
@@ -147,16 +149,25 @@ def phase(uri: str, counters: Counters, lanes: list[list[str]]) -> dict:
 
 def firsts(uri: str, rows: list[int], topics: list[str], gap: float, running: threading.Event | None = None) -> dict:
     """New shapes' first statements, each a new question over 5 rows of its own on a new connection, `gap`
-    seconds apart (while `running` is set, where given): each one's latency, and their median."""
-    latencies = []
+    seconds apart (while `running` is set, where given): the connection opened and its first round trip
+    (`SELECT 1`) timed apart (`connect_s`), then the new question's statement on it (`latencies_s`); the
+    medians of both."""
+    latencies, connects = [], []
     for n, (first, topic) in enumerate(zip(rows, topics)):
         if n:
             time.sleep(gap)
         if running is not None and not running.is_set():
             break
-        latencies += run(uri, [statement(first, 5, f"Does {{0}} mention {topic}?")])
+        connect, statement_s = run(uri, ["SELECT 1", statement(first, 5, f"Does {{0}} mention {topic}?")])
+        latencies.append(statement_s)
+        connects.append(connect)
+
+    def median(seconds: list[float]) -> float | None:
+        return round(statistics.median(seconds), 4) if seconds else None
+
     return {"statements": len(latencies), "latencies_s": [round(seconds, 4) for seconds in latencies],
-            "latency_p50_s": round(statistics.median(latencies), 4) if latencies else None}
+            "latency_p50_s": median(latencies), "connect_s": [round(seconds, 4) for seconds in connects],
+            "connect_p50_s": median(connects)}
 
 
 def under_scan(uri: str, scan: str, delay: float, measure: Callable[[threading.Event], dict]) -> dict:
@@ -211,8 +222,8 @@ def workload(uri: str, counters: Counters, args: argparse.Namespace) -> dict:
         out["E_firsts"] = under_scan(uri, statement(firsts_long, args.e_rows), args.e_delay, lambda running: firsts(
             uri, [firsts_scan + 5 * k for k in range(count)], TOPICS[count:], gap, running))
         if out["E_firsts"]["statements"]:
-            out["E_firsts"]["against_idle"] = round(
-                out["E_firsts"]["latency_p50_s"] / out["E_idle_firsts"]["latency_p50_s"], 2)
+            for key, ratio in (("latency_p50_s", "against_idle"), ("connect_p50_s", "connect_against_idle")):
+                out["E_firsts"][ratio] = round(out["E_firsts"][key] / out["E_idle_firsts"][key], 2)
     if args.flush_rows:
         out["flush"] = phase(uri, counters, [[statement(nxt + n, args.flush_rows)]])
         out["F_flushed"] = phase(uri, counters, [[statement(a, args.a_rows)]])

@@ -20,6 +20,8 @@ def test_every_phase_runs_and_reads_the_servers_counters(tmp_path):
     firsts, idle = phases.pop("E_firsts"), phases.pop("E_idle_firsts")  # latencies alone, no counters
     assert idle["statements"] == 2 and len(firsts["latencies_s"]) == firsts["statements"] >= 1
     assert firsts["against_idle"] == round(firsts["latency_p50_s"] / idle["latency_p50_s"], 2)
+    assert len(firsts["connect_s"]) == firsts["statements"] and len(idle["connect_s"]) == 2
+    assert firsts["connect_against_idle"] == round(firsts["connect_p50_s"] / idle["connect_p50_s"], 2)
     assert [phases[p]["statements"] for p in ("A", "B", "C", "D", "E")] == [1, 2, 4, 2, 2]
     for name, figures in phases.items():
         assert figures["logical_tokens"] >= figures["fresh_tokens"] > 0, name
