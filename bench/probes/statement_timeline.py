@@ -11,7 +11,8 @@ statement (with `--as-phase-b`, as server_load's A, F and G: it, it again, and
 another question over its rows) and ten short ones to warm up, then `--statements` statements of `--rows`
 rows one after another on one ADBC connection, as bench/server_load.py's
 phase B (with `--beside-rows`, beside a long statement started before them,
-as its phase E). Writes a text file: the spans of `--show` statements (start ms, end
+as its phase E; with `--new-questions` and a `--gap` past the scheduler's short
+window, as its E_firsts: each a question not asked before). Writes a text file: the spans of `--show` statements (start ms, end
 ms, duration ms, thread, span; times from the statement's
 CreatePreparedStatement, spans under 0.01 ms left out), then each span's
 median total per statement over the second half of the statements (with the
@@ -182,6 +183,21 @@ def timeline(events: list, count: int, show: int) -> str:
     return "\n".join(lines)
 
 
+def spaced(uri: str, queries: list[str], gap: float) -> list[float]:
+    """The statements one after another on one connection, `gap` seconds between them: each one's latency."""
+    latencies = []
+    with flight_sql.connect(uri, autocommit=True) as conn:
+        for k, query in enumerate(queries):
+            if k:
+                time.sleep(gap)
+            started = time.perf_counter()
+            with conn.cursor() as cur:
+                cur.execute(query)
+                cur.fetch_arrow_table()
+            latencies.append(time.perf_counter() - started)
+    return latencies
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
@@ -200,6 +216,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--beside-rows", type=int, default=0,
                     help="rows of a statement started, on a connection of its own, before the statements (a long "
                          "scan beside them, as bench/server_load.py's phase E; its spans count in theirs)")
+    ap.add_argument("--new-questions", action="store_true",
+                    help="each measured statement a question not asked before (a new shape, as server_load's E_firsts)")
+    ap.add_argument("--gap", type=float, default=0.0,
+                    help="seconds between the measured statements (past the scheduler's short window, each finds "
+                         "the passes of the statement beside as they are alone)")
     ap.add_argument("serve_args", nargs="*", help="after --: arguments for quail serve")
     args = ap.parse_args(argv)
     metrics = free_port()
@@ -223,11 +244,16 @@ def main(argv: list[str] | None = None) -> None:
                 beside = threading.Thread(target=run, args=(server.uri, [long]))
                 beside.start()
                 time.sleep(BESIDE_DELAY_S)
-            latencies = run(server.uri, [statement(first + args.rows * k, args.rows) for k in range(args.statements)])
+            questions = [f"Does {{0}} mention the number {k}?" if args.new_questions else QUESTIONS[0]
+                         for k in range(args.statements)]
+            latencies = spaced(server.uri, [statement(first + args.rows * k, args.rows, question)
+                                            for k, question in enumerate(questions)], args.gap)
             if beside is not None:
                 beside.join()
         text = timeline(json.loads(events_path.read_text()), args.statements, args.show)
     besides = f", beside a statement of {args.beside_rows} rows" if args.beside_rows else ""
+    besides += ", each a new question" if args.new_questions else ""
+    besides += f", {args.gap} s apart" if args.gap else ""
     besides += " (warmed up as server_load's phases A, F and G)" if args.as_phase_b else ""
     head = (f"quail serve {' '.join(args.serve_args)}: {args.statements} statements of {args.rows} rows one after "
             f"another on one ADBC connection{besides};\nstart ms, end ms, duration ms, thread, span, from each "

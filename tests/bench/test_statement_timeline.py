@@ -24,3 +24,15 @@ def test_the_probe_lists_a_statements_spans_and_their_medians_beside_a_long_one(
     assert "cycle" in [line.split()[-1] for line in table]
     assert "client p50" in text
     assert statement_timeline.WAITED in medians and statement_timeline.COMPUTED in medians
+
+
+def test_the_probe_sends_new_questions_spaced_apart(tmp_path):
+    """With --new-questions and --gap: each measured statement asks a question not asked before, the gap
+    between them (a first statement of a new shape each, as server_load's E_firsts)."""
+    out = tmp_path / "timeline.txt"
+    statement_timeline.main(["--out", str(out), "--reviews", "200", "--row-tokens", "16", "--rows", "2",
+                             "--statements", "4", "--warm-rows", "6", "--new-questions", "--gap", "0.3"])
+    head, text = out.read_text().split("\n\n", 1)
+    assert "each a new question, 0.3 s apart" in head
+    cycles = [float(line.split()[1]) for line in text.splitlines() if line.startswith("cycle")]
+    assert cycles and all(ms >= 300 for ms in cycles), "a statement's cycle holds the gap after it"
