@@ -31,7 +31,8 @@ The phases start once the server has tokenized the ingested texts
 Each phase reports wall seconds, logical / fresh / cached model tokens (the
 server's Prometheus counters, read before and after: a query counts when it
 ends, so E's include the long statement's if it ends within E), the resident
-tree's hit rate (prompt tokens found resident over those looked up), the share
+tree's hit rate (prompt tokens found resident over those looked up), the tokens
+copied back from the host and the disk tiers (counted cached), the share
 of the phase's wall time the device ran forward passes, fresh tokens per second
 and B's and C's against A's, fresh over logical, and the statements' latencies
 (each, sorted, their median and largest, the first lane's first; E's median against E_idle's, and E's
@@ -88,6 +89,7 @@ class Counters:
         text = urllib.request.urlopen(self.url, timeout=30).read().decode()
         found = re.findall(r'^quail_tokens_total\{kind="(\w+)"\} (\S+)$', text, re.M)
         found += re.findall(r'^quail_kv_(hit|looked_up)_tokens_total (\S+)$', text, re.M)
+        found += re.findall(r'^quail_kv_(host|disk)_restored_tokens_total (\S+)$', text, re.M)
         found += re.findall(r'^quail_device_(busy)_seconds_total (\S+)$', text, re.M)
         found += re.findall(r'^quail_texts_(warming) (\S+)$', text, re.M)
         return {kind: float(value) for kind, value in found}
@@ -139,7 +141,9 @@ def phase(uri: str, counters: Counters, lanes: list[list[str]]) -> dict:
     looked_up = after.get("looked_up", 0) - before.get("looked_up", 0)
     hit_rate = round((after.get("hit", 0) - before.get("hit", 0)) / looked_up, 3) if looked_up else None
     busy = round((after.get("busy", 0) - before.get("busy", 0)) / wall, 3)
+    restored = {f"{tier}_restored_tokens": int(after.get(tier, 0) - before.get(tier, 0)) for tier in ("host", "disk")}
     return {"wall_s": round(wall, 3), "statements": len(latencies), **{f"{k}_tokens": v for k, v in tokens.items()},
+            **restored,
             "fresh_tokens_per_s": round(tokens["fresh"] / wall), "fresh_over_logical": ratio, "kv_hit_rate": hit_rate,
             "device_busy": busy,
             "latency_p50_s": round(statistics.median(latencies), 3), "latency_max_s": round(max(latencies), 3),

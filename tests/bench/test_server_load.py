@@ -27,6 +27,7 @@ def test_every_phase_runs_and_reads_the_servers_counters(tmp_path):
         assert figures["logical_tokens"] >= figures["fresh_tokens"] > 0, name
         assert figures["logical_tokens"] == figures["fresh_tokens"] + figures["cached_tokens"], name
         assert 0 < figures["device_busy"] <= (1.2 if name == "E" else 1.0), name  # E: the long one's passes too
+        assert figures["host_restored_tokens"] == figures["disk_restored_tokens"] == 0, name  # no tiers on a CPU
     assert phases["B"]["against_A"] > 0 and phases["E"]["against_idle"] > 0 and phases["F_late"]["against_F"] > 0
     assert phases["F_late"]["other_fresh_tokens"] == sum(phases[p]["fresh_tokens"] for p in ("B", "C", "D", "E_idle", "E"))
     latencies = phases["C"]["latencies_s"]

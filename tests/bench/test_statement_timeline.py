@@ -7,11 +7,17 @@ from bench.probes import statement_timeline
 
 
 def test_the_probe_lists_a_statements_spans_and_their_medians_beside_a_long_one(tmp_path):
+    """Beside a long statement, new questions (a new shape each, as server_load's E_firsts) 0.1 s apart: each
+    statement's spans in order, each cycle holding the gap after it, the spans' medians slowest first."""
     out = tmp_path / "timeline.txt"
     statement_timeline.main(["--out", str(out), "--reviews", "200", "--row-tokens", "16", "--rows", "2",
-                             "--statements", "6", "--warm-rows", "6", "--beside-rows", "60"])
+                             "--statements", "6", "--warm-rows", "6", "--beside-rows", "60", "--new-questions",
+                             "--gap", "0.1"])
     head, text = out.read_text().split("\n\n", 1)
     assert head.startswith("quail serve : 6 statements of 2 rows") and "beside a statement of 60 rows" in head
+    assert "each a new question, 0.1 s apart" in head
+    cycles = [float(line.split()[1]) for line in text.splitlines() if line.startswith("cycle")]
+    assert cycles and all(ms >= 100 for ms in cycles), "a statement's cycle holds the gap after it"
     listed, medians = text.split("median ms per statement over ")
     spans = [line.split()[-1] for line in listed.splitlines() if line and not line.startswith("cycle")]
     assert spans[:2] == ["FlightSQLHandler.do_action", "QueryService.plan"], "a statement starts at its prepare"
@@ -25,14 +31,3 @@ def test_the_probe_lists_a_statements_spans_and_their_medians_beside_a_long_one(
     assert "client p50" in text
     assert statement_timeline.WAITED in medians and statement_timeline.COMPUTED in medians
 
-
-def test_the_probe_sends_new_questions_spaced_apart(tmp_path):
-    """With --new-questions and --gap: each measured statement asks a question not asked before, the gap
-    between them (a first statement of a new shape each, as server_load's E_firsts)."""
-    out = tmp_path / "timeline.txt"
-    statement_timeline.main(["--out", str(out), "--reviews", "200", "--row-tokens", "16", "--rows", "2",
-                             "--statements", "4", "--warm-rows", "6", "--new-questions", "--gap", "0.3"])
-    head, text = out.read_text().split("\n\n", 1)
-    assert "each a new question, 0.3 s apart" in head
-    cycles = [float(line.split()[1]) for line in text.splitlines() if line.startswith("cycle")]
-    assert cycles and all(ms >= 300 for ms in cycles), "a statement's cycle holds the gap after it"
