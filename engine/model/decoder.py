@@ -116,7 +116,7 @@ class Attention(nn.Module):
         if self.cfg.qk_norm and _rope_kernel_serves(joined, hd):
             q, k = rope_triton.norm_rope(joined, q.shape[1], k.shape[1], self.q_norm.weight, self.k_norm.weight,
                                          self.q_norm.eps, cos, sin, None if out is None else (out[0], out[1]))
-            written = 0 if out is None else 2
+            written = 2  # into out's q and k, where given
         else:
             if self.cfg.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
