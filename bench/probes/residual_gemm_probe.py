@@ -11,13 +11,11 @@ one GEMM adding to it), the GEMM alone, the GEMM then the add (two kernels), and
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 import torch
 
-from .timing import timed_ms
+from .timing import shapes_probe, timed_ms
 
 TOKENS = 16280
 SHAPES = {"qwen3-embedding-0.6b": (1024, (2048, 3072)), "qwen3-4b": (2560, (4096, 9728))}
@@ -39,13 +37,9 @@ def probe(hidden: int, inner: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.probes.residual_gemm_probe", description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=".")
-    args = p.parse_args(argv)
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "tokens": TOKENS,
-              "shapes": {f"{name} {hidden}x{inner}": probe(hidden, inner)
-                         for name, (hidden, inners) in SHAPES.items() for inner in inners}}
-    (Path(args.out) / "residual-gemm.json").write_text(json.dumps(result, indent=1) + "\n")
+    shapes_probe("python -m bench.probes.residual_gemm_probe", __doc__.split("\n")[0], TOKENS, "residual-gemm.json",
+                 {f"{name} {hidden}x{inner}": lambda hidden=hidden, inner=inner: probe(hidden, inner)
+                  for name, (hidden, inners) in SHAPES.items() for inner in inners}, argv)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,7 @@ runs inside `torch.compile(dynamic=True)` at two token counts. Writes rope.json 
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 import torch
 
@@ -21,7 +19,7 @@ from quail.engine.kernels import rope_triton
 from quail.engine.model.decoder import RMSNorm, apply_rope, rope_tables
 
 from .silu_mul_probe import compiles, error
-from .timing import timed_ms
+from .timing import shapes_probe, sweep, timed_ms
 
 TOKENS = 16280
 SHAPES = {"qwen3-embedding-0.6b": (16, 8), "qwen3-4b": (32, 8)}
@@ -61,25 +59,17 @@ def probe(heads: int, kv_heads: int) -> dict:
     def errors(pair: tuple[torch.Tensor, torch.Tensor]) -> float:
         return max(error(got, w) for got, w in zip(pair, want))
 
-    out: dict = {"inductor_ms": timed_ms(lambda: inductor(joined)), "inductor_error": errors(inductor(joined)),
-                 "norm_rope": []}
+    out: dict = {"inductor_ms": timed_ms(lambda: inductor(joined)), "inductor_error": errors(inductor(joined))}
     out["inductor_tb_per_s"] = moved / out["inductor_ms"] / 1e9
-    for rows, warps in BLOCKS:
-        ms = timed_ms(lambda: ours(joined, rows, num_warps=warps))
-        out["norm_rope"].append({"rows": rows, "warps": warps, "ms": ms, "tb_per_s": moved / ms / 1e9,
-                                 "error": errors(ours(joined, rows, num_warps=warps))})
+    out["norm_rope"] = sweep("rows", BLOCKS, lambda rows, warps: ours(joined, rows, num_warps=warps), moved, errors)
     out["compiled"] = compiles(lambda j: torch.cat([x.flatten(1) for x in ours(j)], dim=1), joined)
     print(json.dumps(out), flush=True)
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.probes.rope_probe", description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=".")
-    args = p.parse_args(argv)
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "tokens": TOKENS,
-              "shapes": {name: probe(*shape) for name, shape in SHAPES.items()}}
-    (Path(args.out) / "rope.json").write_text(json.dumps(result, indent=1) + "\n")
+    shapes_probe("python -m bench.probes.rope_probe", __doc__.split("\n")[0], TOKENS, "rope.json",
+                 {name: lambda shape=shape: probe(*shape) for name, shape in SHAPES.items()}, argv)
 
 
 if __name__ == "__main__":

@@ -14,16 +14,14 @@ a GEMM with the product in its epilogue (bench/GPU_NOTES.md), since dropped.
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from quail.engine.kernels import mlp_triton
 
-from .timing import timed_ms
+from .timing import shapes_probe, sweep, timed_ms
 
 TOKENS = 16280
 SHAPES = {"qwen3-embedding-0.6b": (1024, 3072), "qwen3-4b": (2560, 9728)}
@@ -55,25 +53,19 @@ def probe(hidden: int, inter: int) -> dict:
     inductor = torch.compile(lambda t: F.silu(t.chunk(2, -1)[0]) * t.chunk(2, -1)[1], dynamic=True)
     moved = TOKENS * inter * 3 * 2  # bytes: the joined output read, the product written
     out: dict = {"gemm_ms": timed_ms(lambda: x @ w.T), "inductor_ms": timed_ms(lambda: inductor(gu)),
-                 "inductor_error": error(inductor(gu), want), "silu_mul": []}
+                 "inductor_error": error(inductor(gu), want)}
     out["gemm_tflops"] = 2 * TOKENS * hidden * 2 * inter / out["gemm_ms"] / 1e9
     out["inductor_tb_per_s"] = moved / out["inductor_ms"] / 1e9
-    for cols, warps in BLOCKS:
-        ms = timed_ms(lambda: mlp_triton.silu_mul(gu, cols, num_warps=warps))
-        out["silu_mul"].append({"cols": cols, "warps": warps, "ms": ms, "tb_per_s": moved / ms / 1e9,
-                                "error": error(mlp_triton.silu_mul(gu, cols, num_warps=warps), want)})
+    out["silu_mul"] = sweep("cols", BLOCKS, lambda cols, warps: mlp_triton.silu_mul(gu, cols, num_warps=warps),
+                            moved, lambda got: error(got, want))
     out["compiled"] = compiles(lambda t: mlp_triton.silu_mul(t @ w.T), x)
     print(json.dumps(out), flush=True)
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.probes.silu_mul_probe", description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=".")
-    args = p.parse_args(argv)
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "tokens": TOKENS,
-              "shapes": {name: probe(*shape) for name, shape in SHAPES.items()}}
-    (Path(args.out) / "silu-mul.json").write_text(json.dumps(result, indent=1) + "\n")
+    shapes_probe("python -m bench.probes.silu_mul_probe", __doc__.split("\n")[0], TOKENS, "silu-mul.json",
+                 {name: lambda shape=shape: probe(*shape) for name, shape in SHAPES.items()}, argv)
 
 
 if __name__ == "__main__":
