@@ -17,8 +17,8 @@ its statements one after another on it:
   after the connection's first round trip, `SELECT 1`, timed apart), `--firsts` of them `--first-gap`
   seconds apart (longer than the scheduler's short window, so each finds the passes a scan runs alone)
   while one statement over `--e-rows` more rows runs; against as many sent with the server otherwise idle
-  (E_idle_firsts): each latency and each connection's, and the medians' ratios (until 961f534 a first's
-  latency held its connection's opening);
+  (E_idle_firsts): each latency and each connection's, and the medians' ratios (in results before 900d91b
+  a first's latency held its connection's opening);
 - F: A's statement again (a dashboard refresh), right after A;
 - G: a new question over A's rows, right after F;
 - F_late, G_late: the same two again after B to E (a refresh rarely comes right after
@@ -103,12 +103,16 @@ class Counters:
             time.sleep(0.05)
 
 
-def run(uri: str, queries: list[str]) -> list[float]:
-    """Statements one after another on one connection (a client's: its first statement connects, each
-    prepares, runs and closes its own statement, as ADBC's cursor does): each one's latency (seconds)."""
+def run(uri: str, queries: list[str], gap: float = 0.0) -> list[float]:
+    """Statements one after another on one connection, `gap` seconds between them (a client's: its first
+    statement connects, each prepares, runs and closes its own statement, as ADBC's cursor does): each one's
+    latency (seconds)."""
     latencies, started = [], time.perf_counter()
     with flight_sql.connect(uri, autocommit=True) as conn:
-        for query in queries:
+        for k, query in enumerate(queries):
+            if k and gap:
+                time.sleep(gap)
+                started = time.perf_counter()
             with conn.cursor() as cur:
                 cur.execute(query)
                 cur.fetch_arrow_table()

@@ -183,21 +183,6 @@ def timeline(events: list, count: int, show: int) -> str:
     return "\n".join(lines)
 
 
-def spaced(uri: str, queries: list[str], gap: float) -> list[float]:
-    """The statements one after another on one connection, `gap` seconds between them: each one's latency."""
-    latencies = []
-    with flight_sql.connect(uri, autocommit=True) as conn:
-        for k, query in enumerate(queries):
-            if k:
-                time.sleep(gap)
-            started = time.perf_counter()
-            with conn.cursor() as cur:
-                cur.execute(query)
-                cur.fetch_arrow_table()
-            latencies.append(time.perf_counter() - started)
-    return latencies
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
@@ -246,8 +231,8 @@ def main(argv: list[str] | None = None) -> None:
                 time.sleep(BESIDE_DELAY_S)
             questions = [f"Does {{0}} mention the number {k}?" if args.new_questions else QUESTIONS[0]
                          for k in range(args.statements)]
-            latencies = spaced(server.uri, [statement(first + args.rows * k, args.rows, question)
-                                            for k, question in enumerate(questions)], args.gap)
+            latencies = run(server.uri, [statement(first + args.rows * k, args.rows, question)
+                                         for k, question in enumerate(questions)], args.gap)
             if beside is not None:
                 beside.join()
         text = timeline(json.loads(events_path.read_text()), args.statements, args.show)

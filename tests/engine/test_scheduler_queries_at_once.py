@@ -157,7 +157,8 @@ def test_queries_at_once_over_the_same_documents_compute_each_document_once(runt
 def _beside_a_scan(runtime, monkeypatch, small, scan, works, second) -> list[tuple[list[str], int, bool]]:
     """Each pass's owners (names of `works`), tokens and whether a job waiting then bounded its passes, while
     `small` runs the scan (as works["scan"]) and, once the scan's first pass is being filled, `second()`:
-    that pass waits until both are in the scheduler."""
+    that pass waits until both are in the scheduler. It starts with no short window open."""
+    small.scheduler._short_until = 0.0  # no window left open by an earlier test's short query
     owners = {id(work.stats): name for name, work in works.items()}
     passes: list[tuple[list[str], int, bool]] = []
     first_in, release = threading.Event(), threading.Event()
@@ -196,7 +197,6 @@ def test_passes_stay_short_while_a_query_decodes(runtime, monkeypatch):
     monkeypatch.setattr(scheduler, "SHORT_WINDOW_S", 0.0)
     rng = np.random.default_rng(8)
     small = runtime.variant("quail", token_budget=256)
-    small.scheduler._short_until = 0.0  # no window left open by an earlier test's short query
     scan = [request(rng.integers(1000, 2000, 100), [7, 9]) for _ in range(12)]
     prompts = [request(rng.integers(2000, 3000, 20), [7, 9]) for _ in range(2)]
     works = {"scan": QueryWork(), "generate": QueryWork()}
@@ -218,7 +218,6 @@ def test_a_short_job_rides_short_passes_beside_a_scan(runtime, monkeypatch):
     monkeypatch.setattr(scheduler, "SHORT_WINDOW_S", 600.0)
     rng = np.random.default_rng(9)
     small = runtime.variant("quail", token_budget=256)
-    small.scheduler._short_until = 0.0  # no window left open by an earlier test's short query
     scan = [request(rng.integers(1000, 2000, 30), [7, 9]) for _ in range(40)]
     short = [request(rng.integers(2000, 3000, 20), [7, 9]) for _ in range(5)]
     works = {"scan": QueryWork(), "short": QueryWork()}
