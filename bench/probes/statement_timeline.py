@@ -5,7 +5,8 @@
 
 Runs `quail serve` (through this module, which first wraps the functions of
 SPANS with timers: each call's start and end and its thread; a generator's
-each item; the interpreter's garbage collections), ingests `--reviews`
+each item; the interpreter's garbage collections; where the device's owner loop stands, sampled every
+millisecond: `@ file:line function`, summed as spans), ingests `--reviews`
 reviews over ADBC and waits for their tokenizing, runs a `--warm-rows`-row
 statement (with `--as-phase-b`, as server_load's A, F and G: it, it again, and
 another question over its rows) and ten short ones to warm up, then `--statements` statements of `--rows`
@@ -14,7 +15,7 @@ phase B (with `--beside-rows`, beside a long statement started before them,
 as its phase E; with `--new-questions` and a `--gap` past the scheduler's short
 window, as its E_firsts: each a question not asked before). Writes a text file: the spans of `--show` statements (start ms, end
 ms, duration ms, thread, span; times from the statement's
-CreatePreparedStatement, spans under 0.01 ms left out), then each span's
+CreatePreparedStatement, spans under 0.01 ms and samples of one place under 2 ms in a row left out), then each span's
 median total per statement over the second half of the statements (with the
 time from a statement's answers to the client's next prepare, from its job
 handed to the scheduler to the start of the next pass's filling, and from
@@ -53,6 +54,7 @@ ANSWERS, AFTER = "Scoring.read", "from its answers to the next prepare"  # the t
 BESIDE_DELAY_S = 2.0  # from the statement beside to the first measured one (its first passes under way)
 QUEUED = "PassScheduler.run"  # a job handed to the scheduler
 PASSES = ("PassScheduler._pass", "PassScheduler._inner_pass")  # a pass being filled (or one cut into it)
+SAMPLED, SAMPLE, SAMPLE_S = "quail-scheduler", "@ ", 0.001  # the sampled thread, its samples' prefix, period
 WAITED, COMPUTED = "from its job queued to its pass filled", "from its pass filled to its answers"
 
 SPANS: list[tuple[str, str | None, list[str]]] = [  # module, class (None: the module's functions), functions
@@ -109,6 +111,32 @@ def _timed(fn: Callable, name: str, events: list) -> Callable:
     return call
 
 
+def _where(frame: Any) -> str:
+    """Where a sampled thread stands: its innermost frame in Quail's code, and the innermost frame of all
+    (a library's call it waits in) where that is another."""
+    inner, ours = frame, None
+    while frame is not None and ours is None:
+        if frame.f_globals.get("__name__", "").startswith("quail."):
+            ours = frame
+        frame = frame.f_back
+
+    def name(f: Any) -> str:
+        return f"{Path(f.f_code.co_filename).name}:{f.f_lineno} {f.f_code.co_name}"
+    return name(ours or inner) + ("" if ours is None or ours is inner else f" < {name(inner)}")
+
+
+def _sample(events: list) -> None:
+    """Every SAMPLE_S, where the device's owner loop stands (`SAMPLED`), as a span of SAMPLE_S named
+    SAMPLE + its place: summed per statement, each place's share of the loop's time (waits included)."""
+    while True:
+        time.sleep(SAMPLE_S)
+        threads = {thread.ident: thread.name for thread in threading.enumerate() if thread.name == SAMPLED}
+        now = time.perf_counter()
+        for ident, frame in sys._current_frames().items():
+            if ident in threads:
+                events.append((SAMPLE + _where(frame), threads[ident], now - SAMPLE_S, now))
+
+
 def _traced_serve(argv: list[str]) -> int:
     """`quail serve` with SPANS timed and collections recorded; the spans written to $QUAIL_TIMELINE_EVENTS
     as it exits."""
@@ -130,9 +158,25 @@ def _traced_serve(argv: list[str]) -> int:
                            time.perf_counter()))
 
     gc.callbacks.append(collected)
+    threading.Thread(target=_sample, args=(events,), name="timeline-sampler", daemon=True).start()
     atexit.register(lambda: Path(os.environ[EVENTS_ENV]).write_text(json.dumps(events)))
     from quail.cli import main
     return main(argv)
+
+
+def _merged_samples(events: list) -> list:
+    """The events, each run of samples of one place in a row on one thread as one span (a sample apart)."""
+    out, last = [], {}
+    for event in sorted(events, key=lambda e: e[2]):
+        name, thread, t0, t1 = event
+        before = last.get(thread)
+        if name.startswith(SAMPLE) and before is not None and before[0] == name and t0 - before[3] < SAMPLE_S:
+            out[before[4]] = last[thread] = (name, thread, before[2], t1, before[4])
+            continue
+        if name.startswith(SAMPLE):
+            last[thread] = (name, thread, t0, t1, len(out))
+        out.append(event)
+    return [event[:4] for event in out]
 
 
 def timeline(events: list, count: int, show: int) -> str:
@@ -142,7 +186,7 @@ def timeline(events: list, count: int, show: int) -> str:
 
     - A span counts toward the statement it starts in, up to that statement's end: a pass of a statement
       beside that runs on past it is not charged to this one in full."""
-    events = sorted(events, key=lambda e: e[2])
+    events = sorted(_merged_samples(events), key=lambda e: e[2])
     plans = [e[2] for e in events if e[0] == PLAN]
     starts = [e[2] for e in events if e[0] == PREPARE and any(e[2] <= p <= e[3] for p in plans)][-count:]
     half = range(len(starts) // 2, len(starts) - 1)
@@ -163,7 +207,7 @@ def timeline(events: list, count: int, show: int) -> str:
                     queued.setdefault(thread, t0)
                 if name in PASSES:
                     passes.append(t0)
-                if k < half.start + show and t1 - t0 >= 1e-5:
+                if k < half.start + show and t1 - t0 >= (2 * SAMPLE_S if name.startswith(SAMPLE) else 1e-5):
                     lines.append(f"{(t0 - begin) * 1000:8.2f} {(t1 - begin) * 1000:8.2f} {(t1 - t0) * 1000:7.2f}  "
                                  f"{thread[:18]:18s} {name}")
         sums["cycle"] = (end - begin) * 1000
