@@ -5,8 +5,8 @@
 
 Runs `quail serve` (through this module, which first wraps the functions of
 SPANS with timers: each call's start and end and its thread; a generator's
-each item; the interpreter's garbage collections; where the device's owner loop stands, sampled every
-millisecond: `@ file:line function`, summed as spans), ingests `--reviews`
+each item; the interpreter's garbage collections; where the device's owner loop stands, and each other
+thread not waiting, sampled every millisecond: `@ file:line function`, summed as spans), ingests `--reviews`
 reviews over ADBC and waits for their tokenizing, runs a `--warm-rows`-row
 statement (with `--as-phase-b`, as server_load's A, F and G: it, it again, and
 another question over its rows) and ten short ones to warm up, then `--statements` statements of `--rows`
@@ -54,7 +54,10 @@ ANSWERS, AFTER = "Scoring.read", "from its answers to the next prepare"  # the t
 BESIDE_DELAY_S = 2.0  # from the statement beside to the first measured one (its first passes under way)
 QUEUED = "PassScheduler.run"  # a job handed to the scheduler
 PASSES = ("PassScheduler._pass", "PassScheduler._inner_pass")  # a pass being filled (or one cut into it)
-SAMPLED, SAMPLE, SAMPLE_S = "quail-scheduler", "@ ", 0.001  # the sampled thread, its samples' prefix, period
+SAMPLED, SAMPLE, SAMPLE_S = "quail-scheduler", "@ ", 0.001  # the owner loop's thread, samples' prefix, period
+WAITS = {"wait", "_wait_once", "_wait", "get", "select", "poll", "sleep", "acquire", "_acquire_restore", "accept",
+         "readline", "read", "recv", "_recv", "result", "next", "__next__", "_next", "_reached", "synchronize",
+         "_worker", "_loop", "serve", "_serve", "wait_for", "_wait_for_tstate_lock", "join", "_handle_call"}
 WAITED, COMPUTED = "from its job queued to its pass filled", "from its pass filled to its answers"
 
 SPANS: list[tuple[str, str | None, list[str]]] = [  # module, class (None: the module's functions), functions
@@ -126,15 +129,19 @@ def _where(frame: Any) -> str:
 
 
 def _sample(events: list) -> None:
-    """Every SAMPLE_S, where the device's owner loop stands (`SAMPLED`), as a span of SAMPLE_S named
-    SAMPLE + its place: summed per statement, each place's share of the loop's time (waits included)."""
+    """Every SAMPLE_S, where the device's owner loop stands (`SAMPLED`), and each other thread not waiting
+    (its innermost frame not one of WAITS: running Python, or in a call that may hold the interpreter's
+    lock), as a span of SAMPLE_S named SAMPLE + its place: summed per statement, each place's share of the
+    thread's time (the owner loop's waits included)."""
+    me = threading.get_ident()
     while True:
         time.sleep(SAMPLE_S)
-        threads = {thread.ident: thread.name for thread in threading.enumerate() if thread.name == SAMPLED}
+        threads = {thread.ident: thread.name for thread in threading.enumerate()}
         now = time.perf_counter()
         for ident, frame in sys._current_frames().items():
-            if ident in threads:
-                events.append((SAMPLE + _where(frame), threads[ident], now - SAMPLE_S, now))
+            name = threads.get(ident, "?")
+            if ident != me and (name == SAMPLED or frame.f_code.co_name not in WAITS):
+                events.append((SAMPLE + _where(frame), name, now - SAMPLE_S, now))
 
 
 def _traced_serve(argv: list[str]) -> int:
