@@ -49,7 +49,6 @@ from bench.server_load import QUESTIONS, Counters, run, statement
 from quail.clients.server_process import ServerProcess, free_port
 
 EVENTS_ENV = "QUAIL_TIMELINE_EVENTS"  # where the traced server writes its spans as it exits
-SWITCH_ENV = "QUAIL_TIMELINE_SWITCH_S"  # the traced server's thread switch interval (sys.setswitchinterval)
 PREPARE, PLAN = "FlightSQLHandler.do_action", "QueryService.plan"  # a statement starts at the prepare that plans
 ANSWERS, AFTER = "Scoring.read", "from its answers to the next prepare"  # the tail after the device's work
 BESIDE_DELAY_S = 2.0  # from the statement beside to the first measured one (its first passes under way)
@@ -166,8 +165,6 @@ def _traced_serve(argv: list[str]) -> int:
                            time.perf_counter()))
 
     gc.callbacks.append(collected)
-    if os.environ.get(SWITCH_ENV):
-        sys.setswitchinterval(float(os.environ[SWITCH_ENV]))
     threading.Thread(target=_sample, args=(events,), name="timeline-sampler", daemon=True).start()
     atexit.register(lambda: Path(os.environ[EVENTS_ENV]).write_text(json.dumps(events)))
     from quail.cli import main
@@ -260,16 +257,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gap", type=float, default=0.0,
                     help="seconds between the measured statements (past the scheduler's short window, each finds "
                          "the passes of the statement beside as they are alone)")
-    ap.add_argument("--switch-interval", type=float, default=None,
-                    help="the server's thread switch interval, seconds (sys.setswitchinterval; Python's 0.005)")
     ap.add_argument("serve_args", nargs="*", help="after --: arguments for quail serve")
     args = ap.parse_args(argv)
     metrics = free_port()
     with tempfile.TemporaryDirectory() as data:
         events_path = Path(data) / "events.json"
         os.environ[EVENTS_ENV] = str(events_path)
-        if args.switch_interval is not None:
-            os.environ[SWITCH_ENV] = str(args.switch_interval)
         with ServerProcess(Path(data) / "tables", "--metrics-port", str(metrics), *args.serve_args,
                            module="bench.probes.statement_timeline") as server:
             with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
@@ -298,7 +291,6 @@ def main(argv: list[str] | None = None) -> None:
     besides += ", each a new question" if args.new_questions else ""
     besides += f", {args.gap} s apart" if args.gap else ""
     besides += " (warmed up as server_load's phases A, F and G)" if args.as_phase_b else ""
-    besides += f", switch interval {args.switch_interval} s" if args.switch_interval is not None else ""
     head = (f"quail serve {' '.join(args.serve_args)}: {args.statements} statements of {args.rows} rows one after "
             f"another on one ADBC connection{besides};\nstart ms, end ms, duration ms, thread, span, from each "
             f"statement's CreatePreparedStatement\n\n")
