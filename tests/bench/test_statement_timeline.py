@@ -8,7 +8,8 @@ from bench.probes import statement_timeline
 
 def test_the_probe_lists_a_statements_spans_and_their_medians_beside_a_long_one(tmp_path):
     """Beside a long statement, new questions (a new shape each, as server_load's E_firsts) 0.1 s apart: each
-    statement's spans in order, each cycle holding the gap after it, the spans' medians slowest first."""
+    statement's spans in order, each cycle holding the gap after it, the spans' medians slowest first, the
+    threads' sampled places among them."""
     out = tmp_path / "timeline.txt"
     statement_timeline.main(["--out", str(out), "--reviews", "200", "--row-tokens", "16", "--rows", "2",
                              "--statements", "6", "--warm-rows", "6", "--beside-rows", "60", "--new-questions",
@@ -28,6 +29,7 @@ def test_the_probe_lists_a_statements_spans_and_their_medians_beside_a_long_one(
     listed_ms = [float(line.split()[0]) for line in table]
     assert listed_ms == sorted(listed_ms, reverse=True), "slowest first"
     assert "cycle" in [line.split()[-1] for line in table]
+    assert any("  @ " in line and ".py:" in line for line in table), "where the threads stood, sampled and summed"
     assert "client p50" in text
     assert statement_timeline.WAITED in medians and statement_timeline.COMPUTED in medians
 
