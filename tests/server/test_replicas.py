@@ -18,9 +18,9 @@ import pytest
 
 from quail.clients.server_process import ServerProcess, free_port, metric_samples
 
-REVIEWS = pa.table({"id": list(range(12)),
+REVIEWS = pa.table({"id": list(range(8)),
                     "body": [f"Review {i}: the soup was {'cold' if i % 2 else 'hot'} and the staff "
-                             f"{'rude' if i % 3 else 'kind'}; we paid {i % 40 + 10} euros." for i in range(12)]})
+                             f"{'rude' if i % 3 else 'kind'}; we paid {i % 40 + 10} euros." for i in range(8)]})
 TOPICS = pa.table({"id": list(range(6)), "topic": ["food", "service", "price", "noise", "a film", "weather"]})
 QUERIES = [
     "SELECT id, AI_SCORE(PROMPT('How positive is {0}?', body)) AS s FROM reviews ORDER BY id",
