@@ -279,7 +279,7 @@ os._exit(1)  # no end of stream
     with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("SELECT count(*) AS n FROM kept")
         assert cur.fetch_arrow_table().to_pylist() == [{"n": TOPICS.num_rows}]
-SHARED_ROWS = 10  # each statement's
+SHARED_ROWS = 5  # each statement's
 SHARED = [f"SELECT id, AI_SCORE(PROMPT('Is {{0}} {word}?', body)) AS p, AI_FILTER(PROMPT('Does {{0}} mention "
           f"the staff?', body)) AS staff FROM reviews WHERE id BETWEEN {k} AND {k + SHARED_ROWS - 1} ORDER BY id"
           for k, word in [(0, "kind"), (40, "angry"), (80, "about food"), (120, "short"), (160, "polite"),
