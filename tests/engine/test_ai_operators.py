@@ -12,7 +12,7 @@ import pytest
 from quail.engine.ai.asking import Question, build_requests, yes_probabilities
 
 STEP = [None if i == 5 else f"Visit {i % 4}: {'the room was cold' if i % 3 else 'lovely staff'} ({i})."
-        for i in range(60)]
+        for i in range(30)]
 COMPLAINT = Question("Is {0} a complaint?")
 
 
@@ -31,7 +31,7 @@ def test_a_step_in_parts_answers_as_one_call(runtime, alone, monkeypatch, strate
     rows none; quail takes them in two parts in the order of their anchor's text, the rest reaching the
     runtime (on a thread) before the head's passes are all queued, so the device need not wait for the host
     between them; a baseline in one call in table order."""
-    small = runtime.variant(strategy, token_budget=32 if strategy == "quail" else 1024)  # a baseline: one call anyway
+    small = runtime.variant(strategy, token_budget=24 if strategy == "quail" else 1024)  # a baseline: one call anyway
     launched, rest_came = [], threading.Event()
     launch = type(small).launch
 
