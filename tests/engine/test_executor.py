@@ -19,7 +19,7 @@ def test_filters_reranked_by_observed_selectivity_keep_the_rows(runtime):
 
     session = quail.Session(runtime=runtime.variant("quail"))
     session.runtime.decisions = "hash"
-    session.register("many", pa.table({"id": list(range(100)), "body": [f"Review {i} of a cafe." for i in range(100)]}))
+    session.register("many", pa.table({"id": list(range(72)), "body": [f"Review {i} of a cafe." for i in range(72)]}))
     sql = ("SELECT id FROM many WHERE AI_FILTER(PROMPT('Is {0} long?', body), {'selectivity': 0.9}) "
            "AND AI_FILTER(PROMPT('Is {0} rude?', body), {'selectivity': 0.1}) ORDER BY id")
     plan = session.sql(sql).plan

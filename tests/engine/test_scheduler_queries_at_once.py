@@ -128,7 +128,7 @@ def test_queries_at_once_over_the_same_documents_compute_each_document_once(runt
     the answers it gets alone."""
     rng = np.random.default_rng(11)
     preamble = rng.integers(1000, 2000, 6)
-    documents = [rng.integers(2000, 3000, 60) for _ in range(8)]
+    documents = [rng.integers(2000, 3000, 60) for _ in range(5)]
     asks = [[request(preamble, doc, [7, 10 + q, 9]) for doc in documents] for q in range(4)]
     small = runtime.variant("quail", token_budget=256)
     alone = []
