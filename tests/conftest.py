@@ -28,11 +28,20 @@ def runtime():
     return load_runtime()
 
 
+_KV_SHARING_MODULES_STARTED: set[str] = set()
+
+
 @pytest.fixture(autouse=True)
 def _no_kv_from_other_tests(request):
-    """Each test starts with an empty resident tree, so its token counts do not depend on test order."""
+    """Each test starts with an empty resident tree, so its token counts do not depend on test order. A module
+    whose tests check rows and answers only, never token counts or what is resident, may set
+    KV_SHARED_BY_ITS_TESTS = True: its first test starts with an empty tree, and each later one with the tree
+    the module's tests before it left (the same documents are not computed again for every test)."""
     if "runtime" in request.fixturenames:
-        request.getfixturevalue("runtime").runner.tree.clear()
+        module = request.module.__name__
+        if not getattr(request.module, "KV_SHARED_BY_ITS_TESTS", False) or module not in _KV_SHARING_MODULES_STARTED:
+            _KV_SHARING_MODULES_STARTED.add(module)
+            request.getfixturevalue("runtime").runner.tree.clear()
 
 
 @pytest.fixture(scope="module")

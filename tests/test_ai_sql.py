@@ -22,6 +22,8 @@ from quail.engine.exec.plan import AIFilterChain
 from quail.planner.planner import plan_sql
 from tests.sample_tables import ASPECTS, FILTER, JOIN, OPTS, REVIEWS, SELECTIVITY, decide
 
+KV_SHARED_BY_ITS_TESTS = True
+
 
 def rows(session, sql: str) -> list[tuple]:
     table = session.sql(sql).run().collect()
