@@ -73,7 +73,7 @@ def test_prompts_take_as_many_texts_as_fit_the_room(runtime):
 
 
 def test_ai_agg_over_groups_in_sql(session, runtime):
-    sql = (f"SELECT product, count(*) AS n, AI_AGG(body, '{LIST_THEM}', {{'max_tokens': 24}}) AS complaints "
+    sql = (f"SELECT product, count(*) AS n, AI_AGG(body, '{LIST_THEM}', {{'max_tokens': 12}}) AS complaints "
            "FROM reviews WHERE product IS NOT NULL GROUP BY product ORDER BY product")
     result = session.sql(sql).run()
     got = result.table.to_pylist()
@@ -82,19 +82,19 @@ def test_ai_agg_over_groups_in_sql(session, runtime):
         if row["product"] is not None:
             groups.setdefault(row["product"], []).append(row["body"])
     want = [{"product": p, "n": len(bodies),
-             "complaints": directly(runtime, LIST_THEM, sorted(b for b in bodies if b is not None), 24, 64)
+             "complaints": directly(runtime, LIST_THEM, sorted(b for b in bodies if b is not None), 12, 64)
              if any(bodies) else None} for p, bodies in sorted(groups.items())]
     assert got == want
     assert result.report.requests == 2, "one prompt per group with texts"
 
 
 def test_summarize_agg_after_a_limit(session, runtime):
-    sql = ("SELECT product, AI_SUMMARIZE_AGG(body, {'max_tokens': 40}) AS s FROM reviews GROUP BY product "
+    sql = ("SELECT product, AI_SUMMARIZE_AGG(body, {'max_tokens': 16}) AS s FROM reviews GROUP BY product "
            "ORDER BY product LIMIT 1")
     result = session.sql(sql).run()
     assert result.table.to_pylist() == [
         {"product": "kettle", "s": directly(runtime, SUMMARIZE, sorted(["Leaks from the lid.", "Boils fast, but loud.",
-                                                                         "Handle got hot."]), 40, 64)}]
+                                                                         "Handle got hot."]), 16, 64)}]
     assert result.report.requests == 1, "only the group returned is summarized"
 
 
