@@ -28,20 +28,24 @@ def runtime():
     return load_runtime()
 
 
-_KV_SHARING_MODULES_STARTED: set[str] = set()
-
-
 @pytest.fixture(autouse=True)
 def _no_kv_from_other_tests(request):
     """Each test starts with an empty resident tree, so its token counts do not depend on test order. A module
     whose tests check rows and answers only, never token counts or what is resident, may set
     KV_SHARED_BY_ITS_TESTS = True: its first test starts with an empty tree, and each later one with the tree
     the module's tests before it left (the same documents are not computed again for every test)."""
-    if "runtime" in request.fixturenames:
-        module = request.module.__name__
-        if not getattr(request.module, "KV_SHARED_BY_ITS_TESTS", False) or module not in _KV_SHARING_MODULES_STARTED:
-            _KV_SHARING_MODULES_STARTED.add(module)
-            request.getfixturevalue("runtime").runner.tree.clear()
+    if "runtime" not in request.fixturenames:
+        return
+    if getattr(request.module, "KV_SHARED_BY_ITS_TESTS", False):
+        request.getfixturevalue("_no_kv_from_other_modules")
+    else:
+        request.getfixturevalue("runtime").runner.tree.clear()
+
+
+@pytest.fixture(scope="module")
+def _no_kv_from_other_modules(runtime):
+    """The resident tree emptied once, as a module whose tests share it starts."""
+    runtime.runner.tree.clear()
 
 
 @pytest.fixture(scope="module")
