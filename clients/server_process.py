@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -31,11 +32,13 @@ def metric_samples(url: str, timeout: float = 30.0) -> dict[str, float]:
 
 class ServerProcess:
     """A server on a free loopback port over a data directory; a context manager. `module`: what runs
-    `serve` (`python -m module serve ...`; a probe that wraps the CLI)."""
+    `serve` (`python -m module serve ...`; a probe that wraps the CLI); `log`: a file its log (stderr) is
+    appended to, else this process's stderr."""
 
     def __init__(self, data_dir: str | Path, *extra_args: str, startup_timeout: float = 180.0,
-                 module: str = "quail.cli") -> None:
+                 module: str = "quail.cli", log: Path | None = None) -> None:
         self.data_dir = Path(data_dir)
+        self.log = log
         self.args = [sys.executable, "-m", module, "serve", "--port", "0", "--data-dir", str(self.data_dir),
                      *extra_args]
         self.startup_timeout = startup_timeout
@@ -44,8 +47,9 @@ class ServerProcess:
 
     def start(self) -> str:
         """Launch and wait for the ready line; returns the grpc:// URI."""
-        self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        with open(self.log, "a") if self.log is not None else contextlib.nullcontext() as log:
+            self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=log, text=True,
+                                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
         ready = threading.Event()
 
         def read_ready_line() -> None:

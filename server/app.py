@@ -134,13 +134,14 @@ class QuailServer:
         self._grpc.wait_for_termination()
 
     def close(self, timeout: float = EXIT_S) -> bool:
-        """After `wait`: give the calls' threads `timeout` seconds to end and release the data directory;
-        False when some thread was still running then."""
+        """After `wait`: give the cancelled statements and the calls' threads `timeout` seconds to end, then
+        release the data directory; False when some thread was still running then."""
         self.handler.cancel_all()
         self._executor.shutdown(wait=False, cancel_futures=True)
         if self.runtime.replicas is not None:
             self.runtime.replicas.stop()
         deadline = time.monotonic() + timeout
+        self.handler.wait_ended(deadline)  # the cancelled statements let go of the database before it closes
         for thread in threading.enumerate():
             if thread is not threading.current_thread() and not thread.daemon:
                 thread.join(max(0.0, deadline - time.monotonic()))

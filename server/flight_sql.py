@@ -88,6 +88,12 @@ class FlightSQLHandler(Actions):
         for running in self.statements.running().values():
             running.work.cancel()
 
+    def wait_ended(self, deadline: float) -> None:
+        """Until no statement runs (each cancelled one stops within a forward pass or a DuckDB interrupt), or
+        `deadline` (time.monotonic()) passes."""
+        while self.statements.running() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def close(self) -> None:
         """Roll back the transactions still open (the server has stopped)."""
         self.connections.close_all()
