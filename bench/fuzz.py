@@ -336,9 +336,11 @@ class Fuzzer:
             self.outcome.note("internal", name, f"{got}, not one of {sorted(allowed)}")
 
     def run(self, seconds: float, ai_share: float = 0.05, mutate_share: float = 0.5,
-            hostile_share: float = 0.01) -> Outcome:
+            hostile_share: float = 0.01, statements: int | None = None) -> Outcome:
+        """Statements drawn from the seed for `seconds`, or until `statements` have gone (the same ones on any
+        machine, however fast)."""
         end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        while time.monotonic() < end and (statements is None or self.outcome.statements < statements):
             if self.rng.random() < hostile_share:
                 self.hostile()
                 continue
