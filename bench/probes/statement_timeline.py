@@ -173,17 +173,19 @@ def _traced_serve(argv: list[str]) -> int:
 
 def _merged_samples(events: list) -> list:
     """The events, each run of samples of one place in a row on one thread as one span (a sample apart)."""
-    out, last = [], {}
-    for event in sorted(events, key=lambda e: e[2]):
-        name, thread, t0, t1 = event
-        before = last.get(thread)
-        if name.startswith(SAMPLE) and before is not None and before[0] == name and t0 - before[3] < SAMPLE_S:
-            out[before[4]] = last[thread] = (name, thread, before[2], t1, before[4])
+    out: list = []
+    last: dict[str, int] = {}  # each thread's latest sample, by its index in `out`
+    for name, thread, t0, t1 in sorted(events, key=lambda e: e[2]):
+        if not name.startswith(SAMPLE):
+            out.append((name, thread, t0, t1))
             continue
-        if name.startswith(SAMPLE):
-            last[thread] = (name, thread, t0, t1, len(out))
-        out.append(event)
-    return [event[:4] for event in out]
+        k = last.get(thread)
+        if k is not None and out[k][0] == name and t0 - out[k][3] < SAMPLE_S:
+            out[k] = (name, thread, out[k][2], t1)
+        else:
+            last[thread] = len(out)
+            out.append((name, thread, t0, t1))
+    return out
 
 
 def timeline(events: list, count: int, show: int) -> str:
