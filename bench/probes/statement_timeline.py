@@ -3,24 +3,21 @@
     python -m bench.probes.statement_timeline --out bench/results/<date>-<device>-statement-timeline-<sha>.txt \\
         -- --model dummy:qwen3-4b --tokenizer .offline/tokenizer --device cuda --precision bf16 --token-budget 16384
 
-Runs `quail serve` (through this module, which first wraps the functions of
-SPANS with timers: each call's start and end and its thread; a generator's
-each item; the interpreter's garbage collections; where the device's owner loop stands, and each other
-thread not waiting, sampled every millisecond: `@ file:line function`, summed as spans), ingests `--reviews`
-reviews over ADBC and waits for their tokenizing, runs a `--warm-rows`-row
-statement (with `--as-phase-b`, as server_load's A, F and G: it, it again, and
-another question over its rows) and ten short ones to warm up, then `--statements` statements of `--rows`
-rows one after another on one ADBC connection, as bench/server_load.py's
-phase B (with `--beside-rows`, beside a long statement started before them,
-as its phase E; with `--new-questions` and a `--gap` past the scheduler's short
-window, as its E_firsts: each a question not asked before). Writes a text file: the spans of `--show` statements (start ms, end
-ms, duration ms, thread, span; times from the statement's
-CreatePreparedStatement, spans under 0.01 ms and samples of one place under 2 ms in a row left out), then each span's
-median total per statement over the second half of the statements (with the
-time from a statement's answers to the client's next prepare, from its job
-handed to the scheduler to the start of the next pass's filling, and from
-there to its answers), and the client's median latency. The timers cost microseconds a call: compare such
-timelines with each other, not with the benchmark's figures.
+Runs `quail serve` (through this module, which first wraps the functions of SPANS with timers: each call's
+start and end and its thread; a generator's each item; the interpreter's garbage collections; where the
+device's owner loop stands, and each other thread not waiting, sampled every millisecond: `@ file:line
+function`, summed as spans), ingests `--reviews` reviews over ADBC and waits for their tokenizing, runs a
+`--warm-rows`-row statement (with `--as-phase-b`, as server_load's A, F and G: it, it again, and another
+question over its rows) and ten short ones to warm up, then `--statements` statements of `--rows` rows one
+after another on one ADBC connection, as bench/server_load.py's phase B (with `--beside-rows`, beside a long
+statement started before them, as its phase E; with `--new-questions` and a `--gap` past the scheduler's short
+window, as its E_firsts: each a question not asked before). Writes a text file: the spans of `--show`
+statements (start ms, end ms, duration ms, thread, span; times from the statement's CreatePreparedStatement,
+spans under 0.01 ms and samples of one place under 2 ms in a row left out), then each span's median total per
+statement over the second half of the statements (with the time from a statement's answers to the client's
+next prepare, from its job handed to the scheduler to the start of the next pass's filling, and from there to
+its answers), and the client's median latency. The timers cost microseconds a call: compare such timelines
+with each other, not with the benchmark's figures.
 """
 
 from __future__ import annotations
