@@ -70,6 +70,7 @@ SPANS: list[tuple[str, str | None, list[str]]] = [  # module, class (None: the m
     ("quail.engine.runtime.runtime", "Runtime", ["segments", "launch", "forget"]),
     ("quail.engine.runtime.runtime", "Scoring", ["read"]),
     ("quail.engine.runtime.scheduler", "PassScheduler", ["run", "_pass", "_inner_pass", "_forward"]),
+    ("quail.engine.runtime.pacing", "Pacing", ["wait"]),
     ("quail.engine.runtime.tree_job", "TreeJob", ["__init__", "fill", "rows", "take"]),
     ("quail.engine.runtime.tree_job", "_Hold", ["claim", "release"]),
     ("quail.engine.runtime.tree_job", None, ["_roots"]),
@@ -82,6 +83,9 @@ SPANS: list[tuple[str, str | None, list[str]]] = [  # module, class (None: the m
     ("quail.engine.kernels.attention", None, ["_buckets", "_packed", "_run_arrays", "query_blocks", "on_device",
                                               "on_device_all"]),
 ]
+NAMED: dict[str, Callable[..., str]] = {  # a span's name given what it was called with
+    "Pacing.wait": lambda pacing: f"Pacing.wait lead {pacing.lead}",  # the layers the host queues ahead
+}
 
 
 def _timed(fn: Callable, name: str, events: list) -> Callable:
@@ -103,11 +107,11 @@ def _timed(fn: Callable, name: str, events: list) -> Callable:
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any):
-        start = time.perf_counter()
+        start, named = time.perf_counter(), NAMED[name](*args) if name in NAMED else name
         try:
             return fn(*args, **kwargs)
         finally:
-            events.append((name, threading.current_thread().name, start, time.perf_counter()))
+            events.append((named, threading.current_thread().name, start, time.perf_counter()))
     return call
 
 
