@@ -7,8 +7,8 @@
 - When the next pass is filled (`Pacing`): while the device runs the last layers of the one before, so a
   query arriving during a pass joins the next; a short statement or a decode step arriving while the loop
   queues a pass cuts into it at a point the runner offers between two layers (`ModelRunner.passing`), the
-  host queuing at most AHEAD_LAYERS ahead of the device until the pass's mark (`_CutIn`). The rule of the
-  lead is pacing.py's.
+  host queuing at most AHEAD_LAYERS ahead of the device until the pass's mark, and through a long pass's
+  every layer, the last of the pass before it counted (`_CutIn`). The rule of the lead is pacing.py's.
 - It drives the model runner it is given (`Runner`); the runner knows nothing of it.
 - How long a pass may be while short or decoding jobs wait (`pass_tokens`, DECODE_PASS_TOKENS).
 - Beside it: what fits a pass (packing.py), the quail strategy's order of a step's requests
@@ -159,13 +159,21 @@ class _CutIn:
     """Bounded jobs (short statements, decode steps) that came while the owner loop queues a pass, in a pass
     of their own between two of its layers, as long as the passes cut in hold fewer tokens than the pass
     around them (`tokens`): it keeps at least about half of the device. While one may still cut in, the
-    host queues the pass's layers before its mark at most AHEAD_LAYERS ahead of the device, so what cuts in
-    waits for about that many layers, not for the pass (from the mark on, the host queues the rest and
-    fills the next pass while the device runs them: `Pacing`)."""
+    host queues the pass's layers at most AHEAD_LAYERS ahead of the device, so what cuts in waits for about
+    that many layers, not for a pass:
+
+    - a pass of at most SHORT_PASS_TOKENS: its layers before its mark (from the mark on, the host queues
+      the rest and fills the next pass while the device runs them: `Pacing`);
+    - a longer one (`before`: the pass queued before it): every layer, its first ones counted after the
+      last of the pass before. A lead grown past AHEAD_LAYERS (after passes the host filled late) would
+      otherwise leave most of a long pass queued at once, and a statement cutting in behind it waiting
+      about that long (bench/GPU_NOTES.md); the host fills the next pass with AHEAD_LAYERS left to run."""
 
     def __init__(self, loop: "PassScheduler", queue: list[_Waiting], came: int, tokens: int,
-                 events: PassEvents | None) -> None:
+                 events: PassEvents | None, before: PassEvents | None = None) -> None:
         self.loop, self.queue, self.came, self.left, self.events = loop, queue, came, tokens, events
+        self.long = tokens > SHORT_PASS_TOKENS
+        self.before = before if before is not None and len(before.layers) > AHEAD_LAYERS else None
         self.seconds = 0.0  # the host's time in the passes cut in (on the CPU, the device's)
 
     def through(self, passing: Generator[tuple[int, Aside], None, Result]) -> Result:
@@ -185,8 +193,10 @@ class _CutIn:
         events = self.events
         if events is not None:
             events.layer_queued()
-            if AHEAD_LAYERS <= layer < events.mark:
+            if AHEAD_LAYERS <= layer and (layer < events.mark or self.long):
                 events.reach_layer(layer - AHEAD_LAYERS)
+            elif layer < AHEAD_LAYERS and self.long and self.before is not None:
+                self.before.reach_layer(len(self.before.layers) - AHEAD_LAYERS + layer)
         if self.loop._bounded_came != self.came:
             with aside():
                 self.run()
@@ -234,8 +244,9 @@ class PassScheduler:
     the rest of the layers, so a short statement waits for the layers already
     queued, not for a pass; as long as the passes cut in hold fewer tokens
     than the pass around them, which keeps about half of the device. On CUDA
-    the loop queues a pass's layers before its mark at most AHEAD_LAYERS ahead
-    of the device meanwhile, so those are few. For
+    the loop queues a pass's layers before its mark (a long pass's, all of
+    them) at most AHEAD_LAYERS ahead of the device meanwhile, so those are
+    few. For
     SHORT_WINDOW_S after a job that bounds its passes arrived beside another
     query's, every pass holds at most SHORT_PASS_TOKENS, so the next short
     statement of a burst (a dashboard's) finds a short pass in flight. Before
@@ -331,7 +342,7 @@ class PassScheduler:
             return 0
         events = self.runner.pass_events(self.pacing.mark)
         began = time.perf_counter()
-        cut_in = _CutIn(self, queue, self._came_before, tokens, events)
+        cut_in = _CutIn(self, queue, self._came_before, tokens, events, self.pacing.last)
         result = self._forward(live, groups, events, cut_in)
         if result is None:
             self.pacing.idle = True
