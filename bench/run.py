@@ -16,10 +16,8 @@ import argparse
 import datetime as dt
 import importlib.metadata
 import json
-import os
 import platform
 import re
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -36,6 +34,7 @@ from quail.engine.runtime.runtime import Runtime
 from quail.planner.cost import DEVICES
 
 from .baselines import hf_strategy
+from .provenance import device_name, git_commit
 from .datagen import CORPORA, Workload, generate
 
 QUERY_DIR = Path(__file__).parent / "queries"
@@ -134,18 +133,6 @@ def write_json(path: Path, doc: dict) -> Path:
     return path
 
 
-def git_commit() -> str:
-    """The commit of the code that runs: QUAIL_GIT_COMMIT where set (bench/gpu_run.sh sets the commit the wheels
-    were built from), else the checkout's HEAD, else 'unknown'."""
-    if os.environ.get("QUAIL_GIT_COMMIT"):
-        return os.environ["QUAIL_GIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for package in ["torch", "transformers", "pyarrow", "duckdb", "sqlglot", "tokenizers", "quail-server"]:
@@ -154,14 +141,6 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             out[package] = "absent"
     return out
-
-
-def device_name(device: str) -> str:
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.get_device_name(0)
-    return f"CPU ({platform.processor() or platform.machine()})"
 
 
 def short_device(name: str) -> str:

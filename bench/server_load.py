@@ -59,6 +59,7 @@ import adbc_driver_flightsql.dbapi as flight_sql
 import pyarrow as pa
 
 from bench.datagen import numbered_reviews
+from bench.provenance import device_name, git_commit
 from quail.clients.server_process import ServerProcess, free_port
 
 QUESTIONS = ["Does the review {0} complain about the service?", "Is {0} about the food?",
@@ -275,7 +276,9 @@ def main(argv: list[str] | None = None) -> None:
             reviews = numbered_reviews(args.reviews, args.tokens)  # in batches: a message stays under 16 MiB
             cur.adbc_ingest("reviews", pa.Table.from_batches(reviews.to_batches(max_chunksize=INGEST_ROWS)),
                             mode="create")
-        result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(), "serve_args": serve_args,
+        device = serve_args[serve_args.index("--device") + 1] if "--device" in serve_args[:-1] else "cpu"
+        result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(), "device": device_name(device),
+                  "git_commit": git_commit(), "serve_args": serve_args,
                   "command": "python -m bench.server_load " + " ".join(argv), **vars(args),
                   "phases": workload(server.uri, Counters(port), args)}
     text = json.dumps(result, indent=1)

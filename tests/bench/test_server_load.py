@@ -14,7 +14,9 @@ def test_every_phase_runs_and_reads_the_servers_counters(tmp_path):
     server_load.main(["--reviews", "200", "--tokens", "16", "--a-rows", "12", "--b-statements", "2", "--rows", "3",
                       "--clients", "2", "--d-rows", "4", "--e-rows", "24", "--e-statements", "2", "--e-delay", "0.5",
                       "--flush-rows", "6", "--firsts", "2", "--first-gap", "0.1", "--out", str(out)])
-    phases = json.loads(out.read_text())["phases"]
+    result = json.loads(out.read_text())
+    assert result["device"].startswith("CPU") and result["git_commit"]  # where the figures came from
+    phases = result["phases"]
     assert set(phases) == {"A", "B", "C", "D", "E_idle", "E", "F", "G", "F_late", "G_late", "E_idle_firsts", "E_firsts",
                            "flush", "F_flushed"}
     firsts, idle = phases.pop("E_firsts"), phases.pop("E_idle_firsts")  # latencies alone, no counters
