@@ -7,8 +7,9 @@
 - When the next pass is filled (`Pacing`): while the device runs the last layers of the one before, so a
   query arriving during a pass joins the next; a short statement or a decode step arriving while the loop
   queues a pass cuts into it at a point the runner offers between two layers (`ModelRunner.passing`), the
-  host queuing at most AHEAD_LAYERS ahead of the device until the pass's mark, and through a long pass's
-  every layer, the last of the pass before it counted (`_CutIn`). The rule of the lead is pacing.py's.
+  host queuing at most a few layers ahead of the device (`layers_ahead`) until the pass's mark, and through
+  a long pass's every layer, the last of the pass before it counted (`_CutIn`). The rule of the lead is
+  pacing.py's.
 - It drives the model runner it is given (`Runner`); the runner knows nothing of it.
 - How long a pass may be while short or decoding jobs wait (`pass_tokens`, DECODE_PASS_TOKENS).
 - Beside it: what fits a pass (packing.py), the quail strategy's order of a step's requests
@@ -153,27 +154,44 @@ class _Waiting:
 
 
 AHEAD_LAYERS = 6  # layers of a pass the host queues ahead of the device (CUDA), up to the pass's mark (Pacing)
+AHEAD_TOKEN_LAYERS = 32_768  # a long pass's tokens times the layers queued ahead: about a set share of the device's
+
+
+def layers_ahead(tokens: int) -> int:
+    """How many layers of a pass of `tokens` the host queues ahead of the device while work may cut in.
+
+    - A short pass (at most SHORT_PASS_TOKENS): AHEAD_LAYERS, up to its mark (`_CutIn`).
+    - A long one: as many as hold about AHEAD_TOKEN_LAYERS tokens, at least two and at most AHEAD_LAYERS,
+      so what cuts in waits about as long whatever the pass's size.
+
+    >>> [layers_ahead(tokens) for tokens in (512, 2048, 4096, 8000, 16384, 65536)]
+    [6, 6, 6, 5, 2, 2]
+    """
+    return AHEAD_LAYERS if tokens <= SHORT_PASS_TOKENS else min(AHEAD_LAYERS, max(2, -(-AHEAD_TOKEN_LAYERS // tokens)))
 
 
 class _CutIn:
     """Bounded jobs (short statements, decode steps) that came while the owner loop queues a pass, in a pass
     of their own between two of its layers, as long as the passes cut in hold fewer tokens than the pass
     around them (`tokens`): it keeps at least about half of the device. While one may still cut in, the
-    host queues the pass's layers at most AHEAD_LAYERS ahead of the device, so what cuts in waits for about
-    that many layers, not for a pass:
+    host queues the pass's layers at most a few ahead of the device (`ahead`), so what cuts in waits for
+    about that many layers, not for a pass:
 
-    - a pass of at most SHORT_PASS_TOKENS: its layers before its mark (from the mark on, the host queues
-      the rest and fills the next pass while the device runs them: `Pacing`);
+    - a pass of at most SHORT_PASS_TOKENS: its layers before its mark, AHEAD_LAYERS ahead (from the mark
+      on, the host queues the rest and fills the next pass while the device runs them: `Pacing`);
     - a longer one (`before`: the pass queued before it): every layer, its first ones counted after the
-      last of the pass before. A lead grown past AHEAD_LAYERS (after passes the host filled late) would
-      otherwise leave most of a long pass queued at once, and a statement cutting in behind it waiting
-      about that long (bench/GPU_NOTES.md); the host fills the next pass with AHEAD_LAYERS left to run."""
+      last of the pass before, `layers_ahead` of them (two of a pass of 16,384 tokens): about as long a
+      wait whatever the pass's size. A lead grown past them
+      (after passes the host filled late) would otherwise leave most of a long pass queued at once, and a
+      statement cutting in behind it waiting about that long (bench/GPU_NOTES.md); the host fills the next
+      pass with those layers left to run."""
 
     def __init__(self, loop: "PassScheduler", queue: list[_Waiting], came: int, tokens: int,
                  events: PassEvents | None, before: PassEvents | None = None) -> None:
         self.loop, self.queue, self.came, self.left, self.events = loop, queue, came, tokens, events
         self.long = tokens > SHORT_PASS_TOKENS
-        self.before = before if before is not None and len(before.layers) > AHEAD_LAYERS else None
+        self.ahead = layers_ahead(tokens)
+        self.before = before if before is not None and len(before.layers) > self.ahead else None
         self.seconds = 0.0  # the host's time in the passes cut in (on the CPU, the device's)
 
     def through(self, passing: Generator[tuple[int, Aside], None, Result]) -> Result:
@@ -186,17 +204,18 @@ class _CutIn:
             self.at(layer, aside)
 
     def at(self, layer: int, aside: Aside) -> None:
-        """The host reached `layer` of the pass: it waits for the device to start the layer AHEAD_LAYERS
-        before it, then the jobs that came meanwhile cut in (with the pass's buffers set `aside`)."""
+        """The host reached `layer` of the pass: it waits for the device to start the layer `ahead` before
+        it, then the jobs that came meanwhile cut in (with the pass's buffers set `aside`)."""
         if self.left <= 0:
             return
         events = self.events
         if events is not None:
             events.layer_queued()
-            if AHEAD_LAYERS <= layer and (layer < events.mark or self.long):
-                events.reach_layer(layer - AHEAD_LAYERS)
-            elif layer < AHEAD_LAYERS and self.long and self.before is not None:
-                self.before.reach_layer(len(self.before.layers) - AHEAD_LAYERS + layer)
+            ahead = self.ahead
+            if ahead <= layer and (layer < events.mark or self.long):
+                events.reach_layer(layer - ahead)
+            elif layer < ahead and self.long and self.before is not None:
+                self.before.reach_layer(len(self.before.layers) - ahead + layer)
         if self.loop._bounded_came != self.came:
             with aside():
                 self.run()
@@ -245,7 +264,7 @@ class PassScheduler:
     queued, not for a pass; as long as the passes cut in hold fewer tokens
     than the pass around them, which keeps about half of the device. On CUDA
     the loop queues a pass's layers before its mark (a long pass's, all of
-    them) at most AHEAD_LAYERS ahead of the device meanwhile, so those are
+    them) at most `layers_ahead` ahead of the device meanwhile, so those are
     few. For
     SHORT_WINDOW_S after a job that bounds its passes arrived beside another
     query's, every pass holds at most SHORT_PASS_TOKENS, so the next short

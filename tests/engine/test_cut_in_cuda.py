@@ -14,7 +14,7 @@ from quail.engine.model.decoder import Decoder  # noqa: E402
 from quail.engine.runtime.counters import Stats  # noqa: E402
 from quail.engine.runtime.model_runner import ModelRunner, go_on  # noqa: E402
 from quail.engine.runtime.packing import Row  # noqa: E402
-from quail.engine.runtime.scheduler import AHEAD_LAYERS, PassScheduler, _CutIn  # noqa: E402
+from quail.engine.runtime.scheduler import PassScheduler, _CutIn, layers_ahead  # noqa: E402
 
 CFG = ModelConfig("qwen3", vocab_size=512, hidden_size=512, num_layers=16, num_heads=8, num_kv_heads=2, head_dim=64,
                   intermediate_size=2048, rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True)
@@ -23,7 +23,7 @@ CFG = ModelConfig("qwen3", vocab_size=512, hidden_size=512, num_layers=16, num_h
 def test_while_work_may_cut_in_the_host_queues_a_long_pass_a_few_layers_ahead_the_pass_before_counted():
     """Two passes of 8,000 tokens (long: more than SHORT_PASS_TOKENS) that work may cut into, the mark of
     each early (a lead grown large): as the host leaves each layer, the device has started all but at most
-    AHEAD_LAYERS of the layers queued, the first pass's counted while the second's first layers go; every
+    `layers_ahead` (5 for 8,000 tokens) of the layers queued, the first pass's counted while the second's first layers go; every
     layer's start is recorded; each pass gives the hidden states it gives without the cut-in."""
     torch.manual_seed(0)
     model = Decoder(CFG).to("cuda", torch.float32).eval()
@@ -49,4 +49,4 @@ def test_while_work_may_cut_in_the_host_queues_a_long_pass_a_few_layers_ahead_th
         torch.testing.assert_close(hidden, want)
     assert [len(events.layers) for events in passes] == [CFG.num_layers] * 2
     assert len(queued_ahead) == 2 * CFG.num_layers
-    assert max(queued_ahead) <= AHEAD_LAYERS, queued_ahead
+    assert layers_ahead(8000) == 5 and max(queued_ahead) <= 5, queued_ahead
