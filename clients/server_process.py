@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 from urllib.request import urlopen
 
 READY_PREFIX = "quail: serving "
@@ -33,7 +34,10 @@ def metric_samples(url: str, timeout: float = 30.0) -> dict[str, float]:
 class ServerProcess:
     """A server on a free loopback port over a data directory; a context manager. `module`: what runs
     `serve` (`python -m module serve ...`; a probe that wraps the CLI); `log`: a file its log (stderr) is
-    appended to, else this process's stderr."""
+    appended to, else this process's stderr. `launch` starts the child (`subprocess.Popen`; a test run
+    forks its servers from a process that has imported the server's modules already: tests/fork_server.py)."""
+
+    launch: Callable[..., subprocess.Popen] = subprocess.Popen
 
     def __init__(self, data_dir: str | Path, *extra_args: str, startup_timeout: float = 180.0,
                  module: str = "quail.cli", log: Path | None = None) -> None:
@@ -48,8 +52,8 @@ class ServerProcess:
     def start(self) -> str:
         """Launch and wait for the ready line; returns the grpc:// URI."""
         with open(self.log, "a") if self.log is not None else contextlib.nullcontext() as log:
-            self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=log, text=True,
-                                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.process = self.launch(self.args, stdout=subprocess.PIPE, stderr=log, text=True,
+                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
         ready = threading.Event()
 
         def read_ready_line() -> None:
