@@ -32,7 +32,11 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-PRELOAD = ("torch", "pyarrow.flight", "quail.engine.runtime.loading", "quail.engine.exec.database", "quail.server.query_service")  # what `quail serve` imports (torch, gRPC, DuckDB, the planner)
+# What `quail serve` imports (torch, Arrow Flight, DuckDB, the planner), short of the modules that start
+# threads as they load (the server's metadata asks DuckDB for its keywords): a child forked beside a thread
+# it does not have aborts at its exit.
+PRELOAD = ("torch", "pyarrow.flight", "quail.engine.runtime.loading", "quail.engine.exec.database",
+           "quail.server.query_service")
 MESSAGE_BYTES = 1 << 20
 FORK_TIMEOUT_S = 120.0  # for the fork server's first reply (its imports, then a fork)
 

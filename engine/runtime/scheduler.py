@@ -181,10 +181,9 @@ class _CutIn:
       on, the host queues the rest and fills the next pass while the device runs them: `Pacing`);
     - a longer one (`before`: the pass queued before it): every layer, its first ones counted after the
       last of the pass before, `layers_ahead` of them (two of a pass of 16,384 tokens): about as long a
-      wait whatever the pass's size. A lead grown past them
-      (after passes the host filled late) would otherwise leave most of a long pass queued at once, and a
-      statement cutting in behind it waiting about that long (bench/GPU_NOTES.md); the host fills the next
-      pass with those layers left to run."""
+      wait whatever the pass's size. A lead grown past them (after passes the host filled late) would
+      otherwise leave most of a long pass queued at once, and a statement cutting in behind it waiting
+      about that long (bench/GPU_NOTES.md); the host fills the next pass with those layers left to run."""
 
     def __init__(self, loop: "PassScheduler", queue: list[_Waiting], came: int, tokens: int,
                  events: PassEvents | None, before: PassEvents | None = None) -> None:
