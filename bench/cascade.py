@@ -28,7 +28,8 @@ from typing import Any
 import quail
 
 from .datagen import Workload, reviews
-from .run import device_name, git_commit, short_device, versions, warm_up, write_json
+from .provenance import device_name, git_commit
+from .run import short_device, versions, warm_up, write_json
 
 QUERIES = {  # name: (decisions, question)
     "learnable": ("rule", "Is {0} about the terrace?"),

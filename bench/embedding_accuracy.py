@@ -30,7 +30,8 @@ import quail
 from quail.engine.runtime.embeddings import EMBEDDED_NAME
 
 from .embedded_accuracy import INSTALL_HINT, LICENSE, SOURCE, balanced_sample, load_snippets, roc_auc
-from .run import git_commit, write_json
+from .provenance import git_commit
+from .run import write_json
 
 NEIGHBOURS = 10
 

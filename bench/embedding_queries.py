@@ -35,7 +35,8 @@ import quail
 from quail.engine.model.config import EngineConfig
 
 from .embedding_speed import texts
-from .run import git_commit, write_json
+from .provenance import git_commit
+from .run import write_json
 
 K_PER_ROW = 5
 QUESTION = "cold soup and a rude waiter"

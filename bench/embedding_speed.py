@@ -31,7 +31,8 @@ from quail.engine.runtime.query_work import QueryWork
 from quail.engine.runtime.requests import Request, Segment
 from quail.planner.cost import DEVICES, sol_seconds
 
-from .run import git_commit, write_json
+from .provenance import git_commit
+from .run import write_json
 
 WORDS = ("soup pasta waiter bill terrace bread dessert wine table kitchen service price menu night friend order "
          "cold warm slow quick rude kind great poor fresh stale sweet salty loud quiet").split()

@@ -57,7 +57,8 @@ from bench.flight_floor import TRANSPORTS
 from bench.plain_sql_data import SUITE, Data, generate
 from bench.plain_sql_engines import (Engine, duckdb_engine, error_text, floor_engine, package_version, quail_engine,
                                      roapi_binary, roapi_engine)
-from bench.run import device_name, git_commit, short_device, versions
+from bench.provenance import device_name, git_commit
+from bench.run import short_device, versions
 
 RESULTS = Path(__file__).parent / "results"
 ROUND_TRIPS = {"select_1": "SELECT 1", "point_lookup": "SELECT v FROM kv WHERE k = 42"}

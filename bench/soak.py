@@ -35,7 +35,7 @@ import duckdb
 import pyarrow as pa
 
 from bench.hostile import HOSTILE
-from bench.run import git_commit
+from bench.provenance import git_commit
 from quail.clients.server_process import ServerProcess
 
 # The ADBC Flight SQL driver (1.13) keeps one map of info codes for every connection of a process and writes

@@ -105,11 +105,9 @@ class ForkServer:
 
     def __init__(self) -> None:
         self._control: socket.socket | None = None
-        self._lock = threading.Lock()
+        self._replied = threading.Condition()  # a reply came: a child's pid, or a child's exit code
         self._started: list[int] = []
-        self._pid_ready = threading.Condition(self._lock)
         self._exited: dict[int, int] = {}
-        self._exit_ready = threading.Condition(self._lock)
 
     def _start(self) -> socket.socket:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message a packet
@@ -122,13 +120,12 @@ class ForkServer:
     def _read(self, control: socket.socket) -> None:
         while reply := control.recv(MESSAGE_BYTES):
             reply = json.loads(reply)
-            with self._lock:
+            with self._replied:
                 if "pid" in reply:
                     self._started.append(reply["pid"])
-                    self._pid_ready.notify_all()
                 else:
                     self._exited[reply["exited"]] = reply["code"]
-                    self._exit_ready.notify_all()
+                self._replied.notify_all()
 
     def popen(self, args: list[str], stdout: int, stderr: IO | None, text: bool, env: dict[str, str]) -> "Forked":
         """`subprocess.Popen(args, stdout=PIPE, ...)` for `[python, -m, module, ...]`, forked."""
@@ -136,19 +133,19 @@ class ForkServer:
         read_end, write_end = os.pipe()
         err = stderr.fileno() if stderr is not None else 2  # as a child inherits it
         request = {"module": args[2], "args": args[3:], "env": env, "cwd": os.getcwd()}
-        with self._lock:
+        with self._replied:
             if self._control is None:
                 self._control = self._start()
             socket.send_fds(self._control, [json.dumps(request).encode()], [write_end, err])
             os.close(write_end)
-            if not self._pid_ready.wait_for(lambda: self._started, FORK_TIMEOUT_S):
+            if not self._replied.wait_for(lambda: self._started, FORK_TIMEOUT_S):
                 raise RuntimeError(f"the fork server did not start {args[2]} within {FORK_TIMEOUT_S} s")
             pid = self._started.pop(0)
         return Forked(self, pid, open(read_end, "r"))
 
     def exit_code(self, pid: int, timeout: float | None) -> int | None:
-        with self._lock:
-            self._exit_ready.wait_for(lambda: pid in self._exited, timeout)
+        with self._replied:
+            self._replied.wait_for(lambda: pid in self._exited, timeout)
             return self._exited.get(pid)
 
 
@@ -172,9 +169,6 @@ class Forked:
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
             os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)

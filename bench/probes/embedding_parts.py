@@ -35,7 +35,7 @@ from quail.engine.model import static_embedding
 
 from bench.embedding_queries import QUERY, timed
 from bench.embedding_speed import texts
-from bench.run import git_commit
+from bench.provenance import git_commit
 
 Totals = dict[str, list[float]]
 
