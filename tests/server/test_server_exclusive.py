@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import pyarrow as pa
@@ -20,10 +22,14 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _serve(*args: str) -> subprocess.CompletedProcess:
-    """A `quail serve` expected to refuse to start: its exit code and output."""
-    return subprocess.run([sys.executable, "-m", "quail.cli", "serve", *args], capture_output=True, text=True,
-                          timeout=300)
+def _serve(*args: str, log: Path) -> subprocess.CompletedProcess:
+    """A `quail serve` expected to refuse to start, launched as `ServerProcess` launches one (in a test run,
+    forked): its exit code, its output, and its log (appended to `log`)."""
+    with open(log, "a") as err:
+        child = ServerProcess.launch([sys.executable, "-m", "quail.cli", "serve", *args], stdout=subprocess.PIPE,
+                                     stderr=err, text=True, env=dict(os.environ))
+    out = child.stdout.read()
+    return subprocess.CompletedProcess(args, child.wait(300), out, log.read_text())
 
 
 def test_a_users_files_in_the_data_directory_survive_a_server(tmp_path):
@@ -42,10 +48,10 @@ def test_a_users_files_in_the_data_directory_survive_a_server(tmp_path):
 def test_a_busy_port_and_a_held_data_directory_are_refused_in_one_line(tmp_path):
     with ServerProcess(tmp_path / "first") as first, flight_sql.connect(first.uri, autocommit=True) as conn:
         port = first.uri.rsplit(":", 1)[1]
-        same_port = _serve("--port", port, "--data-dir", str(tmp_path / "second"))
+        same_port = _serve("--port", port, "--data-dir", str(tmp_path / "second"), log=tmp_path / "port.log")
         assert same_port.returncode == 2 and "serving" not in same_port.stdout
         assert same_port.stderr.strip() == f"quail: error: cannot listen on 127.0.0.1:{port}: the port is in use"
-        same_dir = _serve("--port", "0", "--data-dir", str(tmp_path / "first"))
+        same_dir = _serve("--port", "0", "--data-dir", str(tmp_path / "first"), log=tmp_path / "dir.log")
         assert same_dir.returncode == 2 and "serving" not in same_dir.stdout
         assert same_dir.stderr.strip().startswith("quail: error: the data directory")
         assert "in use by another Quail server" in same_dir.stderr and "\n" not in same_dir.stderr.strip()
@@ -89,7 +95,7 @@ def test_a_server_restarts_on_its_own_port_at_once(tmp_path):
 ], ids=["cuda-without-gpu", "unknown-device", "port", "budget", "max-active", "users-file", "dialect", "kv-pool",
         "kv-host", "kv-host-negative", "kv-disk-dir", "kv-disk-bytes", "kv-disk-without-host", "kv-disk-too-big"])
 def test_bad_startup_options_are_one_line(tmp_path, args, message):
-    refused = _serve("--data-dir", str(tmp_path), "--port", "0", *args)
+    refused = _serve("--data-dir", str(tmp_path / "data"), "--port", "0", *args, log=tmp_path / "log")
     assert refused.returncode == 2 and "serving" not in refused.stdout
     line = refused.stderr.strip()
     assert line.startswith("quail: error: ") and message in line and "\n" not in line, refused.stderr
@@ -100,12 +106,16 @@ def test_serve_settles_device_precision_and_budget_for_the_machine_and_says_so(t
     fp32 with 1,024 tokens a pass, and its startup log line says what it chose."""
     import signal
 
-    server = subprocess.Popen([sys.executable, "-m", "quail.cli", "serve", "--port", "0", "--data-dir", str(tmp_path)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "log"
+    with open(log, "a") as err:
+        server = ServerProcess.launch([sys.executable, "-m", "quail.cli", "serve", "--port", "0", "--data-dir",
+                                       str(tmp_path / "data")], stdout=subprocess.PIPE, stderr=err, text=True,
+                                      env=dict(os.environ))
     try:
         assert server.stdout.readline().startswith("quail: serving grpc://")
     finally:
         server.send_signal(signal.SIGTERM)
-        _, err = server.communicate(timeout=60)
+        server.wait(60)
+    err = log.read_text()
     expected = "on cuda" if _has_cuda() else "on cpu, fp32, token budget 1,024, KV pool 1.0 GiB"
     assert expected in err, err
