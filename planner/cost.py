@@ -47,10 +47,8 @@ BYTES = {"fp8": 1, "bf16": 2, "fp32": 4}
 
 def parameter_counts(model: ModelConfig) -> tuple[int, int]:
     """(P_A, P_M): attention projection and MLP parameters over all layers."""
-    q, kv, d, h = model.num_heads, model.num_kv_heads, model.head_dim, model.hidden_size
-    attention = model.num_layers * (h * (q + 2 * kv) * d + q * d * h)
-    mlp = model.num_layers * 3 * h * model.intermediate_size
-    return attention, mlp
+    attention, mlp = model.layer_weights
+    return model.num_layers * attention, model.num_layers * mlp
 
 
 def sol_seconds(work: Stats, model: ModelConfig, device: Device, precision: str, tokens_per_pass: int,

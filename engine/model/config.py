@@ -28,6 +28,12 @@ class ModelConfig:
     tie_embeddings: bool = True
     max_position: int = 8192
 
+    @property
+    def layer_weights(self) -> tuple[int, int]:
+        """Weights of one layer's attention projections (q, k, v, o) and of its MLP: a token's multiply-adds there."""
+        q, kv, d, h = self.num_heads, self.num_kv_heads, self.head_dim, self.hidden_size
+        return h * (q + 2 * kv) * d + q * d * h, 3 * h * self.intermediate_size
+
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
         """Read an HF `config.json` dictionary of a Llama, Qwen2 or Qwen3 model."""

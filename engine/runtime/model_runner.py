@@ -166,6 +166,7 @@ class ModelRunner:
         self.token_budget = token_budget
         self.device = next(model.parameters()).device
         self.layers = model.config.num_layers
+        self.layer_weights = sum(model.config.layer_weights)
         self.padded = model.padded_attention
         self.check = check
         self.opened = opened

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -42,7 +43,8 @@ Result = "tuple[torch.Tensor, list[KV | None]]"
 class Runner(Protocol):
     """What the scheduler asks of a model runner (model_runner.ModelRunner does it).
 
-    - `token_budget`, `layers`, `padded`: a pass's default budget, the model's layers, whether attention pads.
+    - `token_budget`, `layers`, `padded`: a pass's default budget, the model's layers, whether attention pads;
+      `layer_weights`: a layer's weights (what a token costs the device there).
     - `check()` raises to stop a query before its next pass; `opened()`: a pass holding its rows is under way.
     - `passing` queues a pass a layer at a time, yielding (layer, aside) between layers; `forward_shared`
       queues it whole.
@@ -50,6 +52,7 @@ class Runner(Protocol):
 
     token_budget: int
     layers: int
+    layer_weights: int
     padded: bool
     check: Callable[[], None]
     opened: Callable[[], None]
@@ -154,20 +157,24 @@ class _Waiting:
 
 
 AHEAD_LAYERS = 6  # layers of a pass the host queues ahead of the device (CUDA), up to the pass's mark (Pacing)
-AHEAD_TOKEN_LAYERS = 32_768  # a long pass's tokens times the layers queued ahead: about a set share of the device's
+AHEAD_WORK = 1.6e12  # a long pass's weights times tokens queued ahead: a layer of Qwen3-4B over 16,384 tokens, ~5 ms
 
 
-def layers_ahead(tokens: int) -> int:
+def layers_ahead(tokens: int, layer_weights: int) -> int:
     """How many layers of a pass of `tokens` the host queues ahead of the device while work may cut in.
 
     - A short pass (at most SHORT_PASS_TOKENS): AHEAD_LAYERS, up to its mark (`_CutIn`).
-    - A long one: as many as hold about AHEAD_TOKEN_LAYERS tokens, at least two and at most AHEAD_LAYERS,
-      so what cuts in waits about as long whatever the pass's size.
+    - A long one: as many as hold about AHEAD_WORK of the device's work (a layer's weights times the
+      pass's tokens), at least one and at most AHEAD_LAYERS: what cuts in waits about as long whatever
+      the pass's size and the model's.
 
-    >>> [layers_ahead(tokens) for tokens in (512, 2048, 4096, 8000, 16384, 65536)]
-    [6, 6, 6, 5, 2, 2]
+    >>> four_b, six_tenths_b = 100_925_440, 15_728_640  # Qwen3-4B's and Qwen3-0.6B's weights a layer
+    >>> [layers_ahead(tokens, four_b) for tokens in (2048, 4096, 8192, 16384)], layers_ahead(16384, six_tenths_b)
+    ([6, 4, 2, 1], 6)
     """
-    return AHEAD_LAYERS if tokens <= SHORT_PASS_TOKENS else min(AHEAD_LAYERS, max(2, -(-AHEAD_TOKEN_LAYERS // tokens)))
+    if tokens <= SHORT_PASS_TOKENS:
+        return AHEAD_LAYERS
+    return min(AHEAD_LAYERS, max(1, math.ceil(AHEAD_WORK / (layer_weights * tokens))))
 
 
 class _CutIn:
@@ -180,16 +187,16 @@ class _CutIn:
     - a pass of at most SHORT_PASS_TOKENS: its layers before its mark, AHEAD_LAYERS ahead (from the mark
       on, the host queues the rest and fills the next pass while the device runs them: `Pacing`);
     - a longer one (`before`: the pass queued before it): every layer, its first ones counted after the
-      last of the pass before, `layers_ahead` of them (two of a pass of 16,384 tokens): about as long a
-      wait whatever the pass's size. A lead grown past them (after passes the host filled late) would
-      otherwise leave most of a long pass queued at once, and a statement cutting in behind it waiting
+      last of the pass before, `layers_ahead` of them (one of the 4B shape's passes of 16,384 tokens): about
+      as long a wait whatever the pass's size. A lead grown past them (after passes the host filled late)
+      would otherwise leave most of a long pass queued at once, and a statement cutting in behind it waiting
       about that long (bench/GPU_NOTES.md); the host fills the next pass with those layers left to run."""
 
     def __init__(self, loop: "PassScheduler", queue: list[_Waiting], came: int, tokens: int,
                  events: PassEvents | None, before: PassEvents | None = None) -> None:
         self.loop, self.queue, self.came, self.left, self.events = loop, queue, came, tokens, events
         self.long = tokens > SHORT_PASS_TOKENS
-        self.ahead = layers_ahead(tokens)
+        self.ahead = layers_ahead(tokens, loop.runner.layer_weights)
         self.before = before if before is not None and len(before.layers) > self.ahead else None
         self.seconds = 0.0  # the host's time in the passes cut in (on the CPU, the device's)
 
