@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded model in-process, HF transformers' reading of the same GGUF, a server."""
+"""Shared fixtures: the embedded model in-process (or a small one: tests/small_model.py), HF transformers' reading
+of the same GGUF, a server."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from quail.clients.server_process import ServerProcess  # noqa: E402
 from quail.engine.runtime.loading import embedded_gguf, load_runtime  # noqa: E402
 from tests.fork_server import ForkServer  # noqa: E402
 from tests.sample_tables import ASPECTS, REVIEWS  # noqa: E402
+from tests.small_model import small_runtime  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -34,8 +36,23 @@ def _servers_forked():
 
 
 @pytest.fixture(scope="session")
-def runtime():
+def embedded_runtime():
+    """The embedded model's runtime, as a server loads it."""
     return load_runtime()
+
+
+@pytest.fixture(scope="module")
+def runtime(request, embedded_runtime):
+    """The embedded model's runtime; in a module that sets SMALL_MODEL = True, a small random decoder's behind
+    the same tokenizer (tests/small_model.py says when that will do), one for the test session."""
+    if not getattr(request.module, "SMALL_MODEL", False):
+        return embedded_runtime
+    return request.getfixturevalue("_small_runtime")
+
+
+@pytest.fixture(scope="session")
+def _small_runtime(embedded_runtime):
+    return small_runtime(embedded_runtime)
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +77,7 @@ def _no_kv_from_other_modules(runtime):
 
 @pytest.fixture(scope="module")
 def hash_session(runtime):
-    """Sessions over the embedded model that answer yes / no by a hash of each prompt's content (the forward
+    """Sessions over the module's runtime that answer yes / no by a hash of each prompt's content (the forward
     passes still run): row sets non-trivial at a stated selectivity, checkable independently of a tiny model."""
     def session(**tables) -> quail.Session:
         made = quail.Session(runtime=runtime.variant("quail"))

@@ -17,6 +17,8 @@ from quail.engine.errors import InvalidArgument, Unimplemented
 from quail.engine.runtime.decode import Decoding
 from quail.engine.runtime.requests import Request, Segment
 
+SMALL_MODEL = True  # what these tests check holds for any model's arithmetic (tests/small_model.py)
+
 REVIEWS = pa.table({"id": list(range(9)),
                     "product": ["kettle", "kettle", "lamp", "lamp", "lamp", "kettle", "tent", "tent", None],
                     "body": ["Leaks from the lid.", "Boils fast, but loud.", "Too dim for reading.",

@@ -8,6 +8,8 @@ from __future__ import annotations
 from quail.planner.planner import ANSWERED_FIRST
 from tests.sample_tables import ASPECTS, FILTER, JOIN, OPTS, REVIEWS, decide
 
+SMALL_MODEL = True  # what these tests check holds for any model's arithmetic (tests/small_model.py)
+
 CALL = f"AI_FILTER(PROMPT('{FILTER}', body), {OPTS})"
 
 

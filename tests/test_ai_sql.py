@@ -23,6 +23,7 @@ from quail.planner.planner import plan_sql
 from tests.sample_tables import ASPECTS, FILTER, JOIN, OPTS, REVIEWS, SELECTIVITY, decide
 
 KV_SHARED_BY_ITS_TESTS = True
+SMALL_MODEL = True  # what these tests check holds for any model's arithmetic (tests/small_model.py)
 
 
 def rows(session, sql: str) -> list[tuple]:

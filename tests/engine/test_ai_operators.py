@@ -11,6 +11,8 @@ import pytest
 
 from quail.engine.ai.asking import Question, build_requests, yes_probabilities
 
+SMALL_MODEL = True  # what these tests check holds for any model's arithmetic (tests/small_model.py)
+
 STEP = [None if i == 5 else f"Visit {i % 4}: {'the room was cold' if i % 3 else 'lovely staff'} ({i})."
         for i in range(30)]
 COMPLAINT = Question("Is {0} a complaint?")

@@ -13,6 +13,8 @@ from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.model_runner import ModelRunner
 from quail.engine.runtime.scheduler import PassScheduler
 
+SMALL_MODEL = True  # what these tests check holds for any model's arithmetic (tests/small_model.py)
+
 
 def test_make_room_drops_least_recently_used_blocks_no_row_holds():
     pool = KVPool(1, 1, 4, torch.float32, torch.device("cpu"), 64)

@@ -10,6 +10,8 @@ from quail.engine.kernels.paged_decode import gathered, paged_decode
 from quail.engine.runtime.counters import Stats
 from quail.engine.runtime.packing import Row
 
+SMALL_MODEL = True  # what these tests check holds for any model's arithmetic (tests/small_model.py)
+
 H, HKV, D = 4, 2, 16
 
 

@@ -10,6 +10,8 @@ from quail.engine.exec.executor import execute
 from quail.engine.exec.plan import AIFilterChain
 from tests.sample_tables import FILTER, JOIN, OPTS, REVIEWS
 
+SMALL_MODEL = True  # what these tests check holds for any model's arithmetic (tests/small_model.py)
+
 
 def test_filters_reranked_by_observed_selectivity_keep_the_rows(runtime):
     """A chain planned in the worse order is re-ranked after the first rows; the rows stay the same."""

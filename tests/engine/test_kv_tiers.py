@@ -14,6 +14,8 @@ import quail
 from quail.session import Report
 from quail.engine.runtime.runtime import Runtime
 
+SMALL_MODEL = True  # what these tests check holds for any model's arithmetic (tests/small_model.py)
+
 WORDS = ("river", "market", "lantern", "harbor", "orchard", "engine", "violin", "glacier", "meadow", "copper",
          "signal", "canyon", "pepper", "thunder", "saddle", "marble")
 DOCUMENTS = 8  # a table's rows
@@ -29,7 +31,7 @@ def _table(seed: int) -> pa.Table:
 
 
 def _session(runtime, pool_tokens: int, host_tokens: int, disk: tuple[Path, int] | None = None) -> quail.Session:
-    """A session over the embedded model with tiers of these many tokens (disk: a directory and tokens)."""
+    """A session over the runtime's model with tiers of these many tokens (disk: a directory and tokens)."""
     per_token = runtime.runner.pool.bytes_per_token
     small = Runtime(runtime.model_id, runtime.runner.model, runtime.tokenizer, runtime.layout.frame, "quail", 256,
                     kv_bytes=pool_tokens * per_token, kv_host_bytes=host_tokens * per_token,

@@ -16,6 +16,8 @@ from quail.engine.runtime.radix import build, collapse, common_prefix, ideal_sta
 from quail.engine.runtime.requests import Request, Segment
 from tests.engine.scheduler_requests import request
 
+SMALL_MODEL = True  # what these tests check holds for any model's arithmetic (tests/small_model.py)
+
 
 def seqs_of(*lists):
     return [request(x) for x in lists]

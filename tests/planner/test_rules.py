@@ -11,6 +11,8 @@ from quail.planner.planner import plan_sql
 from quail.planner.rules import RULES
 from quail.planner.rules.examples import catalog
 
+SMALL_MODEL = True  # what these tests check holds for any model's arithmetic (tests/small_model.py)
+
 
 QUERIES = [  # selectivities such that the hashed answers keep some rows and drop others
     "SELECT id FROM reviews WHERE AI_FILTER(PROMPT('Is {0} kind?', body), {'selectivity': 0.7}) AND stars > 1",

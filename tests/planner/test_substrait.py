@@ -41,6 +41,7 @@ from quail.planner.substrait.producer import export_plan
 from quail.server import sql_messages as sql
 
 KV_SHARED_BY_ITS_TESTS = True
+SMALL_MODEL = True  # what these tests check holds for any model's arithmetic (tests/small_model.py)
 
 PEOPLE = pa.table({"id": pa.array([1, 2, 3, 4, 5], pa.int64()), "name": ["ann", "bob", None, "dan", "eve"],
                    "age": pa.array([30, None, 25, 41, 30], pa.int32()), "score": [1.5, 2.25, None, 4.0, 0.5],
