@@ -10,7 +10,7 @@ TORCH ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo tor
 
 # torch through pip, which follows the machine's pip settings (where its build comes from); the rest through
 # uv, which resolves and installs the same packages in under half of pip's time, compiled to bytecode as pip
-# compiles them (else every process that imports them compiles them again).
+# compiles them (where Python writes no bytecode as it imports, every process would compile them again).
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip uv
