@@ -32,8 +32,8 @@ SMALL = ModelConfig(arch="llama", vocab_size=49152, hidden_size=64, num_layers=2
 
 
 def small_runtime(embedded: Runtime) -> Runtime:
-    """A runtime over a small random decoder with `embedded`'s tokenizer, chat template, model id, strategy,
-    token budget and pool size in tokens."""
+    """A runtime over a small random decoder ("quail" strategy) with `embedded`'s tokenizer, chat template,
+    model id, token budget and pool size in tokens."""
     generator = torch.Generator().manual_seed(0)
     model = Decoder(SMALL).eval().requires_grad_(False)
     for name, param in model.named_parameters():
