@@ -22,12 +22,17 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _serve(*args: str, log: Path) -> subprocess.CompletedProcess:
-    """A `quail serve` expected to refuse to start, launched as `ServerProcess` launches one (in a test run,
-    forked): its exit code, its output, and its log (appended to `log`)."""
+def _launch(*args: str, log: Path) -> subprocess.Popen:
+    """`quail serve` with these arguments, launched as `ServerProcess` launches one (in a test run, forked), its
+    output piped and its log appended to `log`."""
     with open(log, "a") as err:
-        child = ServerProcess.launch([sys.executable, "-m", "quail.cli", "serve", *args], stdout=subprocess.PIPE,
-                                     stderr=err, text=True, env=dict(os.environ))
+        return ServerProcess.launch([sys.executable, "-m", "quail.cli", "serve", *args], stdout=subprocess.PIPE,
+                                    stderr=err, text=True, env=dict(os.environ))
+
+
+def _serve(*args: str, log: Path) -> subprocess.CompletedProcess:
+    """A `quail serve` expected to refuse to start: its exit code, its output, and its log."""
+    child = _launch(*args, log=log)
     out = child.stdout.read()
     return subprocess.CompletedProcess(args, child.wait(300), out, log.read_text())
 
@@ -107,10 +112,7 @@ def test_serve_settles_device_precision_and_budget_for_the_machine_and_says_so(t
     import signal
 
     log = tmp_path / "log"
-    with open(log, "a") as err:
-        server = ServerProcess.launch([sys.executable, "-m", "quail.cli", "serve", "--port", "0", "--data-dir",
-                                       str(tmp_path / "data")], stdout=subprocess.PIPE, stderr=err, text=True,
-                                      env=dict(os.environ))
+    server = _launch("--port", "0", "--data-dir", str(tmp_path / "data"), log=log)
     try:
         assert server.stdout.readline().startswith("quail: serving grpc://")
     finally:
