@@ -10,7 +10,7 @@ also with own-token attention by flash varlen). Per path: relative
 error of the final hidden state, absolute error of the yes/no log-probabilities
 and of P(yes), and how many decisions agree. The kernels on their own: cuDNN
 attention with its log-sum-exp and the LSE merge against the fp32 reference,
-each compiled layer part against its eager self, and the fp8 path's Triton
+each bf16 layer part (compiled, or by our kernels) against the same part in fp32, and the fp8 path's Triton
 quantization kernels against their torch references. Writes check-<model>.json.
 """
 
@@ -109,24 +109,28 @@ def fp8_kernel_errors(device: str) -> dict:
     return out
 
 
-def compiled_parts(runtime) -> dict:
-    """Each compiled layer part against the same part run eagerly, on the same inputs."""
+def layer_parts(runtime) -> dict:
+    """Each bf16 layer part as the model runs it (compiled, or by our kernels: DecoderLayer.by_kernels) against
+    the same part of the layer in fp32, on the same inputs."""
+    import copy
+
     from quail.engine.model.decoder import DecoderLayer, rope_tables
 
     model = runtime.runner.model
     layer = model.layers[0]
+    reference = copy.deepcopy(layer).float()
     torch.manual_seed(2)
     t = 1234
     x = torch.randn(t, model.config.hidden_size, device=model.embed_tokens.weight.device, dtype=torch.bfloat16)
-    cos, sin = (c.to(x.dtype) for c in rope_tables(torch.arange(t, device=x.device), model.config.head_dim,
-                                                   model.config.rope_theta))
+    cos, sin = rope_tables(torch.arange(t, device=x.device), model.config.head_dim, model.config.rope_theta)
     with torch.inference_mode():
-        eager = DecoderLayer.qkv(layer, x, cos, sin)
-        fused = model._qkv(layer, x, cos, sin)
-        attn = torch.randn_like(eager[0])
-        out = {f"qkv-{name}": _rel(f, e) for name, f, e in zip("qkv", fused, eager)}
-        out["finish"] = _rel(model._finish(layer, x, attn), DecoderLayer.finish(layer, x, attn))
-    return out
+        exact = DecoderLayer.qkv(reference, x.float(), cos, sin)
+        fused = model._qkv(layer, x, cos.to(x.dtype), sin.to(x.dtype))
+        attn = torch.randn_like(fused[0])
+        out = {f"qkv-{name}": _rel(f, e) for name, f, e in zip("qkv", fused, exact)}
+        exact = DecoderLayer.finish(reference, x.float(), attn.float())
+        out["finish"] = _rel(model._finish(layer, x.clone(), attn), exact)
+    return out | {"by_kernels": layer.by_kernels(x)}
 
 
 def check(model: str, device: str, tokenizer: str | None) -> dict:
@@ -146,7 +150,7 @@ def check(model: str, device: str, tokenizer: str | None) -> dict:
             result.update(requests=len(requests), tokens=int(sum(len(r) for r in requests)))
             reference = _run(runtime, requests, "naive")
         if compiled and precision == "bf16":
-            result["compiled_parts"] = compiled_parts(runtime)
+            result["layer_parts"] = layer_parts(runtime)
         ref_hidden, ref_logp = reference
         for strategy, path in PATHS.items():
             hidden, logp = _run(runtime, requests, strategy)

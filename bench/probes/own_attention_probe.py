@@ -15,6 +15,8 @@ brings them): its first call and warm calls in milliseconds, TFLOP/s of useful
   first where `heavy`; `--sweep` adds every such setting;
 - `fa4`: flash-attn-4 (CuTe DSL, sm90 forward) through torch's FA4 registration,
   where its wheels were carried.
+`--mean` and `--heads` set the rows' mean length and the model's q and kv heads
+(an embedding model's short texts: `--mean 134 --heads 16,8`).
 Run once plainly and once with TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (cuDNN then
 builds one plan for many shapes). Writes own-attention[-avoid-recompile].json to --out.
 """
@@ -33,7 +35,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-H, HKV, D = 32, 8, 128
+D = 128
 
 
 def compositions(count: int, mean: float = 330, budget: int = 16384, seed: int = 0) -> list[list[int]]:
@@ -48,9 +50,9 @@ def compositions(count: int, mean: float = 330, budget: int = 16384, seed: int =
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """One row, fp32: q (n, H, D), k/v (m ≥ n, HKV, D) → causal attention aligned bottom-right (query i
-    sees keys up to m − n + i): (n, H, D)."""
-    k, v = (t.float().repeat_interleave(H // HKV, 1).transpose(0, 1) for t in (k, v))
+    """One row, fp32: q (n, heads, D), k/v (m ≥ n, kv heads, D) → causal attention aligned bottom-right (query i
+    sees keys up to m − n + i): (n, heads, D)."""
+    k, v = (t.float().repeat_interleave(q.shape[1] // k.shape[1], 1).transpose(0, 1) for t in (k, v))
     scores = (q.float().transpose(0, 1) @ k.transpose(-1, -2)) * D ** -0.5
     n, m = q.shape[0], k.shape[1]
     allowed = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n)
@@ -133,11 +135,12 @@ def timed(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
     return 1000 * (time.perf_counter() - start), out
 
 
-def _inputs(lengths: list[int], before: int) -> tuple[torch.Tensor, ...]:
-    """Packed q, k, v and offsets of rows of `lengths` queries, each after `before` extra keys."""
+def _inputs(lengths: list[int], before: int, heads: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+    """Packed q, k, v and offsets of rows of `lengths` queries, each after `before` extra keys; heads: q's
+    and the keys'."""
     keys = [n + before for n in lengths]
-    q = torch.randn(sum(lengths), H, D, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(sum(keys), HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(sum(lengths), heads[0], D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(keys), heads[1], D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     cu_q, cu_k = (torch.tensor(np.concatenate([[0], np.cumsum(x)]), dtype=torch.int32, device="cuda")
                   for x in (lengths, keys))
     return q, k, v, cu_q, cu_k
@@ -152,12 +155,13 @@ def _errors(out, q, k, v, cu_q, cu_k, rows) -> list[float]:
     return errors
 
 
-def measure(kernel: Callable, passes: list[list[int]]) -> dict:
-    """First and warm milliseconds on each pass composition, useful TFLOP/s, and the error against fp32,
-    also for rows after 40 keys of a copied prefix (queries aligned to the end of their keys)."""
-    firsts, warms, errors, tflops = [], [], [], []
+def measure(kernel: Callable, passes: list[list[int]], heads: tuple[int, int]) -> dict:
+    """First and warm milliseconds on each pass composition, useful TFLOP/s, the bytes every kernel must move
+    (q, k and v read once, the output written) a second, and the error against fp32, also for rows after 40
+    keys of a copied prefix (queries aligned to the end of their keys)."""
+    firsts, warms, errors, tflops, rates = [], [], [], [], []
     for lengths in passes:
-        inputs = _inputs(lengths, 0)
+        inputs = _inputs(lengths, 0, heads)
         call = lambda: kernel(*inputs, max(lengths), max(lengths))  # noqa: E731
         first, out = timed(call)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -168,24 +172,29 @@ def measure(kernel: Callable, passes: list[list[int]]) -> dict:
         torch.cuda.synchronize()
         firsts.append(first)
         warms.append(start.elapsed_time(end) / 5)
-        tflops.append(sum(4 * H * D * n * (n + 1) / 2 for n in lengths) / warms[-1] / 1e9)
+        tflops.append(sum(4 * heads[0] * D * n * (n + 1) / 2 for n in lengths) / warms[-1] / 1e9)
+        rates.append(sum(lengths) * (2 * heads[0] + 2 * heads[1]) * D * 2 / warms[-1] / 1e9)
         errors += _errors(out, *inputs, (0, len(lengths) // 2))
     lengths = passes[0][:6]
-    inputs = _inputs(lengths, 40)
+    inputs = _inputs(lengths, 40, heads)
     prefix = _errors(kernel(*inputs, max(lengths), max(lengths) + 40), *inputs, range(6))
     return {"first_ms": firsts, "warm_ms": warms, "warm_tflops_median": float(np.median(tflops)),
-            "rel_err_max": max(errors), "after_prefix_rel_err_max": max(prefix)}
+            "warm_floor_tb_s_median": float(np.median(rates)), "rel_err_max": max(errors),
+            "after_prefix_rel_err_max": max(prefix)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--passes", type=int, default=8)
-    p.add_argument("--mean", type=float, default=330, help="mean row length (330: F1's, 2500: BIG's)")
+    p.add_argument("--mean", type=float, default=330,
+                   help="mean row length (330: F1's, 2500: BIG's, 134: an embedding benchmark's texts)")
+    p.add_argument("--heads", default="32,8", help="q heads, kv heads (32,8: Qwen3-4B; 16,8: Qwen3-0.6B)")
     p.add_argument("--kernels", default="flash,triton64,triton128,cudnn,flex,fa4")
     p.add_argument("--sweep", action="store_true", help="add every triton:M:N:W:S[:heavy] setting")
     p.add_argument("--out", default=".")
     args = p.parse_args()
     passes = compositions(args.passes, args.mean)
+    heads = tuple(int(h) for h in args.heads.split(","))
     makers = {"flash": lambda: flash, "triton64": lambda: triton_kernel(64), "triton128": lambda: triton_kernel(128),
               "cudnn": lambda: cudnn, "flex": flex_kernel, "fa4": fa4_kernel}
     names = args.kernels.split(",")
@@ -199,15 +208,16 @@ def main() -> None:
                 int(m), int(n), int(w), int(s), heavy_first=order == ["heavy"])
     avoid = os.environ.get("TORCH_CUDNN_SDPA_AVOID_RECOMPILE") == "1"
     result: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "avoid_recompile": avoid,
-                    "mean_row": args.mean, "rows_per_pass": [len(x) for x in passes],
+                    "mean_row": args.mean, "heads": heads, "rows_per_pass": [len(x) for x in passes],
                     "tokens_per_pass": [sum(x) for x in passes]}
     for name in names:  # fa4 last: it replaces the flash kernel for the rest of the process
         try:
-            result[name] = measure(makers[name](), passes)
+            result[name] = measure(makers[name](), passes, heads)
         except Exception:
             result[name] = {"error": traceback.format_exc()[-1500:]}
         print(name, json.dumps(result[name])[:600], flush=True)
-    tag = ("-avoid-recompile" if avoid else "") + (f"-mean{args.mean:g}" if args.mean != 330 else "")
+    tag = (("-avoid-recompile" if avoid else "") + (f"-mean{args.mean:g}" if args.mean != 330 else "")
+           + (f"-heads{heads[0]}-{heads[1]}" if heads != (32, 8) else ""))
     Path(args.out, f"own-attention{tag}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 

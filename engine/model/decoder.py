@@ -15,10 +15,10 @@ from quail.engine.kernels.swiglu import swiglu
 from quail.engine.kv.rows import copy_rows
 from quail.engine.model.config import ModelConfig
 
-try:
-    from quail.engine.kernels import rope_triton  # Triton, with CUDA builds of torch
+try:  # Triton, with CUDA builds of torch
+    from quail.engine.kernels import mlp_triton, norm_triton, rope_triton
 except ImportError:
-    rope_triton = None
+    mlp_triton = norm_triton = rope_triton = None
 
 
 Result = TypeVar("Result")
@@ -149,11 +149,12 @@ class MLP(nn.Module):
 
 
 class LayerParts(Protocol):
-    """What runs a prefill pass's embedding and the token-wise parts of its layers.
+    """What runs a prefill pass's embedding and the token-wise parts of its layers (the parts around attention).
 
-    What runs a prefill pass's embedding and its layers' token-wise parts (the parts around attention):
-    the model itself, or graphs captured for the pass's size. `finish` need not serve the last layer;
-    `attention_out` names where attention may write its output (None: anywhere)."""
+    - The model itself, or graphs captured for the pass's size.
+    - `finish` need not serve the last layer, and may write its result into the x it is given (the caller
+      reads only what it returns).
+    - `attention_out` names where attention may write its output (None: anywhere)."""
 
     def embedded(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]: ...
 
@@ -174,13 +175,39 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
+    def by_kernels(self, like: torch.Tensor) -> bool:
+        """Whether this layer's token-wise parts run by our kernels alone, eagerly, for tensors like `like`.
+
+        - On CUDA in bf16/fp16 where Triton is installed, for Qwen3's layout (q/k norms; rope_triton).
+        - Plain linear layers (not fp8), the output projections without bias: each residual is then
+          added in place by its projection's GEMM (no copy of the hidden states first, as Inductor's
+          addmm makes) and the norms are norm_triton's, so nothing is left to compile.
+        """
+        attn, mlp = self.self_attn, self.mlp
+        return (norm_triton is not None and like.is_cuda and like.dtype in (torch.bfloat16, torch.float16)
+                and attn.cfg.qk_norm and _rope_kernel_serves(like, attn.cfg.head_dim)
+                and all(type(linear) is nn.Linear for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
+                                                                 mlp.down_proj))
+                and attn.o_proj.bias is None and mlp.down_proj.bias is None)
+
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             out: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
         """Everything before attention: norm, projections, q/k norm, rotary embedding (into `out` where given)."""
-        return self.self_attn.project(self.input_layernorm(x), cos, sin, out)
+        norm = self.input_layernorm
+        normed = norm_triton.rms_norm(x, norm.weight, norm.eps) if self.by_kernels(x) else norm(x)
+        return self.self_attn.project(normed, cos, sin, out)
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Everything after attention: output projection, residual, norm, MLP, residual."""
+        """Everything after attention: output projection, residual, norm, MLP, residual.
+
+        - By our kernels (`by_kernels`): the result is written into x, and x is returned.
+        - Else: a new tensor; x is left as it is.
+        """
+        if self.by_kernels(x):
+            norm, mlp = self.post_attention_layernorm, self.mlp
+            x.addmm_(attn.flatten(1), self.self_attn.o_proj.weight.t())
+            product = mlp_triton.silu_mul(mlp.gate_up_proj(norm_triton.rms_norm(x, norm.weight, norm.eps)))
+            return x.addmm_(product, mlp.down_proj.weight.t())
         x = x + project(self.self_attn.o_proj, attn.flatten(1))
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -192,7 +219,8 @@ def qkv_into(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch
 
 
 def finish_into(layer: DecoderLayer, x: torch.Tensor, attn: torch.Tensor) -> None:
-    """DecoderLayer.finish written back into x: compiled, its last kernel stores there itself."""
+    """DecoderLayer.finish written back into x: compiled, its last kernel stores there itself (by our kernels,
+    finish wrote there already: copying x onto itself does nothing)."""
     x.copy_(DecoderLayer.finish(layer, x, attn))
 
 
@@ -224,15 +252,18 @@ class Decoder(nn.Module):
     def compile_layers(self) -> None:
         """Compile the token-wise parts of a layer (one graph for every layer, any token count).
 
-        Inductor fuses the norms, residual adds and (fp8) the activation
-        quantization into Triton kernels around the GEMMs, and the log-sum-exp
-        merge of shared-prefix attention into one kernel; the MLP's SiLU·mul
-        (kernels/swiglu.py) and, on CUDA, Qwen3's q/k norms with the rotary
-        embedding (kernels/rope_triton.py) run in kernels of our own.
+        - Inductor fuses the norms, residual adds and (fp8) the activation quantization into Triton
+          kernels around the GEMMs, and the log-sum-exp merge of shared-prefix attention into one kernel;
+          the MLP's SiLU·mul (kernels/swiglu.py) and, on CUDA, Qwen3's q/k norms with the rotary embedding
+          (kernels/rope_triton.py) run in kernels of our own.
+        - Layers that run by our kernels alone (`DecoderLayer.by_kernels`) stay uncompiled: Inductor would
+          add back the copy of the hidden states that their in-place residuals spare.
         """
+        self._merge = torch.compile(merge, dynamic=True)
+        if all(layer.by_kernels(self.embed_tokens.weight) for layer in self.layers):
+            return
         self._qkv = torch.compile(DecoderLayer.qkv, dynamic=True)
         self._finish = torch.compile(DecoderLayer.finish, dynamic=True)
-        self._merge = torch.compile(merge, dynamic=True)
         self._qkv_into = torch.compile(qkv_into, dynamic=True)
         self._finish_into = torch.compile(finish_into, dynamic=True)
 
