@@ -299,7 +299,8 @@ def test_sigterm_drains_and_an_interrupted_ingest_leaves_a_whole_table(tmp_path)
                 break
             threading.Event().wait(0.1)
         assert refused is not None, "new calls are refused while the server drains"
-        assert served.process.wait(60) == 0
+        code = served.process.wait(60)
+        assert code == 0, (code, log.read_text()[-4000:])
         thread.join(60)
         writer.join(60)
         watcher.join(60)
