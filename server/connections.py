@@ -22,11 +22,11 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import duckdb
 
-from quail.engine.errors import NotFound
+from quail.engine.errors import Cancelled, NotFound
 from quail.engine.exec.database import Database, DatabaseCatalog
 from quail.engine.exec.relational import duckdb_errors
 from quail.server.config import TRANSACTION_IDLE_S
@@ -67,6 +67,33 @@ class Lease:
     def transaction(self) -> bytes | None:
         """The id of the Flight transaction it belongs to, if any."""
         return self.kept.transaction if self.kept is not None else None
+
+    @contextmanager
+    def committed_if(self, alive: Callable[[], bool]) -> Iterator[None]:
+        """The statements inside in one transaction of their own, committed only if `alive()` still holds
+        after them.
+
+        - `alive`: whether the call that asked for them is still there to be told (a call ended meanwhile,
+          by its client or by a server stopping past its grace, would report a failure for a write that
+          was made): else they are rolled back, and the call ends CANCELLED.
+        - Inside an open transaction: run as they are (its commit comes later, by its own call).
+        """
+        if self.in_transaction:
+            yield
+            return
+        self.con.execute("BEGIN")
+        try:
+            yield
+            if not alive():
+                raise Cancelled("the call ended before its write was committed: nothing was written")
+        except BaseException:
+            try:
+                self.con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass  # no transaction is left to end (DuckDB ended it with the error, or the connection is closed)
+            raise
+        with duckdb_errors():
+            self.con.execute("COMMIT")
 
 
 class Connections:

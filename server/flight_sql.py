@@ -370,7 +370,8 @@ class FlightSQLHandler(Actions):
         return [sql.new("DoPutUpdateResult", record_count=count(result)).SerializeToString()]
 
     def _ingest(self, cmd: Message, table: pa.Table, context) -> int:
-        """Write an ingested stream in one statement, and nothing for a stream cut off (_whole)."""
+        """Write an ingested stream in one statement, and nothing for a stream cut off (_whole) or a call ended
+        before the write commits (Lease.committed_if)."""
         self.access.require(context, "write", "ingest tables")
         if not table.schema.names:
             raise InvalidArgument("the ingested stream carries no Arrow schema")
@@ -384,9 +385,10 @@ class FlightSQLHandler(Actions):
             if cmd.temporary and lease.kept is None:
                 raise InvalidArgument("a temporary table lives as long as its connection: ingest it in a session "
                                       "or a transaction, where it is used")
-            rows = ingest(lease.con, table, cmd.table, sql.optional(cmd, "schema") or None,
-                          _IF_EXISTS.get(options.if_exists, "fail"), _IF_MISSING.get(options.if_not_exist, "fail"),
-                          cmd.temporary)
+            with lease.committed_if(context.is_active):
+                rows = ingest(lease.con, table, cmd.table, sql.optional(cmd, "schema") or None,
+                              _IF_EXISTS.get(options.if_exists, "fail"),
+                              _IF_MISSING.get(options.if_not_exist, "fail"), cmd.temporary)
             if not lease.in_transaction:
                 self.database.changed()
         self.warming.warm(table)
