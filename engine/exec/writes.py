@@ -54,6 +54,7 @@ def run_writes(writes: list[Write], catalog: Catalog, runtime: Runtime | None, w
                         returned.schema.names == ["Count"]:
                     changed += returned.column(0)[0].as_py() or 0
             if atomic:
+                work.check()  # cancelled after its last statement (its call ended): DuckDB would run the COMMIT
                 db.run("COMMIT", {})
         except BaseException:
             if atomic:

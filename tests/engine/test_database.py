@@ -12,9 +12,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from quail.engine.errors import Unavailable
+from quail.engine.errors import Cancelled, Unavailable
 from quail.engine.exec import legacy_store
 from quail.engine.exec.database import Database, DatabaseCatalog, objects
+from quail.engine.exec.plan import Write
+from quail.engine.exec.writes import run_writes
+from quail.engine.runtime.query_work import QueryWork
 
 EARLIER = Path(__file__).parent.parent / "data" / "earlier-store"  # written by the earlier store's own writer
 
@@ -122,4 +125,21 @@ def test_the_catalog_lists_tables_and_views_of_its_connection_with_their_schemas
                                                    ("score", pa.float32())])
         assert catalog.rows("long_docs") == 1 and catalog.column("docs", "BODY").to_pylist() == ["a", "bb"]
         assert catalog.column("docs", "missing") is None and catalog.relations(["docs"]) == {}
+    database.close()
+
+
+def test_writes_whose_work_was_cancelled_do_not_commit(tmp_path):
+    """A write's work cancelled (its call ended) before its transaction commits: the rows are rolled back and
+    the write ends Cancelled, as DuckDB would otherwise run the COMMIT (an interrupt before a statement starts
+    is lost)."""
+    database = Database(tmp_path)
+    con = database.cursor()
+    con.execute("CREATE TABLE t (x INT)")
+    work = QueryWork()
+    work.cancel()
+    with pytest.raises(Cancelled):
+        run_writes([Write("INSERT INTO t VALUES (1)", "INSERT", False)], DatabaseCatalog(database, con), None, work,
+                   atomic=True)
+    assert database.cursor().execute("SELECT count(*) FROM t").fetchall() == [(0,)]
+    assert con.execute("SELECT count(*) FROM t").fetchall() == [(0,)], "nothing is left open on the connection"
     database.close()
