@@ -178,19 +178,20 @@ def server(tmp_path_factory):
 
 # How `make test` spreads the test files over its workers (pytest-xdist, --dist loadfile): each file's tests
 # on one worker (its module-scoped servers and fixtures built once), the files that use HF transformers'
-# model (about 20 s to load, once a worker) together on one, and the longest first, so that no worker is
-# left running one of them alone at the end.
+# model (about 20 s to load, once a worker) together on one, and the longest first (by a run's durations,
+# `pytest --durations`), so that no worker is left running one of them alone at the end.
 HF_FIXTURES = ("hf_model", "hf_p_yes", "hf_generate")
 HF_GROUP = "files using hf_model, hf_p_yes or hf_generate"
-LONGEST_FIRST = (HF_GROUP, "tests/server/test_server_own.py", "tests/server/test_server_cancel.py",
-                 "tests/engine/test_scheduler_passes.py", "tests/engine/test_scheduler_queries_at_once.py",
-                 "tests/server/test_server_exclusive.py", "tests/test_ai_sql.py", "tests/server/test_replicas.py",
-                 "tests/bench/test_stress.py", "tests/planner/test_substrait.py", "tests/test_ai_complete.py",
-                 "tests/bench/test_statement_timeline.py", "tests/test_ai_agg.py", "tests/bench/test_fuzz.py",
-                 "tests/server/test_cascade_sql.py", "tests/test_shell.py",
-                 "tests/server/test_server_limits.py",
-                 "tests/engine/test_ai_operators.py", "tests/engine/test_executor.py", "tests/bench/test_bench.py",
-                 "tests/server/test_server_security.py", "tests/bench/test_server_load.py", "tests/test_demo.py")
+LONGEST_FIRST = (HF_GROUP, "tests/server/test_server_own.py", "tests/server/test_replicas.py",
+                 "tests/bench/test_stress.py", "tests/engine/test_scheduler_queries_at_once.py",
+                 "tests/test_ai_complete.py", "tests/bench/test_server_load.py", "tests/server/test_server_cancel.py",
+                 "tests/test_demo.py", "tests/bench/test_statement_timeline.py", "tests/engine/test_gguf_cache.py",
+                 "tests/server/test_cascade_sql.py", "tests/server/test_server_exclusive.py", "tests/bench/test_fuzz.py",
+                 "tests/bench/test_bench.py", "tests/server/test_server_limits.py", "tests/test_packaging.py",
+                 "tests/server/test_crash.py", "tests/engine/test_host_tier_choice.py",
+                 "tests/planner/test_substrait.py", "tests/engine/test_scheduler_passes.py", "tests/test_ai_sql.py",
+                 "tests/test_ai_agg.py", "tests/test_shell.py", "tests/engine/test_ai_operators.py",
+                 "tests/engine/test_executor.py", "tests/server/test_server_security.py")
 
 
 @pytest.hookimpl(optionalhook=True)
