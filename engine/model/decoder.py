@@ -184,8 +184,7 @@ class DecoderLayer(nn.Module):
           addmm makes) and the norms are norm_triton's, so nothing is left to compile.
         """
         attn, mlp = self.self_attn, self.mlp
-        return (norm_triton is not None and like.is_cuda and like.dtype in (torch.bfloat16, torch.float16)
-                and attn.cfg.qk_norm and _rope_kernel_serves(like, attn.cfg.head_dim)
+        return (attn.cfg.qk_norm and _rope_kernel_serves(like, attn.cfg.head_dim)  # Triton, CUDA, bf16/fp16
                 and all(type(linear) is nn.Linear for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
                                                                  mlp.down_proj))
                 and attn.o_proj.bias is None and mlp.down_proj.bias is None)
