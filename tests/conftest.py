@@ -185,7 +185,7 @@ HF_GROUP = "files using hf_model, hf_p_yes or hf_generate"
 LONGEST_FIRST = (HF_GROUP, "tests/server/test_server_own.py", "tests/server/test_replicas.py",
                  "tests/bench/test_stress.py", "tests/engine/test_scheduler_queries_at_once.py",
                  "tests/test_ai_complete.py", "tests/bench/test_server_load.py", "tests/server/test_server_cancel.py",
-                 "tests/test_demo.py", "tests/bench/test_statement_timeline.py", "tests/engine/test_gguf_cache.py",
+                 "tests/test_demo.py", "tests/bench/test_statement_timeline.py",
                  "tests/server/test_cascade_sql.py", "tests/server/test_server_exclusive.py", "tests/bench/test_fuzz.py",
                  "tests/bench/test_bench.py", "tests/server/test_server_limits.py", "tests/test_packaging.py",
                  "tests/server/test_crash.py", "tests/engine/test_host_tier_choice.py",

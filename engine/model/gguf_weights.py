@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from quail.engine.model import gguf_file
 from quail.engine.model.config import ModelConfig
 
 _LAYER_NAMES = {
@@ -57,34 +58,29 @@ class GGUFModel:
     chat_template: str | None
 
 
-def _field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
-def _config(reader, n_tensors: dict[str, tuple[int, ...]]) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
+def _config(fields: dict[str, object], tensors: set[str]) -> ModelConfig:
+    arch = fields.get("general.architecture")
     if arch not in ("llama", "qwen2", "qwen3"):
         raise ValueError(f"unsupported GGUF architecture {arch!r} (llama, qwen2, qwen3)")
-    hidden = int(_field(reader, f"{arch}.embedding_length"))
-    heads = int(_field(reader, f"{arch}.attention.head_count"))
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
-    vocab = _field(reader, f"{arch}.vocab_size") or len(_field(reader, "tokenizer.ggml.tokens"))
+    hidden = int(fields.get(f"{arch}.embedding_length"))
+    heads = int(fields.get(f"{arch}.attention.head_count"))
+    head_dim = int(fields.get(f"{arch}.attention.key_length", hidden // heads))
+    vocab = fields.get(f"{arch}.vocab_size") or len(fields["tokenizer.ggml.tokens"])
     return ModelConfig(
         arch=arch,
         vocab_size=int(vocab),
         hidden_size=hidden,
-        num_layers=int(_field(reader, f"{arch}.block_count")),
+        num_layers=int(fields.get(f"{arch}.block_count")),
         num_heads=heads,
-        num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        num_kv_heads=int(fields.get(f"{arch}.attention.head_count_kv", heads)),
         head_dim=head_dim,
-        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        intermediate_size=int(fields.get(f"{arch}.feed_forward_length")),
+        rope_theta=float(fields.get(f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(fields.get(f"{arch}.attention.layer_norm_rms_epsilon")),
         qk_norm=arch == "qwen3",
-        attention_bias="blk.0.attn_q.bias" in n_tensors,
-        tie_embeddings="output.weight" not in n_tensors,
-        max_position=int(_field(reader, f"{arch}.context_length", 8192)),
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        tie_embeddings="output.weight" not in tensors,
+        max_position=int(fields.get(f"{arch}.context_length", 8192)),
     )
 
 
@@ -103,38 +99,35 @@ def unpermute_rotary(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _vocab(reader) -> GGUFVocab:
+def _vocab(fields: dict[str, object]) -> GGUFVocab:
     return GGUFVocab(
-        tokens=list(_field(reader, "tokenizer.ggml.tokens")),
-        merges=list(_field(reader, "tokenizer.ggml.merges", [])),
-        token_types=[int(t) for t in _field(reader, "tokenizer.ggml.token_type")],
-        pre=str(_field(reader, "tokenizer.ggml.pre", "default")),
-        bos_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+        tokens=list(fields["tokenizer.ggml.tokens"]),
+        merges=list(fields.get("tokenizer.ggml.merges", [])),
+        token_types=[int(t) for t in fields["tokenizer.ggml.token_type"]],
+        pre=str(fields.get("tokenizer.ggml.pre", "default")),
+        bos_id=fields.get("tokenizer.ggml.bos_token_id"),
+        eos_id=fields.get("tokenizer.ggml.eos_token_id"),
     )
 
 
 def read_vocab(path: str | Path) -> tuple[GGUFVocab, str | None]:
     """The tokenizer vocabulary and chat template of a GGUF file, without touching its tensors."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    return _vocab(reader), _field(reader, "tokenizer.chat_template")
+    fields = gguf_file.read(path).fields
+    return _vocab(fields), fields.get("tokenizer.chat_template")
 
 
 def load_gguf(path: str | Path) -> GGUFModel:
     """Read a GGUF file, dequantizing every tensor to fp32."""
-    import gguf
+    from gguf import GGMLQuantizationType, quants
 
-    reader = gguf.GGUFReader(str(path))
-    shapes = {t.name: tuple(t.shape) for t in reader.tensors}
-    config = _config(reader, shapes)
+    file = gguf_file.read(path)
+    config = _config(file.fields, {t.name for t in file.tensors})
     state: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
-        weight = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    for tensor in file.tensors:
+        weight = np.asarray(quants.dequantize(tensor.data, GGMLQuantizationType(tensor.type)), dtype=np.float32)
         name = _hf_name(tensor.name)
         if config.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config.num_heads if "q_proj" in name else config.num_kv_heads
             weight = unpermute_rotary(weight, heads)
         state[name] = torch.tensor(weight)
-    return GGUFModel(config, state, _vocab(reader), _field(reader, "tokenizer.chat_template"))
+    return GGUFModel(config, state, _vocab(file.fields), file.fields.get("tokenizer.chat_template"))
