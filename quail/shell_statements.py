@@ -5,7 +5,13 @@
 - Each statement runs in a worker thread while the caller's waits: Ctrl-C there cancels it on the server
   (`adbc_cancel`): Cancelled.
 - While a statement runs, a terminal's stderr shows its progress: its row of the server's `quail_queries`
-  (the one with its text), read over a second connection.
+  (the one with its text), read over a second connection by a thread of its own.
+- The caller's thread makes no ADBC call while a Ctrl-C may come, and learns that a thread has ended from an
+  Event it sets, never from `Thread.join` / `is_alive`:
+  - the driver manager answers a SIGINT during a call on the main thread by cancelling that call from a
+    thread of its own, which may run after the call's statement is gone (a crash); the Ctrl-C is not seen;
+  - a KeyboardInterrupt inside `Thread.join` (Python before 3.13) marks the thread ended while it runs, and
+    closing its cursor then frees what it still reads.
 """
 
 from __future__ import annotations
@@ -161,9 +167,9 @@ class Shell:
         elif name == ".help":
             print(HELP)
         elif name == ".tables":
-            print(output.render(tables(self.connection)))
+            print(output.render(_Work(lambda: tables(self.connection)).outcome()))
         elif name == ".schema":
-            print(output.render(columns(self.connection, rest or None)))
+            print(output.render(_Work(lambda: columns(self.connection, rest or None)).outcome()))
         elif name == ".explain" and rest:
             (plan, _), _ = self.run("EXPLAIN " + rest, lambda reader: output.collect(reader, 0))
             print("\n".join(map(str, plan.column(0).to_pylist())))
@@ -176,42 +182,29 @@ class Shell:
         """Run a statement and `consume` its result in a worker thread: what that gives, and the seconds it
         all took. Ctrl-C meanwhile cancels the statement on the server: Cancelled."""
         cursor = self.connection.cursor()
-        outcome: list = []
-
-        def work() -> None:
-            try:
-                cursor.execute(sql)
-                outcome.append(consume(cursor.fetch_record_batch()))
-            except Exception as err:  # handed to the waiting thread, which raises it
-                outcome.append(err)
-
         started = time.monotonic()
-        worker = threading.Thread(target=work, daemon=True)
-        worker.start()
+        work = _Work(lambda: consume(_executed(cursor, sql).fetch_record_batch()))
+        watch = _Watch(self, sql, work.ended) if self.progress else None
         try:
-            self.wait(worker, sql, started)
+            self.wait(work, watch, started)
         except KeyboardInterrupt:
             cursor.adbc_cancel()
-            worker.join(CANCEL_WAIT_S)
+            work.ended.wait(CANCEL_WAIT_S)
             raise Cancelled(f"after {time.monotonic() - started:.1f} s") from None
         finally:
             self.draw("")
-            if not worker.is_alive():
+            if watch is not None and not watch.ended.wait(CANCEL_WAIT_S):
+                self.watcher = None  # still reading: the next statement's progress opens a connection of its own
+            if work.ended.is_set():
                 cursor.close()
-        if isinstance(outcome[0], Exception):
-            raise outcome[0]
-        return outcome[0], time.monotonic() - started
+        return work.result(), time.monotonic() - started
 
-    def wait(self, worker: threading.Thread, sql: str, started: float) -> None:
-        """Wait for the worker, drawing the statement's progress on a terminal once it has run a while."""
-        row, polled = None, 0.0
-        while worker.is_alive():
-            worker.join(0.1)
+    def wait(self, work: "_Work", watch: "_Watch | None", started: float) -> None:
+        """Wait for the work, drawing the statement's progress (read by `watch`) once it has run a while."""
+        while not work.ended.wait(0.1):
             elapsed = time.monotonic() - started
-            if self.progress and worker.is_alive() and elapsed > PROGRESS_AFTER_S:
-                if elapsed - polled >= POLL_S:
-                    row, polled = self.listed(sql), elapsed
-                self.draw(output.progress_line(row, elapsed))
+            if watch is not None and self.progress and elapsed > PROGRESS_AFTER_S:
+                self.draw(output.progress_line(watch.row, elapsed))
 
     def listed(self, sql: str) -> dict | None:
         """The statement's latest row of `quail_queries`, by its text (None: not listed; no progress is shown
@@ -239,3 +232,61 @@ class Shell:
             if connection is not None:
                 with contextlib.suppress(RuntimeError):  # a statement still ending, left after a cancel
                     connection.close()
+
+
+def _executed(cursor, sql: str):
+    cursor.execute(sql)
+    return cursor
+
+
+class _Work:
+    """A call run on a thread of its own: `ended` is set once it has returned or raised."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.ended = threading.Event()
+        self._outcome: list = []
+
+        def run() -> None:
+            try:
+                self._outcome.append(call())
+            except Exception as err:  # handed to the waiting thread, which raises it
+                self._outcome.append(err)
+            finally:
+                self.ended.set()
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def result(self) -> Any:
+        """What the call returned; what it raised, raised again (once it has ended)."""
+        if isinstance(self._outcome[0], Exception):
+            raise self._outcome[0]
+        return self._outcome[0]
+
+    def outcome(self) -> Any:
+        """`result()` once the call has ended: a Ctrl-C meanwhile waits for that too (a metadata call cannot
+        be cancelled), then goes on as KeyboardInterrupt."""
+        try:
+            self.ended.wait()
+        except KeyboardInterrupt:
+            self.ended.wait(CANCEL_WAIT_S)
+            raise
+        return self.result()
+
+
+class _Watch:
+    """A statement's progress: its row of `quail_queries` (`row`), read every POLL_S after PROGRESS_AFTER_S
+    until `statement_ended`, on a thread of its own; `ended` is set once that thread has stopped."""
+
+    def __init__(self, shell: Shell, sql: str, statement_ended: threading.Event) -> None:
+        self.row: dict | None = None
+        self.ended = threading.Event()
+
+        def poll() -> None:
+            try:
+                wait = PROGRESS_AFTER_S
+                while shell.progress and not statement_ended.wait(wait):
+                    self.row, wait = shell.listed(sql), POLL_S
+            finally:
+                self.ended.set()
+
+        threading.Thread(target=poll, daemon=True).start()

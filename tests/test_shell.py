@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -126,6 +127,22 @@ def test_ctrl_c_cancels_a_long_ai_query_on_the_server(shell, uri):
     shell.sendline("SELECT count(*) AS pets FROM pets;")
     shell.expect(r"\s3\r\n\(1 row, ")
     shell.expect_exact(PROMPT)
+
+
+def test_ctrl_c_at_any_moment_of_a_statement_leaves_the_shell_whole(shell):
+    """Ctrl-C early and late in statements, over and over: each ends cancelled or answered, and the shell goes
+    on (the caller's thread makes no driver call meanwhile, and never takes a thread as ended before it is)."""
+    rng = random.Random(7)
+    for _ in range(12):
+        shell.sendline(LONG + ";")
+        time.sleep(rng.uniform(0.0, 0.8))
+        shell.sendintr()
+        assert shell.expect_exact(["query cancelled", "(1 row, "]) in (0, 1)
+        shell.expect_exact(PROMPT)
+    shell.sendline("SELECT count(*) AS pets FROM pets;")
+    shell.expect(r"\s3\r\n\(1 row, ")
+    shell.expect_exact(PROMPT)
+    assert shell.isalive()
 
 
 def test_c_runs_statements_and_exits_0(uri):
