@@ -184,7 +184,7 @@ class Shell:
         cursor = self.connection.cursor()
         started = time.monotonic()
         work = _Work(lambda: consume(_executed(cursor, sql).fetch_record_batch()))
-        watch = _Watch(self, sql, work.ended) if self.progress else None
+        watch = _Watch(self, sql) if self.progress else None
         try:
             self.wait(work, watch, started)
         except KeyboardInterrupt:
@@ -193,8 +193,10 @@ class Shell:
             raise Cancelled(f"after {time.monotonic() - started:.1f} s") from None
         finally:
             self.draw("")
-            if watch is not None and not watch.ended.wait(CANCEL_WAIT_S):
-                self.watcher = None  # still reading: the next statement's progress opens a connection of its own
+            if watch is not None:
+                watch.done.set()
+                if not watch.ended.wait(CANCEL_WAIT_S):
+                    self.watcher = None  # still reading: the next statement's progress opens a connection of its own
             if work.ended.is_set():
                 cursor.close()
         return work.result(), time.monotonic() - started
@@ -275,16 +277,16 @@ class _Work:
 
 class _Watch:
     """A statement's progress: its row of `quail_queries` (`row`), read every POLL_S after PROGRESS_AFTER_S
-    until `statement_ended`, on a thread of its own; `ended` is set once that thread has stopped."""
+    until `done` is set, on a thread of its own; `ended` is set once that thread has stopped."""
 
-    def __init__(self, shell: Shell, sql: str, statement_ended: threading.Event) -> None:
+    def __init__(self, shell: Shell, sql: str) -> None:
         self.row: dict | None = None
-        self.ended = threading.Event()
+        self.done, self.ended = threading.Event(), threading.Event()
 
         def poll() -> None:
             try:
                 wait = PROGRESS_AFTER_S
-                while shell.progress and not statement_ended.wait(wait):
+                while shell.progress and not self.done.wait(wait):
                     self.row, wait = shell.listed(sql), POLL_S
             finally:
                 self.ended.set()
