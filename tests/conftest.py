@@ -7,8 +7,8 @@ import functools
 import os
 
 # Under pytest-xdist each worker, and each server or script it starts (they inherit the environment), gets
-# an equal share of the machine's cores for torch's threads, one at least: two workers at two threads each on
-# two cores (their servers besides) wait on one another.
+# an equal share of the machine's cores for torch's threads: two workers at two threads each on two cores
+# (their servers besides) wait on one another, a third slower than one thread each.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
                                                      // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
@@ -192,14 +192,6 @@ LONGEST_FIRST = (HF_GROUP, "tests/server/test_server_own.py", "tests/server/test
                  "tests/planner/test_substrait.py", "tests/engine/test_scheduler_passes.py", "tests/test_ai_sql.py",
                  "tests/test_ai_agg.py", "tests/test_shell.py", "tests/engine/test_ai_operators.py",
                  "tests/engine/test_executor.py", "tests/server/test_server_security.py")
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config) -> int:
-    """One worker more than the machine has cores (`-n auto`): a worker's test often waits (a server starting,
-    a client's round trip, a sleep), and the extra one keeps every core busy. On two cores, one clone's
-    suite: three workers 557 s, two 638 s."""
-    return (os.cpu_count() or 1) + 1
 
 
 @pytest.hookimpl(optionalhook=True)
