@@ -14,11 +14,14 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+if TYPE_CHECKING:
+    from gguf import GGMLQuantizationType
+
+_NUMBERS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 _STRING, _ARRAY = 8, 9
 DEFAULT_ALIGNMENT = 32
 
@@ -28,7 +31,7 @@ class GGUFTensor:
     """One tensor: its name, ggml type, dimensions innermost first (as GGUF stores them) and its bytes."""
 
     name: str
-    type: int
+    type: GGMLQuantizationType
     dims: tuple[int, ...]
     data: np.ndarray
 
@@ -66,17 +69,20 @@ class _Cursor:
                 return [self.string() for _ in range(count)]
             if item == _ARRAY:
                 return [self.value(_ARRAY) for _ in range(count)]
-            items = np.frombuffer(self.buffer, _NUMPY[item], count, self.at)
-            self.at += items.nbytes
-            return items.tolist()
-        if kind not in _SCALARS:
+            return self.numbers(item, count).tolist()
+        return self.numbers(kind, 1)[0].item()
+
+    def numbers(self, kind: int, count: int) -> np.ndarray:
+        if kind not in _NUMBERS:
             raise ValueError(f"unknown GGUF value type {kind}")
-        return self.scalar(_SCALARS[kind])
+        items = np.frombuffer(self.buffer, _NUMBERS[kind], count, self.at)
+        self.at += items.nbytes
+        return items
 
 
 def read(path: str | Path) -> GGUFFile:
     """The file's metadata and its tensors' views; ValueError where it is not a GGUF file this reads."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # what a GGUF file needs only (~50 ms to import)
 
     with open(path, "rb") as f:
         buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -101,7 +107,8 @@ def read(path: str | Path) -> GGUFFile:
     start = -(-cursor.at // alignment) * alignment
     tensors = []
     for name, kind, dims, offset in infos:
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        kind = GGMLQuantizationType(kind)
+        block, size = GGML_QUANT_SIZES[kind]
         shape = (*reversed(dims[1:]), dims[0] // block * size)
         data = np.frombuffer(buffer, np.uint8, int(np.prod(shape)), start + offset).reshape(shape)
         tensors.append(GGUFTensor(name, kind, dims, data))

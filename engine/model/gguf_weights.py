@@ -118,13 +118,13 @@ def read_vocab(path: str | Path) -> tuple[GGUFVocab, str | None]:
 
 def load_gguf(path: str | Path) -> GGUFModel:
     """Read a GGUF file, dequantizing every tensor to fp32."""
-    from gguf import GGMLQuantizationType, quants
+    from gguf import quants
 
     file = gguf_file.read(path)
     config = _config(file.fields, {t.name for t in file.tensors})
     state: dict[str, torch.Tensor] = {}
     for tensor in file.tensors:
-        weight = np.asarray(quants.dequantize(tensor.data, GGMLQuantizationType(tensor.type)), dtype=np.float32)
+        weight = np.asarray(quants.dequantize(tensor.data, tensor.type), dtype=np.float32)
         name = _hf_name(tensor.name)
         if config.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config.num_heads if "q_proj" in name else config.num_kv_heads
