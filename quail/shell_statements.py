@@ -183,7 +183,12 @@ class Shell:
         all took. Ctrl-C meanwhile cancels the statement on the server: Cancelled."""
         cursor = self.connection.cursor()
         started = time.monotonic()
-        work = _Work(lambda: consume(_executed(cursor, sql).fetch_record_batch()))
+
+        def execute() -> Any:
+            cursor.execute(sql)
+            return consume(cursor.fetch_record_batch())
+
+        work = _Work(execute)
         watch = _Watch(self, sql) if self.progress else None
         try:
             self.wait(work, watch, started)
@@ -234,11 +239,6 @@ class Shell:
             if connection is not None:
                 with contextlib.suppress(RuntimeError):  # a statement still ending, left after a cancel
                     connection.close()
-
-
-def _executed(cursor, sql: str):
-    cursor.execute(sql)
-    return cursor
 
 
 class _Work:
